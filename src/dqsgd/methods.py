@@ -1,0 +1,173 @@
+"""Methods: named, validated compositions of quantizer, coding, bit policy, memory, aggregation.
+
+``method_config("qsgd", bits=4)`` returns a frozen, validated :class:`MethodConfig`;
+``METHODS`` lists every registered name with a one-line description. Unknown names, unknown
+fields and bad hyperparameters are refused up front with a message that says what is allowed.
+Names of the form ``qsgd-<B>bit`` are accepted as ``qsgd`` with ``bits=B``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Scheme = Literal["identity", "uniform", "sign", "ternary"]
+PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-error", "adaptive", "adaqs"]
+CodingName = Literal["fixed", "elias", "zstd", "auto"]
+
+_ALLOWED: dict[str, tuple[str, ...]] = {
+    "scheme": ("identity", "uniform", "sign", "ternary"),
+    "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-error", "adaptive", "adaqs"),
+    "coding": ("fixed", "elias", "zstd", "auto"),
+    "norm": ("inf", "2"),
+    "aggregate": ("mean", "majority"),
+    "downlink": ("fp32", "sign"),
+    "rounding": ("nearest", "ceil", "floor", "carry"),
+}
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Everything that defines a method. Fields not used by a scheme/policy keep their defaults."""
+
+    name: str = "sgd"
+    scheme: Scheme = "identity"
+    bits: int = 32                  # fixed width (uniform: 2..16); the start width B_0 of dynamic policies
+    norm: Literal["inf", "2"] = "inf"
+    bucket: int = 0                 # uniform: coordinates per norm bucket; 0 = whole gradient
+    per_tensor: bool = False        # one scale per parameter tensor (TernGrad, scaled sign)
+    coding: CodingName = "fixed"
+    policy: PolicyName = "fixed"
+    # DQSGD: k (convex, eq. 18) or t (non-convex, eq. 20), alpha, horizon from the run.
+    k: float = 1.0
+    alpha: float = 1.0
+    convex: bool = False
+    rounding: Literal["nearest", "ceil", "floor", "carry"] = "nearest"
+    # Budgeted DQSGD: total per-worker uplink budget in bits, or a target mean bits/coordinate.
+    budget_bits: int = 0
+    target_bits: float = 0.0
+    # Error-target DQ-SGD [OC]: eps_q on the quantization term, with smoothness L and step size.
+    eps_q: float = 0.0
+    smoothness: float = 1.0
+    lr: float = 0.1
+    min_bits: int = 2
+    max_bits: int = 16
+    calib_steps: int = 10           # adaptive: steps to calibrate eps_A; adaqs: reference steps
+    error_feedback: bool = False
+    aggregate: Literal["mean", "majority"] = "mean"
+    downlink: Literal["fp32", "sign"] = "fp32"
+    scaled_sign: bool = False
+    clip: float = 2.5               # TernGrad clip factor c (0 = max-norm scaler)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for fname, allowed in _ALLOWED.items():
+            if getattr(self, fname) not in allowed:
+                raise ValueError(f"method {self.name!r}: {fname} must be one of {allowed}, got {getattr(self, fname)!r}")
+        _validate(self)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.policy != "fixed"
+
+    def nominal_bits(self) -> int:
+        """Code width at a fixed policy (and B_0 of a dynamic one)."""
+        return {"identity": 32, "sign": 1, "ternary": 2}.get(self.scheme, self.bits)
+
+
+def _fail(cfg: MethodConfig, msg: str) -> None:
+    raise ValueError(f"method {cfg.name!r}: {msg}")
+
+
+def _validate(c: MethodConfig) -> None:
+    if c.scheme == "uniform" and not 2 <= c.bits <= 16:
+        _fail(c, f"bits must be in [2, 16] for stochastic uniform quantization (s = 2^(B-1) - 1 >= 1), got {c.bits}")
+    if c.scheme == "identity" and c.bits != 32:
+        _fail(c, "the identity scheme sends fp32: bits must be 32")
+    if c.scheme != "uniform" and c.policy != "fixed":
+        _fail(c, f"policy {c.policy!r} needs the uniform scheme")
+    if c.bucket < 0:
+        _fail(c, f"bucket must be >= 0 (0 = one bucket), got {c.bucket}")
+    if not 2 <= c.min_bits <= c.max_bits <= 16:
+        _fail(c, f"need 2 <= min_bits <= max_bits <= 16, got [{c.min_bits}, {c.max_bits}]")
+    if c.dynamic and not c.min_bits <= c.bits <= c.max_bits:
+        _fail(c, f"initial bits {c.bits} outside [min_bits, max_bits] = [{c.min_bits}, {c.max_bits}]")
+    if not (c.k > 0 and math.isfinite(c.k)):
+        _fail(c, f"k (or t) must be > 0, got {c.k}")
+    if not 0 < c.alpha <= 1:
+        _fail(c, f"alpha must be in (0, 1], got {c.alpha}")
+    if c.policy == "dqsgd-budget":
+        if (c.budget_bits > 0) == (c.target_bits > 0):
+            _fail(c, "a budgeted policy needs exactly one of budget_bits > 0 or target_bits > 0")
+        if c.target_bits and not c.min_bits <= c.target_bits <= c.max_bits:
+            _fail(c, f"target_bits {c.target_bits} outside [min_bits, max_bits] = [{c.min_bits}, {c.max_bits}]")
+        if c.coding not in ("fixed", "auto"):
+            _fail(c, "a budgeted policy needs coding 'fixed' or 'auto' (whose size never exceeds fixed)")
+    if c.policy == "dqsgd-error" and not (c.eps_q > 0 and c.smoothness > 0 and c.lr > 0):
+        _fail(c, "the error-target policy needs eps_q > 0, smoothness (L) > 0 and lr > 0")
+    if c.policy == "dqsgd-error" and not c.smoothness * c.lr < 2:
+        _fail(c, f"the error-target policy needs L·lr < 2 (the bounds of Theorems 1/3), got {c.smoothness * c.lr}")
+    if c.calib_steps < 1:
+        _fail(c, f"calib_steps must be >= 1, got {c.calib_steps}")
+    if c.clip < 0:
+        _fail(c, f"TernGrad clip must be >= 0, got {c.clip}")
+    if c.aggregate == "majority" and c.scheme != "sign":
+        _fail(c, "majority-vote aggregation needs the sign scheme")
+    if c.downlink == "sign" and c.aggregate != "majority":
+        _fail(c, "a 1-bit sign downlink needs majority-vote aggregation")
+    if c.error_feedback and c.aggregate == "majority":
+        _fail(c, "error feedback with majority vote is not a defined method; use ef-signsgd (mean of scaled signs)")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "sgd": dict(scheme="identity", description="Vanilla SGD: fp32 gradients (DQSGD Table 1, first row)"),
+    "signsgd": dict(scheme="sign", bits=1, aggregate="majority", downlink="sign",
+                    description="signSGD with majority vote: 1 bit up, 1 bit down (Bernstein et al. 2019)"),
+    "ef-signsgd": dict(scheme="sign", bits=1, scaled_sign=True, per_tensor=True, error_feedback=True,
+                       description="EF-SignSGD: l1-scaled sign per tensor with error feedback (Karimireddy et al. 2019)"),
+    "terngrad": dict(scheme="ternary", bits=2, per_tensor=True, clip=2.5,
+                     description="TernGrad: stochastic ternary, shared per-tensor scalers, clip 2.5σ (Wen et al. 2017)"),
+    "qsgd": dict(scheme="uniform", bits=4, description="QSGD: stochastic uniform, fixed B bits, max-norm (Alistarh et al. 2017)"),
+    "adaptive": dict(scheme="uniform", bits=8, policy="adaptive", min_bits=2, max_bits=8,
+                     description="Adaptive [OC rule]: bits from the gradient RMS (Oland & Raj 2015)"),
+    "adaqs": dict(scheme="uniform", bits=4, policy="adaqs", min_bits=2, max_bits=8, calib_steps=100,
+                  description="AdaQS [OC rule]: bits from the mean-to-std ratio, rising (Guo et al. 2020)"),
+    "dqsgd": dict(scheme="uniform", bits=6, policy="dqsgd-budget", target_bits=4.5, rounding="carry",
+                  description="DQSGD, budgeted: eq. (20) widths with t solved online to meet a bit budget"),
+    "dqsgd-convex": dict(scheme="uniform", bits=6, policy="dqsgd", convex=True, k=20.0, alpha=0.999,
+                         description="DQSGD strongly convex rule, eq. (18): B = log2(k·α^((N-n)/2)·‖g‖+1)+1"),
+    "dqsgd-nonconvex": dict(scheme="uniform", bits=6, policy="dqsgd", k=20.0,
+                            description="DQSGD non-convex rule, eq. (20): B = log2(t·‖g‖+1)+1 (t given as k)"),
+    "dqsgd-error": dict(scheme="uniform", bits=6, policy="dqsgd-error", eps_q=1e-3,
+                        description="DQ-SGD error target [OC]: fewest bits with the quantization term <= eps_q"),
+}
+
+METHODS: dict[str, str] = {name: p["description"] for name, p in _PRESETS.items()}
+_QSGD_ALIAS = re.compile(r"^qsgd-(\d+)bits?$")
+FIELDS = tuple(f.name for f in dataclasses.fields(MethodConfig))
+
+
+def method_config(name: str, **overrides: Any) -> MethodConfig:
+    """The registered method ``name`` with ``overrides`` applied and validated."""
+    alias = _QSGD_ALIAS.match(name)
+    base = dict(_PRESETS["qsgd"], bits=int(alias.group(1))) if alias else _PRESETS.get(name)
+    if base is None:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))} (and qsgd-<B>bit)")
+    unknown = sorted(set(overrides) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"method {name!r}: unknown option(s) {unknown}; allowed: {', '.join(FIELDS)}")
+    for key, value in overrides.items():
+        _check_type(name, key, value)
+    return MethodConfig(**{**base, "name": name, **overrides})
+
+
+def _check_type(name: str, key: str, value: Any) -> None:
+    expected = type(getattr(MethodConfig(), key))
+    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise TypeError(f"method {name!r}: option {key} must be {expected.__name__}, got {value!r}")

@@ -1,0 +1,175 @@
+"""A configured method for one model: the worker half and the server half of DQSGD Algorithm 2.
+
+    worker:  g ──► [memory] ──► quantize(g, B_n) ──► codec.encode ──► bytes
+    server:  bytes ──► codec.decode ──► aggregate ──► G ──► policy ──► B_{n+1};  G ──► downlink bytes
+
+Both transports (the in-process simulation and torch.distributed) call exactly these functions,
+so the same seed gives the same bits and the same model on both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from dqsgd import memory
+from dqsgd.codecs import Coding, PayloadError, decode as decode_payload, encode as encode_payload, predicted_size
+from dqsgd.methods import MethodConfig
+from dqsgd.policies import (
+    AdaptiveRMS, AdaQS, BudgetedDQSGD, DQSGDRule, FixedBits, GradStats, Rounding, grad_stats,
+)
+from dqsgd.quantizers import (
+    Layout, Norm, Quantized, Scheme, dequantize, majority_vote, quantize_identity, quantize_sign,
+    quantize_ternary, quantize_uniform, ternary_scalers,
+)
+
+
+class ProtocolError(ValueError):
+    """A message that decodes but is not what this step expects (wrong size, width or scheme)."""
+
+
+@dataclass
+class MethodState:
+    """Everything a method carries between steps (checkpointed as a whole)."""
+
+    policy: Any                         # the bit policy's state; .bits is the width of the next step
+    residuals: list[torch.Tensor | None]  # error-feedback memory, one per worker (None: no memory yet)
+
+    @property
+    def bits(self) -> int:
+        return int(self.policy.bits)
+
+
+class Method:
+    """``config`` applied to a model with ``numel`` parameters (``param_sizes`` per tensor)."""
+
+    def __init__(self, config: MethodConfig, numel: int, total_steps: int, param_sizes: Sequence[int] | None = None):
+        if numel < 0 or total_steps < 1:
+            raise ValueError(f"need numel >= 0 and total_steps >= 1, got {numel}, {total_steps}")
+        self.config, self.numel, self.total_steps = config, numel, total_steps
+        sizes = tuple(int(s) for s in param_sizes) if param_sizes is not None else (numel,)
+        if sum(sizes) != numel:
+            raise ValueError(f"param_sizes sum to {sum(sizes)}, not numel = {numel}")
+        self.layout = Layout(sizes=sizes) if config.per_tensor else Layout(bucket=config.bucket)
+        self.coding = Coding[config.coding.upper()]
+        self.norm = Norm.MAX if config.norm == "inf" else Norm.L2
+        self.p = math.inf if config.norm == "inf" else 2.0
+        self.policy = self._make_policy()
+
+    # --- set-up ---------------------------------------------------------------------------------
+    def message_bits(self, bits: int) -> int:
+        """Exact size in bits of one fixed-coded uplink message at width ``bits``."""
+        nseg = self.layout.num_segments(self.numel)
+        return 8 * predicted_size(self.numel, bits, nseg, 1, self.layout, Coding.FIXED)
+
+    def budget_bits(self) -> int | None:
+        c = self.config
+        if c.policy != "dqsgd-budget":
+            return None
+        if c.budget_bits:
+            return c.budget_bits
+        header = self.message_bits(c.min_bits) - self.numel * c.min_bits
+        return int(math.floor(self.total_steps * (header + self.numel * c.target_bits)))
+
+    def _make_policy(self) -> Any:
+        c, n = self.config, self.total_steps
+        if c.policy == "fixed":
+            return FixedBits(c.nominal_bits())
+        if c.policy == "dqsgd":
+            return DQSGDRule(c.k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding))
+        if c.policy == "dqsgd-error":
+            from dqsgd import theory
+
+            k = (theory.error_target_k(n, c.smoothness, self.numel, c.lr, c.alpha, c.eps_q) if c.convex
+                 else theory.error_target_t(c.smoothness, c.lr, self.numel, c.eps_q))
+            return DQSGDRule(k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding),
+                             name="dqsgd-error")
+        if c.policy == "dqsgd-budget":
+            return BudgetedDQSGD(self.budget_bits() or 0, n, self.numel, self.message_bits, c.convex, c.alpha,
+                                 c.min_bits, c.max_bits)
+        if c.policy == "adaptive":
+            return AdaptiveRMS(c.bits, c.min_bits, c.max_bits, c.calib_steps)
+        return AdaQS(self.numel, c.bits, c.min_bits, c.max_bits, c.calib_steps)
+
+    def init_state(self, workers: int) -> MethodState:
+        if workers < 1:
+            raise ValueError(f"need at least one worker, got {workers}")
+        return MethodState(self.policy.init(), [None] * workers)
+
+    # --- worker side ----------------------------------------------------------------------------
+    @property
+    def shares_scalers(self) -> bool:
+        """TernGrad's scaler sharing: workers max-reduce per-tensor scalers before quantizing."""
+        return self.config.scheme == "ternary"
+
+    def local_scalers(self, grad: torch.Tensor) -> torch.Tensor:
+        return ternary_scalers(grad, layout=self.layout, clip=self.config.clip)
+
+    def compress(self, grad: torch.Tensor, bits: int, generator: torch.Generator | None,
+                 scalers: torch.Tensor | None = None) -> Quantized:
+        c = self.config
+        if grad.numel() != self.numel:
+            raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
+        if c.scheme == "identity":
+            return quantize_identity(grad)
+        if c.scheme == "sign":
+            return quantize_sign(grad, scaled=c.scaled_sign, layout=self.layout)
+        if c.scheme == "ternary":
+            return quantize_ternary(grad, generator, layout=self.layout, scalers=scalers, clip=c.clip)
+        return quantize_uniform(grad, bits, generator, norm=self.norm, layout=self.layout)
+
+    def encode(self, grad: torch.Tensor, bits: int, generator: torch.Generator | None,
+               residual: torch.Tensor | None = None, scalers: torch.Tensor | None = None
+               ) -> tuple[bytes, torch.Tensor | None]:
+        """One worker's uplink message for this step, and its new error-feedback residual."""
+        flat = grad.detach().reshape(-1)
+        if not self.config.error_feedback:
+            return encode_payload(self.compress(flat, bits, generator, scalers), self.coding), None
+        p = memory.compensate(flat, residual)
+        q = self.compress(p, bits, generator, scalers)
+        return encode_payload(q, self.coding), memory.update(p, dequantize(q))
+
+    # --- server side ----------------------------------------------------------------------------
+    def decode_uplink(self, payload: bytes, bits: int, worker: int) -> Quantized:
+        try:
+            q = decode_payload(payload, max_numel=max(self.numel, 1))
+        except PayloadError as e:
+            raise PayloadError(f"worker {worker}: {e}") from None
+        expected = {"identity": Scheme.IDENTITY, "uniform": Scheme.UNIFORM, "sign": Scheme.SIGN,
+                    "ternary": Scheme.TERNARY}[self.config.scheme]
+        want_bits = bits if self.config.scheme == "uniform" else self.config.nominal_bits()
+        if q.scheme != expected or q.numel != self.numel or q.bits != want_bits:
+            raise ProtocolError(
+                f"worker {worker}: expected a {expected.name} message of {self.numel} values at {want_bits} bits, "
+                f"got {q.scheme.name} with {q.numel} values at {q.bits} bits"
+            )
+        return q
+
+    def aggregate(self, payloads: Sequence[bytes], bits: int) -> torch.Tensor:
+        """G = (1/W) Σ_w decode(payload_w), or the majority vote of the signs (worker order fixed)."""
+        qs = [self.decode_uplink(p, bits, w) for w, p in enumerate(payloads)]
+        if self.config.aggregate == "majority":
+            return majority_vote([q.codes for q in qs]).to(torch.float32)
+        total = torch.zeros(self.numel, dtype=torch.float32)
+        for q in qs:
+            total += dequantize(q).reshape(-1)
+        return total / len(qs)
+
+    def encode_downlink(self, update: torch.Tensor) -> bytes:
+        if self.config.downlink == "sign":
+            return encode_payload(quantize_sign(update), Coding.FIXED)
+        return encode_payload(quantize_identity(update), Coding.FIXED)
+
+    def decode_downlink(self, payload: bytes) -> torch.Tensor:
+        q = decode_payload(payload, max_numel=max(self.numel, 1))
+        if q.numel != self.numel:
+            raise ProtocolError(f"downlink message has {q.numel} values, expected {self.numel}")
+        return dequantize(q).reshape(-1)
+
+    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: int) -> MethodState:
+        """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12)."""
+        stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)
+        return MethodState(self.policy.update(state.policy, stats), state.residuals)

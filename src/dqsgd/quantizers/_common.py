@@ -1,0 +1,71 @@
+"""Small shared helpers for the quantizers: input checks and per-segment reductions."""
+
+from __future__ import annotations
+
+import torch
+
+from dqsgd.quantizers.base import Layout
+
+
+class NonFiniteGradientError(ValueError):
+    """A gradient (or model) tensor contains NaN or Inf; nothing was quantized or sent."""
+
+
+def flat_float(x: torch.Tensor) -> torch.Tensor:
+    """The tensor as a contiguous 1-D float32 view (a copy only when it must be)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.is_complex() or not (x.is_floating_point()):
+        raise TypeError(f"expected a real floating-point tensor, got dtype {x.dtype}")
+    return x.detach().reshape(-1).to(torch.float32)
+
+
+def check_bits(bits: int, lo: int, hi: int, what: str) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise TypeError(f"{what}: bits must be an int, got {bits!r}")
+    if not lo <= bits <= hi:
+        raise ValueError(f"{what}: bits must be in [{lo}, {hi}], got {bits}")
+    return bits
+
+
+def require_finite(scales: torch.Tensor, what: str) -> None:
+    """Scales are reductions of the whole input, so NaN/Inf anywhere shows up here for free."""
+    if scales.numel() and not bool(torch.isfinite(scales).all()):
+        raise NonFiniteGradientError(
+            f"{what}: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); refusing to quantize"
+        )
+
+
+def segment_reduce(flat: torch.Tensor, layout: Layout, op: str) -> torch.Tensor:
+    """Per-segment 'max_abs' | 'l2' | 'l1_mean' | 'mean' | 'std' of a flat tensor (float32)."""
+    n = flat.numel()
+    sizes = layout.segment_sizes(n)
+    if not sizes:
+        return torch.zeros(0, dtype=torch.float32, device=flat.device)
+    if len(sizes) == 1:
+        return _reduce(flat, op).reshape(1)
+    if layout.sizes is None and sizes[-1] == sizes[0]:
+        return _reduce(flat.view(len(sizes), sizes[0]), op, dim=1)
+    return torch.stack([_reduce(part, op) for part in torch.split(flat, sizes)])
+
+
+def _reduce(v: torch.Tensor, op: str, dim: int | None = None) -> torch.Tensor:
+    kw = {} if dim is None else {"dim": dim}
+    if op == "max_abs":
+        # abs().amax() is ~8x faster than vector_norm(inf) on CPU (measured, DESIGN.md).
+        return v.abs().amax(**kw)
+    if op == "l2":
+        return torch.linalg.vector_norm(v, 2, **kw)
+    if op == "l1_mean":
+        return v.abs().mean(**kw)
+    if op == "std":
+        return v.std(unbiased=False, **kw) if dim is not None else v.std(unbiased=False)
+    raise ValueError(f"unknown reduction {op!r}")
+
+
+def expand(per_segment: torch.Tensor, layout: Layout, numel: int) -> torch.Tensor:
+    """Repeat one value per segment over that segment's coordinates."""
+    sizes = layout.segment_sizes(numel)
+    if len(sizes) <= 1:
+        return per_segment.reshape(-1)[:1].expand(numel) if sizes else per_segment[:0]
+    return torch.repeat_interleave(per_segment, torch.tensor(sizes, device=per_segment.device))

@@ -1,0 +1,135 @@
+"""The common representation of a quantized tensor.
+
+Every quantizer in dqsgd maps a float tensor to *signed integer codes* plus one float32
+*scale* per segment, and back:  ``x̂_i = codes_i · scales[seg(i)] / levels``.
+
+That one shape serves every scheme:
+
+============  =======================  =================  ==================================
+scheme        codes                    scale              levels
+============  =======================  =================  ==================================
+UNIFORM       ``sgn(g_i)·q_i ∈ [-s, s]``  ``‖v‖_p`` per bucket  ``s = 2^(B-1) - 1``
+SIGN          ``±1``                    l1-mean or 1      1
+TERNARY       ``{-1, 0, +1}``            max-norm / c·σ    1
+LOWPREC       ``k_i ∈ [-2^(b-1), 2^(b-1)-1]``  δ              1
+IDENTITY      (raw float32 in ``values``)  —               —
+============  =======================  =================  ==================================
+
+The codec (``dqsgd.codecs``) only moves this structure to bytes and back; it never needs to
+know what the scales mean.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class Scheme(enum.IntEnum):
+    """Quantization scheme id, as written in the wire header (one byte)."""
+
+    IDENTITY = 0
+    UNIFORM = 1
+    SIGN = 2
+    TERNARY = 3
+    LOWPREC = 4
+
+
+class Norm(enum.IntEnum):
+    """Which norm the scale is (informational, one byte in the header)."""
+
+    NONE = 0
+    L1_MEAN = 1
+    L2 = 2
+    MAX = 255  # ‖·‖_∞
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the flat tensor is cut into segments that each get one scale.
+
+    ``bucket == 0 and sizes is None``: one segment (the whole tensor).
+    ``bucket > 0``: consecutive buckets of ``bucket`` coordinates (the last may be shorter).
+    ``sizes``: explicit segment lengths (e.g. one per parameter tensor); they sum to numel.
+    """
+
+    bucket: int = 0
+    sizes: tuple[int, ...] | None = None
+
+    def segment_sizes(self, numel: int) -> list[int]:
+        if self.sizes is not None:
+            if sum(self.sizes) != numel:
+                raise ValueError(f"layout sizes sum to {sum(self.sizes)}, tensor has {numel} elements")
+            return list(self.sizes)
+        if numel == 0:
+            return []
+        if self.bucket <= 0 or self.bucket >= numel:
+            return [numel]
+        full, rest = divmod(numel, self.bucket)
+        return [self.bucket] * full + ([rest] if rest else [])
+
+    def num_segments(self, numel: int) -> int:
+        return len(self.segment_sizes(numel))
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A quantized tensor: what a worker really has to send.
+
+    Attributes:
+      scheme: which quantizer produced it.
+      bits: code width on the wire in bits (1..16 for integer schemes; 32 for IDENTITY).
+      levels: the divisor of the codes (``s`` for UNIFORM, 1 otherwise).
+      codes: int32, 1-D, ``numel`` signed integer codes (empty for IDENTITY).
+      scales: float32, 1-D, one per segment of ``layout``.
+      layout: the segmentation that ``scales`` refers to.
+      shape: the original tensor's shape.
+      norm: which norm the scales are (informational).
+      values: float32, 1-D raw values (IDENTITY only, else None).
+    """
+
+    scheme: Scheme
+    bits: int
+    levels: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+    layout: Layout
+    shape: tuple[int, ...]
+    norm: Norm = Norm.NONE
+    values: torch.Tensor | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def segment_index(layout: Layout, numel: int, device: torch.device | None = None) -> torch.Tensor:
+    """Segment id of every coordinate (int64, length numel)."""
+    sizes = layout.segment_sizes(numel)
+    if not sizes:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    return torch.repeat_interleave(
+        torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)
+    )
+
+
+def dequantize(q: Quantized) -> torch.Tensor:
+    """``x̂_i = codes_i · scales[seg(i)] / levels`` (raw values for IDENTITY), in q.shape."""
+    if q.scheme == Scheme.IDENTITY:
+        assert q.values is not None
+        return q.values.reshape(q.shape)
+    numel = q.numel
+    if numel == 0:
+        return torch.zeros(q.shape, dtype=torch.float32)
+    step = q.scales.to(torch.float32) / float(q.levels)
+    sizes = q.layout.segment_sizes(numel)
+    if len(sizes) == 1:
+        out = q.codes.to(torch.float32) * step[0]
+    else:
+        out = q.codes.to(torch.float32) * torch.repeat_interleave(step, torch.tensor(sizes))
+    return out.reshape(q.shape)

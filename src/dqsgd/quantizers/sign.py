@@ -1,0 +1,35 @@
+"""Sign quantization: SignSGD (Seide et al. 2014; Bernstein et al. 2019) and scaled sign.
+
+Codes are ±1 at 1 bit per coordinate. Ties (g_i = 0) map to +1 so the message stays exactly one
+bit per coordinate [OC, ALGORITHMS.md §4]. The scale is 1 (plain sign) or the per-segment
+l1-mean ‖v‖₁/d_v (scaled sign, the compressor of EF-SignSGD [recalled, Karimireddy et al. 2019]).
+The sign quantizer is biased; it is deterministic (no generator).
+
+Majority vote (signSGD-MV) is an aggregation, see :func:`majority_vote`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dqsgd.quantizers._common import flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+
+
+def quantize_sign(x: torch.Tensor, *, scaled: bool = False, layout: Layout = Layout()) -> Quantized:
+    flat = flat_float(x)
+    # The l1-mean is computed either way: it is the finiteness check for NaN/Inf input.
+    l1 = segment_reduce(flat, layout, "l1_mean")
+    require_finite(l1, "sign quantizer")
+    scales = l1 if scaled else torch.ones_like(l1)
+    codes = torch.where(flat < 0, -1, 1).to(torch.int32)
+    norm = Norm.L1_MEAN if scaled else Norm.NONE
+    return Quantized(Scheme.SIGN, 1, 1, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm)
+
+
+def majority_vote(codes: list[torch.Tensor]) -> torch.Tensor:
+    """sign(Σ_w sign_w) with ties → +1 (int32 ±1 codes), the signSGD-MV server step [code]."""
+    if not codes:
+        raise ValueError("majority_vote needs at least one worker's codes")
+    total = torch.stack([c.to(torch.int32) for c in codes]).sum(dim=0)
+    return torch.where(total < 0, -1, 1).to(torch.int32)
