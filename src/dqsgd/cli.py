@@ -1,0 +1,131 @@
+"""The ``dqsgd`` command line: train, compare, methods, configs, report, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, shipped_configs
+
+
+def _experiment(args: argparse.Namespace, method: str | None = None):
+    raw, source = load_raw(args.config)
+    if method is not None:
+        tables = raw.get("methods", {})
+        raw = {**raw, "methods": {method: dict(tables.get(method, {}))}}
+    exp = build_experiment(apply_overrides(raw, args.set or []), source)
+    return exp
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from dqsgd.methods import METHODS
+
+    width = max(map(len, METHODS))
+    for name, desc in METHODS.items():
+        print(f"{name:<{width}}  {desc}")
+    print(f"{'qsgd-<B>bit':<{width}}  QSGD with B bits (2..16), e.g. qsgd-4bit")
+    return 0
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    for name, path in sorted(shipped_configs().items()):
+        first = path.read_text().splitlines()[0].lstrip("# ").strip()
+        print(f"{name:<18} {first}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from dqsgd.experiments.compare import run_experiment
+    from dqsgd.experiments.summary import format_table
+
+    exp = _experiment(args)
+    out = Path(args.out or f"runs/{exp.train.name}")
+    start = time.perf_counter()
+    rows = run_experiment(exp, out, progress=not args.quiet, resume=args.resume,
+                          only=args.methods.split(",") if args.methods else None)
+    t = exp.train
+    print(f"\n{t.name}: {t.dataset} / {t.model}, W = {t.workers}, {t.steps} steps, seeds {list(t.seeds)}")
+    print(format_table(rows))
+    print(f"\nwall time {time.perf_counter() - start:.0f} s; report: {out / 'report.md'}; tables: {out / 'summary.csv'}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dqsgd.experiments.compare import load_data_for
+    from dqsgd.train.runner import run_dir, run_one
+
+    exp = _experiment(args, method=args.method)
+    entry = exp.methods[0]
+    seed = args.seed if args.seed is not None else exp.train.seeds[0]
+    if args.transport == "torch":
+        from dqsgd.transport.launch import train_distributed
+
+        return train_distributed(exp, entry, seed, args)
+    out = Path(args.resume or args.out or run_dir(Path(f"runs/{exp.train.name}"), entry.label, seed))
+    s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet)
+    print(f"{entry.label}: test acc {100 * s['test_acc']:.2f}%, measured ratio {s['ledger_compression_ratio']:.2f} "
+          f"(fp32 bytes / bytes sent), mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
+          f"metrics in {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dqsgd.experiments.report import build_report
+    from dqsgd.experiments.summary import format_table, write_tables
+
+    root = Path(args.run_dir)
+    rows = write_tables(root)
+    print(format_table(rows))
+    print(f"report: {build_report(root)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dqsgd", description="Dynamic Quantized SGD and its baselines, with measured bytes.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add_cfg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", default="table1-mnist", help="shipped config name or a TOML path (default: table1-mnist)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="dotted override, e.g. train.steps=200 or methods.dqsgd.target_bits=4 (repeatable)")
+        sp.add_argument("--out", help="output directory (default: runs/<train.name>)")
+        sp.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    sp = sub.add_parser("train", help="train one method")
+    add_cfg(sp)
+    sp.add_argument("--method", required=True, help="method name (see `dqsgd methods`) or a label in the config")
+    sp.add_argument("--seed", type=int)
+    sp.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    sp.add_argument("--transport", choices=["sim", "torch"], default="sim")
+    sp.add_argument("--topology", choices=["ps", "allgather"], default="ps")
+    sp.add_argument("--workers", type=int, help="with --transport torch outside torchrun: processes to start")
+    sp.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up (torch transport)")
+    sp.set_defaults(func=cmd_train)
+
+    sp = sub.add_parser("compare", help="compare the methods of a config on the same data and seeds")
+    add_cfg(sp)
+    sp.add_argument("--methods", help="comma-separated subset of the config's method labels")
+    sp.add_argument("--resume", action="store_true", help="resume unfinished runs from their checkpoints")
+    sp.set_defaults(func=cmd_compare)
+
+    sub.add_parser("methods", help="list the registered methods").set_defaults(func=cmd_methods)
+    sub.add_parser("configs", help="list the shipped configs").set_defaults(func=cmd_configs)
+    sp = sub.add_parser("report", help="rebuild tables, report and plots of RUN_DIR from its JSONL files")
+    sp.add_argument("run_dir")
+    sp.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, ValueError, FileNotFoundError, TypeError) as e:
+        print(f"dqsgd: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

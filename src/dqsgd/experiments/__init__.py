@@ -1,0 +1,1 @@
+"""Experiments: shipped configs (configs/*.toml), comparisons, tables, reports and plots."""

@@ -1,0 +1,39 @@
+"""Compare several methods on the same data and seeds (common random numbers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dqsgd.data import load_dataset
+from dqsgd.experiments.summary import write_tables
+from dqsgd.train.config import ExperimentConfig
+from dqsgd.train.runner import run_dir, run_one
+
+
+def load_data_for(exp: ExperimentConfig):
+    t = exp.train
+    return load_dataset(t.dataset, t.data_root or None, seed=0, max_len=t.max_len, subset=t.subset or None)
+
+
+def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
+                   only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots."""
+    if not exp.methods:
+        raise ValueError(f"{exp.source or 'config'}: no [methods.NAME] tables: nothing to compare")
+    entries = [e for e in exp.methods if not only or e.label in only]
+    missing = sorted(set(only or []) - {e.label for e in exp.methods})
+    if missing:
+        raise ValueError(f"--methods {missing} not in the config; it has {[e.label for e in exp.methods]}")
+    data = load_data_for(exp)
+    out.mkdir(parents=True, exist_ok=True)
+    if exp.source:
+        (out / "experiment.toml").write_text(Path(exp.source).read_text())
+    for seed in exp.train.seeds:
+        for entry in entries:
+            run_one(exp.train, entry, data, seed, run_dir(out, entry.label, seed), resume=resume, progress=progress)
+    rows = write_tables(out)
+    from dqsgd.experiments.report import build_report
+
+    build_report(out)
+    return rows

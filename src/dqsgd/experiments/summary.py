@@ -1,0 +1,130 @@
+"""Tables from the JSONL files alone: per-run facts, per-method mean ± std over seeds.
+
+A run directory holds ``config.json`` (static facts) and ``metrics.jsonl`` (one line per step).
+Everything printed or plotted is computed here from those two files — never from logs — so
+``dqsgd report RUN_DIR`` rebuilds the same tables after the fact.
+
+Two compression ratios are given and labelled everywhere:
+``measured ratio`` = fp32 uplink bytes (4·d·W·steps) / uplink bytes really sent (+ side traffic);
+``paper ratio`` = 32 / mean nominal bits per coordinate (DQSGD Table 1's convention).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from dqsgd.train.metrics import read_jsonl
+
+COLUMNS = ["method", "dataset", "stand_in_for", "model", "workers", "steps", "seeds", "test_acc_mean", "test_acc_std",
+           "delta_vs_sgd_mean", "delta_vs_sgd_std", "measured_ratio", "paper_ratio", "mean_bits", "up_bytes", "wall_s"]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("metrics.jsonl") if (p.parent / "config.json").exists())
+
+
+def method_order(root: Path) -> list[str]:
+    """Labels of ``[methods.*]`` in ``root/experiment.toml``, in the order the user wrote them ([] if absent)."""
+    path = root / "experiment.toml"
+    if not path.is_file():
+        return []
+    return list(tomllib.loads(path.read_text()).get("methods", {}))  # tomllib keeps the file's order
+
+
+def _ordered(labels: list[str], order: list[str] | None) -> list[str]:
+    """``order`` first (those present), then the remaining labels in first-seen order."""
+    seen = list(dict.fromkeys(labels))
+    first = [m for m in (order or []) if m in seen]
+    return first + [m for m in seen if m not in first]
+
+
+def summarize_run(run: Path) -> dict[str, Any]:
+    facts = json.loads((run / "config.json").read_text())
+    recs = list(read_jsonl(run / "metrics.jsonl"))
+    steps = [r for r in recs if not r.get("skipped")]
+    evals = [r for r in recs if r.get("test_acc") is not None]
+    up = sum(int(r["up_bytes"]) for r in steps)
+    side = sum(int(r.get("side_bytes", 0)) for r in steps) * facts["workers"]
+    fp32 = 4 * facts["numel"] * facts["workers"] * len(steps)
+    mean_bits = statistics.fmean(r["bits"] for r in steps) if steps else float("nan")
+    tail = [r["loss"] for r in steps[-20:] if r.get("loss") is not None]
+    return {
+        "method": facts["method"], "dataset": facts["dataset"], "stand_in_for": facts.get("stand_in_for"),
+        "model": facts["train_config"]["model"], "workers": facts["workers"], "seed": facts["seed"],
+        "steps": len(recs), "test_acc": evals[-1]["test_acc"] if evals else float("nan"),
+        "train_loss": statistics.fmean(tail) if tail else float("nan"),
+        "up_bytes": up, "down_bytes": sum(int(r["down_bytes"]) for r in steps), "side_bytes": side,
+        "measured_ratio": fp32 / (up + side // 2) if up else float("inf"),
+        "paper_ratio": 32.0 / mean_bits if mean_bits else float("inf"), "mean_bits": mean_bits,
+        "wall_s": sum(r["compute_s"] + r["encode_s"] + r["decode_s"] for r in recs),
+        "budget_bits": facts.get("budget_bits"),
+    }
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def aggregate(runs: list[dict[str, Any]], baseline: str = "sgd", order: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per method: mean ± std over seeds and the paired difference to ``baseline``.
+
+    Rows follow ``order`` (the config's ``[methods.*]`` order), then any other method in first-seen order.
+    """
+    order = _ordered([r["method"] for r in runs], order)
+    base = {r["seed"]: r["test_acc"] for r in runs if r["method"] == baseline}
+    rows = []
+    for m in order:
+        rs = [r for r in runs if r["method"] == m]
+        acc_m, acc_s = _mean_std([r["test_acc"] for r in rs])
+        d_m, d_s = _mean_std([r["test_acc"] - base[r["seed"]] for r in rs if r["seed"] in base])
+        rows.append({
+            "method": m, "dataset": rs[0]["dataset"], "stand_in_for": rs[0]["stand_in_for"], "model": rs[0]["model"],
+            "workers": rs[0]["workers"], "steps": rs[0]["steps"], "seeds": len(rs),
+            "test_acc_mean": acc_m, "test_acc_std": acc_s, "delta_vs_sgd_mean": d_m, "delta_vs_sgd_std": d_s,
+            "measured_ratio": statistics.fmean(r["measured_ratio"] for r in rs),
+            "paper_ratio": statistics.fmean(r["paper_ratio"] for r in rs),
+            "mean_bits": statistics.fmean(r["mean_bits"] for r in rs),
+            "up_bytes": int(statistics.fmean(r["up_bytes"] for r in rs)),
+            "wall_s": statistics.fmean(r["wall_s"] for r in rs),
+        })
+    return rows
+
+
+def write_tables(root: Path) -> list[dict[str, Any]]:
+    runs = [summarize_run(d) for d in run_dirs(root)]
+    if not runs:
+        raise FileNotFoundError(f"{root}: no runs (no */seed*/metrics.jsonl with config.json)")
+    order = _ordered([r["method"] for r in runs], method_order(root))
+    runs.sort(key=lambda r: (order.index(r["method"]), r["seed"]))
+    rows = aggregate(runs, order=order)
+    (root / "summary.json").write_text(json.dumps({"runs": runs, "methods": rows}, indent=2))
+    with open(root / "summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r[k] for k in COLUMNS})
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A Table 1-style text table (accuracy mean ± std over seeds, both ratios labelled)."""
+    head = f"{'method':<16}{'test acc':>17}{'Δ vs SGD (pt)':>15}{'measured ratio':>16}{'paper ratio':>13}{'mean bits':>11}{'MB up':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        acc = f"{100 * r['test_acc_mean']:.2f} ± {100 * r['test_acc_std']:.2f}"
+        d = r["delta_vs_sgd_mean"]
+        ds = "" if math.isnan(d) else f"{100 * d:+.2f}"
+        lines.append(f"{r['method']:<16}{acc:>17}{ds:>15}{r['measured_ratio']:>16.2f}{r['paper_ratio']:>13.2f}"
+                     f"{r['mean_bits']:>11.2f}{r['up_bytes'] / 1e6:>9.2f}")
+    lines.append("measured ratio = fp32 uplink bytes / bytes really sent (headers, norms, scalers included); "
+                 "paper ratio = 32 / mean nominal bits (DQSGD Table 1's convention).")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""Typed run configuration, TOML files and dotted command-line overrides.
+
+A config file has a ``[train]`` table (:class:`TrainConfig`) and a ``[methods.NAME]`` table per
+method to compare (each an override set for :func:`dqsgd.methods.method_config`, plus the
+optimizer keys ``lr``/``momentum`` a method may override). Overrides are ``section.key=value``
+strings with TOML values (``train.steps=200``, ``methods.qsgd-4bit.bits=3``). Unknown sections
+and keys, and values of the wrong type, are refused with a message naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be run: says which key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str = "run"
+    dataset: str = "mnist"
+    data_root: str = ""               # "" = the dataset's default location
+    subset: int = 0                   # >0: seeded stratified subset of the training set
+    model: str = "cnn"
+    workers: int = 8                  # W
+    steps: int = 500                  # N
+    batch_size: int = 32              # per worker (K)
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0         # added to the gradient before quantization (part of the loss)
+    lr_schedule: str = "constant"     # "constant" | "cosine"
+    eval_every: int = 100             # steps between test evaluations (and one at the end)
+    eval_samples: int = 0             # 0 = the whole test set
+    seeds: tuple[int, ...] = (0,)
+    checkpoint_every: int = 0         # 0 = no checkpoints
+    on_nonfinite: str = "raise"       # "raise" | "skip" a step whose gradient has NaN/Inf
+    max_len: int = 200                # text datasets: tokens per document
+    threads: int = 0                  # torch intra-op threads; 0 = PyTorch's default. 1 is much faster
+                                      # for small models when other processes share the cores (measured)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.workers >= 1, "workers must be >= 1"), (self.steps >= 1, "steps must be >= 1"),
+            (self.batch_size >= 1, "batch_size must be >= 1"), (self.lr > 0, "lr must be > 0"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"), (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (self.lr_schedule in ("constant", "cosine"), "lr_schedule must be 'constant' or 'cosine'"),
+            (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
+            (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
+            (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0,
+             "counts must be >= 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(f"train: {msg}")
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    """One method of a comparison: its validated config and optimizer overrides."""
+
+    label: str
+    config: MethodConfig
+    lr: float | None = None
+    momentum: float | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    train: TrainConfig
+    methods: tuple[MethodEntry, ...] = field(default_factory=tuple)
+    source: str = ""
+
+
+TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
+            raise ConfigError(f"{section}.{key} must be a list of integers, got {value!r}")
+        return tuple(value)
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not type(default):
+        raise ConfigError(f"{section}.{key} must be {type(default).__name__}, got {value!r}")
+    return value
+
+
+def build_experiment(raw: dict[str, Any], source: str = "") -> ExperimentConfig:
+    unknown = sorted(set(raw) - {"train", "methods"})
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; allowed: [train], [methods.NAME]")
+    tr = dict(raw.get("train", {}))
+    bad = sorted(set(tr) - set(TRAIN_FIELDS))
+    if bad:
+        raise ConfigError(f"unknown train key(s) {bad}; allowed: {', '.join(TRAIN_FIELDS)}")
+    defaults = TrainConfig()
+    train = TrainConfig(**{k: _coerce("train", k, v, getattr(defaults, k)) for k, v in tr.items()})
+    entries = []
+    for label, opts in dict(raw.get("methods", {})).items():
+        if not isinstance(opts, dict):
+            raise ConfigError(f"methods.{label} must be a table")
+        opts = dict(opts)
+        base = opts.pop("method", label)
+        lr, mom = opts.pop("lr", None), opts.pop("momentum", None)
+        bad = sorted(set(opts) - set(METHOD_FIELDS))
+        if bad:
+            raise ConfigError(f"methods.{label}: unknown key(s) {bad}; allowed: method, lr, momentum, {', '.join(METHOD_FIELDS)}")
+        try:
+            cfg = method_config(base, **opts)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"methods.{label}: {e}") from None
+        lr = None if lr is None else float(_coerce(f"methods.{label}", "lr", lr, 0.0))
+        mom = None if mom is None else float(_coerce(f"methods.{label}", "momentum", mom, 0.0))
+        entries.append(MethodEntry(label, cfg, lr, mom))
+    return ExperimentConfig(train, tuple(entries), source)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``section.key=value`` (TOML value; bare words are strings) applied to a raw config dict."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    out["methods"] = {k: dict(v) for k, v in raw.get("methods", {}).items()}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        path, text = item.split("=", 1)
+        parts = path.strip().split(".")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text  # a bare word, e.g. train.dataset=fashion-mnist
+        if parts[0] == "train" and len(parts) == 2:
+            out.setdefault("train", {})[parts[1]] = value
+        elif parts[0] == "methods" and len(parts) == 3:
+            out["methods"].setdefault(parts[1], {})[parts[2]] = value
+        else:
+            raise ConfigError(f"override {item!r}: use train.KEY=VALUE or methods.LABEL.KEY=VALUE")
+    return out
+
+
+def shipped_configs() -> dict[str, Path]:
+    folder = resources.files("dqsgd.experiments") / "configs"
+    return {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")}
+
+
+def load_raw(name_or_path: str) -> tuple[dict[str, Any], str]:
+    shipped = shipped_configs()
+    path = shipped.get(name_or_path) or Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(f"no config {name_or_path!r}: not a file, and the shipped configs are {', '.join(sorted(shipped))}")
+    try:
+        return tomllib.loads(path.read_text()), str(path)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: malformed TOML: {e}") from None
+
+
+def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> ExperimentConfig:
+    raw, source = load_raw(name_or_path)
+    return build_experiment(apply_overrides(raw, overrides or []), source)

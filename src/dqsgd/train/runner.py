@@ -1,0 +1,105 @@
+"""Run one (method, seed) to completion with metrics, checkpoints and a progress bar."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from dqsgd.data import Dataset
+from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
+from dqsgd.train.config import MethodEntry, TrainConfig
+from dqsgd.train.metrics import JsonlWriter, truncate_jsonl
+from dqsgd.train.trainer import Trainer, record_of
+from dqsgd.transport import Transport
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def run_dir(root: Path, label: str, seed: int) -> Path:
+    return root / label / f"seed{seed}"
+
+
+def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None,
+            transport: Transport | None = None, resume: bool = False, progress: bool = True,
+            device: str = "cpu") -> dict[str, Any]:
+    """Train ``entry`` with ``seed``; write ``metrics.jsonl``/``summary.json`` under ``out`` (if given)."""
+    tr = Trainer(cfg, entry, data, seed, transport, device)
+    writes = out is not None and tr.transport.is_server
+    ck_path = out / CHECKPOINT if out is not None else None
+    if resume and ck_path is not None and ck_path.exists():
+        load_checkpoint(tr, ck_path)
+        if writes:
+            truncate_jsonl(out / "metrics.jsonl", tr.next_step - 1)
+    if writes:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(run_facts(cfg, entry, data, seed, tr), indent=2))
+    writer = JsonlWriter(out / "metrics.jsonl", append=resume) if writes else None
+    start = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=tr.next_step, desc=f"{entry.label} seed {seed}", disable=not progress,
+               leave=False, dynamic_ncols=True)
+    acc = loss = float("nan")
+    try:
+        while tr.next_step < cfg.steps:
+            res = tr.step()
+            rec = record_of(res, tr.ledger)
+            last = tr.next_step == cfg.steps
+            if last or tr.next_step % cfg.eval_every == 0:
+                acc, loss = tr.evaluate()
+                rec.update(test_acc=acc, test_loss=loss)
+                bar.set_postfix(acc=f"{acc:.4f}", bits=res.bits)
+            if writer is not None:
+                writer.write(rec)
+            if ck_path is not None and cfg.checkpoint_every and (tr.next_step % cfg.checkpoint_every == 0 or last):
+                save_checkpoint(tr, ck_path)
+            bar.update(1)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    summary = summarize(cfg, entry, data, seed, tr, acc, loss, time.perf_counter() - start)
+    if writes:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary["final_params"] = tr.flat_params()
+    return summary
+
+
+def run_facts(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr: Trainer) -> dict[str, Any]:
+    """The static facts of a run (``config.json``); with ``metrics.jsonl`` they rebuild every table."""
+    return {
+        "method": entry.label,
+        "method_config": dataclasses.asdict(entry.config),
+        "train_config": dataclasses.asdict(cfg),
+        "dataset": data.name,
+        "stand_in_for": data.stand_in_for,
+        "seed": seed,
+        "numel": tr.numel,
+        "workers": cfg.workers,
+        "lr": tr.lr,
+        "budget_bits": tr.ledger.budget_bits,
+    }
+
+
+def summarize(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr: Trainer,
+              acc: float, loss: float, wall: float) -> dict[str, Any]:
+    return {
+        "method": entry.label,
+        "method_config": dataclasses.asdict(entry.config),
+        "dataset": data.name,
+        "stand_in_for": data.stand_in_for,
+        "model": cfg.model,
+        "workers": cfg.workers,
+        "steps": cfg.steps,
+        "seed": seed,
+        "numel": tr.numel,
+        "lr": tr.lr,
+        "test_acc": acc,
+        "test_loss": loss,
+        "skipped_steps": tr.skipped,
+        "wall_s": wall,
+        **{f"ledger_{k}": v for k, v in tr.ledger.summary().items()},
+    }

@@ -1,0 +1,185 @@
+"""The training loop: data → gradient per worker → method → update (DQSGD Algorithm 2).
+
+One step, written once for every transport:
+
+1. every local worker w draws its minibatch (a pure function of seed, w, n) and computes g_w;
+2. (TernGrad) the per-tensor scalers are max-reduced across workers;
+3. each worker encodes g_w at the current width B_n into bytes;
+4. the server gathers the W payloads, decodes and averages them into G, encodes the downlink,
+   records the measured bytes in the ledger and lets the policy pick B_{n+1} from ‖G‖;
+5. every process decodes the downlink and applies the same optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dqsgd.data import Dataset
+from dqsgd.ledger import Ledger
+from dqsgd.models import build_model
+from dqsgd.pipeline import Method, MethodState
+from dqsgd.quantizers import NonFiniteGradientError
+from dqsgd.train.config import MethodEntry, TrainConfig
+from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, seed_for
+from dqsgd.transport import SimTransport, Transport
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    lr: float
+    bits: int
+    skipped: bool
+    up_bytes: list[int]
+    down_bytes: int
+    side_bytes: int
+    compute_s: float
+    encode_s: float
+    decode_s: float
+
+
+class Trainer:
+    """One method, one seed, one (local part of a) run."""
+
+    def __init__(self, cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int,
+                 transport: Transport | None = None, device: torch.device | str = "cpu"):
+        self.cfg, self.entry, self.data, self.seed = cfg, entry, data, seed
+        self.transport = transport or SimTransport(cfg.workers)
+        if self.transport.workers != cfg.workers:
+            raise ValueError(f"transport has {self.transport.workers} workers, config says {cfg.workers}")
+        self.device = torch.device(device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed_for(seed, MODEL_INIT))
+            self.model = build_model(cfg.model, data).to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        sizes = [p.numel() for p in self.params]
+        self.numel = sum(sizes)
+        self.lr = entry.lr if entry.lr is not None else cfg.lr
+        momentum = entry.momentum if entry.momentum is not None else cfg.momentum
+        self.optimizer = torch.optim.SGD(self.params, lr=self.lr, momentum=momentum)
+        self.method = Method(entry.config, self.numel, cfg.steps, sizes)
+        self.state: MethodState = self.method.init_state(cfg.workers)
+        self.batches = WorkerBatches(len(data.train.y), cfg.workers, cfg.batch_size, seed)
+        self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
+        self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits())
+        self.next_step = 0
+        self.skipped = 0
+
+    # --- pieces of a step -----------------------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        if self.cfg.lr_schedule == "cosine":
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * step / self.cfg.steps))
+        return self.lr
+
+    def worker_gradient(self, worker: int, step: int) -> tuple[torch.Tensor, float]:
+        idx = self.batches.indices(worker, step)
+        x = self.data.train.x[idx].to(self.device)
+        y = self.data.train.y[idx].to(self.device)
+        self.model.train()
+        loss = F.cross_entropy(self.model(x), y)
+        grads = torch.autograd.grad(loss, self.params)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.cfg.weight_decay:
+            flat = flat + self.cfg.weight_decay * torch.cat([p.detach().reshape(-1) for p in self.params])
+        return flat, float(loss.detach())
+
+    def apply_update(self, update: torch.Tensor, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = update[offset : offset + n].view_as(p).to(p.device, p.dtype)
+            offset += n
+        self.optimizer.step()
+
+    def _all_finite(self, grads: dict[int, torch.Tensor]) -> bool:
+        bad = torch.tensor([0.0 if bool(torch.isfinite(g).all()) else 1.0 for g in grads.values()])
+        return float(self.transport.max_reduce([bad.amax().reshape(1)])[0]) == 0.0
+
+    # --- one step -------------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        n, bits, t = self.next_step, self.state.bits, self.transport
+        t0 = time.perf_counter()
+        grads, losses = {}, []
+        for w in t.local_workers:
+            grads[w], loss = self.worker_gradient(w, n)
+            losses.append(loss)
+        t1 = time.perf_counter()
+        if self.cfg.on_nonfinite == "skip" and not self._all_finite(grads):
+            self.skipped += 1
+            self.next_step += 1
+            return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
+        scalers, side = None, 0
+        if self.method.shares_scalers:
+            scalers = t.max_reduce([self.method.local_scalers(g) for g in grads.values()])
+            side = 4 * scalers.numel()  # L float32 scalers up and down per worker [ALGORITHMS.md §3]
+        payloads = []
+        for w, g in grads.items():
+            try:
+                msg, self.state.residuals[w] = self.method.encode(g, bits, self.qgen[w], self.state.residuals[w], scalers)
+            except NonFiniteGradientError as e:
+                raise NonFiniteGradientError(f"step {n}, worker {w}: {e}") from None
+            payloads.append(msg)
+        t2 = time.perf_counter()
+        gathered = t.gather(payloads)
+        down, next_bits, up = None, None, []
+        if t.is_server and gathered is not None:
+            agg = self.method.aggregate(gathered, bits)
+            down = self.method.encode_downlink(agg)
+            up = [len(p) for p in gathered]
+            self.ledger.record(n, bits, up, len(down), side)
+            self.state = self.method.observe(self.state, agg, n, 8 * max(up))
+            next_bits = self.state.bits
+        down, next_bits = t.broadcast(down, next_bits)
+        if not t.is_server:
+            self.state.policy = _RemoteBits(next_bits)
+        update = self.method.decode_downlink(down)
+        lr = self.lr_at(n)
+        self.apply_update(update.to(self.device), lr)
+        t3 = time.perf_counter()
+        self.next_step += 1
+        loss = sum(losses) / len(losses)
+        return StepResult(n, loss, lr, bits, False, up, len(down), side, t1 - t0, t2 - t1, t3 - t2)
+
+    # --- evaluation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batch: int = 1000) -> tuple[float, float]:
+        self.model.eval()
+        x, y = self.data.test.x, self.data.test.y
+        if self.cfg.eval_samples:
+            x, y = x[: self.cfg.eval_samples], y[: self.cfg.eval_samples]
+        correct, total_loss = 0, 0.0
+        for i in range(0, len(y), batch):
+            out = self.model(x[i : i + batch].to(self.device))
+            yy = y[i : i + batch].to(self.device)
+            total_loss += float(F.cross_entropy(out, yy, reduction="sum"))
+            correct += int((out.argmax(dim=1) == yy).sum())
+        return correct / max(len(y), 1), total_loss / max(len(y), 1)
+
+    def flat_params(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
+
+
+@dataclass
+class _RemoteBits:
+    """A non-server rank only learns B_{n+1} from the broadcast; it holds no policy state."""
+
+    bits: int
+
+
+def record_of(r: StepResult, ledger: Ledger) -> dict[str, Any]:
+    return {
+        "step": r.step, "loss": r.loss, "lr": r.lr, "bits": r.bits, "skipped": r.skipped,
+        "up_bytes": sum(r.up_bytes), "down_bytes": r.down_bytes * len(r.up_bytes), "side_bytes": r.side_bytes,
+        "budget_left": ledger.budget_left(), "compute_s": r.compute_s, "encode_s": r.encode_s, "decode_s": r.decode_s,
+    }
