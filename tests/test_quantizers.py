@@ -79,6 +79,17 @@ def test_uniform_levels_never_exceed_s_and_sign_kept() -> None:
         assert q.codes[0] > 0 and q.codes[1] < 0 and q.codes[5] == 0
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: quantize_uniform(x, 4), lambda x: quantize_sign(x), lambda x: quantize_ternary(x),
+    lambda x: quantize_identity(x), lambda x: quantize_lowprec(x, 4),
+])
+def test_empty_tensors_round_trip_through_the_codec(fn) -> None:
+    from dqsgd.codecs import decode, encode
+
+    q = fn(torch.zeros(0))
+    assert dequantize(decode(encode(q))).numel() == 0
+
+
 def test_uniform_zero_empty_and_single() -> None:
     z = quantize_uniform(torch.zeros(10), 4)
     assert torch.equal(dequantize(z), torch.zeros(10)) and float(z.scales[0]) == 0.0

@@ -39,7 +39,7 @@ def quantize_lowprec(
     if not (delta >= 0 and delta < float("inf")):
         raise ValueError(f"low-precision quantizer: delta must be finite and >= 0, got {delta}")
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    scales = torch.tensor([delta], dtype=torch.float32)
+    scales = torch.tensor([delta] if n else [], dtype=torch.float32)  # an empty tensor has no segment
     if n == 0 or delta == 0.0:
         codes = torch.zeros(n, dtype=torch.int32)
         return Quantized(Scheme.LOWPREC, bits, 1, codes, scales, Layout(), tuple(x.shape), Norm.MAX)

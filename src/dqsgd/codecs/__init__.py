@@ -1,0 +1,27 @@
+"""The wire codec: fixed-width bit packing, Elias-omega coding and the versioned payload format.
+
+``encode(q, coding) -> bytes`` and ``decode(payload) -> Quantized`` are the entry points; the
+payload layout is documented in :mod:`dqsgd.codecs.header` and :mod:`dqsgd.codecs.wire`.
+"""
+
+from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
+from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_length
+from dqsgd.codecs.header import Coding, PayloadError, header_size
+from dqsgd.codecs.wire import decode, encode, predicted_size
+
+__all__ = [
+    "Coding",
+    "EliasError",
+    "PayloadError",
+    "decode",
+    "elias_bit_length",
+    "elias_decode",
+    "elias_encode",
+    "encode",
+    "header_size",
+    "omega_length",
+    "pack_bits",
+    "packed_size",
+    "predicted_size",
+    "unpack_bits",
+]

@@ -1,0 +1,231 @@
+"""The self-describing header of a dqsgd payload (format version 1), and its errors.
+
+All integers little-endian; offsets in bytes (``D = 4·ndim``, ``S`` = layout extra bytes)::
+
+    offset        size       field
+    0             2          magic b"DQ"
+    2             1          version (u8) = 1
+    3             1          scheme (u8): Scheme (0 identity, 1 uniform, 2 sign, 3 ternary, 4 lowprec)
+    4             1          bits (u8): code width; 1..16 for integer schemes, 32 for identity
+    5             1          coding (u8): 0 FIXED, 1 ELIAS, 2 ZSTD  (AUTO is never written)
+    6             1          norm (u8): Norm (0 none, 1 l1-mean, 2 l2, 255 max)
+    7             1          ndim (u8) ≤ 8
+    8             4          levels (u32)
+    12            D          dims (u32 × ndim); numel = Π dims (1 for ndim = 0)
+    12+D          1          layout kind (u8): 0 one segment, 1 fixed bucket, 2 explicit sizes
+    13+D          S          kind 0: nothing (S = 0); kind 1: bucket (u32, > 0) (S = 4);
+                             kind 2: count (u32), sizes (u32 × count), Σ sizes = numel (S = 4 + 4·count)
+    13+D+S        4·nseg     scales (f32 × nseg); nseg = segments of the layout, 0 for identity
+    13+D+S+4nseg  4          body length L (u32)
+    17+D+S+4nseg  L          body (see ``dqsgd.codecs.wire``)
+    end − 4       4          crc32 (u32): zlib.crc32 of every byte before it
+
+Parsing is bounded: each field is checked against the bytes that remain before it is read, and
+``numel`` against the caller's ``max_numel``, so forged sizes are refused before anything is
+allocated.  Segment counts are computed arithmetically, never by materialising the layout.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from dqsgd.quantizers.base import Layout, Norm, Scheme
+
+__all__ = [
+    "Coding", "Header", "MAGIC", "PayloadError", "VERSION",
+    "header_size", "layout_segments", "parse_header", "write_header",
+]
+
+MAGIC = b"DQ"
+VERSION = 1
+MAX_NDIM = 8
+U32_MAX = (1 << 32) - 1
+_FIELDS = struct.Struct("<BBBBBI")  # scheme .. levels, after magic and version
+_FIXED_PART_SIZE = 3 + _FIELDS.size  # 12 bytes
+_LAYOUT_ONE, _LAYOUT_BUCKET, _LAYOUT_SIZES = 0, 1, 2
+
+
+class PayloadError(ValueError):
+    """A payload that is not a valid dqsgd message (truncated, corrupted, forged or foreign)."""
+
+
+class Coding(enum.IntEnum):
+    """How the body carries the codes (one byte in the header)."""
+
+    FIXED = 0  # bit-packed offset-binary codes, ⌈numel·bits/8⌉ bytes
+    ELIAS = 1  # QSGD's Elias-omega stream of the non-zero codes
+    ZSTD = 2  # zstd (level 3) of the FIXED body
+    AUTO = 3  # encode only: the smaller of FIXED and ELIAS; the header records which
+
+
+@dataclass(frozen=True)
+class Header:
+    """Everything the header says, already validated for structure (not for the body)."""
+
+    scheme: Scheme
+    bits: int
+    coding: Coding
+    norm: Norm
+    levels: int
+    shape: tuple[int, ...]
+    layout: Layout
+    scales: np.ndarray  # float32, nseg
+    body_start: int
+    body_len: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def _layout_kind(layout: Layout) -> int:
+    if layout.sizes is not None:
+        return _LAYOUT_SIZES
+    return _LAYOUT_BUCKET if layout.bucket > 0 else _LAYOUT_ONE
+
+
+def _layout_extra(layout: Layout) -> int:
+    kind = _layout_kind(layout)
+    return 0 if kind == _LAYOUT_ONE else 4 if kind == _LAYOUT_BUCKET else 4 + 4 * len(layout.sizes or ())
+
+
+def header_size(ndim: int, layout: Layout, num_segments: int) -> int:
+    """Bytes before the body (the body length field included); add body and 4 crc bytes."""
+    return _FIXED_PART_SIZE + 4 * ndim + 1 + _layout_extra(layout) + 4 * num_segments + 4
+
+
+def count_segments(kind: int, numel: int, bucket: int, count: int) -> int:
+    """Segments of a layout without building it (``Layout.segment_sizes`` would allocate)."""
+    if kind == _LAYOUT_SIZES:
+        return count
+    if numel == 0:
+        return 0
+    if kind == _LAYOUT_ONE or bucket >= numel:
+        return 1
+    return -(-numel // bucket)
+
+
+def layout_segments(layout: Layout, numel: int) -> int:
+    """``layout.num_segments(numel)``, computed arithmetically."""
+    return count_segments(_layout_kind(layout), numel, layout.bucket, len(layout.sizes or ()))
+
+
+def write_header(
+    scheme: Scheme, bits: int, coding: Coding, norm: Norm, levels: int,
+    shape: tuple[int, ...], layout: Layout, scales: np.ndarray, body_len: int,
+) -> bytes:
+    """The header bytes up to and including the body length (fields assumed validated)."""
+    parts = [MAGIC, bytes([VERSION]), _FIELDS.pack(scheme, bits, coding, norm, len(shape), levels)]
+    parts.append(struct.pack(f"<{len(shape)}I", *shape))
+    kind = _layout_kind(layout)
+    parts.append(bytes([kind]))
+    if kind == _LAYOUT_BUCKET:
+        parts.append(struct.pack("<I", layout.bucket))
+    elif kind == _LAYOUT_SIZES:
+        sizes = layout.sizes or ()
+        parts.append(struct.pack("<I", len(sizes)) + np.asarray(sizes, dtype="<u4").tobytes())
+    parts.append(np.ascontiguousarray(scales, dtype="<f4").tobytes())
+    parts.append(struct.pack("<I", body_len))
+    return b"".join(parts)
+
+
+class _Reader:
+    """Bounded cursor over a payload: every read states what it needs and where."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> memoryview:
+        left = len(self.buf) - self.pos
+        if n > left:
+            raise PayloadError(f"payload truncated: {what} needs {n} bytes at offset {self.pos}, {left} left")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def u32(self, what: str) -> int:
+        return int.from_bytes(self.take(4, what), "little")
+
+
+def _enum(cls: type[enum.IntEnum], value: int, what: str, offset: int) -> enum.IntEnum:
+    try:
+        return cls(value)
+    except ValueError:
+        raise PayloadError(f"unknown {what} {value} at offset {offset}") from None
+
+
+def _read_fixed(r: _Reader) -> tuple[Scheme, int, Coding, Norm, int, int]:
+    # Magic and version first, each as soon as its bytes are there: a foreign or newer payload
+    # gets that message even when it is also too short for this version's header.
+    magic = bytes(r.take(2, "magic"))
+    if magic != MAGIC:
+        raise PayloadError(f"not a dqsgd payload: magic {magic!r} at offset 0, expected {MAGIC!r}")
+    version = r.take(1, "version")[0]
+    if version > VERSION:
+        raise PayloadError(f"payload format version {version} is newer than this dqsgd ({VERSION})")
+    if version != VERSION:
+        raise PayloadError(f"unknown payload format version {version} at offset 2")
+    scheme, bits, coding, norm, ndim, levels = _FIELDS.unpack(r.take(_FIELDS.size, "header fields"))
+    sch = _enum(Scheme, scheme, "scheme", 3)
+    cod = _enum(Coding, coding, "coding", 5)
+    if cod == Coding.AUTO:
+        raise PayloadError("coding AUTO (3) at offset 5 is never written to the wire")
+    nrm = _enum(Norm, norm, "norm", 6)
+    if ndim > MAX_NDIM:
+        raise PayloadError(f"ndim {ndim} at offset 7 exceeds the maximum {MAX_NDIM}")
+    return sch, bits, cod, nrm, ndim, levels
+
+
+def _read_layout(r: _Reader, numel: int) -> tuple[Layout, int]:
+    at = r.pos
+    kind = r.take(1, "layout kind")[0]
+    if kind == _LAYOUT_ONE:
+        return Layout(), count_segments(kind, numel, 0, 0)
+    if kind == _LAYOUT_BUCKET:
+        bucket = r.u32("bucket size")
+        if bucket == 0:
+            raise PayloadError(f"bucket size 0 at offset {at + 1} (one segment is layout kind 0)")
+        return Layout(bucket=bucket), count_segments(kind, numel, bucket, 0)
+    if kind != _LAYOUT_SIZES:
+        raise PayloadError(f"unknown layout kind {kind} at offset {at}")
+    count = r.u32("segment count")
+    sizes = np.frombuffer(r.take(4 * count, f"{count} segment sizes"), dtype="<u4")
+    total = int(sizes.sum(dtype=np.uint64))
+    if total != numel:
+        raise PayloadError(f"segment sizes at offset {at + 5} sum to {total}, the shape has {numel} elements")
+    return Layout(sizes=tuple(sizes.tolist())), count
+
+
+def parse_header(buf: memoryview, max_numel: int) -> Header:
+    """Read and structurally validate the header; the body is ``buf[body_start:body_start+body_len]``.
+
+    Raises:
+      PayloadError: truncation, wrong magic, newer/unknown version, unknown enum values, ndim > 8,
+        numel > max_numel, inconsistent layout, or a total length that disagrees with the body length.
+    """
+    r = _Reader(buf)
+    scheme, bits, coding, norm, ndim, levels = _read_fixed(r)
+    shape = tuple(struct.unpack(f"<{ndim}I", r.take(4 * ndim, f"{ndim} dims")))
+    numel = math.prod(shape)
+    if numel > max_numel:
+        raise PayloadError(f"payload declares {numel} elements (dims at offset 12), more than max_numel={max_numel}")
+    layout, nseg = _read_layout(r, numel)
+    if scheme == Scheme.IDENTITY:
+        nseg = 0
+    at = r.pos
+    scales = np.frombuffer(r.take(4 * nseg, f"{nseg} scales"), dtype="<f4").astype(np.float32)
+    if not np.isfinite(scales).all():
+        raise PayloadError(f"non-finite scale in the scales at offset {at}")
+    body_len = r.u32("body length")
+    expected = r.pos + body_len + 4
+    if len(buf) < expected:
+        raise PayloadError(f"payload truncated: header says {expected} bytes (body length {body_len}), got {len(buf)}")
+    if len(buf) > expected:
+        raise PayloadError(f"{len(buf) - expected} extra bytes after the crc at offset {expected} (padded payload)")
+    return Header(scheme, bits, coding, norm, levels, shape, layout, scales, r.pos, body_len)

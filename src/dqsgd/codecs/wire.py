@@ -1,0 +1,311 @@
+"""Quantized tensor ⇄ the bytes that cross the network (payload format version 1).
+
+A payload is ``header ∥ body ∥ crc32`` (header layout: :mod:`dqsgd.codecs.header`)::
+
+    magic "DQ" | version u8 | scheme u8 | bits u8 | coding u8 | norm u8 | ndim u8 | levels u32
+    | dims u32×ndim | layout kind u8 [| bucket u32 | count u32, sizes u32×count] | scales f32×nseg
+    | body length u32 | body | crc32 u32 (zlib.crc32 of everything before it)
+
+Bodies, by coding (b = bits, n = numel):
+
+* FIXED: ``pack_bits`` of u_i, exactly ⌈n·b/8⌉ bytes, padding bits zero.  b ≥ 2: offset binary
+  ``u = code + 2^(b−1)``; b = 1: codes are ±1 and ``u = 1 if code > 0 else 0``.
+  IDENTITY: the raw float32 values, little-endian (b = 32).
+* ELIAS: the Elias-omega stream of :mod:`dqsgd.codecs.elias` (integer schemes only).
+* ZSTD: one zstd frame (level 3) of the FIXED body, content size in the frame header.
+* AUTO (encode only): FIXED or ELIAS, whichever is smaller (FIXED on a tie).
+
+Which codes are valid (checked on encode and decode): width b = 1 allows {−1, +1}, b ≥ 2 allows
+[−2^(b−1), 2^(b−1) − 1]; within that UNIFORM needs |c| ≤ levels, SIGN c ∈ {−1, +1}, TERNARY
+c ∈ {−1, 0, +1}, LOWPREC any.  Integer schemes need 1 ≤ b ≤ 16 and levels ≥ 1; IDENTITY b = 32,
+no codes and no scales.  Every decoded payload re-encodes to the same bytes (FIXED, ELIAS; ZSTD
+frames are validated but only their content is canonical).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zstandard
+from numba import njit
+
+from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
+from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode
+from dqsgd.codecs.header import (
+    U32_MAX, Coding, Header, MAX_NDIM, PayloadError, header_size, layout_segments, parse_header, write_header,
+)
+from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+
+__all__ = ["Coding", "PayloadError", "decode", "encode", "header_size", "predicted_size"]
+
+MAX_CODE_BITS = 16
+_ZSTD_LEVEL = 3
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# zstd clamps a frame's window to its declared content size (which must equal the expected size);
+# level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
+_ZSTD_MAX_WINDOW = 1 << 23
+
+
+@dataclass(frozen=True)
+class _Range:
+    """The valid codes of a (scheme, bits, levels): ``lo ≤ c ≤ hi``, and 0 only if ``zero_ok``."""
+
+    lo: int
+    hi: int
+    zero_ok: bool
+
+
+def _code_range(scheme: Scheme, bits: int, levels: int) -> _Range:
+    lo, hi, zero_ok = (-1, 1, False) if bits == 1 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1, True)
+    if scheme == Scheme.UNIFORM:
+        lo, hi = max(lo, -levels), min(hi, levels)
+    elif scheme in (Scheme.SIGN, Scheme.TERNARY):
+        lo, hi = max(lo, -1), min(hi, 1)
+        zero_ok = zero_ok and scheme == Scheme.TERNARY
+    return _Range(lo, hi, zero_ok)
+
+
+def _scheme_error(scheme: Scheme, bits: int, levels: int) -> str | None:
+    """Why (scheme, bits, levels) is not allowed, or None."""
+    if scheme == Scheme.IDENTITY:
+        return None if bits == 32 else f"IDENTITY needs bits = 32, got {bits}"
+    if not 1 <= bits <= MAX_CODE_BITS:
+        return f"{scheme.name} needs bits in 1..{MAX_CODE_BITS}, got {bits}"
+    if not 1 <= levels <= U32_MAX:
+        return f"{scheme.name} needs levels in 1..2^32-1, got {levels}"
+    return None
+
+
+@njit(cache=True)
+def _stats(codes):  # pragma: no cover - compiled
+    """(min, max, number of zeros) in one pass."""
+    lo = np.int64(0)
+    hi = np.int64(0)
+    zeros = 0
+    if codes.size:
+        lo = hi = np.int64(codes[0])
+    for i in range(codes.size):
+        c = np.int64(codes[i])
+        lo = min(lo, c)
+        hi = max(hi, c)
+        zeros += c == 0
+    return lo, hi, zeros
+
+
+def _range_error(codes: np.ndarray, rng: _Range) -> str | None:
+    lo, hi, zeros = _stats(codes)
+    if codes.size and (lo < rng.lo or hi > rng.hi):
+        return f"codes span [{lo}, {hi}], the scheme allows [{rng.lo}, {rng.hi}]"
+    if zeros and not rng.zero_ok:
+        return f"{zeros} zero codes, which this scheme and width cannot carry"
+    return None
+
+
+# ---------------------------------------------------------------------------------------- encode
+
+
+def _as_numpy(t: torch.Tensor, dtype: torch.dtype, size: int, what: str) -> np.ndarray:
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != 1 or t.numel() != size:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{what} must be a 1-D {dtype} tensor of {size} elements, got {got}")
+    return t.detach().cpu().contiguous().numpy()
+
+
+def _check_layout(layout: Layout, numel: int) -> int:
+    """Validate a layout for the wire; return its number of segments."""
+    if layout.sizes is not None:
+        if len(layout.sizes) > U32_MAX or any(not 0 <= s <= U32_MAX for s in layout.sizes):
+            raise ValueError("layout sizes must each fit in u32 (and be ≥ 0)")
+        if sum(layout.sizes) != numel:
+            raise ValueError(f"layout sizes sum to {sum(layout.sizes)}, tensor has {numel} elements")
+        return len(layout.sizes)
+    if not 0 <= layout.bucket <= U32_MAX:
+        raise ValueError(f"bucket must be in 0..2^32-1, got {layout.bucket}")
+    return layout_segments(layout, numel)
+
+
+def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
+    """Check everything the wire needs; return (codes, or values for IDENTITY; scales)."""
+    scheme = Scheme(q.scheme)
+    if len(q.shape) > MAX_NDIM or any(not 0 <= int(d) <= U32_MAX for d in q.shape):
+        raise ValueError(f"shape {tuple(q.shape)}: need ndim ≤ {MAX_NDIM} and every dim in 0..2^32-1")
+    if (err := _scheme_error(scheme, q.bits, q.levels)) is not None:
+        raise ValueError(err)
+    if not 0 <= q.levels <= U32_MAX:
+        raise ValueError(f"levels must be in 0..2^32-1, got {q.levels}")
+    numel = q.numel
+    nseg = _check_layout(q.layout, numel)
+    if scheme == Scheme.IDENTITY:
+        nseg = 0  # raw values carry no scales
+        if q.values is None:
+            raise ValueError("IDENTITY needs values")
+        _as_numpy(q.codes, torch.int32, 0, "IDENTITY codes")
+        data = _as_numpy(q.values, torch.float32, numel, "values")
+    else:
+        data = _as_numpy(q.codes, torch.int32, numel, "codes")
+        if (err := _range_error(data, _code_range(scheme, q.bits, q.levels))) is not None:
+            raise ValueError(f"{scheme.name} at {q.bits} bits, levels {q.levels}: {err}")
+    if isinstance(q.scales, torch.Tensor) and q.scales.dim() == 1 and q.scales.numel() != nseg:
+        raise ValueError(f"{q.scales.numel()} scales, but the layout has {nseg} segments for {numel} elements"
+                         + (" (IDENTITY carries no scales)" if scheme == Scheme.IDENTITY else ""))
+    scales = _as_numpy(q.scales, torch.float32, nseg, "scales")
+    if not np.isfinite(scales).all():
+        raise ValueError("scales must be finite")
+    return data, scales
+
+
+def _fixed_body(data: np.ndarray, bits: int) -> np.ndarray:
+    if bits == 32:  # IDENTITY: raw little-endian float32
+        return data.astype("<f4", copy=False).view(np.uint8)
+    if bits == 1:
+        return pack_bits(data > 0, 1)
+    return pack_bits(data, bits, offset=1 << (bits - 1))
+
+
+def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme) -> tuple[Coding, bytes | np.ndarray]:
+    if scheme == Scheme.IDENTITY and coding == Coding.ELIAS:
+        raise ValueError("IDENTITY payloads cannot use ELIAS coding (no integer codes)")
+    if coding == Coding.AUTO:
+        fixed_bits = 8 * packed_size(data.size, bits)
+        # Elias wins iff ⌈L/8⌉ < fixed bytes, i.e. L ≤ fixed_bits − 8: no need to scan further.
+        budget = fixed_bits - 8
+        use_elias = scheme != Scheme.IDENTITY and elias_bit_length(data, stop_above=budget) <= budget
+        coding = Coding.ELIAS if use_elias else Coding.FIXED
+    if coding == Coding.ELIAS:
+        return coding, elias_encode(data)
+    fixed = _fixed_body(data, bits)
+    if coding == Coding.ZSTD:
+        return coding, zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(fixed)
+    return coding, fixed
+
+
+def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:
+    """The payload of ``q`` (format in the module docstring).
+
+    Raises:
+      ValueError: an unknown coding, or a Quantized the wire cannot carry exactly (bad dtype or
+        length, codes outside the scheme's range, non-finite scales, bits out of range, …).
+    """
+    try:
+        coding = Coding(coding)
+    except ValueError:
+        raise ValueError(f"unknown coding {coding!r}") from None
+    data, scales = _validated(q)
+    scheme = Scheme(q.scheme)
+    used, body = _body(data, q.bits, coding, scheme)
+    if memoryview(body).nbytes > U32_MAX:
+        raise ValueError(f"body of {memoryview(body).nbytes} bytes exceeds the u32 body length field")
+    shape = tuple(int(d) for d in q.shape)
+    layout = q.layout if q.layout.sizes is None else Layout(sizes=tuple(int(s) for s in q.layout.sizes))
+    head = write_header(scheme, q.bits, used, Norm(q.norm), q.levels, shape, layout, scales, memoryview(body).nbytes)
+    crc = zlib.crc32(body, zlib.crc32(head))
+    return b"".join((head, body, struct.pack("<I", crc)))
+
+
+def predicted_size(
+    numel: int, bits: int, num_segments: int, ndim: int, layout: Layout, coding: Coding = Coding.FIXED
+) -> int:
+    """Exact length of a FIXED payload: header + ⌈numel·bits/8⌉ + 4 (crc).
+
+    ``num_segments`` is the number of scales (0 for IDENTITY, whose bits are 32).  Only FIXED
+    sizes are known before encoding; ELIAS, ZSTD and AUTO depend on the codes.
+    """
+    if Coding(coding) != Coding.FIXED:
+        raise ValueError(f"only FIXED payload sizes are predictable, not {Coding(coding).name}")
+    return header_size(ndim, layout, num_segments) + packed_size(numel, bits) + 4
+
+
+# ---------------------------------------------------------------------------------------- decode
+
+
+def _unpack_fixed(body: memoryview, h: Header, offset: int) -> np.ndarray:
+    numel, bits = h.numel, h.bits
+    if len(body) != packed_size(numel, bits):
+        need = packed_size(numel, bits)
+        raise PayloadError(f"body at offset {offset} has {len(body)} bytes, {numel}×{bits} bits need {need}")
+    tail = (numel * bits) % 8
+    if tail and body[-1] >> tail:
+        raise PayloadError(f"non-zero padding bits in the last body byte (offset {offset + len(body) - 1})")
+    if bits == 32:
+        return np.frombuffer(body, dtype="<f4").astype(np.float32)
+    if bits == 1:
+        codes = unpack_bits(body, 1, numel, dtype=np.int32)
+        codes *= 2
+        codes -= 1
+        return codes
+    return unpack_bits(body, bits, numel, offset=1 << (bits - 1), dtype=np.int32)
+
+
+def _unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
+    """Decompress one zstd frame whose header must declare exactly ``expected`` bytes (so zstd
+    itself bounds the output), with nothing after it."""
+    if bytes(body[:4]) != _ZSTD_MAGIC:
+        raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
+    try:
+        declared = zstandard.get_frame_parameters(body).content_size
+        if declared != expected:
+            raise PayloadError(f"zstd frame at offset {offset} declares {declared} bytes, expected {expected}")
+        dobj = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).decompressobj()
+        out = dobj.decompress(body)
+    except zstandard.ZstdError as e:
+        raise PayloadError(f"corrupt zstd body at offset {offset}: {e}") from None
+    if not dobj.eof or dobj.unused_data or len(out) != expected:
+        raise PayloadError(f"zstd body at offset {offset}: incomplete frame or trailing data")
+    return memoryview(out)
+
+
+def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
+    offset = h.body_start
+    body = buf[offset : offset + h.body_len]
+    if h.coding == Coding.FIXED:
+        data = _unpack_fixed(body, h, offset)
+    elif h.coding == Coding.ZSTD:
+        data = _unpack_fixed(_unzstd(body, packed_size(h.numel, h.bits), offset), h, offset)
+    else:
+        if h.scheme == Scheme.IDENTITY:
+            raise PayloadError("IDENTITY payload with ELIAS coding (offset 5)")
+        rng = _code_range(h.scheme, h.bits, h.levels)
+        try:
+            data, nnz = elias_decode(body, h.numel, min_code=rng.lo, max_code=rng.hi)
+        except EliasError as e:
+            raise PayloadError(f"Elias body at offset {offset}: {e}") from None
+        if nnz != h.numel and not rng.zero_ok:
+            raise PayloadError(
+                f"Elias body at offset {offset} has zero codes, which {h.scheme.name} at {h.bits} bits cannot carry"
+            )
+        return data
+    if h.scheme != Scheme.IDENTITY:
+        if (err := _range_error(data, _code_range(h.scheme, h.bits, h.levels))) is not None:
+            raise PayloadError(f"body at offset {offset}: {err}")
+    return data
+
+
+def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 << 28) -> Quantized:
+    """Parse and validate a payload; the inverse of :func:`encode`.
+
+    ``max_numel`` caps the number of elements a payload may declare; it is checked, with every
+    other size field, before anything is allocated.
+
+    Raises:
+      PayloadError: for any payload that :func:`encode` could not have produced (truncated,
+        padded, bit-flipped, forged, foreign, or from a newer format version).
+    """
+    buf = memoryview(payload).cast("B")
+    h = parse_header(buf, max_numel)
+    if (err := _scheme_error(h.scheme, h.bits, h.levels)) is not None:
+        raise PayloadError(f"{err} (header offset 4)")
+    if h.numel >= U32_MAX and h.coding == Coding.ELIAS:
+        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
+    stored, computed = int.from_bytes(buf[-4:], "little"), zlib.crc32(buf[:-4])
+    if computed != stored:
+        raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
+    data = _decode_body(buf, h)
+    empty_i = torch.zeros(0, dtype=torch.int32)
+    scales = torch.from_numpy(h.scales)
+    if h.scheme == Scheme.IDENTITY:
+        return Quantized(h.scheme, h.bits, h.levels, empty_i, scales, h.layout, h.shape, h.norm, torch.from_numpy(data))
+    return Quantized(h.scheme, h.bits, h.levels, torch.from_numpy(data), scales, h.layout, h.shape, h.norm)
