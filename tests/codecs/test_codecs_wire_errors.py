@@ -238,3 +238,20 @@ def test_elias_body_matches_encoder_inside_payload() -> None:
     body = elias_encode(codes).tobytes()
     assert small(Coding.ELIAS)[-4 - len(body) : -4] == body
     assert small(Coding.FIXED)[-4 - 7 : -4] == pack_bits(codes, 4, offset=8).tobytes()
+
+
+def test_identity_body_with_nan_refused_even_with_a_valid_crc() -> None:
+    """Found by benchmarks/fuzz_decode.py: a mutated fp32 body whose CRC was recomputed."""
+    import struct
+    import zlib
+
+    import torch
+
+    from dqsgd.codecs import PayloadError, decode, encode
+    from dqsgd.quantizers import quantize_identity
+
+    p = bytearray(encode(quantize_identity(torch.ones(4))))
+    p[-8:-4] = struct.pack("<f", float("nan"))
+    p[-4:] = struct.pack("<I", zlib.crc32(bytes(p[:-4])) & 0xFFFFFFFF)
+    with pytest.raises(PayloadError, match="NaN or Inf"):
+        decode(bytes(p))

@@ -281,6 +281,9 @@ def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
     if h.scheme != Scheme.IDENTITY:
         if (err := _range_error(data, _code_range(h.scheme, h.bits, h.levels))) is not None:
             raise PayloadError(f"body at offset {offset}: {err}")
+    elif data.size and not np.isfinite(data).all():
+        # encode() refuses non-finite values (the quantizers do too), so such a body is corrupt.
+        raise PayloadError(f"IDENTITY body at offset {offset} holds NaN or Inf values")
     return data
 
 

@@ -63,6 +63,8 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         sizes = [p.numel() for p in self.params]
         self.numel = sum(sizes)
+        if self.numel == 0:
+            raise ValueError(f"model {cfg.model!r} has no trainable parameters: nothing to train or send")
         self.lr = entry.lr if entry.lr is not None else cfg.lr
         momentum = entry.momentum if entry.momentum is not None else cfg.momentum
         self.optimizer = torch.optim.SGD(self.params, lr=self.lr, momentum=momentum)
