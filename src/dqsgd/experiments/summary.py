@@ -60,7 +60,7 @@ def summarize_run(run: Path) -> dict[str, Any]:
         "steps": len(recs), "test_acc": evals[-1]["test_acc"] if evals else float("nan"),
         "train_loss": statistics.fmean(tail) if tail else float("nan"),
         "up_bytes": up, "down_bytes": sum(int(r["down_bytes"]) for r in steps), "side_bytes": side,
-        "measured_ratio": fp32 / (up + side // 2) if up else float("inf"),
+        "measured_ratio": fp32 / (up + side // 2) if up else (float("inf") if steps else float("nan")),
         "paper_ratio": 32.0 / mean_bits if mean_bits else float("inf"), "mean_bits": mean_bits,
         "wall_s": sum(r["compute_s"] + r["encode_s"] + r["decode_s"] for r in recs),
         "budget_bits": facts.get("budget_bits"),
@@ -90,9 +90,9 @@ def aggregate(runs: list[dict[str, Any]], baseline: str = "sgd", order: list[str
             "method": m, "dataset": rs[0]["dataset"], "stand_in_for": rs[0]["stand_in_for"], "model": rs[0]["model"],
             "workers": rs[0]["workers"], "steps": rs[0]["steps"], "seeds": len(rs),
             "test_acc_mean": acc_m, "test_acc_std": acc_s, "delta_vs_sgd_mean": d_m, "delta_vs_sgd_std": d_s,
-            "measured_ratio": statistics.fmean(r["measured_ratio"] for r in rs),
-            "paper_ratio": statistics.fmean(r["paper_ratio"] for r in rs),
-            "mean_bits": statistics.fmean(r["mean_bits"] for r in rs),
+            "measured_ratio": _mean_std([r["measured_ratio"] for r in rs])[0],  # runs with no steps yet: NaN, left out
+            "paper_ratio": _mean_std([r["paper_ratio"] for r in rs])[0],
+            "mean_bits": _mean_std([r["mean_bits"] for r in rs])[0],
             "up_bytes": int(statistics.fmean(r["up_bytes"] for r in rs)),
             "wall_s": statistics.fmean(r["wall_s"] for r in rs),
         })

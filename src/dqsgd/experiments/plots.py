@@ -1,0 +1,287 @@
+"""Figures from the JSONL files alone: DQSGD Figure 1 (curves), Figure 2 (accuracy vs ratio), bits/time.
+
+Every figure is drawn from ``config.json`` + ``metrics.jsonl`` of the run directories under a root
+(never from logs), with matplotlib's object API on the Agg canvas: no pyplot state, no display.
+Curves are means over seeds, aligned on the step index, with a ± std band where two or more seeds
+have a value at that step. Runs that cannot contribute to a panel (no test evaluation yet, no steps)
+are left out of it and named in :func:`notes`; skipped steps (``loss`` null) are gaps, not zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from dqsgd.experiments.summary import _ordered, aggregate, method_order, run_dirs, summarize_run
+from dqsgd.train.metrics import read_jsonl
+
+FIG1_MAX_METHODS = 9  # above this, Figure 1 keeps only SGD, QSGD-* and DQSGD-* (as in the paper)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One (method, seed) run as arrays indexed by record (NaN where a step was skipped)."""
+
+    method: str
+    seed: int
+    path: Path                   # the run directory
+    facts: dict[str, Any]        # config.json
+    summary: dict[str, Any]      # summarize_run(): the same numbers as the tables
+    step: np.ndarray             # int step index per record
+    loss: np.ndarray             # mean minibatch loss of the W workers; NaN if skipped/null
+    bits: np.ndarray             # nominal uplink bits/coordinate; NaN if skipped
+    up_bytes: np.ndarray         # uplink bytes of all workers (0 if skipped, as in the tables)
+    eval_step: np.ndarray        # steps that carry a test evaluation
+    eval_acc: np.ndarray
+    times: dict[str, float]      # total compute_s / encode_s / decode_s
+
+    @property
+    def has_eval(self) -> bool:
+        return self.eval_acc.size > 0
+
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None or isinstance(v, str) else float(v)
+
+
+def load_run(run_dir: Path) -> Run:
+    summary = summarize_run(run_dir)
+    facts = json.loads((run_dir / "config.json").read_text())
+    recs = list(read_jsonl(run_dir / "metrics.jsonl"))
+    skipped = np.array([bool(r.get("skipped")) for r in recs], dtype=bool)
+    col = lambda k: np.array([_num(r.get(k)) for r in recs], dtype=float)  # noqa: E731
+    bits = col("bits")
+    bits[skipped] = np.nan
+    up = col("up_bytes")
+    up[skipped | np.isnan(up)] = 0.0
+    evals = [r for r in recs if r.get("test_acc") is not None]
+    return Run(
+        method=facts["method"], seed=int(facts["seed"]), path=run_dir, facts=facts, summary=summary,
+        step=np.array([int(r["step"]) for r in recs], dtype=int), loss=col("loss"), bits=bits, up_bytes=up,
+        eval_step=np.array([int(r["step"]) for r in evals], dtype=int),
+        eval_acc=np.array([float(r["test_acc"]) for r in evals], dtype=float),
+        times={k: float(np.nansum(col(k))) if recs else 0.0 for k in ("compute_s", "encode_s", "decode_s")},
+    )
+
+
+def load_runs(root: Path) -> list[Run]:
+    """Every run under ``root``, in the config's ``[methods.*]`` order, then by seed."""
+    runs = [load_run(d) for d in run_dirs(root)]
+    order = _ordered([r.method for r in runs], method_order(root))
+    return sorted(runs, key=lambda r: (order.index(r.method), r.seed))
+
+
+def _runs(src: Path | list[Run]) -> list[Run]:
+    return load_runs(Path(src)) if isinstance(src, (str, Path)) else list(src)
+
+
+def methods_of(runs: list[Run]) -> list[str]:
+    return list(dict.fromkeys(r.method for r in runs))
+
+
+def notes(runs: list[Run]) -> list[str]:
+    """What the figures leave out, and why (one line each); [] when nothing is left out."""
+    out = []
+    for r in runs:
+        name = f"{r.method}/seed{r.seed}"
+        if r.step.size == 0:
+            out.append(f"{name}: no steps recorded yet; left out of every figure")
+        elif not r.has_eval:
+            out.append(f"{name}: no test evaluation yet; left out of the accuracy panels and Figure 2")
+        n_nan = int(np.isnan(r.loss).sum())
+        if n_nan:
+            out.append(f"{name}: {n_nan} step(s) with no loss (skipped or non-finite): left out of the loss curve at those steps")
+    return out
+
+
+def _colors(labels: list[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {m: cmap(i % cmap.N) for i, m in enumerate(labels)}
+
+
+_STYLES = ("-", "--", "-.", ":")  # methods often coincide (same width): line styles keep them apart
+
+
+def _by_step(runs: list[Run], values: list[np.ndarray], steps: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeds × steps matrix (NaN where absent) → (steps present, mean, std; std NaN below 2 seeds)."""
+    n = max((int(s.max()) + 1 for s in steps if s.size), default=0)
+    mat = np.full((len(runs), n), np.nan)
+    for i, (v, s) in enumerate(zip(values, steps)):
+        mat[i, s] = v
+    cnt = (~np.isnan(mat)).sum(0)
+    keep = cnt > 0
+    tot = np.nansum(mat, 0)
+    mean = np.where(keep, tot / np.maximum(cnt, 1), np.nan)
+    dev = np.nansum((mat - mean) ** 2, 0)
+    std = np.where(cnt > 1, np.sqrt(dev / np.maximum(cnt - 1, 1)), np.nan)
+    x = np.arange(n)
+    return x[keep], mean[keep], std[keep]
+
+
+def _curve(ax: Axes, runs: list[Run], values: list[np.ndarray], steps: list[np.ndarray], color: Any,
+           label: str, marker: str | None = None, ls: str = "-") -> None:
+    x, m, s = _by_step(runs, values, steps)
+    if x.size == 0:
+        return
+    ax.plot(x, m, color=color, label=label, lw=1.4, marker=marker, ms=3, ls=ls)
+    band = ~np.isnan(s)
+    if band.any():
+        ax.fill_between(x[band], (m - s)[band], (m + s)[band], color=color, alpha=0.2, lw=0)
+
+
+def moving_average(v: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over ``window`` records, ignoring NaN (NaN only where the whole window is NaN)."""
+    if window <= 1 or v.size == 0:
+        return v.copy()
+    ok = ~np.isnan(v)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(ok, v, 0.0))])
+    ccnt = np.concatenate([[0], np.cumsum(ok)])
+    lo = np.maximum(np.arange(v.size) + 1 - window, 0)
+    hi = np.arange(v.size) + 1
+    cnt = ccnt[hi] - ccnt[lo]
+    return np.where(cnt > 0, (csum[hi] - csum[lo]) / np.maximum(cnt, 1), np.nan)
+
+
+def fig1_methods(labels: list[str]) -> list[str]:
+    """All methods when few; else SGD, fixed-width QSGD and DQSGD, as in the paper's Figure 1."""
+    if len(labels) <= FIG1_MAX_METHODS:
+        return labels
+    return [m for m in labels if m == "sgd" or m.startswith("qsgd") or m.startswith("dqsgd")]
+
+
+def _footer(fig: Figure, lines: list[str]) -> None:
+    """The notes under the figure, as its super-x-label so that the constrained layout makes room for them."""
+    if lines:
+        shown = lines[:4] + ([f"... and {len(lines) - 4} more (see report.md)"] if len(lines) > 4 else [])
+        fig.supxlabel("Left out: " + "\n".join(shown), fontsize=7, x=0.01, ha="left")
+
+
+def figure1(src: Path | list[Run], out: Path) -> Path:
+    """DQSGD Figure 1: (a) test accuracy, (b) smoothed training loss, (c) bits per iteration, (d) cumulative MB up."""
+    runs = [r for r in _runs(src) if r.step.size]
+    labels = fig1_methods(methods_of(runs))
+    color = _colors(methods_of(runs))
+    n_steps = max((int(r.step.max()) + 1 for r in runs), default=1)
+    window = max(1, min(50, n_steps // 25))
+    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    (a, b), (c, d) = fig.subplots(2, 2)
+    wide = []
+    for i, m in enumerate(labels):
+        rs = [r for r in runs if r.method == m]
+        ev = [r for r in rs if r.has_eval]
+        st = dict(color=color[m], label=_label(m, len(rs)), ls=_STYLES[i % len(_STYLES)])
+        if ev:
+            _curve(a, ev, [100 * r.eval_acc for r in ev], [r.eval_step for r in ev], marker="o",
+                   **{**st, "label": _label(m, len(ev))})
+        _curve(b, rs, [moving_average(r.loss, window) for r in rs], [r.step for r in rs], **st)
+        if min((float(np.nanmin(r.bits)) for r in rs if np.isfinite(r.bits).any()), default=math.inf) >= 32:
+            wide.append(m)
+        else:
+            _curve(c, rs, [r.bits for r in rs], [r.step for r in rs], **st)
+        _curve(d, rs, [np.cumsum(r.up_bytes) / 1e6 for r in rs], [r.step for r in rs], **st)
+    a.set(title="(a) test accuracy", xlabel="step", ylabel="test accuracy (%)")
+    b.set(title=f"(b) training loss (trailing mean over {window} step{'s' if window > 1 else ''})",
+          xlabel="step", ylabel="mean minibatch loss of the W workers")
+    c.set(title="(c) bits per iteration" + (f" (not shown, fp32: {', '.join(wide)})" if wide else ""),
+          xlabel="step", ylabel="nominal uplink bits / coordinate")
+    d.set(title="(d) cumulative uplink communication (measured)", xlabel="step",
+          ylabel="uplink MB, all W workers (payload lengths)")
+    for ax in (a, b, c, d):
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    fig.suptitle(_title(runs, "Figure 1: QSGD vs DQSGD") + "; mean over seeds, band = ± std")
+    _footer(fig, notes(_runs(src)))
+    return _save(fig, out)
+
+
+def _label(method: str, seeds: int) -> str:
+    return f"{method} ({seeds} seed{'s' if seeds > 1 else ''})"
+
+
+def _title(runs: list[Run], head: str) -> str:
+    if not runs:
+        return head
+    f = runs[0].facts
+    stand = f" (stand-in for {f['stand_in_for']})" if f.get("stand_in_for") else ""
+    return f"{head} — {f['dataset']}{stand}, {f['train_config']['model']}, W = {f['workers']}"
+
+
+def figure2(src: Path | list[Run], out: Path) -> Path:
+    """DQSGD Figure 2: test accuracy (mean ± std over seeds) vs measured compression ratio (log x)."""
+    runs = _runs(src)
+    ev = [r for r in runs if r.has_eval]
+    labels = methods_of(runs)
+    color = _colors(labels)
+    rows = {row["method"]: row for row in aggregate([r.summary for r in ev], order=labels)} if ev else {}
+    fig = Figure(figsize=(8.5, 5.5), layout="constrained")
+    ax = fig.subplots()
+    left = [f"{m}: measured ratio not finite" for m, row in rows.items() if not math.isfinite(row["measured_ratio"])]
+    pts = {m: row for m, row in rows.items() if math.isfinite(row["measured_ratio"])}
+    for prefix, name in (("qsgd", "QSGD (fixed widths)"), ("dqsgd", "DQSGD")):
+        group = sorted((row["measured_ratio"], 100 * row["test_acc_mean"]) for m, row in pts.items() if m.startswith(prefix))
+        if len(group) > 1:
+            ax.plot(*zip(*group), color="0.5" if prefix == "qsgd" else "C3", lw=1.2, ls="--" if prefix == "qsgd" else "-",
+                    label=f"{name}, connected", zorder=1)
+    for m, row in pts.items():
+        x, y, e = row["measured_ratio"], 100 * row["test_acc_mean"], 100 * row["test_acc_std"]
+        ax.errorbar([x], [y], yerr=[e if row["seeds"] > 1 else 0.0], fmt="o", color=color[m], capsize=3, zorder=2)
+        ax.annotate(m, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    ax.set(xlabel="measured compression ratio = fp32 uplink bytes (4·d·W·steps) / uplink bytes sent (log scale)",
+           ylabel="test accuracy (%), mean ± std over seeds",
+           title=_title(runs, "Figure 2: test accuracy vs compression ratio"))
+    ax.grid(alpha=0.3, which="both")
+    if any(line.get_label().endswith("connected") for line in ax.get_lines()):
+        ax.legend(fontsize=7, loc="best")
+    _footer(fig, [n for n in notes(runs) if "evaluation" in n or "no steps" in n] + left)
+    return _save(fig, out)
+
+
+def figure3(src: Path | list[Run], out: Path) -> Path:
+    """(a) how often each width was chosen, per method with varying widths; (b) time per method, split."""
+    runs = _runs(src)
+    labels = methods_of(runs)
+    color = _colors(labels)
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    a, b = fig.subplots(1, 2)
+    varying = [m for m in labels if len({x for r in runs if r.method == m for x in r.bits[np.isfinite(r.bits)]}) > 1]
+    width = 0.8 / max(1, len(varying))
+    for i, m in enumerate(varying):
+        vals = np.concatenate([r.bits[np.isfinite(r.bits)] for r in runs if r.method == m]).astype(int)
+        ks, cnt = np.unique(vals, return_counts=True)
+        a.bar(ks + (i - (len(varying) - 1) / 2) * width, 100 * cnt / cnt.sum(), width=width, color=color[m], label=m)
+    if not varying:
+        a.text(0.5, 0.5, "no method changed its width during training", ha="center", va="center", transform=a.transAxes)
+    else:
+        a.legend(fontsize=7)
+    a.set(title="(a) widths chosen (all seeds' steps)", xlabel="nominal uplink bits / coordinate", ylabel="% of steps")
+    parts = (("compute_s", "compute (gradients)"), ("encode_s", "encode"), ("decode_s", "aggregate + decode + update"))
+    y = np.arange(len(labels))
+    base = np.zeros(len(labels))
+    for k, (key, name) in enumerate(parts):
+        v = np.array([np.mean([r.times[key] for r in runs if r.method == m]) for m in labels])
+        b.barh(y, v, left=base, color=f"C{k}", label=name)
+        base += v
+    b.set_yticks(y, labels)
+    b.invert_yaxis()
+    b.set(title="(b) time per run by phase, mean over seeds", xlabel="seconds (all W simulated workers, one process)")
+    b.legend(fontsize=7)
+    fig.suptitle(_title(runs, "Widths and time"))
+    return _save(fig, out)
+
+
+def _save(fig: Figure, out: Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, metadata={"Software": None})
+    return out

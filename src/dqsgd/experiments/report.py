@@ -1,0 +1,321 @@
+"""``ROOT/report.md`` (with fig1.png, fig2.png, fig3.png) from the run directories' JSONL files alone.
+
+The report is a pure function of ``experiment.toml``, every ``config.json`` and ``metrics.jsonl`` under
+the root: no clock, no logs, so ``dqsgd report ROOT`` rebuilds the same text after the fact. It states
+what was run (and how to run it again), the Table 1-style results with both compression-ratio
+definitions, the paper's own Table 1 for reference, the figures, each method's description with its
+[OC] / [text] tags, and a reading of the numbers that claims nothing they do not show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shlex
+import statistics
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from dqsgd.experiments.plots import Run, figure1, figure2, figure3, load_runs, methods_of, notes
+from dqsgd.experiments.summary import aggregate, write_tables
+from dqsgd.methods import METHODS
+
+CLOSE_PT = 0.5  # "within 0.5 pt of SGD" in the reading of the results
+
+RATIO_DEFINITIONS = (
+    "**measured ratio** = fp32 uplink bytes (4·d·W·steps) / uplink bytes really sent (payload lengths: "
+    "headers, norms, scalers and coding included); **paper ratio** = 32 / mean nominal bits per coordinate "
+    "(the convention of DQSGD Table 1, which ignores headers, norms and the downlink).")
+
+# DQSGD (ICLR 2021 submission) Table 1, copied from the paper: (method, then accuracy and compression
+# ratio for AG-News (BiLSTM), CIFAR-10 (ResNet-18), CIFAR-100 (ResNet-34)), W = 8 workers.
+PAPER_TABLE1: tuple[tuple[str, ...], ...] = (
+    ("Vanilla SGD", "0.9016", "1", "0.8815", "1", "0.6969", "1"),
+    ("SignSGD", "0.8663", "32", "0.5191", "32", "0.3955", "32"),
+    ("TernGrad", "0.8480", "16", "0.7418", "16", "0.6174", "16"),
+    ("QSGD (4 bits)", "0.8894", "8", "0.8545", "8", "0.6837", "8"),
+    ("QSGD (6 bits)", "0.9006", "5.33", "0.8803", "5.33", "0.6969", "5.33"),
+    ("Adaptive", "0.8991", "6.53", "0.8787", "5.52", "0.6943", "5.93"),
+    ("AdaQS", "0.9001", "6.53", "0.8809", "5.35", "0.6960", "5.11"),
+    ("DQSGD (Ours)", "0.8997", "6.81", "0.8793", "7.11", "0.6959", "6.73"),
+)
+
+FIGURES = (
+    ("fig1.png", figure1, "Figure 1 (as the paper's Figure 1): (a) test accuracy, (b) training loss (trailing "
+     "mean), (c) nominal bits per iteration, (d) cumulative measured uplink MB; mean over seeds, band = ± std."),
+    ("fig2.png", figure2, "Figure 2 (as the paper's Figure 2): test accuracy (mean ± std over seeds) vs measured "
+     "compression ratio (log scale); QSGD widths and DQSGD budgets are each connected."),
+    ("fig3.png", figure3, "Widths chosen by the methods whose width varies, and time per run by phase."),
+)
+
+
+def build_report(root: Path) -> Path:
+    """Write ``root/report.md`` and its figures (and the tables if ``summary.json`` is missing or stale)."""
+    root = Path(root)
+    runs = load_runs(root)
+    if not runs:
+        raise FileNotFoundError(f"{root}: no runs (no */seed*/metrics.jsonl with config.json)")
+    summary = root / "summary.json"
+    newest = max((r.path / "metrics.jsonl").stat().st_mtime for r in runs)
+    if not summary.exists() or summary.stat().st_mtime < newest:
+        write_tables(root)
+    for name, draw, _ in FIGURES:
+        draw(runs, root / name)
+    out = root / "report.md"
+    out.write_text(render_report(root, runs))
+    return out
+
+
+def render_report(root: Path, runs: list[Run]) -> str:
+    """The Markdown text of the report (a pure function of the runs)."""
+    labels = methods_of(runs)
+    rows = aggregate([r.summary for r in runs], order=labels)
+    train = runs[0].facts["train_config"]
+    parts = [
+        f"# {train['name']}: accuracy vs communication (DQSGD Table 1, Figures 1–2)",
+        _setup(runs),
+        "## Reproduce\n\n```sh\n" + "\n".join(reproduce_commands(root, runs)) + "\n```",
+        "## Results (Table 1 style)\n\n" + results_table(rows, runs) + "\n\n" + RATIO_DEFINITIONS
+        + ("\n\n**Left out or incomplete:**\n\n" + "\n".join(f"- {n}" for n in notes(runs)) if notes(runs) else ""),
+        paper_table(),
+        "## Figures\n\n" + "\n\n".join(f"![{name}]({name})\n\n*{cap}*" for name, _, cap in FIGURES),
+        methods_section(runs, labels),
+        "## Reading the results\n\n" + reading(rows, runs),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def _dataset_name(key: str) -> str:
+    from dqsgd.data import DATASETS
+
+    return DATASETS.get(key, key).split(",")[0].removesuffix(" digits")
+
+
+def _setup(runs: list[Run]) -> str:
+    f = runs[0].facts
+    t = f["train_config"]
+    seeds = sorted({r.seed for r in runs})
+    lines = [f"**Setup.** dataset {_dataset_name(f['dataset'])} (`{f['dataset']}`), model `{t['model']}` "
+             f"(d = {f['numel']:,} parameters), W = {f['workers']} workers, {t['steps']} steps, batch {t['batch_size']} "
+             f"per worker, lr {t['lr']} ({t['lr_schedule']}), momentum {t['momentum']}, test evaluation every "
+             f"{t['eval_every']} steps and at the end; seeds {seeds} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''}), "
+             f"{len(runs)} runs."]
+    if f.get("stand_in_for"):
+        lines.append(f"**{_dataset_name(f['dataset'])} stands in for {f['stand_in_for']} (not obtainable offline): "
+                     f"these are not {f['stand_in_for']} results.**")
+    short = [f"{r.method}/seed{r.seed} ({r.step.size} of {t['steps']})" for r in runs if r.step.size < t["steps"]]
+    if short:
+        lines.append("Runs with fewer steps recorded than configured (still running or stopped): " + ", ".join(short) + ".")
+    if any(r.facts["train_config"] != t for r in runs):
+        lines.append("**Not every run has the same [train] settings** (see each run's config.json).")
+    return "\n\n".join(lines)
+
+
+# --- reproduce -------------------------------------------------------------------------------------
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        try:
+            tomllib.loads(f"v = {v}")
+        except tomllib.TOMLDecodeError:
+            if re.fullmatch(r"[A-Za-z0-9_.\-/]+", v):
+                return v  # a bare word is read as a string by --set
+        return json.dumps(v)
+    return repr(v)
+
+
+def _plain(x: Any) -> Any:
+    return json.loads(json.dumps(x))  # tuples -> lists, as in config.json
+
+
+def _overrides(root: Path, runs: list[Run]) -> tuple[list[str], list[str]]:
+    """(--set/--methods arguments that turn experiment.toml into these runs, caveats)."""
+    from dqsgd.train.config import build_experiment
+
+    try:
+        exp = build_experiment(tomllib.loads((root / "experiment.toml").read_text()))
+    except Exception as e:  # noqa: BLE001 - any failure only means we cannot derive the overrides
+        return [], [f"could not compare the runs with experiment.toml ({e})"]
+    args, caveats = [], []
+    file_train, ran_train = _plain(dataclasses.asdict(exp.train)), runs[0].facts["train_config"]
+    args += [f"train.{k}={_toml_value(v)}" for k, v in ran_train.items() if file_train.get(k) != v]
+    labels = methods_of(runs)
+    entries = {e.label: e for e in exp.methods}
+    for m in labels:
+        if m not in entries:
+            caveats.append(f"method {m!r} is not in experiment.toml")
+            continue
+        facts = next(r.facts for r in runs if r.method == m)
+        want = _plain(dataclasses.asdict(entries[m].config))
+        args += [f"methods.{m}.{k}={_toml_value(v)}" for k, v in facts["method_config"].items() if want.get(k) != v]
+        lr = entries[m].lr if entries[m].lr is not None else ran_train["lr"]
+        if facts.get("lr") is not None and not math.isclose(facts["lr"], lr):
+            args.append(f"methods.{m}.lr={_toml_value(facts['lr'])}")
+    sets = [a for x in args for a in ("--set", shlex.quote(x))]
+    if [e.label for e in exp.methods] != labels and all(m in entries for m in labels):
+        sets = ["--methods", ",".join(labels)] + sets
+    return sets, caveats
+
+
+def reproduce_commands(root: Path, runs: list[Run]) -> list[str]:
+    """Shell lines: the config's own command, the exact command for these runs, and the report rebuild."""
+    cfg = root / "experiment.toml"
+    rebuild = f"dqsgd report {shlex.quote(str(root))}   # rebuild tables, figures and this report from the JSONL files"
+    if not cfg.is_file():
+        return ["# no experiment.toml here: these runs were not written by `dqsgd compare`", rebuild]
+    first = next((ln for ln in cfg.read_text().splitlines() if ln.startswith("#")), "")
+    given = first.lstrip("# ").split("  ")[0].strip()
+    name = re.search(r"--config\s+(\S+)", given)
+    config = name.group(1) if name else shlex.quote(str(cfg))
+    sets, caveats = _overrides(root, runs)
+    exact = " ".join(["dqsgd compare --config", config, *sets, "--out", shlex.quote(str(root))])
+    lines = [f"{given}   # the config file's own command" if given else "# experiment.toml names no command",
+             f"{exact}   # exactly these runs"]
+    lines += [f"# caveat: {c}" for c in caveats]
+    return lines + [rebuild]
+
+
+# --- tables ----------------------------------------------------------------------------------------
+def _pm(m: float, s: float, n: int, sign: bool = False) -> str:
+    """``mean ± std`` in points (×100); the mean alone when there is only one value (no std to show)."""
+    if m is None or math.isnan(m):
+        return "n/a"
+    mean = f"{100 * m:{'+' if sign else ''}.2f}"
+    return mean if n < 2 else f"{mean} ± {100 * s:.2f}"
+
+
+def _num(x: float, fmt: str = ".2f") -> str:
+    return "n/a" if x is None or math.isnan(x) else ("∞" if math.isinf(x) else f"{x:{fmt}}")
+
+
+def results_table(rows: list[dict[str, Any]], runs: list[Run]) -> str:
+    head = ["method", "seeds", "test acc (%)", "Δ vs SGD (pt, paired)", "measured ratio", "paper ratio",
+            "mean bits", "MB up"]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for r in rows:
+        n_eval = sum(1 for x in runs if x.method == r["method"] and x.has_eval)
+        seeds = str(r["seeds"]) + (f" ({n_eval} evaluated)" if n_eval < r["seeds"] else "")
+        n_pair = len(_paired(runs, r["method"], "sgd"))
+        delta = "baseline" if r["method"] == "sgd" else _pm(r["delta_vs_sgd_mean"], r["delta_vs_sgd_std"], n_pair, sign=True)
+        cells = [f"`{r['method']}`", seeds, _pm(r["test_acc_mean"], r["test_acc_std"], n_eval), delta, _num(r["measured_ratio"]),
+                 _num(r["paper_ratio"]), _num(r["mean_bits"]), _num(r["up_bytes"] / 1e6)]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + ("\n\nMean ± std over the evaluated seeds (the mean alone for one seed); Δ = this "
+                              "method's test accuracy minus SGD's on the same seed, in points.")
+
+
+def paper_table() -> str:
+    head = "| method (paper) | AG-News acc | AG-News ratio | CIFAR-10 acc | CIFAR-10 ratio | CIFAR-100 acc | CIFAR-100 ratio |"
+    rows = [head, "|---" + "|---:" * 6 + "|"] + ["| " + " | ".join(r) + " |" for r in PAPER_TABLE1]
+    return ("## The paper's Table 1 (the paper's numbers, not ours)\n\n"
+            "Copied from DQSGD (ICLR 2021 submission), Table 1: BiLSTM on AG-News, ResNet-18 on CIFAR-10, "
+            "ResNet-34 on CIFAR-100, W = 8; top-1 accuracy as a fraction and the paper ratio (32 / bits).\n\n"
+            + "\n".join(rows))
+
+
+# --- methods and reading ---------------------------------------------------------------------------
+def _config_line(facts: dict[str, Any]) -> str:
+    c = facts["method_config"]
+    width = {"identity": 32, "sign": 1, "ternary": 2}.get(c["scheme"], c["bits"])
+    bits = (f"{width} bit{'s' if width > 1 else ''}" if c["policy"] == "fixed" else
+            f"policy {c['policy']}, B₀ = {c['bits']}, widths in [{c['min_bits']}, {c['max_bits']}]"
+            + (f", target {c['target_bits']} bits/coordinate" if c.get("target_bits") else "")
+            + (f", budget {c['budget_bits']:,} bits/worker" if c.get("budget_bits") else ""))
+    extra = [f"coding {c['coding']}"] if c["coding"] != "fixed" else []
+    extra += ["error feedback"] if c["error_feedback"] else []
+    extra += [f"aggregate {c['aggregate']}"] if c["aggregate"] != "mean" else []
+    if facts.get("lr") is not None and facts["lr"] != facts["train_config"]["lr"]:
+        extra.append(f"lr {facts['lr']}")
+    return ", ".join([f"scheme {c['scheme']}", bits] + extra)
+
+
+def methods_section(runs: list[Run], labels: list[str]) -> str:
+    lines = ["## Methods", "",
+             "Descriptions from `dqsgd.methods.METHODS`, tags kept: [OC] (or [OC rule]) = our choice where the "
+             "cited paper leaves it open; [text] = as the paper's text states it.", ""]
+    for m in labels:
+        facts = next(r.facts for r in runs if r.method == m)
+        c = facts["method_config"]
+        desc = METHODS.get(c["name"]) or METHODS.get(m) or c.get("description") or "(no description)"
+        lines.append(f"- `{m}`: {desc}. *Run with:* {_config_line(facts)}.")
+    return "\n".join(lines)
+
+
+def _paired(runs: list[Run], a: str, b: str) -> list[float]:
+    acc = {(r.method, r.seed): r.summary["test_acc"] for r in runs}
+    return [acc[(a, s)] - acc[(b, s)] for (m, s) in acc if m == a and (b, s) in acc
+            and not math.isnan(acc[(a, s)]) and not math.isnan(acc[(b, s)])]
+
+
+def reading(rows: list[dict[str, Any]], runs: list[Run]) -> str:
+    f, t = runs[0].facts, runs[0].facts["train_config"]
+    out = [f"The paper trains ResNet-18/34 and a BiLSTM on CIFAR-10/100 and AG-News; these are {t['steps']}-step runs "
+           f"of `{t['model']}` on {_dataset_name(f['dataset'])}, so compare the pattern (who stays close to SGD, at "
+           "what compression), not the absolute accuracies."]
+    by = {r["method"]: r for r in rows}
+    others = [r for r in rows if r["method"] != "sgd" and not math.isnan(r["delta_vs_sgd_mean"])]
+    if "sgd" not in by:
+        out.append("There is no `sgd` run, so there are no paired differences to SGD.")
+    elif others:
+        d = {r["method"]: 100 * r["delta_vs_sgd_mean"] for r in others}
+        close = [f"`{m}` ({v:+.2f})" for m, v in d.items() if abs(round(v, 2)) <= CLOSE_PT]  # as printed
+        far = [f"`{m}` ({v:+.2f})" for m, v in d.items() if abs(round(v, 2)) > CLOSE_PT]
+        out.append(f"Within {CLOSE_PT} pt of SGD (mean paired Δ, pt): {', '.join(close) or 'none'}. "
+                   f"Further than {CLOSE_PT} pt: {', '.join(far) or 'none'}.")
+    out += _seed_noise(rows, runs, others)
+    out += _dq_vs_q(rows, runs)
+    off = [f"`{r['method']}` ({r['measured_ratio']:.2f} vs {r['paper_ratio']:.2f})" for r in rows
+           if math.isfinite(r["measured_ratio"]) and math.isfinite(r["paper_ratio"])
+           and abs(r["measured_ratio"] / r["paper_ratio"] - 1) > 0.05]
+    out.append("Measured and paper ratios agree within 5% for every method." if not off else
+               "Measured ratio differs from the paper ratio by more than 5% for: " + ", ".join(off)
+               + " (the measured one counts headers, norms, scalers and coding; the paper one only nominal bits).")
+    return "\n\n".join(out)
+
+
+def _seed_noise(rows: list[dict[str, Any]], runs: list[Run], others: list[dict[str, Any]]) -> list[str]:
+    """Is the seed-to-seed spread larger than the differences to SGD?"""
+    n_eval = {r["method"]: sum(1 for x in runs if x.method == r["method"] and x.has_eval) for r in rows}
+    stds = [100 * r["test_acc_std"] for r in rows if n_eval[r["method"]] > 1]
+    if not stds:
+        return ["With one seed per method there is no estimate of seed-to-seed variation: each Δ is a single "
+                "paired difference, and small gaps may be noise (add seeds with `--set 'train.seeds=[0,1,2]'`)."]
+    sgd = [r for r in rows if r["method"] == "sgd"]
+    out = [f"Seed-to-seed std of test accuracy: median {statistics.median(stds):.2f} pt over methods"
+           + (f" (SGD {100 * sgd[0]['test_acc_std']:.2f} pt)" if sgd else "") + "."]
+    if not sgd:
+        return out
+    pairs = {r["method"]: len(_paired(runs, r["method"], "sgd")) for r in others}
+    few = [f"`{r['method']}`" for r in others if pairs[r["method"]] < 2]
+    many = [r for r in others if pairs[r["method"]] >= 2]
+    within = [f"`{r['method']}`" for r in many if abs(r["delta_vs_sgd_mean"]) <= r["delta_vs_sgd_std"]]
+    beyond = [f"`{r['method']}`" for r in many if abs(r["delta_vs_sgd_mean"]) > r["delta_vs_sgd_std"]]
+    out.append(f"The mean paired Δ is no larger than its seed-to-seed std (these seeds do not separate the method "
+               f"from SGD) for: {', '.join(within) or 'none'}; larger for: {', '.join(beyond) or 'none'} (a rough "
+               "criterion with few seeds, not a significance test)"
+               + (f"; fewer than two paired seeds: {', '.join(few)}." if few else "."))
+    return out
+
+
+def _dq_vs_q(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
+    """DQSGD against each fixed-width QSGD: uplink bytes saved and paired accuracy difference."""
+    out = []
+    for dq in (r for r in rows if r["method"].startswith("dqsgd")):
+        for q in (r for r in rows if r["method"].startswith("qsgd")):
+            if not q["up_bytes"]:
+                continue
+            save = 100 * (1 - dq["up_bytes"] / q["up_bytes"])
+            diff = _paired(runs, dq["method"], q["method"])
+            acc = (f"test accuracy {100 * statistics.fmean(diff):+.2f} pt (paired over {len(diff)} seed"
+                   f"{'s' if len(diff) > 1 else ''})" if diff else "no paired accuracy")
+            how = ("the same uplink bytes as" if abs(save) < 0.05 else
+                   f"{abs(save):.1f}% {'fewer' if save > 0 else 'more'} uplink bytes than")
+            out.append(f"`{dq['method']}` sent {how} `{q['method']}` (measured ratio {dq['measured_ratio']:.2f} vs "
+                       f"{q['measured_ratio']:.2f}), {acc}.")
+    return out

@@ -1,0 +1,130 @@
+"""build_report and the figures: contents, PNG files, rebuild from the JSONL alone, robustness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dqsgd.experiments.plots import _by_step, figure1, figure2, figure3, load_runs, moving_average, notes
+from dqsgd.experiments.report import build_report, reproduce_commands
+
+from fake_runs import STEPS, make_root, write_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FIGS = ("fig1.png", "fig2.png", "fig3.png")
+
+
+def _table_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("| `")]
+
+
+def test_report_has_table_commands_paper_table_and_pngs(root: Path) -> None:
+    out = build_report(root)
+    assert out == root / "report.md"
+    text = out.read_text()
+    assert (root / "summary.json").exists() and (root / "summary.csv").exists()
+    # The table: rows in experiment.toml order, values as written by hand in conftest.
+    assert [ln.split("|")[1].strip() for ln in _table_lines(text)] == ["`sgd`", "`qsgd-4bit`", "`dqsgd`"]
+    sgd, q4, dq = _table_lines(text)
+    assert "| 90.50 ± 0.71 | baseline |" in sgd
+    assert "| 90.35 ± 0.21 | -0.15 ± 0.49 |" in q4          # deltas +0.2 and -0.5 pt
+    assert "| 87.50 ± 0.71 | -3.00 ± 1.41 |" in dq          # deltas -2.0 and -4.0 pt
+    assert f"| {4 * 1000 / 516:.2f} | 8.00 | 4.00 |" in q4
+    assert "measured ratio** = fp32 uplink bytes (4·d·W·steps)" in text and "paper ratio** = 32 / mean" in text
+    # Reproduce: the config's own first comment line, the exact command, the rebuild.
+    assert "dqsgd compare --config fake-table1   # the config file's own command" in text
+    assert f"dqsgd compare --config fake-table1 --out {root}   # exactly these runs" in text
+    assert f"dqsgd report {root}" in text
+    # The paper's Table 1, labelled as the paper's.
+    assert "the paper's numbers, not ours" in text
+    assert "| DQSGD (Ours) | 0.8997 | 6.81 | 0.8793 | 7.11 | 0.6959 | 6.73 |" in text
+    assert "| SignSGD | 0.8663 | 32 | 0.5191 | 32 | 0.3955 | 32 |" in text
+    # Figures embedded and written as PNG files.
+    for name in FIGS:
+        assert f"![{name}]({name})" in text
+        assert (root / name).read_bytes()[:8] == PNG_MAGIC
+    # Reading of the numbers: who is within 0.5 pt, and seeds vs differences.
+    assert "Within 0.5 pt of SGD (mean paired Δ, pt): `qsgd-4bit` (-0.15). Further than 0.5 pt: `dqsgd` (-3.00)." in text
+    assert "from SGD) for: `qsgd-4bit`; larger for: `dqsgd` (a rough" in text
+    assert "`dqsgd` sent " in text and "more uplink bytes than `qsgd-4bit`" in text
+    assert "stands in for" not in text
+
+
+def test_rebuilt_identically_from_jsonl_alone(root: Path) -> None:
+    first = build_report(root).read_text()
+    for name in ("summary.json", "summary.csv", "report.md", *FIGS):
+        (root / name).unlink()
+    second = build_report(root).read_text()
+    assert second == first
+    assert (root / "summary.json").exists()
+    assert all((root / name).read_bytes()[:8] == PNG_MAGIC for name in FIGS)
+
+
+def test_stand_in_note_and_methods_tags(tmp_path: Path) -> None:
+    root = make_root(tmp_path / "r", dataset="fashion-mnist", stand_in_for="CIFAR-10")
+    write_run(root, "adaptive", 0, final_acc=0.89, dataset="fashion-mnist", stand_in_for="CIFAR-10")
+    text = build_report(root).read_text()
+    assert "**Fashion-MNIST stands in for CIFAR-10 (not obtainable offline)" in text
+    methods = text.split("## Methods")[1].split("## Reading")[0]
+    assert "- `adaptive`: Adaptive [OC rule]: bits from the gradient RMS" in methods
+    assert "- `dqsgd`: DQSGD, budgeted" in methods and "target 4.5 bits/coordinate" in methods
+    # adaptive is not in experiment.toml: the exact command says so instead of pretending.
+    assert "# caveat: method 'adaptive' is not in experiment.toml" in text
+
+
+def test_overrides_appear_in_the_exact_command(root: Path) -> None:
+    for label, seed in (("sgd", 0), ("sgd", 1), ("qsgd-4bit", 0), ("qsgd-4bit", 1), ("dqsgd", 0), ("dqsgd", 1)):
+        write_run(root, label, seed, final_acc=0.9, steps=STEPS, train_over={"steps": 30, "seeds": [0, 1]})
+    runs = load_runs(root)
+    exact = reproduce_commands(root, runs)[1]
+    assert exact.startswith("dqsgd compare --config fake-table1 --set train.steps=30 --out ")
+    only = [r for r in runs if r.method != "qsgd-4bit"]
+    assert "--methods sgd,dqsgd" in reproduce_commands(root, only)[1]
+
+
+def test_robust_to_single_seed_skipped_steps_and_no_eval(root: Path) -> None:
+    write_run(root, "qsgd-4bit", 1, final_acc=0.905, skipped=(0, 5, 6, STEPS - 1))  # loss null, incl. first/last
+    write_run(root, "dqsgd", 1, final_acc=None)                                     # no eval line yet
+    write_run(root, "adaptive", 0, final_acc=0.89, steps=12)                         # one seed, short run
+    (root / "sgd" / "seed1" / "metrics.jsonl").write_text("")                        # no steps at all yet
+    text = build_report(root).read_text()
+    rows = {ln.split("|")[1].strip(): ln for ln in _table_lines(text)}
+    assert "| 2 (1 evaluated) | 88.00 |" in rows["`dqsgd`"]  # mean alone for one evaluated seed
+    assert "| 1 | 89.00 |" in rows["`adaptive`"]
+    assert "dqsgd/seed1: no test evaluation yet" in text
+    assert "qsgd-4bit/seed1: 4 step(s) with no loss" in text
+    assert "sgd/seed1: no steps recorded yet" in text
+    assert "adaptive/seed0 (12 of 40)" in text
+    assert "nan" not in text.lower() and "∞" not in text
+    for name in FIGS:
+        assert (root / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_figures_take_runs_or_root_and_return_the_path(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    write_run(root, "sgd", 0, final_acc=None)  # no toml, one run, never evaluated
+    runs = load_runs(root)
+    assert notes(runs) == ["sgd/seed0: no test evaluation yet; left out of the accuracy panels and Figure 2"]
+    for draw in (figure1, figure2, figure3):
+        out = tmp_path / "figs" / f"{draw.__name__}.png"
+        assert draw(root if draw is figure2 else runs, out) == out
+        assert out.read_bytes()[:8] == PNG_MAGIC
+    assert "# no experiment.toml here" in reproduce_commands(root, runs)[0]
+
+
+def test_moving_average_ignores_nan() -> None:
+    v = np.array([1.0, np.nan, 3.0, np.nan, np.nan, np.nan, 5.0])
+    got = moving_average(v, 3)
+    want = [1.0, 1.0, 2.0, 3.0, 3.0, np.nan, 5.0]
+    np.testing.assert_allclose(got, want, equal_nan=True)
+    np.testing.assert_array_equal(moving_average(v, 1), v)
+
+
+def test_by_step_aligns_seeds_of_different_length() -> None:
+    steps = [np.arange(4), np.arange(2)]
+    vals = [np.array([1.0, 2.0, 3.0, 4.0]), np.array([3.0, np.nan])]
+    x, mean, std = _by_step([None, None], vals, steps)  # type: ignore[list-item]
+    np.testing.assert_array_equal(x, [0, 1, 2, 3])
+    np.testing.assert_allclose(mean, [2.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(std, [np.sqrt(2.0), np.nan, np.nan, np.nan], equal_nan=True)
