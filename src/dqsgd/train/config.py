@@ -124,25 +124,30 @@ def build_experiment(raw: dict[str, Any], source: str = "") -> ExperimentConfig:
     return ExperimentConfig(train, tuple(entries), source)
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``section.key=value`` (TOML value; bare words are strings) applied to a raw config dict."""
+def apply_overrides(raw: dict[str, Any], overrides: list[str], sections: tuple[str, ...] = ("train",),
+                    error: type[ValueError] = ConfigError) -> dict[str, Any]:
+    """``section.key=value`` (TOML value; bare words are strings) applied to a raw config dict.
+
+    ``sections`` are the plain tables a config has; ``methods.LABEL.KEY=VALUE`` is always accepted.
+    Errors are raised as ``error`` (the caller's config error type).
+    """
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     out["methods"] = {k: dict(v) for k, v in raw.get("methods", {}).items()}
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+            raise error(f"override {item!r} is not of the form section.key=value")
         path, text = item.split("=", 1)
         parts = path.strip().split(".")
         try:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text  # a bare word, e.g. train.dataset=fashion-mnist
-        if parts[0] == "train" and len(parts) == 2:
-            out.setdefault("train", {})[parts[1]] = value
+        if parts[0] in sections and len(parts) == 2:
+            out.setdefault(parts[0], {})[parts[1]] = value
         elif parts[0] == "methods" and len(parts) == 3:
             out["methods"].setdefault(parts[1], {})[parts[2]] = value
         else:
-            raise ConfigError(f"override {item!r}: use train.KEY=VALUE or methods.LABEL.KEY=VALUE")
+            raise error(f"override {item!r}: use {'|'.join(sections)}.KEY=VALUE or methods.LABEL.KEY=VALUE")
     return out
 
 
