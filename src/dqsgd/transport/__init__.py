@@ -1,6 +1,20 @@
 """Transports: in-process simulation and torch.distributed (parameter server / peer all-gather)."""
 
+from typing import Any
+
 from dqsgd.transport.base import Transport
 from dqsgd.transport.sim import SimTransport
 
-__all__ = ["Transport", "SimTransport"]
+__all__ = ["Transport", "SimTransport", "TorchPSTransport", "TorchAllGatherTransport", "TransportError",
+           "RankDisagreement", "make_transport"]
+
+_TORCH = {"TorchPSTransport", "TorchAllGatherTransport", "TransportError", "RankDisagreement", "make_transport"}
+
+
+def __getattr__(name: str) -> Any:
+    # torch.distributed transports load on first use: importing the package stays light and cycle-free.
+    if name in _TORCH:
+        from dqsgd.transport import torch_dist
+
+        return getattr(torch_dist, name)
+    raise AttributeError(f"module 'dqsgd.transport' has no attribute {name!r}")

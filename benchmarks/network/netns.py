@@ -1,0 +1,134 @@
+"""A private, bandwidth-shaped network for W ranks: one Linux network namespace per rank.
+
+    ns <prefix>-br :  bridge br0 ── port p0 ── p1 ── p2 ── p3        (tbf on each port: downlink)
+                                    │          │     │     │
+    ns <prefix>-0  :  eth0 10.99.0.1/24 (tbf: uplink)     ...  ns <prefix>-3: eth0 10.99.0.4/24
+
+Every address exists only inside these namespaces; nothing is routed to or from the host's own
+network (the bridge lives in its own namespace, the host namespace gets no address). Needs root and
+iproute2 (``ip``, ``tc``). ``tc``: a token bucket (tbf) on both ends of every veth pair, so each rank
+has ``rate`` up and ``rate`` down. Every namespace is deleted by :meth:`PrivateNetwork.close`
+(called from ``with``, ``atexit`` and SIGTERM/SIGINT), which also removes the veth pairs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import subprocess
+
+SUBNET = "10.99.0"
+
+
+class NetworkUnavailable(RuntimeError):
+    """No root, no iproute2, or the kernel refused namespaces/veth/tbf: the benchmark must be skipped."""
+
+
+def _ip(*args: str, ns: str | None = None) -> None:
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        raise NetworkUnavailable(f"`{' '.join(cmd)}` failed: {p.stderr.strip()}")
+
+
+def rate_bits(rate: str) -> int:
+    """'100mbit' -> 100_000_000 (tc's units: kbit, mbit, gbit)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(kbit|mbit|gbit)", rate.strip().lower())
+    if not m:
+        raise ValueError(f"rate {rate!r}: use a number with kbit, mbit or gbit, e.g. 100mbit")
+    return int(float(m.group(1)) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)])
+
+
+def check_available() -> None:
+    if os.geteuid() != 0:
+        raise NetworkUnavailable("needs root (network namespaces and tc)")
+    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+    if missing:
+        raise NetworkUnavailable(f"needs iproute2 ({', '.join(missing)} not found): apt-get install -y iproute2")
+
+
+class PrivateNetwork:
+    """``world`` namespaces joined by a bridge; :meth:`shape` sets the link rate; :meth:`exec_prefix` runs in one."""
+
+    def __init__(self, world: int, prefix: str | None = None):
+        check_available()
+        if not 1 <= world <= 200:
+            raise ValueError(f"world must be in [1, 200], got {world}")
+        self.world = world
+        self.prefix = prefix or f"dqsgd-bn{os.getpid()}"
+        self.bridge_ns = f"{self.prefix}-br"
+        self.created: list[str] = []
+        self._old_handlers: dict[int, object] = {}
+        atexit.register(self.close)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def ns(self, rank: int) -> str:
+        return f"{self.prefix}-{rank}"
+
+    def address(self, rank: int) -> str:
+        return f"{SUBNET}.{rank + 1}"
+
+    def _netns_add(self, name: str) -> None:
+        _ip("ip", "netns", "add", name)
+        self.created.append(name)
+        _ip("ip", "link", "set", "lo", "up", ns=name)
+
+    def _build(self) -> None:
+        self._netns_add(self.bridge_ns)
+        _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.bridge_ns)
+        _ip("ip", "link", "set", "br0", "up", ns=self.bridge_ns)
+        for r in range(self.world):
+            ns, port = self.ns(r), f"p{r}"
+            self._netns_add(ns)
+            # Create the pair inside the bridge namespace, then move one end: the host never holds it.
+            _ip("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns, ns=self.bridge_ns)
+            _ip("ip", "link", "set", port, "master", "br0", ns=self.bridge_ns)
+            _ip("ip", "link", "set", port, "up", ns=self.bridge_ns)
+            _ip("ip", "addr", "add", f"{self.address(r)}/24", "dev", "eth0", ns=ns)
+            _ip("ip", "link", "set", "eth0", "up", ns=ns)
+
+    def shape(self, rate: str) -> None:
+        """``rate`` each way on every rank's link: tbf on eth0 (uplink) and on its bridge port (downlink)."""
+        bps = rate_bits(rate)
+        burst = max(64 * 1024, bps // 8 // 500)  # >= 2 ms at line rate, and at least a few GSO packets
+        spec = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "200ms"]
+        for r in range(self.world):
+            _ip("tc", "qdisc", "replace", "dev", "eth0", *spec, ns=self.ns(r))
+            _ip("tc", "qdisc", "replace", "dev", f"p{r}", *spec, ns=self.bridge_ns)
+
+    def exec_prefix(self, rank: int) -> list[str]:
+        return ["ip", "netns", "exec", self.ns(rank)]
+
+    def close(self) -> None:
+        while self.created:
+            name = self.created.pop()
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+        self._old_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.close()
+        raise SystemExit(128 + signum)
+
+    def __enter__(self) -> PrivateNetwork:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def tx_bytes(interface: str = "eth0") -> int:
+    """Bytes this namespace's ``interface`` has sent (``ip netns exec`` mounts the namespace's sysfs)."""
+    with open(f"/sys/class/net/{interface}/statistics/tx_bytes") as f:
+        return int(f.read())
+

@@ -1,0 +1,297 @@
+"""torch.distributed transports: a parameter server (DQSGD Algorithm 2) and a peer all-gather.
+
+One worker per process: rank r computes worker r's gradient (``local_workers == [r]``).
+
+* :class:`TorchPSTransport` — rank 0 is the server *and* worker 0. Every rank sends its payload to
+  rank 0 (``gather``); rank 0 decodes, averages, runs the bit policy and sends the update and
+  B_{n+1} back to all ranks (``broadcast``), exactly Algorithm 2, lines 6–7 and 9–13.
+* :class:`TorchAllGatherTransport` — no server: every rank receives every payload (``all_gather``),
+  decodes them in worker order and runs the same policy on the same bytes, so all ranks reach the
+  same B_{n+1} without a downlink (``is_server`` is True everywhere). ``broadcast`` only checks,
+  with one tiny all-reduce, that the ranks really agree (same B_{n+1}, same downlink CRC-32).
+
+Variable-length byte payloads cross the wire as uint8 tensors: the sizes go first (an int64
+all-gather, so every rank knows the longest), then the payloads padded to that length. On gloo the
+tensors stay on the CPU; on NCCL they are moved to ``device`` (the rank's GPU) — the same code.
+
+Failures. Every collective runs under a timeout (the transport's ``timeout``, else the one given to
+``init_process_group``), so nothing waits forever; a failed collective (peer crashed, was killed or timed out) raises
+:class:`TransportError` naming this rank, the operation and, when the failing rank left one, its
+own error message (an error board in the rendezvous store). Errors found by the server after a
+gather (a malformed payload: :class:`~dqsgd.codecs.PayloadError`, a wrong message:
+:class:`~dqsgd.pipeline.ProtocolError`, both naming the worker) are sent to the waiting ranks in
+the downlink header by :meth:`abort`, so they stop at once with the same error type and text rather
+than at the timeout. Run a trainer inside ``with transport.guard(): ...`` to get this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import re
+import zlib
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from dqsgd.codecs import PayloadError
+from dqsgd.pipeline import ProtocolError
+
+OK, FAILED = 0, 1
+_ERROR_KEY = "dqsgd/error/{}"
+# Errors re-raised with their own type on the ranks that learn of them from the server.
+_REMOTE_TYPES: dict[str, type[Exception]] = {"PayloadError": PayloadError, "ProtocolError": ProtocolError}
+
+
+class TransportError(RuntimeError):
+    """A collective failed: a peer process died, stopped, or did not answer within the timeout."""
+
+
+class RankDisagreement(RuntimeError):
+    """Peer ranks computed different B_{n+1} or updates from the same bytes (non-deterministic kernels)."""
+
+
+def _backend_reason(err: BaseException) -> str:
+    """The useful part of a gloo/NCCL error ('Connection closed by peer [127.0.0.1]:4711')."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically")[0].rstrip(".")
+
+
+def bytes_to_tensor(payload: bytes, length: int, device: torch.device) -> torch.Tensor:
+    """``payload`` as a uint8 tensor of ``length`` (zero padded) on ``device``."""
+    buf = torch.zeros(length, dtype=torch.uint8)
+    if payload:
+        buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    return buf.to(device)
+
+
+def tensor_to_bytes(t: torch.Tensor, length: int) -> bytes:
+    return t[:length].cpu().numpy().tobytes()
+
+
+class _TorchTransport:
+    """What both topologies share: sizes-first byte exchange, max-reduce, timeouts, error reporting."""
+
+    topology = "?"
+
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
+                 timeout: float | None = None):
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds (or None: the process group's), got {timeout}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
+                               "(dqsgd.transport.launch does it for `dqsgd train --transport torch`)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.workers = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        self.device = torch.device(device)
+        self.timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
+        self.steps = 0                 # completed steps (downlinks delivered), for error messages
+        self._owes_downlink = False    # server: gathered this step's payloads, not yet broadcast
+
+    # --- the Transport protocol -----------------------------------------------------------------
+    @property
+    def local_workers(self) -> Sequence[int]:
+        return (self.rank,)
+
+    def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
+        if len(local) != 1:
+            raise ValueError(f"{self.topology} transport: rank {self.rank} computes one worker, got {len(local)} tensors")
+        x = local[0].detach().to(self.device).clone()
+        self._collective("max_reduce", dist.all_reduce, x, op=dist.ReduceOp.MAX)
+        return x.to(local[0].device)
+
+    # --- byte exchange --------------------------------------------------------------------------
+    def _one_payload(self, payloads: Sequence[bytes]) -> bytes:
+        if len(payloads) != 1:
+            raise ValueError(f"{self.topology} transport: rank {self.rank} sends one payload, got {len(payloads)}")
+        return payloads[0]
+
+    def _all_sizes(self, n: int, op: str) -> list[int]:
+        mine = torch.tensor([n], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(mine) for _ in range(self.workers)]
+        self._collective(f"{op} (size exchange)", dist.all_gather, sizes, mine)
+        return [int(v) for v in torch.cat(sizes).tolist()]
+
+    def all_gather_bytes(self, payload: bytes, op: str = "all_gather") -> list[bytes]:
+        """Every rank's payload, in rank order, on every rank."""
+        sizes = self._all_sizes(len(payload), op)
+        width = max(sizes)
+        mine = bytes_to_tensor(payload, width, self.device)
+        bufs = [torch.empty_like(mine) for _ in range(self.workers)]
+        self._collective(op, dist.all_gather, bufs, mine)
+        return [tensor_to_bytes(b, n) for b, n in zip(bufs, sizes)]
+
+    # --- failures -------------------------------------------------------------------------------
+    def _collective(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        """``fn(*args, **kw)`` on this group, waited for at most ``timeout`` (else the group's own)."""
+        try:
+            work = fn(*args, group=self.group, async_op=True, **kw)
+            if self.timeout is None:
+                work.wait()
+            else:
+                work.wait(timeout=self.timeout)
+        except (RuntimeError, dist.DistError) as e:  # gloo/NCCL errors: peer closed, timeout, reset
+            raise TransportError(self._explain(what, e)) from e
+
+    def _explain(self, op: str, err: BaseException) -> str:
+        peers = [(r, m) for r, m in self._reported_errors() if not m.startswith(TransportError.__name__)]
+        said = "; ".join(f"rank {r} reported {m}" for r, m in peers) if peers else (
+            "a peer process crashed, was killed or did not answer within the timeout")
+        return f"rank {self.rank}: {op} failed after {self.steps} completed steps: {said} [{_backend_reason(err)}]"
+
+    def _store(self) -> dist.Store | None:
+        """The rendezvous store: it outlives a dead worker when torchrun's agent or our launcher hosts it."""
+        try:
+            return dist.distributed_c10d._get_default_store()
+        except Exception:  # private API, or no default group: the error board is best effort
+            return None
+
+    def _reported_errors(self) -> list[tuple[int, str]]:
+        store = self._store()
+        if store is None:
+            return []
+        found = []
+        try:
+            store.set_timeout(datetime.timedelta(seconds=2))
+            for r in range(self.workers):
+                key = _ERROR_KEY.format(r)
+                if r != self.rank and store.check([key]):
+                    found.append((r, store.get(key).decode(errors="replace")))
+        except Exception:  # the store's host may be gone too: the board is best effort
+            pass
+        return found
+
+    def abort(self, exc: BaseException) -> None:
+        """Tell the other ranks that this one stops because of ``exc`` (best effort, never raises).
+
+        The message goes on the error board in the store; if this is the PS server and the other
+        ranks are waiting for this step's downlink, it also goes to them in the downlink header.
+        """
+        msg = f"{type(exc).__name__}: {exc}"
+        store = self._store()
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.set_timeout(datetime.timedelta(seconds=2))
+                store.set(_ERROR_KEY.format(self.rank), msg)
+        if self._owes_downlink and not isinstance(exc, TransportError):
+            self._owes_downlink = False
+            with contextlib.suppress(Exception):
+                self._send_downlink(FAILED, msg.encode(), 0)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[_TorchTransport]:
+        """``with transport.guard(): run(...)`` — on any exception, :meth:`abort` before re-raising."""
+        try:
+            yield self
+        except BaseException as e:
+            self.abort(e)
+            raise
+
+    def _send_downlink(self, status: int, payload: bytes, next_bits: int) -> None:
+        raise NotImplementedError
+
+
+class TorchPSTransport(_TorchTransport):
+    """Parameter server (Algorithm 2): rank 0 aggregates and broadcasts the update and B_{n+1}."""
+
+    topology = "ps"
+
+    @property
+    def is_server(self) -> bool:
+        return self.rank == 0
+
+    def gather(self, payloads: Sequence[bytes]) -> list[bytes] | None:
+        payload = self._one_payload(payloads)
+        sizes = self._all_sizes(len(payload), "gather")
+        width = max(sizes)
+        mine = bytes_to_tensor(payload, width, self.device)
+        bufs = [torch.empty_like(mine) for _ in range(self.workers)] if self.is_server else None
+        self._collective("gather", dist.gather, mine, bufs, dst=0)
+        if bufs is None:
+            return None
+        self._owes_downlink = True
+        return [tensor_to_bytes(b, n) for b, n in zip(bufs, sizes)]
+
+    def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
+        if self.is_server:
+            if payload is None or next_bits is None:
+                raise ValueError("ps transport: the server must provide the downlink payload and next bits")
+            self._send_downlink(OK, payload, next_bits)
+            self._owes_downlink = False
+            self.steps += 1
+            return payload, next_bits
+        header = torch.zeros(3, dtype=torch.int64, device=self.device)
+        self._collective("broadcast (header)", dist.broadcast, header, src=0)
+        status, size, bits = (int(v) for v in header.tolist())
+        body = torch.empty(size, dtype=torch.uint8, device=self.device)
+        self._collective("broadcast", dist.broadcast, body, src=0)
+        data = tensor_to_bytes(body, size)
+        if status != OK:
+            self._raise_remote(data.decode(errors="replace"))
+        self.steps += 1
+        return data, bits
+
+    def _send_downlink(self, status: int, payload: bytes, next_bits: int) -> None:
+        header = torch.tensor([status, len(payload), next_bits], dtype=torch.int64, device=self.device)
+        body = bytes_to_tensor(payload, len(payload), self.device)
+        self._collective("broadcast (header)", dist.broadcast, header, src=0)
+        self._collective("broadcast", dist.broadcast, body, src=0)
+
+    def _raise_remote(self, msg: str) -> None:
+        kind, _, text = msg.partition(": ")
+        where = f"rank {self.rank}: the server (rank 0) stopped at step {self.steps}: "
+        raise _REMOTE_TYPES.get(kind, TransportError)(where + (text if kind in _REMOTE_TYPES else msg))
+
+
+class TorchAllGatherTransport(_TorchTransport):
+    """Peer topology: every rank gathers all payloads and runs the same aggregation and policy."""
+
+    topology = "allgather"
+
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
+                 timeout: float | None = None, check_agreement: bool = True):
+        super().__init__(group, device, timeout)
+        self.check_agreement = check_agreement
+
+    @property
+    def is_server(self) -> bool:
+        return True
+
+    def gather(self, payloads: Sequence[bytes]) -> list[bytes]:
+        return self.all_gather_bytes(self._one_payload(payloads), "gather")
+
+    def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
+        if payload is None or next_bits is None:
+            raise ValueError("allgather transport: every rank must provide its downlink payload and next bits")
+        if self.check_agreement:
+            self._check(payload, next_bits)
+        self.steps += 1
+        return payload, next_bits
+
+    def _check(self, payload: bytes, next_bits: int) -> None:
+        """max(x) == -max(-x) on every rank iff all ranks hold the same (B_{n+1}, CRC-32 of the update)."""
+        mine = [next_bits, zlib.crc32(payload), len(payload)]
+        t = torch.tensor(mine + [-v for v in mine], dtype=torch.int64, device=self.device)
+        self._collective("agreement check", dist.all_reduce, t, op=dist.ReduceOp.MAX)
+        hi, lo = t[:3].tolist(), [-v for v in t[3:].tolist()]
+        if hi != lo:
+            raise RankDisagreement(
+                f"rank {self.rank}: after step {self.steps} the ranks disagree on (B_n+1, update CRC-32, bytes): "
+                f"mine {tuple(mine)}, range {tuple(lo)}..{tuple(hi)}; the peer topology needs bitwise-deterministic "
+                f"decoding on every rank (use the ps topology on mixed hardware)")
+
+
+def make_transport(topology: str, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
+                   timeout: float | None = None) -> TorchPSTransport | TorchAllGatherTransport:
+    """``"ps"`` or ``"allgather"`` over ``group`` (default: the whole world); ``timeout`` per collective
+    in seconds (default: the one given to ``init_process_group``)."""
+    kinds = {"ps": TorchPSTransport, "allgather": TorchAllGatherTransport}
+    if topology not in kinds:
+        raise ValueError(f"unknown topology {topology!r}: use 'ps' or 'allgather'")
+    return kinds[topology](group, device, timeout)

@@ -1,0 +1,116 @@
+"""Functions that run inside the processes started by ``dqsgd.transport.launch.spawn_local``.
+
+They live in an importable module (not in the test files) so that spawned processes can unpickle them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dqsgd.data import load_dataset
+from dqsgd.pipeline import Method
+from dqsgd.train.config import MethodEntry, TrainConfig
+from dqsgd.train.trainer import Trainer
+from dqsgd.transport.torch_dist import RankDisagreement, make_transport
+
+
+def train(cfg: TrainConfig, entry: MethodEntry, seed: int, transport: Any) -> dict[str, Any]:
+    """Every step of a run on ``transport``: chosen widths, uplink bytes (server), final parameters."""
+    tr = Trainer(cfg, entry, load_dataset("synthetic"), seed, transport)
+    bits, up = [], []
+    while tr.next_step < cfg.steps:
+        r = tr.step()
+        bits.append(r.bits)
+        up.append(list(r.up_bytes))
+    return {"bits": bits, "up": up, "params": tr.flat_params(), "next_bits": tr.state.bits}
+
+
+def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, MethodEntry, int]]) -> dict[str, Any]:
+    """Several (topology, config, method, seed) runs in one process group (start-up is the slow part),
+    then one all-gather step in which rank 1 claims another B_{n+1}: every rank must notice."""
+    out: dict[str, Any] = {}
+    for topology, cfg, entry, seed in cases:
+        t = make_transport(topology)
+        with t.guard():
+            out[f"{topology}/{entry.label}"] = train(cfg, entry, seed, t)
+    t = make_transport("allgather")
+    tr = Trainer(cases[0][1], cases[0][2], load_dataset("synthetic"), 0, t)
+    honest = t.broadcast
+    t.broadcast = lambda payload, bits: honest(payload, bits + int(rank == 1))  # type: ignore[method-assign]
+    try:
+        tr.step()
+    except RankDisagreement as e:
+        out["disagreement"] = str(e)
+    return out
+
+
+def train_with_fault(rank: int, world: int, topology: str, cfg: TrainConfig, entry: MethodEntry,
+                     fault: str, bad_rank: int, at_step: int, stamp: str = "") -> dict[str, Any]:
+    """A run in which rank ``bad_rank`` is SIGKILLed (``kill``) or sends zero bytes (``garbage``) at ``at_step``.
+
+    ``stamp``: a file where the dying rank writes the time of its death.
+    """
+    if rank == bad_rank and fault == "kill":
+        step = Trainer.step
+
+        def dying_step(self: Trainer):
+            if self.next_step == at_step:
+                if stamp:
+                    Path(stamp).write_text(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return step(self)
+
+        Trainer.step = dying_step  # type: ignore[method-assign]
+    if rank == bad_rank and fault == "garbage":
+        encode = Method.encode
+
+        def garbage_encode(self: Method, grad: torch.Tensor, bits: int, *args: Any, **kw: Any):
+            msg, res = encode(self, grad, bits, *args, **kw)
+            return (bytes(len(msg)) if garbage_encode.calls >= at_step else msg), res
+
+        def counted(self: Method, *args: Any, **kw: Any):
+            out = garbage_encode(self, *args, **kw)
+            garbage_encode.calls += 1
+            return out
+
+        garbage_encode.calls = 0
+        Method.encode = counted  # type: ignore[method-assign]
+    t = make_transport(topology)
+    with t.guard():
+        return train(cfg, entry, 0, t)
+
+
+def ddp_gradients(rank: int, world: int, reps: int) -> dict[str, Any]:
+    """Gradients of one batch under plain DDP (fp32 all-reduce) and under dqsgd.ddp.hook with several methods."""
+    import copy
+
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import dqsgd.ddp
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 10))  # 5514 parameters: one bucket
+    gen = torch.Generator().manual_seed(100 + rank)
+    x, y = torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+
+    def grads(model: nn.Module) -> torch.Tensor:
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
+
+    out: dict[str, Any] = {"local": grads(copy.deepcopy(net)), "plain": grads(DDP(copy.deepcopy(net)))}
+    for method, n in (("sgd", 2), ("qsgd-4bit", reps), ("dqsgd", 4), ("terngrad", 2)):
+        model = DDP(copy.deepcopy(net))
+        state = dqsgd.ddp.HookState(method=method, process_group=None, seed=1, timeout=30.0, total_steps=10)
+        model.register_comm_hook(state, dqsgd.ddp.hook)
+        runs = torch.stack([grads(model) for _ in range(n)])
+        out[method] = {"runs": runs, "stats": state.compression_stats(), "bits": state.current_bits()}
+    return out
