@@ -127,6 +127,7 @@ class Trainer:
             side = 4 * scalers.numel()  # L float32 scalers up and down per worker [ALGORITHMS.md §3]
         payloads = []
         for w, g in grads.items():
+            g = g if g.device.type == "cpu" else g.cpu()  # the quantization generators live on the CPU
             try:
                 msg, self.state.residuals[w] = self.method.encode(g, bits, self.qgen[w], self.state.residuals[w], scalers)
             except NonFiniteGradientError as e:
