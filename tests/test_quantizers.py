@@ -177,3 +177,10 @@ def test_uniform_error_bounded_by_one_level(n: int, bits: int, bucket: int, scal
     err = (dequantize(q) - g).abs()
     step = torch.repeat_interleave(q.scales / q.levels, torch.tensor(q.layout.segment_sizes(n), dtype=torch.long)) if n else err
     assert torch.all(err <= step * (1 + 1e-5) + 1e-30)
+
+
+def test_empty_segment_and_denormal_norm() -> None:
+    q = quantize_uniform(torch.tensor([1.0, -2.0, 3.0]), 4, layout=Layout(sizes=(2, 0, 1)))
+    assert q.scales.tolist() == [2.0, 0.0, 3.0]
+    with pytest.raises(ValueError, match="too small"):
+        quantize_uniform(torch.tensor([1e-44, 0.0]), 8)

@@ -140,3 +140,22 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path) -> No
     resumed = list(read_jsonl(run / "metrics.jsonl"))
     key = lambda r: (r["step"], r["bits"], r["up_bytes"], r["budget_left"], r["loss"], r.get("test_acc"))
     assert [key(r) for r in resumed] == [key(r) for r in full]
+
+
+def test_fused_kernel_through_the_trainer_is_reproducible_and_resumes(tmp_path: Path) -> None:
+    """kernel = "fused": hash uniforms of (seed, step, worker); resume needs no generator state."""
+    c = cfg(steps=10, checkpoint_every=4)
+    e = MethodEntry("dqsgd", method_config("dqsgd", kernel="fused"))
+    full = run_one(c, e, DATA, 2, tmp_path / "full", progress=False)
+    again = run_one(c, e, DATA, 2, tmp_path / "again", progress=False)
+    assert torch.equal(full["final_params"], again["final_params"])
+    torch_path = run_one(c, entry("dqsgd"), DATA, 2, None, progress=False)
+    assert not torch.equal(full["final_params"], torch_path["final_params"])  # a different uniform stream
+    tr = Trainer(c, e, DATA, 2)
+    from dqsgd.train.checkpoint import save_checkpoint
+
+    for _ in range(4):
+        tr.step()
+    save_checkpoint(tr, tmp_path / "part" / "checkpoint.pt")
+    resumed = run_one(c, e, DATA, 2, tmp_path / "part", resume=True, progress=False)
+    assert torch.equal(full["final_params"], resumed["final_params"])

@@ -113,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("dq", help="Double Quantization (AsyLPG family): `dqsgd dq run|list ...`", add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(func=lambda a: __import__("dqsgd.dq.cli", fromlist=["main"]).main(a.rest))
+    from dqsgd.bench import add_bench_parser
+
+    add_bench_parser(sub)
     sub.add_parser("methods", help="list the registered methods").set_defaults(func=cmd_methods)
     sub.add_parser("configs", help="list the shipped configs").set_defaults(func=cmd_configs)
     sp = sub.add_parser("report", help="rebuild tables, report and plots of RUN_DIR from its JSONL files")

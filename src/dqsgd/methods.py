@@ -17,6 +17,7 @@ from typing import Any, Literal
 Scheme = Literal["identity", "uniform", "sign", "ternary"]
 PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-error", "adaptive", "adaqs"]
 CodingName = Literal["fixed", "elias", "zstd", "auto"]
+KernelName = Literal["torch", "fused"]
 
 _ALLOWED: dict[str, tuple[str, ...]] = {
     "scheme": ("identity", "uniform", "sign", "ternary"),
@@ -26,6 +27,7 @@ _ALLOWED: dict[str, tuple[str, ...]] = {
     "aggregate": ("mean", "majority"),
     "downlink": ("fp32", "sign"),
     "rounding": ("nearest", "ceil", "floor", "carry"),
+    "kernel": ("torch", "fused"),
 }
 
 
@@ -61,6 +63,9 @@ class MethodConfig:
     downlink: Literal["fp32", "sign"] = "fp32"
     scaled_sign: bool = False
     clip: float = 2.5               # TernGrad clip factor c (0 = max-norm scaler)
+    # Uniform scheme only: "torch" = torch ops + the worker's torch.Generator; "fused" = the numba
+    # kernels of dqsgd.kernels with hash uniforms of (seed, step, worker) (other schemes: torch).
+    kernel: KernelName = "torch"
     description: str = ""
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from dqsgd import memory
 from dqsgd.codecs import Coding, PayloadError, decode as decode_payload, encode as encode_payload, predicted_size
+from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header
 from dqsgd.methods import MethodConfig
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, DQSGDRule, FixedBits, GradStats, Rounding, grad_stats,
@@ -108,8 +109,13 @@ class Method:
     def local_scalers(self, grad: torch.Tensor) -> torch.Tensor:
         return ternary_scalers(grad, layout=self.layout, clip=self.config.clip)
 
+    @property
+    def fused(self) -> bool:
+        """Uniform quantization through the fused CPU kernels, with hash uniforms (``kernel = "fused"``)."""
+        return self.config.kernel == "fused" and self.config.scheme == "uniform"
+
     def compress(self, grad: torch.Tensor, bits: int, generator: torch.Generator | None,
-                 scalers: torch.Tensor | None = None) -> Quantized:
+                 scalers: torch.Tensor | None = None, hash_rng: HashRNG | None = None) -> Quantized:
         c = self.config
         if grad.numel() != self.numel:
             raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
@@ -119,17 +125,34 @@ class Method:
             return quantize_sign(grad, scaled=c.scaled_sign, layout=self.layout)
         if c.scheme == "ternary":
             return quantize_ternary(grad, generator, layout=self.layout, scalers=scalers, clip=c.clip)
+        if self.fused:
+            return quantize_uniform_fast(grad, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout)
         return quantize_uniform(grad, bits, generator, norm=self.norm, layout=self.layout)
 
+    def _need_rng(self, hash_rng: HashRNG | None) -> HashRNG:
+        if hash_rng is None:
+            raise ValueError(f"method {self.config.name!r}: kernel 'fused' draws hash uniforms: pass "
+                             "hash_rng=HashRNG(seed, step, worker) (the same on every transport)")
+        return hash_rng
+
     def encode(self, grad: torch.Tensor, bits: int, generator: torch.Generator | None,
-               residual: torch.Tensor | None = None, scalers: torch.Tensor | None = None
-               ) -> tuple[bytes, torch.Tensor | None]:
-        """One worker's uplink message for this step, and its new error-feedback residual."""
+               residual: torch.Tensor | None = None, scalers: torch.Tensor | None = None,
+               hash_rng: HashRNG | None = None) -> tuple[bytes, torch.Tensor | None]:
+        """One worker's uplink message for this step, and its new error-feedback residual.
+
+        ``hash_rng`` (kernel "fused" only, where it replaces ``generator``): the uniforms of this
+        (seed, step, worker).
+        """
         flat = grad.detach().reshape(-1)
         if not self.config.error_feedback:
-            return encode_payload(self.compress(flat, bits, generator, scalers), self.coding), None
+            if self.fused and self.coding in (Coding.FIXED, Coding.ZSTD):
+                if flat.numel() != self.numel:
+                    raise ValueError(f"gradient has {flat.numel()} elements, the method was built for {self.numel}")
+                return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm,
+                                           layout=self.layout, coding=self.coding), None
+            return encode_payload(self.compress(flat, bits, generator, scalers, hash_rng), self.coding), None
         p = memory.compensate(flat, residual)
-        q = self.compress(p, bits, generator, scalers)
+        q = self.compress(p, bits, generator, scalers, hash_rng)
         return encode_payload(q, self.coding), memory.update(p, dequantize(q))
 
     # --- server side ----------------------------------------------------------------------------
@@ -138,25 +161,37 @@ class Method:
             q = decode_payload(payload, max_numel=max(self.numel, 1))
         except PayloadError as e:
             raise PayloadError(f"worker {worker}: {e}") from None
+        self._check_uplink(q.scheme, q.numel, q.bits, bits, worker)
+        return q
+
+    def _check_uplink(self, scheme: Scheme, numel: int, got_bits: int, bits: int, worker: int) -> None:
         expected = {"identity": Scheme.IDENTITY, "uniform": Scheme.UNIFORM, "sign": Scheme.SIGN,
                     "ternary": Scheme.TERNARY}[self.config.scheme]
         want_bits = bits if self.config.scheme == "uniform" else self.config.nominal_bits()
-        if q.scheme != expected or q.numel != self.numel or q.bits != want_bits:
+        if scheme != expected or numel != self.numel or got_bits != want_bits:
             raise ProtocolError(
                 f"worker {worker}: expected a {expected.name} message of {self.numel} values at {want_bits} bits, "
-                f"got {q.scheme.name} with {q.numel} values at {q.bits} bits"
+                f"got {scheme.name} with {numel} values at {got_bits} bits"
             )
-        return q
 
     def aggregate(self, payloads: Sequence[bytes], bits: int) -> torch.Tensor:
-        """G = (1/W) Σ_w decode(payload_w), or the majority vote of the signs (worker order fixed)."""
-        qs = [self.decode_uplink(p, bits, w) for w, p in enumerate(payloads)]
+        """G = (1/W) Σ_w decode(payload_w), or the majority vote of the signs (worker order fixed).
+
+        The mean adds each payload into one running sum (decode-accumulate, no per-worker x̂):
+        bit-identical to summing ``dequantize(decode(p))`` in worker order.
+        """
         if self.config.aggregate == "majority":
+            qs = [self.decode_uplink(p, bits, w) for w, p in enumerate(payloads)]
             return majority_vote([q.codes for q in qs]).to(torch.float32)
         total = torch.zeros(self.numel, dtype=torch.float32)
-        for q in qs:
-            total += dequantize(q).reshape(-1)
-        return total / len(qs)
+        for w, p in enumerate(payloads):
+            try:
+                h = read_header(p, max_numel=max(self.numel, 1))
+                self._check_uplink(h.scheme, h.numel, h.bits, bits, w)
+                decode_accumulate(p, total, header=h)
+            except PayloadError as e:
+                raise PayloadError(f"worker {w}: {e}") from None
+        return total / len(payloads)
 
     def encode_downlink(self, update: torch.Tensor) -> bytes:
         if self.config.downlink == "sign":

@@ -46,7 +46,8 @@ def segment_reduce(flat: torch.Tensor, layout: Layout, op: str) -> torch.Tensor:
         return _reduce(flat, op).reshape(1)
     if layout.sizes is None and sizes[-1] == sizes[0]:
         return _reduce(flat.view(len(sizes), sizes[0]), op, dim=1)
-    return torch.stack([_reduce(part, op) for part in torch.split(flat, sizes)])
+    zero = torch.zeros((), dtype=torch.float32, device=flat.device)  # an empty segment reduces to 0
+    return torch.stack([_reduce(part, op) if part.numel() else zero for part in torch.split(flat, sizes)])
 
 
 def _reduce(v: torch.Tensor, op: str, dim: int | None = None) -> torch.Tensor:

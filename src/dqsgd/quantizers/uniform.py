@@ -10,10 +10,14 @@ E[Q(v)] = v (unbiased) and the per-coordinate variance is (r/s)²·f_i(1-f_i) wi
 paper's choice [text, App. F]; p = 2 is QSGD's theory setting [recalled]. Bucketing (one norm per
 d' coordinates) follows QSGD's practice [recalled].
 
-Randomness comes only from the explicit ``generator`` (one uniform draw per coordinate, in order).
+Randomness comes only from the explicit ``generator`` (one uniform draw per coordinate, in order),
+or, when ``rng`` is given, from ``rng.uniform(n, device)`` instead (e.g. the counter-based
+:class:`dqsgd.kernels.HashRNG`, whose uniforms the fused CPU kernels reproduce bit for bit).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
@@ -21,6 +25,12 @@ from dqsgd.quantizers._common import check_bits, expand, flat_float, require_fin
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
 
 MIN_BITS, MAX_BITS = 2, 16
+
+
+class UniformSource(Protocol):
+    """n float32 uniforms in [0, 1) on a device (a stateless, counter-based stream)."""
+
+    def uniform(self, n: int, device: torch.device | str | None = None) -> torch.Tensor: ...
 
 
 def levels_for_bits(bits: int) -> int:
@@ -35,8 +45,14 @@ def quantize_uniform(
     *,
     norm: Norm = Norm.MAX,
     layout: Layout = Layout(),
+    rng: UniformSource | None = None,
 ) -> Quantized:
-    """Stochastically quantize ``x`` to B bits per coordinate (see the module docstring)."""
+    """Stochastically quantize ``x`` to B bits per coordinate (see the module docstring).
+
+    ``rng`` replaces ``generator`` as the source of the n uniforms (both given: an error).
+    """
+    if rng is not None and generator is not None:
+        raise ValueError("uniform quantizer: pass a generator or an rng, not both")
     check_bits(bits, MIN_BITS, MAX_BITS, "uniform quantizer")
     if norm not in (Norm.MAX, Norm.L2):
         raise ValueError(f"uniform quantizer: norm must be Norm.MAX or Norm.L2, got {norm!r}")
@@ -50,11 +66,18 @@ def quantize_uniform(
         return Quantized(Scheme.UNIFORM, bits, s, codes, scales.cpu(), layout, tuple(x.shape), norm)
     # Zero segments quantize to all-zero codes: divide by 1 instead of 0 (|v_i| = 0 there anyway).
     inv = torch.where(scales > 0, s / scales, torch.zeros_like(scales))
+    if not bool(torch.isfinite(inv).all()):
+        # ‖v‖ below s·2^-128 (float32 denormals): s/‖v‖ overflows. The fused kernel refuses too.
+        raise ValueError(f"uniform quantizer: a segment norm {float(scales[~torch.isfinite(inv)][0]):.3e} is too small "
+                         f"to scale by s = {s} in float32 (below s·2^-128); rescale the input")
     a = flat.abs() * expand(inv, layout, n)
     # float32 rounding can push |g|·s/max to s + ε; clamp so the level never exceeds s (DESIGN.md).
     a = a.clamp_(max=float(s))
     low = a.floor()
-    u = torch.rand(n, generator=generator, device=flat.device, dtype=torch.float32)
+    if rng is not None:
+        u = rng.uniform(n, flat.device)
+    else:
+        u = torch.rand(n, generator=generator, device=flat.device, dtype=torch.float32)
     q = low + (u < (a - low)).to(torch.float32)
     q = q.clamp_(max=float(s))
     codes = (torch.where(flat < 0, -q, q)).to(torch.int32)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from dqsgd.data import Dataset
+from dqsgd.kernels import HashRNG
 from dqsgd.ledger import Ledger
 from dqsgd.models import build_model
 from dqsgd.pipeline import Method, MethodState
@@ -72,6 +73,8 @@ class Trainer:
         self.state: MethodState = self.method.init_state(cfg.workers)
         self.batches = WorkerBatches(len(data.train.y), cfg.workers, cfg.batch_size, seed)
         self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
+        # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
+        self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits())
         self.next_step = 0
         self.skipped = 0
@@ -129,7 +132,9 @@ class Trainer:
         for w, g in grads.items():
             g = g if g.device.type == "cpu" else g.cpu()  # the quantization generators live on the CPU
             try:
-                msg, self.state.residuals[w] = self.method.encode(g, bits, self.qgen[w], self.state.residuals[w], scalers)
+                key = HashRNG(self.quant_seed, n, w) if self.method.fused else None
+                msg, self.state.residuals[w] = self.method.encode(g, bits, self.qgen[w], self.state.residuals[w], scalers,
+                                                                  hash_rng=key)
             except NonFiniteGradientError as e:
                 raise NonFiniteGradientError(f"step {n}, worker {w}: {e}") from None
             payloads.append(msg)

@@ -1,0 +1,18 @@
+"""Fused compiled kernels for the stochastic uniform quantizer, and the counter-based hash RNG.
+
+* :class:`HashRNG` — uniforms u_i = hash(seed, step, worker, i), identical in numba and torch ops.
+* :func:`encode_uniform_fast` — gradient → wire payload in two passes (norm; round + pack).
+* :func:`decode_accumulate` — payload → ``out += w·x̂`` without temporaries.
+* :func:`quantize_uniform_hash` — the torch-ops reference (any device) they are tested against.
+"""
+
+from dqsgd.kernels.codec import (
+    decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header, segment_starts,
+)
+from dqsgd.kernels.hashrng import HashRNG, hash_uniform_numpy
+from dqsgd.kernels.reference import quantize_uniform_hash
+
+__all__ = [
+    "HashRNG", "decode_accumulate", "encode_uniform_fast", "hash_uniform_numpy",
+    "quantize_uniform_fast", "quantize_uniform_hash", "read_header", "segment_starts",
+]

@@ -1,0 +1,225 @@
+"""The fused CPU path: gradient → payload bytes, and payload → ``out += w·x̂``, in compiled loops.
+
+* :func:`encode_uniform_fast` — max-norm (or l2) per segment, stochastic rounding with the hash
+  uniforms of a :class:`~dqsgd.kernels.hashrng.HashRNG`, offset-binary packing straight into the
+  payload: two passes over the input, no full-size temporary. The payload is the wire format of
+  :mod:`dqsgd.codecs.wire` byte for byte: ``decode`` reads it unchanged, and it equals
+  ``encode(quantize_uniform(x, bits, rng=rng, …), coding)`` (bits ≥ 2; 1 bit: see below).
+* :func:`quantize_uniform_fast` — the same codes as a :class:`Quantized` (for ELIAS coding and
+  error feedback, which need the codes themselves).
+* :func:`decode_accumulate` — validates a payload like ``decode`` and adds ``w·dequantize`` into
+  ``out`` without materialising the codes or x̂ (FIXED and ZSTD bodies; ELIAS decodes first).
+
+One bit: a UNIFORM payload with bits = 1 and levels = 1 carries codes ±1 and the scale r = ‖v‖;
+the code is +1 with probability (1 + v_i/r)/2, so E[r·c_i] = v_i (stochastic binary rounding;
+variance r² − v_i²). :func:`dqsgd.kernels.reference.quantize_uniform_hash` is its torch form.
+
+The kernels run on the calling thread (see :mod:`dqsgd.kernels.fused` for why).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+import zstandard
+
+from dqsgd.codecs import Coding, PayloadError, encode as encode_payload
+from dqsgd.codecs import wire as _wire  # its validators, so both paths accept/refuse the same
+from dqsgd.codecs.bitpack import packed_size
+from dqsgd.codecs.header import Header, parse_header, write_header
+from dqsgd.kernels import fused
+from dqsgd.kernels.hashrng import HashRNG
+from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme
+from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
+
+__all__ = ["decode_accumulate", "encode_uniform_fast", "quantize_uniform_fast", "read_header", "segment_starts"]
+
+
+def segment_starts(layout: Layout, numel: int) -> np.ndarray:
+    """int64 ``[0, …, numel]``: segment k is ``[starts[k], starts[k+1])`` (no list of sizes built)."""
+    if layout.sizes is not None:
+        if sum(layout.sizes) != numel:
+            raise ValueError(f"layout sizes sum to {sum(layout.sizes)}, tensor has {numel} elements")
+        return np.concatenate(([0], np.cumsum(np.asarray(layout.sizes, dtype=np.int64)))).astype(np.int64)
+    if numel == 0:
+        return np.zeros(1, dtype=np.int64)
+    if layout.bucket <= 0 or layout.bucket >= numel:
+        return np.array([0, numel], dtype=np.int64)
+    return np.append(np.arange(0, numel, layout.bucket, dtype=np.int64), np.int64(numel))
+
+
+def levels_of(bits: int) -> int:
+    """s = 2^(B−1) − 1 for B ≥ 2; the 1-bit stochastic binary quantizer has one level."""
+    return 1 if bits == 1 else (1 << (bits - 1)) - 1
+
+
+def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
+    check_bits(bits, 1, 16, "fused uniform quantizer")
+    if norm not in (Norm.MAX, Norm.L2):
+        raise ValueError(f"fused uniform quantizer: norm must be Norm.MAX or Norm.L2, got {norm!r}")
+    flat = flat_float(x).cpu().contiguous()
+    n = flat.numel()
+    if n >= 1 << 32:
+        raise ValueError(f"fused uniform quantizer: {n} elements, the wire carries < 2^32")
+    _wire._check_layout(layout, n)
+    starts = segment_starts(layout, n)
+    scales = np.zeros(starts.size - 1, dtype=np.float32)
+    if norm == Norm.L2:  # torch's own l2 (summation order matters for bit-identical scales)
+        scales = segment_reduce(flat, layout, "l2").numpy().astype(np.float32)
+        require_finite(torch.from_numpy(scales), "fused uniform quantizer")
+    elif n:
+        fused.absmax(flat.numpy().view(np.int32), starts, scales.view(np.int32))
+        if not np.isfinite(scales).all():  # max |x| is NaN or Inf exactly when some x_i is
+            raise NonFiniteGradientError(
+                f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
+                "refusing to quantize")
+    s = levels_of(bits)
+    sc = torch.from_numpy(scales)
+    # The very expression of quantize_uniform, so inv (and so every code) is bit-identical.
+    inv = torch.where(sc > 0, s / sc, torch.zeros_like(sc)).numpy()
+    if not np.isfinite(inv).all():  # quantize_uniform shares this limit (its codes come out invalid)
+        r = float(scales[~np.isfinite(inv)][0])
+        raise ValueError(f"fused uniform quantizer: a segment norm of {r:.3g} is too small: s/norm = {s}/{r:.3g} "
+                         "overflows float32 (norms must be 0 or above s·2^-128)")
+    return flat, starts, sc, inv, s
+
+
+def _args(flat, starts, inv, s, bits, rng):
+    return (flat.numpy(), starts, inv, np.float32(s), bits == 1, np.uint64(rng.key))
+
+
+def quantize_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
+                          layout: Layout = Layout()) -> Quantized:
+    """The fused quantizer's codes and scales (what :func:`encode_uniform_fast` packs)."""
+    flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
+    n = flat.numel()
+    codes = np.empty(n, dtype=np.int32)
+    if n:
+        fused.codes_range(*_args(flat, starts, inv, s, bits, rng), codes, 0, -(-n // fused.CHUNK))
+    return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape), norm)
+
+
+def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
+                        layout: Layout = Layout(), coding: Coding = Coding.FIXED) -> bytes:
+    """The payload of the hash-RNG stochastic uniform quantizer of ``x`` at ``bits`` (1..16).
+
+    FIXED and ZSTD are packed in the fused kernel; ELIAS and AUTO go through the codes
+    (:func:`quantize_uniform_fast`) and :func:`dqsgd.codecs.encode`.
+
+    Raises:
+      NonFiniteGradientError: ``x`` has NaN or Inf (nothing is encoded).
+      ValueError: bits outside 1..16, a bad norm, layout or coding.
+    """
+    coding = Coding(coding)
+    if coding in (Coding.ELIAS, Coding.AUTO):
+        return encode_payload(quantize_uniform_fast(x, bits, rng, norm=norm, layout=layout), coding)
+    flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
+    n = flat.numel()
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) > _wire.MAX_NDIM or any(d > _wire.U32_MAX for d in shape):
+        raise ValueError(f"shape {shape}: need ndim ≤ {_wire.MAX_NDIM} and every dim < 2^32")
+
+    def header(body_len: int) -> bytes:
+        return write_header(Scheme.UNIFORM, bits, coding, norm, s, shape, layout, scales.numpy(), body_len)
+
+    def pack_into(body: np.ndarray) -> None:
+        offset = 0 if bits == 1 else 1 << (bits - 1)
+        chunks = -(-n // fused.CHUNK)
+        if n and fused.encode_range(*_args(flat, starts, inv, s, bits, rng), bits, offset, body, 0, chunks):
+            raise AssertionError("fused encoder wrote a code outside its width")  # codes are clamped to ±s
+
+    body_len = packed_size(n, bits)
+    if coding == Coding.ZSTD:
+        body = np.empty(body_len, dtype=np.uint8)
+        pack_into(body)
+        zbody = zstandard.ZstdCompressor(level=_wire._ZSTD_LEVEL).compress(body)
+        head = header(len(zbody))
+        return b"".join((head, zbody, zlib.crc32(zbody, zlib.crc32(head)).to_bytes(4, "little")))
+    head = header(body_len)
+    buf = np.empty(len(head) + body_len + 4, dtype=np.uint8)  # the payload, packed in place
+    buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    pack_into(buf[len(head) : len(head) + body_len])
+    buf[-4:] = np.frombuffer(zlib.crc32(buf[:-4]).to_bytes(4, "little"), dtype=np.uint8)
+    return buf.tobytes()
+
+
+# ------------------------------------------------------------------------------------ decode
+
+
+def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 << 28) -> Header:
+    """Parse a payload's header and check its crc, exactly as :func:`dqsgd.codecs.decode` does."""
+    buf = memoryview(payload).cast("B")
+    h = parse_header(buf, max_numel)
+    if (err := _wire._scheme_error(h.scheme, h.bits, h.levels)) is not None:
+        raise PayloadError(f"{err} (header offset 4)")
+    if h.numel >= _wire.U32_MAX and h.coding == Coding.ELIAS:
+        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
+    stored, computed = int.from_bytes(buf[-4:], "little"), zlib.crc32(buf[:-4])
+    if computed != stored:
+        raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
+    return h
+
+
+def _out_array(out: torch.Tensor | np.ndarray, numel: int) -> np.ndarray:
+    arr = out.numpy() if isinstance(out, torch.Tensor) else out
+    if arr.dtype != np.float32 or not arr.flags.c_contiguous or not arr.flags.writeable or arr.size != numel:
+        raise ValueError(f"out must be a writable contiguous float32 CPU array of {numel} elements, "
+                         f"got {arr.dtype} {arr.shape}")
+    return arr.reshape(-1)
+
+
+def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor | np.ndarray,
+                      weight: float = 1.0, *, header: Header | None = None, max_numel: int = 1 << 28) -> Header:
+    """``out += weight · dequantize(decode(payload))``, validating the payload like ``decode``.
+
+    With ``weight = 1`` the sum is bit-identical to adding ``dequantize(decode(payload))``.
+    ``header`` (from :func:`read_header`) skips re-parsing. Returns the header.
+
+    Raises:
+      PayloadError: whatever ``decode`` refuses. Body errors (codes out of range) are found
+        while accumulating: ``out`` then holds a partial sum and must be discarded.
+      ValueError: ``out`` is not a contiguous float32 CPU buffer of the payload's numel.
+    """
+    h = header if header is not None else read_header(payload, max_numel=max_numel)
+    arr = _out_array(out, h.numel)
+    buf = memoryview(payload).cast("B")
+    w = np.float32(weight)
+    rng = _wire._code_range(h.scheme, h.bits, h.levels)
+    if h.coding == Coding.ELIAS or h.numel == 0 or (h.scheme != Scheme.IDENTITY and not rng.zero_ok and h.bits > 1):
+        # ELIAS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
+        data = _wire._decode_body(buf, h)
+        if h.numel:
+            fused.accumulate_codes(data, segment_starts(h.layout, h.numel), _steps(h), w, arr)
+        return h
+    body = buf[h.body_start : h.body_start + h.body_len]
+    if h.coding == Coding.ZSTD:
+        body = _wire._unzstd(body, packed_size(h.numel, h.bits), h.body_start)
+    _check_fixed_body(body, h)
+    data = np.frombuffer(body, dtype=np.uint8)
+    if h.scheme == Scheme.IDENTITY:
+        fused.accumulate_values(data.view("<f4"), w, arr)
+        return h
+    bits, starts = h.bits, segment_starts(h.layout, h.numel)
+    offset = 0 if bits == 1 else 1 << (bits - 1)
+    chunks = -(-h.numel // fused.CHUNK)
+    lo, hi = fused.accumulate_range(data, bits, offset, bits == 1, starts, _steps(h), w, arr, 0, chunks)
+    if lo < rng.lo or hi > rng.hi:  # 1-bit codes are ±1 by construction: never 0
+        raise PayloadError(
+            f"body at offset {h.body_start}: codes span [{lo}, {hi}], the scheme allows [{rng.lo}, {rng.hi}]")
+    return h
+
+
+def _steps(h: Header) -> np.ndarray:
+    """scale/levels per segment, computed as ``dequantize`` computes it."""
+    return (torch.from_numpy(h.scales).to(torch.float32) / float(h.levels)).numpy()
+
+
+def _check_fixed_body(body: memoryview, h: Header) -> None:
+    need = packed_size(h.numel, h.bits)
+    if len(body) != need:
+        raise PayloadError(f"body at offset {h.body_start} has {len(body)} bytes, {h.numel}×{h.bits} bits need {need}")
+    tail = (h.numel * h.bits) % 8
+    if tail and body[-1] >> tail:
+        raise PayloadError(f"non-zero padding bits in the last body byte (offset {h.body_start + len(body) - 1})")

@@ -1,0 +1,233 @@
+"""Compiled (numba) loops of the fused stochastic uniform quantizer: no full-size temporaries.
+
+The tensor is processed in chunks of ``CHUNK`` coordinates (a multiple of 8, so every chunk
+starts on a byte boundary of the packed stream at any width). Per chunk, its uniforms and its
+codes live in two small buffers that stay in L1; the codes are packed by the project's one
+packer (``dqsgd.codecs.bitpack``'s compiled kernels, called on the chunk) straight into the
+payload, and decoding unpacks a chunk the same way and adds ``w·x̂`` into the running sum.
+
+Arithmetic is float32 and in the same order as ``dqsgd.quantizers.uniform`` (no fast-math, so
+no FMA contraction), which is what makes the fused payload bit-identical to the torch-ops
+quantizer fed the same hash uniforms, and the decode-accumulate sum bit-identical to
+``Σ dequantize``.
+
+``starts`` is int64 of length nseg + 1: segment k covers ``[starts[k], starts[k+1])``.
+Functions named ``*_range`` do chunks ``[c_lo, c_hi)``, the unit a multi-threaded wrapper would
+split. There is none: ``prange`` versions over 2 threads were 1.3-40x *slower* than one thread on
+the shared 2-core machine (load 5-10; an OpenMP barrier waits on a descheduled core) and added
+25 s of compile time, so only the single-threaded kernels ship (``dqsgd bench codec``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import literal_unroll, njit
+
+from dqsgd.codecs.bitpack import _pack_aligned, _pack_small, _pack_stream
+from dqsgd.codecs.bitpack import _unpack_aligned, _unpack_small, _unpack_stream
+from dqsgd.kernels.hashrng import fill_uniforms
+
+CHUNK = 4096
+_SMALL = (1, 2, 3, 4, 5, 6, 7, 8)  # widths that get their own specialised copy of bitpack's kernel
+_ABS_MASK = np.int32(0x7FFFFFFF)
+_ONE = np.float32(1.0)
+_HALF = np.float32(0.5)
+
+
+# ------------------------------------------------------------------------------ norm (pass 1)
+
+
+@njit(cache=True)
+def _absmax_bits(xb, lo, hi):  # pragma: no cover - compiled
+    """max over [lo, hi) of the float32 bit patterns with the sign cleared (``xb`` = x as int32).
+
+    For IEEE floats without sign, integer order is magnitude order, and every NaN (> 0x7F800000)
+    and Inf (= 0x7F800000) lies above every finite value: an integer max — which vectorizes,
+    unlike a NaN-aware float max — gives max |x| and detects non-finite input in one pass.
+    """
+    m = np.int32(0)
+    seg = xb[lo:hi]
+    for i in range(seg.size):  # from 0: see _quantize_piece
+        v = np.int32(seg[i] & _ABS_MASK)  # kept int32: a widened max does not vectorize (5x)
+        if v > m:
+            m = v
+    return m
+
+
+@njit(cache=True)
+def absmax(xb, starts, out):  # pragma: no cover - compiled
+    """out[k] = the bits of max |x| over segment k (see ``_absmax_bits``)."""
+    for k in range(starts.size - 1):
+        out[k] = _absmax_bits(xb, starts[k], starts[k + 1])
+
+
+# ------------------------------------------------------------------------- quantize (pass 2)
+
+
+@njit(cache=True, inline="always")
+def _quantize_piece(x, i0, t0, t1, inv, sf, one_bit, ubuf, cbuf):  # pragma: no cover - compiled
+    """cbuf[t] for t in [t0, t1): the code of x[i0 + t] (1 bit: 1 for +1, 0 for −1).
+
+    The loops run over slices from 0: with an index of unknown sign numba adds a negative-index
+    wrap-around to every access, which stops vectorization (2x slower, measured).
+    """
+    xs, us, cs = x[i0 + t0 : i0 + t1], ubuf[t0:t1], cbuf[t0:t1]
+    if one_bit:
+        for t in range(xs.size):
+            v = min(max(xs[t] * inv, -_ONE), _ONE)
+            cs[t] = np.int32(us[t] < (v + _ONE) * _HALF)
+    else:
+        for t in range(xs.size):  # float32 throughout, converted once: this form vectorizes (3x)
+            v = xs[t]
+            a = min(abs(v) * inv, sf)
+            low = np.floor(a)
+            q = min(low + np.float32(us[t] < a - low), sf)
+            cs[t] = np.int32(-q if v < 0 else q)
+
+
+@njit(cache=True, inline="always")
+def _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, ubuf, cbuf):  # pragma: no cover
+    """Codes of x[i0 : i0+m] into cbuf[:m]; returns the segment of the last coordinate."""
+    fill_uniforms(key, i0, m, ubuf)
+    t = 0
+    while t < m:
+        while starts[seg + 1] <= i0 + t:  # also skips empty segments
+            seg += 1
+        t1 = min(m, starts[seg + 1] - i0)
+        _quantize_piece(x, i0, t, t1, inv[seg], sf, one_bit, ubuf, cbuf)
+        t = t1
+    return seg
+
+
+@njit(cache=True, inline="always")
+def _pack_chunk(cbuf, m, i0, width, offset, out):  # pragma: no cover - compiled
+    """bitpack's kernels on one chunk: values i0 … i0+m−1 of the stream (i0 a multiple of 8).
+
+    Widths 1..8 call the kernel with a *constant* width, so LLVM inlines and specialises
+    bitpack's one implementation per width (2-3x faster than a run-time width, measured); the
+    bit-serial stream kernel of widths 9..15 gains nothing from it and is called as is.
+    """
+    codes = cbuf[:m]
+    dst = out[i0 * width // 8 :]
+    if width == 16:
+        return _pack_aligned(codes, 16, offset, dst)
+    bad = False
+    done = 0
+    if width <= 8:
+        done = (m // 8) * 8
+        for w in literal_unroll(_SMALL):
+            if width == w:
+                bad = _pack_small(codes, w, offset, dst)
+    if done < m:  # widths 9..15, and the last < 8 values of a short final chunk
+        bad |= _pack_stream(codes, done, width, offset, dst, done * width // 8)
+    return bad
+
+
+@njit(cache=True)
+def encode_range(x, starts, inv, sf, one_bit, key, width, offset, out, c_lo, c_hi):  # pragma: no cover
+    """Quantize and pack chunks [c_lo, c_hi) into the body ``out``; True if a code did not fit."""
+    n = x.size
+    ubuf = np.empty(CHUNK, np.float32)
+    cbuf = np.empty(CHUNK, np.int32)
+    seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
+    bad = False
+    for c in range(c_lo, c_hi):
+        i0 = c * CHUNK
+        m = min(CHUNK, n - i0)
+        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, ubuf, cbuf)
+        bad |= _pack_chunk(cbuf, m, i0, width, offset, out)
+    return bad
+
+
+@njit(cache=True)
+def codes_range(x, starts, inv, sf, one_bit, key, codes, c_lo, c_hi):  # pragma: no cover
+    """Signed codes (±1 at one bit) of chunks [c_lo, c_hi) into ``codes``."""
+    n = x.size
+    ubuf = np.empty(CHUNK, np.float32)
+    seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
+    for c in range(c_lo, c_hi):
+        i0 = c * CHUNK
+        m = min(CHUNK, n - i0)
+        dst = codes[i0 : i0 + m]
+        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, ubuf, dst)
+        if one_bit:
+            for t in range(m):
+                dst[t] = 2 * dst[t] - 1
+
+
+# -------------------------------------------------------------------------- decode-accumulate
+
+
+@njit(cache=True, inline="always")
+def _unpack_chunk(body, i0, m, width, offset, cbuf):  # pragma: no cover - compiled
+    """Inverse of ``_pack_chunk`` (constant widths for the same reason)."""
+    src = body[i0 * width // 8 :]
+    dst = cbuf[:m]
+    if width == 16:
+        _unpack_aligned(src, 16, m, offset, dst)
+        return
+    done = 0
+    if width <= 8:
+        done = (m // 8) * 8
+        for w in literal_unroll(_SMALL):
+            if width == w:
+                _unpack_small(src, w, m, offset, dst)
+    if done < m:
+        _unpack_stream(src[: (m * width + 7) // 8], done, width, m, offset, dst)
+
+
+@njit(cache=True, inline="always")
+def _add_piece(cbuf, i0, t0, t1, st, w, out):  # pragma: no cover - compiled
+    """out[i0+t] += w·(c_t·st); returns (min c, max c) of the piece (a zero count would stop
+    the loop from vectorizing, 6x: the caller handles the one scheme that forbids zeros)."""
+    lo = np.int32(0x7FFFFFFF)
+    hi = np.int32(-0x7FFFFFFF)
+    cs, os = cbuf[t0:t1], out[i0 + t0 : i0 + t1]
+    for t in range(cs.size):  # from 0: see _quantize_piece
+        c = cs[t]
+        lo = min(lo, c)
+        hi = max(hi, c)
+        os[t] += w * (np.float32(c) * st)
+    return lo, hi
+
+
+@njit(cache=True)
+def accumulate_range(body, width, offset, one_bit, starts, step, w, out, c_lo, c_hi):  # pragma: no cover
+    """Chunks [c_lo, c_hi) of a FIXED body into ``out``; returns (min code, max code)."""
+    n = out.size
+    cbuf = np.empty(CHUNK, np.int32)
+    seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
+    lo, hi = np.int32(0x7FFFFFFF), np.int32(-0x7FFFFFFF)
+    for c in range(c_lo, c_hi):
+        i0 = c * CHUNK
+        m = min(CHUNK, n - i0)
+        _unpack_chunk(body, i0, m, width, offset, cbuf)
+        if one_bit:
+            for t in range(m):
+                cbuf[t] = 2 * cbuf[t] - 1
+        t = 0
+        while t < m:
+            while starts[seg + 1] <= i0 + t:
+                seg += 1
+            t1 = min(m, starts[seg + 1] - i0)
+            plo, phi = _add_piece(cbuf, i0, t, t1, step[seg], w, out)
+            lo, hi = min(lo, plo), max(hi, phi)
+            t = t1
+    return lo, hi
+
+
+@njit(cache=True)
+def accumulate_codes(codes, starts, step, w, out):  # pragma: no cover - compiled
+    """out += w·(codes·step[seg]) for already-decoded int32 codes (ELIAS bodies)."""
+    for k in range(starts.size - 1):
+        st = step[k]
+        cs, os = codes[starts[k] : starts[k + 1]], out[starts[k] : starts[k + 1]]
+        for i in range(cs.size):
+            os[i] += w * (np.float32(cs[i]) * st)
+
+
+@njit(cache=True)
+def accumulate_values(values, w, out):  # pragma: no cover - compiled
+    """out += w·values (IDENTITY bodies, read in place from the payload)."""
+    for i in range(out.size):
+        out[i] += w * values[i]

@@ -1,0 +1,145 @@
+"""A counter-based hash RNG: uniform u_i = hash(seed, step, worker, i), the same on every path.
+
+Stochastic rounding needs one uniform per coordinate, and ``torch.rand`` is single-threaded
+(≈ 0.19 G/s, DESIGN.md), so the fused kernels draw their uniforms from a *counter-based*
+generator instead: a pure function of a 64-bit key and the coordinate index, which a compiled
+loop can evaluate anywhere in any order (chunked, in parallel) and which torch integer ops on any
+device reproduce bit for bit.
+
+Definition (SplitMix64, Steele, Lea & Flood 2014; the finalizer is Stafford's "Mix13")::
+
+    mix64(z)  = z ← (z ⊕ z≫30)·0xBF58476D1CE4E5B9;  z ← (z ⊕ z≫27)·0x94D049BB133111EB;  z ⊕ z≫31
+    key       = mix64(mix64(mix64(seed + γ) ⊕ mix64(step + 2γ)) ⊕ mix64(worker + 3γ))
+    h_j       = mix64(key + (j + 1)·γ)              (γ = 0x9E3779B97F4A7C15, all mod 2^64)
+    u_{2j}    = (h_j ≫ 40) · 2^-24                   the high 24 bits
+    u_{2j+1}  = ((h_j ≫ 8) mod 2^24) · 2^-24         bits 8..31
+
+So ``h_j`` is output j of the SplitMix64 stream seeded with ``key`` (each output gives two
+coordinates: half the multiplications). The u_i are exact float32 multiples of 2^-24 in [0, 1).
+Two keys give overlapping streams only if they differ by a multiple m·γ with |m| < n, which for
+keys spread by mix64 has probability ≈ n/2^64.
+
+The torch version works in int64 (two's complement: the same bits as uint64) and relies on
+wrap-around integer multiplication and addition, which CPU and CUDA integer units do; logical
+right shifts are ``(z >> k) & (2^(64-k) - 1)``. The test suite checks it against the compiled
+version bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from numba import njit
+
+__all__ = ["HashRNG", "hash_uniform_numpy", "mix64"]
+
+GAMMA = 0x9E3779B97F4A7C15
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_MASK64 = (1 << 64) - 1
+INV24 = 1.0 / (1 << 24)
+
+
+def mix64(z: int) -> int:
+    """The SplitMix64 finalizer on a Python int (taken mod 2^64)."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _signed(v: int) -> int:
+    """The int64 with the same bits as the uint64 ``v``."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+@dataclass(frozen=True)
+class HashRNG:
+    """The uniforms of one (seed, step, worker): ``uniform(n)[i] = u_i`` (module docstring).
+
+    Pass it where a quantizer takes ``rng=``; it is stateless, so the same object gives the same
+    numbers every time (a new step needs a new ``HashRNG``). Shared across ranks only if they
+    build it from the same triple: the trainer uses (seed_for(seed, QUANT), step, worker).
+    """
+
+    seed: int
+    step: int
+    worker: int
+
+    def __post_init__(self) -> None:
+        for name in ("seed", "step", "worker"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"HashRNG {name} must be an int >= 0, got {v!r}")
+
+    @cached_property
+    def key(self) -> int:
+        """The 64-bit stream key (an unsigned Python int)."""
+        k = mix64(int(self.seed) + GAMMA)
+        k = mix64(k ^ mix64(int(self.step) + 2 * GAMMA))
+        return mix64(k ^ mix64(int(self.worker) + 3 * GAMMA))
+
+    def uniform(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """u_0 … u_{n-1} as float32 on ``device``, computed with torch integer ops."""
+        if n < 0:
+            raise ValueError(f"need n >= 0, got {n}")
+        j = torch.arange(1, (n + 1) // 2 + 1, dtype=torch.int64, device=device)
+        h = _mix64_torch(j * _signed(GAMMA) + _signed(self.key))
+        hi = _lsr(h, 40)
+        lo = _lsr(h, 8) & 0xFFFFFF
+        return torch.stack((hi, lo), dim=1).reshape(-1)[:n].to(torch.float32) * INV24
+
+    def uniform_numpy(self, n: int) -> np.ndarray:
+        """The same numbers from the compiled kernel (float32 numpy array)."""
+        return hash_uniform_numpy(self.key, n)
+
+
+def _lsr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (``>>`` on int64 is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix64_torch(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _lsr(z, 30)) * _signed(_M1)
+    z = (z ^ _lsr(z, 27)) * _signed(_M2)
+    return z ^ _lsr(z, 31)
+
+
+# ------------------------------------------------------------------------------------ compiled
+
+_G64 = np.uint64(GAMMA)
+_K1, _K2 = np.uint64(_M1), np.uint64(_M2)
+_S8, _S27, _S30, _S31, _S40 = (np.uint64(s) for s in (8, 27, 30, 31, 40))
+_LOW24 = np.uint64(0xFFFFFF)
+_INV24 = np.float32(INV24)
+
+
+@njit(cache=True, inline="always")
+def mix64_nb(z):  # pragma: no cover - compiled
+    z = (z ^ (z >> _S30)) * _K1
+    z = (z ^ (z >> _S27)) * _K2
+    return z ^ (z >> _S31)
+
+
+@njit(cache=True, inline="always")
+def fill_uniforms(key, i0, m, ubuf):  # pragma: no cover - compiled
+    """ubuf[t] = u_{i0+t} for t < m; ``i0`` even, ``ubuf`` of even length ≥ m."""
+    j0 = np.uint64(i0 // 2 + 1)
+    for p in range((m + 1) // 2):
+        h = mix64_nb(key + (j0 + np.uint64(p)) * _G64)
+        ubuf[2 * p] = np.float32(h >> _S40) * _INV24
+        ubuf[2 * p + 1] = np.float32((h >> _S8) & _LOW24) * _INV24
+
+
+@njit(cache=True)
+def _uniforms(key, n, out):  # pragma: no cover - compiled
+    fill_uniforms(key, 0, n, out)
+
+
+def hash_uniform_numpy(key: int, n: int) -> np.ndarray:
+    """u_0 … u_{n-1} of the stream ``key`` (compiled)."""
+    out = np.empty(n + (n & 1), dtype=np.float32)
+    _uniforms(np.uint64(key & _MASK64), n, out)
+    return out[:n]

@@ -1,0 +1,31 @@
+"""The measuring helpers of dqsgd.bench (the timed runs themselves are `dqsgd bench ...`)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dqsgd.bench import best_of, coded_sizes, level_entropy
+
+
+def test_level_entropy_of_known_distributions() -> None:
+    assert level_entropy(np.zeros(100, dtype=np.int32)) == 0.0
+    assert level_entropy(np.array([-1, 1] * 50, dtype=np.int32)) == pytest.approx(1.0)
+    codes = np.array([0] * 50 + [1] * 25 + [-1] * 25, dtype=np.int32)
+    assert level_entropy(codes) == pytest.approx(1.5)
+
+
+def test_coded_sizes_measure_real_bodies() -> None:
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-7, 8, 10_001).astype(np.int32)  # uniform over 15 levels: log2(15) bits
+    sizes = coded_sizes(codes, 4)
+    assert sizes["fixed"] == 8 * math.ceil(10_001 * 4 / 8) / 10_001
+    assert sizes["zstd_aligned"] == sizes["zstd"]  # 4-bit fields are already byte-aligned
+    assert math.log2(15) * 0.99 < sizes["zstd"] < 4.2
+
+
+def test_best_of_times_every_callable() -> None:
+    calls = []
+    best = best_of({"copy": lambda: calls.append("c"), "x": lambda: calls.append("x")}, 3, copy_factor=2)
+    assert set(best) == {"copy", "x"} and calls.count("c") == 6 and calls.count("x") == 3
+    assert all(0 <= v < 1 for v in best.values())

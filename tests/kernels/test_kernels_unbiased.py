@@ -1,0 +1,52 @@
+"""The hash-RNG quantizer is unbiased: Monte-Carlo over keys, tolerance from the exact variance."""
+
+import math
+
+import pytest
+import torch
+
+from dqsgd.codecs import decode
+from dqsgd.kernels import HashRNG, encode_uniform_fast
+from dqsgd.quantizers import Layout, Norm, dequantize
+
+D, K = 64, 3000
+
+
+def exact_variance(x: torch.Tensor, bits: int, scales: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Per-coordinate Var Q(x)_i: (r/s)²·f(1−f) for B ≥ 2, r² − x_i² for the 1-bit quantizer."""
+    sizes = layout.segment_sizes(x.numel())
+    r = torch.repeat_interleave(scales.double(), torch.tensor(sizes))
+    xd = x.double()
+    if bits == 1:
+        return r**2 - xd**2
+    s = (1 << (bits - 1)) - 1
+    a = xd.abs() / r * s
+    f = a - a.floor()
+    return (r / s) ** 2 * f * (1 - f)
+
+
+@pytest.mark.parametrize("bits,norm,layout", [
+    (1, Norm.MAX, Layout()), (2, Norm.MAX, Layout()), (3, Norm.L2, Layout(bucket=16)), (4, Norm.MAX, Layout(bucket=20)),
+])
+def test_monte_carlo_mean_is_x_and_variance_is_the_formula(bits: int, norm: Norm, layout: Layout) -> None:
+    x = torch.randn(D, generator=torch.Generator().manual_seed(bits)) * torch.linspace(0.1, 3, D)
+    x[7] = 0.0
+    acc = torch.zeros(D, dtype=torch.float64)
+    sq = torch.zeros(D, dtype=torch.float64)
+    for step in range(K):  # a new key per draw: the step counter of one worker
+        xq = dequantize(decode(encode_uniform_fast(x, bits, HashRNG(5, step, 2), norm=norm, layout=layout))).double()
+        acc += xq
+        sq += xq**2
+    mean = acc / K
+    q0 = decode(encode_uniform_fast(x, bits, HashRNG(5, 0, 2), norm=norm, layout=layout))
+    var = exact_variance(x, bits, q0.scales, layout)
+    z = (mean - x.double()) / torch.sqrt(var / K).clamp_min(1e-30)
+    exact = var == 0  # coordinates on a level (incl. the zero and the max) are never rounded
+    assert torch.allclose(mean[exact], x.double()[exact], rtol=1e-6, atol=0)  # up to float32 rounding of r·c/s
+    assert float(z[~exact].abs().max()) < 4.5  # 64 coordinates, each |z| > 4.5 has p ≈ 7e-6
+    chi2 = float((z[~exact] ** 2).sum())  # ~ chi-square with (#coordinates) degrees of freedom
+    dof = int((~exact).sum())
+    assert chi2 < dof + 5 * math.sqrt(2 * dof)
+    emp_var = sq / K - mean**2
+    ratio = float(emp_var[~exact].sum() / var[~exact].sum())
+    assert abs(ratio - 1) < 6 * math.sqrt(2 / K) + 0.02  # the summed variance matches the formula
