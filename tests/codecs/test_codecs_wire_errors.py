@@ -255,3 +255,15 @@ def test_identity_body_with_nan_refused_even_with_a_valid_crc() -> None:
     p[-4:] = struct.pack("<I", zlib.crc32(bytes(p[:-4])) & 0xFFFFFFFF)
     with pytest.raises(PayloadError, match="NaN or Inf"):
         decode(bytes(p))
+
+
+def test_identity_values_with_nan_refused_on_encode() -> None:
+    import torch
+
+    from dqsgd.codecs import encode
+    from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+
+    q = Quantized(Scheme.IDENTITY, 32, 1, torch.zeros(0, dtype=torch.int32), torch.zeros(0), Layout(), (2,),
+                  Norm.NONE, torch.tensor([1.0, float("nan")]))
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        encode(q)

@@ -145,6 +145,8 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError("IDENTITY needs values")
         _as_numpy(q.codes, torch.int32, 0, "IDENTITY codes")
         data = _as_numpy(q.values, torch.float32, numel, "values")
+        if data.size and not np.isfinite(data).all():
+            raise ValueError("IDENTITY values contain NaN or Inf; refusing to encode (decode would refuse them too)")
     else:
         data = _as_numpy(q.codes, torch.int32, numel, "codes")
         if (err := _range_error(data, _code_range(scheme, q.bits, q.levels))) is not None:
