@@ -182,7 +182,7 @@ class _TorchTransport:
         if self._owes_downlink and not isinstance(exc, TransportError):
             self._owes_downlink = False
             with contextlib.suppress(Exception):
-                self._send_downlink(FAILED, msg.encode(), 0)
+                self._fail_pending_downlink(msg)
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[_TorchTransport]:
@@ -193,8 +193,8 @@ class _TorchTransport:
             self.abort(e)
             raise
 
-    def _send_downlink(self, status: int, payload: bytes, next_bits: int) -> None:
-        raise NotImplementedError
+    def _fail_pending_downlink(self, msg: str) -> None:
+        """Only the PS server ever owes a downlink (``_owes_downlink``); peers aggregate themselves."""
 
 
 class TorchPSTransport(_TorchTransport):
@@ -236,6 +236,9 @@ class TorchPSTransport(_TorchTransport):
             self._raise_remote(data.decode(errors="replace"))
         self.steps += 1
         return data, bits
+
+    def _fail_pending_downlink(self, msg: str) -> None:
+        self._send_downlink(FAILED, msg.encode(), 0)
 
     def _send_downlink(self, status: int, payload: bytes, next_bits: int) -> None:
         header = torch.tensor([status, len(payload), next_bits], dtype=torch.int64, device=self.device)
