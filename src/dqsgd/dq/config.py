@@ -15,15 +15,13 @@ Overrides: ``experiment.KEY=V``, ``problem.KEY=V``, ``run.KEY=V``, ``methods.LAB
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from dqsgd.dq.algorithms import ALGORITHMS, RUN_FIELDS, RunConfig
 from dqsgd.dq.problem import ProblemSpec
-from dqsgd.train.config import apply_overrides as _apply
+from dqsgd.train.config import apply_overrides as _apply, load_raw as _load_raw, shipped_configs
 
 __all__ = ["DQConfigError", "Experiment", "MethodRun", "shipped", "load", "build", "apply_overrides", "quick"]
 
@@ -156,19 +154,11 @@ def quick(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def shipped() -> dict[str, Path]:
-    folder = resources.files("dqsgd.experiments") / "configs"
-    return {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.startswith("dq-") and p.name.endswith(".toml")}
+    return shipped_configs("dq-")
 
 
 def load_raw(name_or_path: str) -> tuple[dict[str, Any], str]:
-    found = shipped()
-    path = found.get(name_or_path) or Path(name_or_path)
-    if not path.is_file():
-        raise DQConfigError(f"no config {name_or_path!r}: not a file; shipped: {', '.join(sorted(found))}")
-    try:
-        return tomllib.loads(path.read_text()), str(path)
-    except tomllib.TOMLDecodeError as e:
-        raise DQConfigError(f"{path}: malformed TOML: {e}") from None
+    return _load_raw(name_or_path, "dq-", DQConfigError)
 
 
 def load(name_or_path: str, overrides: list[str] | None = None, *, is_quick: bool = False) -> Experiment:

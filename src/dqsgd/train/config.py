@@ -151,20 +151,22 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], sections: tuple[s
     return out
 
 
-def shipped_configs() -> dict[str, Path]:
+def shipped_configs(prefix: str = "") -> dict[str, Path]:
+    """Shipped config files by name (optionally only those whose name starts with ``prefix``)."""
     folder = resources.files("dqsgd.experiments") / "configs"
-    return {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".toml")}
+    return {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.startswith(prefix) and p.name.endswith(".toml")}
 
 
-def load_raw(name_or_path: str) -> tuple[dict[str, Any], str]:
-    shipped = shipped_configs()
+def load_raw(name_or_path: str, prefix: str = "", error: type[ValueError] = ConfigError) -> tuple[dict[str, Any], str]:
+    """A shipped config by name, or a TOML file by path, as a raw dict (and the path it came from)."""
+    shipped = shipped_configs(prefix)
     path = shipped.get(name_or_path) or Path(name_or_path)
     if not path.is_file():
-        raise ConfigError(f"no config {name_or_path!r}: not a file, and the shipped configs are {', '.join(sorted(shipped))}")
+        raise error(f"no config {name_or_path!r}: not a file, and the shipped configs are {', '.join(sorted(shipped))}")
     try:
         return tomllib.loads(path.read_text()), str(path)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: malformed TOML: {e}") from None
+        raise error(f"{path}: malformed TOML: {e}") from None
 
 
 def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> ExperimentConfig:
