@@ -23,8 +23,13 @@ import numpy as np
 import torch
 import zstandard
 
-from dqsgd.codecs import decode, elias_encode, encode, pack_bits
+from dqsgd.codecs import Coding, decode, elias_encode, encode, pack_bits
+from dqsgd.codecs.threads import crc32, run_split
+from dqsgd.codecs.wire import body_width, zstd_compress
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, quantize_uniform_hash
+from dqsgd.kernels import fused
+from dqsgd.kernels.codec import MIN_CHUNKS_PER_THREAD, read_header
+from dqsgd.kernels.hashrng import fill_hashes
 from dqsgd.quantizers import Norm, dequantize, quantize_uniform
 
 __all__ = ["add_bench_parser", "bench_codec", "bench_compressors", "bench_step", "main", "best_of"]
@@ -50,7 +55,7 @@ def best_of(fns: dict[str, Callable[[], Any]], repeats: int, copy_factor: int = 
 
 
 def _threads(n: int) -> None:
-    torch.set_num_threads(n)  # the fused kernels are single-threaded (dqsgd.kernels.fused)
+    torch.set_num_threads(n)  # torch ops and the fused kernels (dqsgd.codecs.threads) both use n threads
 
 
 def _print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
@@ -129,17 +134,16 @@ def level_entropy(codes: np.ndarray) -> float:
 
 
 def coded_sizes(codes: np.ndarray, bits: int) -> dict[str, float]:
-    """Body bits per coordinate of each coding (and two zstd variants measured for issue 7)."""
+    """Body bits per coordinate of each coding on the wire, and zstd level 19 (a candidate only)."""
     n = codes.size
     off = 1 << (bits - 1)
     packed = pack_bits(codes, bits, offset=off)
-    aligned = next(w for w in (1, 2, 4, 8, 16) if w >= bits)  # no code straddles a byte boundary
-    wide = pack_bits(codes, aligned, offset=off)
-    z3 = zstandard.ZstdCompressor(level=3)
-    return {"fixed": 8 * len(packed) / n, "elias": 8 * len(elias_encode(codes)) / n,
-            "zstd": 8 * len(z3.compress(packed)) / n,
-            "zstd_aligned": 8 * len(z3.compress(wide)) / n,
-            "zstd19": 8 * len(zstandard.ZstdCompressor(level=19).compress(packed)) / n}
+    aligned = pack_bits(codes, body_width(bits, Coding.ZSTD_ALIGNED), offset=off)  # Coding.ZSTD_ALIGNED's body
+    sizes = {"fixed": 8 * len(packed) / n, "elias": 8 * len(elias_encode(codes)) / n,
+             "zstd": 8 * len(zstd_compress(packed)) / n, "zstd_aligned": 8 * len(zstd_compress(aligned)) / n,
+             "zstd19": 8 * len(zstandard.ZstdCompressor(level=19).compress(packed)) / n}
+    sizes["auto"] = min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"])  # what Coding.AUTO sends
+    return sizes
 
 
 def entropy_rows(bits_list: list[int]) -> list[dict[str, Any]]:
@@ -153,12 +157,56 @@ def entropy_rows(bits_list: list[int]) -> list[dict[str, Any]]:
                 codes = quantize_uniform_fast(g, bits, HashRNG(0, 0, 0), norm=norm).codes.numpy()
                 h = level_entropy(codes)
                 sizes = coded_sizes(codes, bits)
-                best = min(sizes, key=sizes.get)
+                best = min((k for k in sizes if k not in ("auto", "zstd19")), key=sizes.get)  # on the wire
                 rows.append({"vector": name, "n": codes.size, "norm": norm.name.lower(), "bits": bits, "entropy": h,
                              **sizes, "best": best, "best_vs_entropy": sizes[best] / h if h else math.inf,
                              "zstd_vs_entropy": sizes["zstd"] / h if h else math.inf,
+                             "zstd_aligned_vs_entropy": sizes["zstd_aligned"] / h if h else math.inf,
                              "elias_vs_entropy": sizes["elias"] / h if h else math.inf})
     return rows
+
+
+@numba.njit(cache=True, nogil=True)
+def _hashes_range(key, c_lo, c_hi):  # pragma: no cover - compiled
+    """The fused encoder's uniforms alone: chunks [c_lo, c_hi) of hashes into an L1 buffer."""
+    hbuf = np.empty(fused.CHUNK // 4, np.uint64)
+    acc = np.uint64(0)
+    for c in range(c_lo, c_hi):
+        fill_hashes(key, c * fused.CHUNK, fused.CHUNK, hbuf)
+        acc ^= hbuf[c & 255]
+    return acc
+
+
+def piece_rows(n: int, bits: int, repeats: int) -> list[dict[str, Any]]:
+    """Each piece of the fused encode + decode-accumulate, timed alone against ``out.copy_(g)``."""
+    g = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    out, buf = torch.zeros(n), torch.empty(n)
+    rng = HashRNG(0, 0, 0)
+    payload = encode_uniform_fast(g, bits, rng)
+    h = read_header(payload)
+    body = np.frombuffer(payload, np.uint8)[h.body_start : h.body_start + h.body_len]
+    pbody = np.empty_like(body)
+    x, xb, starts = g.numpy(), g.numpy().view(np.int32), np.array([0, n], np.int64)
+    inv, step = np.array([1.0], np.float32), np.array([1e-3], np.float32)
+    sf, key, off, chunks = np.float32((1 << (bits - 1)) - 1), np.uint64(rng.key), 1 << (bits - 1), -(-n // fused.CHUNK)
+    split = {"min_per_thread": MIN_CHUNKS_PER_THREAD}
+    pieces: dict[str, Callable[[], Any]] = {
+        "copy": lambda: buf.copy_(g),
+        "norm (max|g|)": lambda: run_split(fused.absmax_range, n, xb, starts, min_per_thread=split["min_per_thread"]
+                                           * fused.CHUNK),
+        "uniforms (hash)": lambda: run_split(_hashes_range, chunks, key, **split),
+        "quantize+pack": lambda: run_split(fused.encode_range, chunks, x, starts, inv, sf, False, key, bits, off, pbody,
+                                           **split),
+        "crc32 of payload": lambda: crc32(payload),
+        "payload to bytes": lambda: pbody.tobytes(),
+        "encode (all)": lambda: encode_uniform_fast(g, bits, rng),
+        "unpack+accumulate": lambda: run_split(fused.accumulate_range, chunks, body, bits, off, False, starts, step,
+                                               np.float32(1), out.numpy(), **split),
+        "decode_accumulate (all)": lambda: decode_accumulate(payload, out),
+    }
+    best = best_of(pieces, repeats)
+    return [{"n": n, "bits": bits, "piece": k, "ms": 1e3 * t, "GBs": 4 * n / t / 1e9, "vs_copy": best["copy"] / t}
+            for k, t in best.items()]
 
 
 def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
@@ -168,12 +216,15 @@ def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
         rows += codec_speed_rows(n, args.bits, args.repeats, args.torch_repeats)
     print(f"codec throughput, GB/s of fp32 input; copy = out.copy_(g) in the same run; {args.threads} threads")
     _print_table(rows, ["n", "bits", "path", "enc_GBs", "dec_GBs", "encdec_GBs", "copy_GBs", "encdec_vs_copy"])
+    pieces = piece_rows(max(args.sizes), 4, args.repeats)
+    print(f"\nthe pieces of the fused 4-bit path, each alone (vs_copy = copy time / piece time); {args.threads} threads")
+    _print_table(pieces, ["n", "bits", "piece", "ms", "GBs", "vs_copy"])
     ent = entropy_rows([b for b in args.bits if 2 <= b <= 8] or [2, 4, 6, 8])
-    print("\nbody bits per coordinate vs empirical entropy of the levels (zstd = Coding.ZSTD, level 3 on packed codes;"
-          " zstd_aligned / zstd19: candidates, not on the wire)")
-    _print_table(ent, ["vector", "norm", "bits", "entropy", "fixed", "elias", "zstd", "zstd_aligned", "zstd19",
+    print("\nbody bits per coordinate vs empirical entropy of the levels (zstd = Coding.ZSTD, zstd_aligned ="
+          " Coding.ZSTD_ALIGNED, auto = Coding.AUTO, all level 3; zstd19: a candidate, not on the wire)")
+    _print_table(ent, ["vector", "norm", "bits", "entropy", "fixed", "elias", "zstd", "zstd_aligned", "auto", "zstd19",
                        "best", "best_vs_entropy"])
-    result = {"throughput": rows, "entropy": ent, "threads": args.threads}
+    result = {"throughput": rows, "pieces": pieces, "entropy": ent, "threads": args.threads}
     _write(result, args.out)
     return result
 
@@ -184,23 +235,12 @@ def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
 def _trainer(exp: Any, label: str, kernel: str | None, data: Any, seed: int) -> Any:
     import dataclasses
 
-    from dqsgd.train.sampling import QUANT, seed_for
     from dqsgd.train.trainer import Trainer
 
     entry = next(e for e in exp.methods if e.label == label)
     if kernel is not None:
         entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, kernel=kernel))
-    tr = Trainer(exp.train, entry, data, seed)
-    if tr.method.fused:  # what Trainer.step should pass (see the issue-7 report): HashRNG(seed_for(seed, QUANT), n, w)
-        encode, worker_of = tr.method.encode, {id(g): w for w, g in tr.qgen.items()}
-        quant_seed = seed_for(seed, QUANT)
-
-        def encode_with_key(g, bits, gen, residual=None, scalers=None):  # type: ignore[no-untyped-def]
-            rng = HashRNG(quant_seed, tr.next_step, worker_of[id(gen)])
-            return encode(g, bits, None, residual, scalers, hash_rng=rng)
-
-        tr.method.encode = encode_with_key
-    return tr
+    return Trainer(exp.train, entry, data, seed)  # kernel "fused": it passes HashRNG(seed_for(seed, QUANT), n, w)
 
 
 def bench_step(args: argparse.Namespace) -> dict[str, Any]:
@@ -356,6 +396,14 @@ def _ints(text: str) -> list[int]:
     return [int(float(v)) for v in text.split(",") if v]
 
 
+def _command(fn: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[argparse.Namespace], int]:
+    """A bench as a CLI command: run it, exit status 0 (the CLI takes ``func``'s return as the status)."""
+    def run(args: argparse.Namespace) -> int:
+        fn(args)
+        return 0
+    return run
+
+
 def add_bench_parser(sub: Any) -> None:
     """Add ``bench codec|step|compressors`` to an argparse sub-parsers object."""
     bench = sub.add_parser("bench", help="benchmarks: codec throughput, step overhead, compressors")
@@ -367,14 +415,14 @@ def add_bench_parser(sub: Any) -> None:
     c.add_argument("--torch-repeats", type=int, default=2)
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--out", default="bench/codec.json")
-    c.set_defaults(func=bench_codec)
+    c.set_defaults(func=_command(bench_codec))
     s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD")
     s.add_argument("--config", default="table1-mnist")
     s.add_argument("--steps", type=int, default=20)
     s.add_argument("--warmup", type=int, default=3)
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--out", default="bench/step.json")
-    s.set_defaults(func=bench_step)
+    s.set_defaults(func=_command(bench_step))
     k = bsub.add_parser("compressors", help="dqsgd's methods vs PyTorch's DDP compression hooks")
     k.add_argument("--model", default="cnn")
     k.add_argument("--dataset", default="mnist")
@@ -382,7 +430,7 @@ def add_bench_parser(sub: Any) -> None:
     k.add_argument("--repeats", type=int, default=5)
     k.add_argument("--threads", type=int, default=1)
     k.add_argument("--out", default="bench/compressors.json")
-    k.set_defaults(func=bench_compressors)
+    k.set_defaults(func=_command(bench_compressors))
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout)",
                         add_help=False)
     n.add_argument("rest", nargs=argparse.REMAINDER)

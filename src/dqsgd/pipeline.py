@@ -55,7 +55,7 @@ class Method:
         if sum(sizes) != numel:
             raise ValueError(f"param_sizes sum to {sum(sizes)}, not numel = {numel}")
         self.layout = Layout(sizes=sizes) if config.per_tensor else Layout(bucket=config.bucket)
-        self.coding = Coding[config.coding.upper()]
+        self.coding = Coding.from_name(config.coding)
         self.norm = Norm.MAX if config.norm == "inf" else Norm.L2
         self.p = math.inf if config.norm == "inf" else 2.0
         self.policy = self._make_policy()
@@ -145,7 +145,7 @@ class Method:
         """
         flat = grad.detach().reshape(-1)
         if not self.config.error_feedback:
-            if self.fused and self.coding in (Coding.FIXED, Coding.ZSTD):
+            if self.fused and self.coding in (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED):
                 if flat.numel() != self.numel:
                     raise ValueError(f"gradient has {flat.numel()} elements, the method was built for {self.numel}")
                 return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm,

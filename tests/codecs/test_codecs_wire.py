@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dqsgd.codecs import Coding, decode, elias_encode, encode, header_size, pack_bits, predicted_size
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
 
-CODINGS = [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.AUTO]
+CODINGS = [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED]
 
 
 def _nseg(q: Quantized) -> int:
@@ -54,19 +54,21 @@ def test_fixed_size_is_predicted_exactly(q: Quantized) -> None:
 
 @SETTINGS
 @given(q=quantized())
-def test_auto_keeps_the_smaller_body(q: Quantized) -> None:
-    fixed, elias = len(encode(q, Coding.FIXED)), len(encode(q, Coding.ELIAS))
+def test_auto_keeps_the_smallest_body(q: Quantized) -> None:
+    sizes = {c: len(encode(q, c)) for c in (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED)}
     auto = encode(q, Coding.AUTO)
-    assert len(auto) == min(fixed, elias)
-    assert auto[5] == (Coding.ELIAS if elias < fixed else Coding.FIXED)
+    assert len(auto) == min(sizes.values())
+    assert auto[5] == min(sizes, key=sizes.get)  # ties: the first of FIXED, ELIAS, ZSTD_ALIGNED
+    assert auto == encode(q, Coding(auto[5]))
 
 
 @SETTINGS
-@given(q=identity_quantized(), coding=st.sampled_from([Coding.FIXED, Coding.ZSTD, Coding.AUTO]))
+@given(q=identity_quantized(),
+       coding=st.sampled_from([Coding.FIXED, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED]))
 def test_identity_round_trip(q: Quantized, coding: Coding) -> None:
     payload = encode(q, coding)
     assert_same(q, decode(payload))
-    if coding != Coding.ZSTD:
+    if payload[5] == Coding.FIXED:
         assert len(payload) == predicted_size(q.numel, 32, 0, len(q.shape), q.layout)
     with pytest.raises(ValueError, match="ELIAS"):
         encode(q, Coding.ELIAS)
@@ -112,6 +114,28 @@ def test_zstd_body_is_zstd_of_the_fixed_body() -> None:
     zbody = packed[n - 300 : -4]
     assert zstandard.ZstdDecompressor().decompress(zbody) == fixed_body
     assert len(packed) < len(fixed)
+
+
+@pytest.mark.parametrize("bits,width", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (6, 8), (7, 8), (8, 8), (9, 16),
+                                        (15, 16), (16, 16)])
+def test_zstd_aligned_body_is_zstd_of_the_codes_at_the_aligned_width(bits: int, width: int) -> None:
+    import zstandard
+
+    from dqsgd.codecs.header import parse_header
+    from dqsgd.codecs.wire import body_width
+
+    assert body_width(bits, Coding.ZSTD_ALIGNED) == width and body_width(bits, Coding.ZSTD) == bits
+    s = 1 if bits == 1 else (1 << (bits - 1)) - 1
+    codes = [(-1) ** i * min(i % 5, s) or (1 if bits == 1 else 0) for i in range(203)]
+    q = _q(codes, scheme=Scheme.SIGN if bits == 1 else Scheme.UNIFORM, bits=bits, levels=s)
+    payload = encode(q, Coding.ZSTD_ALIGNED)
+    assert payload[5] == Coding.ZSTD_ALIGNED == 4
+    h = parse_header(memoryview(payload), 1 << 20)
+    zbody = payload[h.body_start : h.body_start + h.body_len]
+    fields = np.array(codes) > 0 if bits == 1 else np.array(codes)
+    expected = pack_bits(fields, width, offset=0 if bits == 1 else 1 << (bits - 1)).tobytes()
+    assert zstandard.ZstdDecompressor().decompress(zbody) == expected
+    assert_same(q, decode(payload))
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1, 1, 1, 1, 1, 1, 1, 1), (5,)])
@@ -167,10 +191,10 @@ def test_encode_refuses_wrong_dtypes_and_codings() -> None:
 
 def test_predicted_size_is_only_for_fixed() -> None:
     assert predicted_size(10, 3, 1, 1, Layout()) == 12 + 4 + 1 + 4 + 4 + 4 + 4
-    for coding in (Coding.ELIAS, Coding.ZSTD, Coding.AUTO):
+    for coding in (Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED):
         with pytest.raises(ValueError, match="FIXED"):
             predicted_size(10, 3, 1, 1, Layout(), coding)
 
 
 def test_coding_ids_are_stable() -> None:
-    assert [int(c) for c in CODINGS] == [0, 1, 2, 3]
+    assert [int(c) for c in CODINGS] == [0, 1, 2, 3, 4]

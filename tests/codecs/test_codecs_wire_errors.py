@@ -56,7 +56,7 @@ def test_forge_matches_encode() -> None:
     assert decode(forge()).codes.tolist() == [0] * 5
 
 
-@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD])
+@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED])
 def test_every_truncation_is_refused(coding: Coding) -> None:
     payload = small(coding)
     for cut in range(len(payload)):
@@ -64,7 +64,7 @@ def test_every_truncation_is_refused(coding: Coding) -> None:
             decode(payload[:cut])
 
 
-@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD])
+@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED])
 def test_padding_is_refused(coding: Coding) -> None:
     payload = small(coding)
     for extra in (b"\x00", b"\x00" * 4, payload[-4:]):
@@ -72,7 +72,7 @@ def test_padding_is_refused(coding: Coding) -> None:
             decode(payload + extra)
 
 
-@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD])
+@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED])
 def test_every_bit_flip_is_refused(coding: Coding) -> None:
     payload = small(coding)
     for bit in range(8 * len(payload)):
@@ -137,6 +137,13 @@ def test_foreign_and_newer_payloads() -> None:
         ({"coding": 2, "body": _zstd(b"\x88\x88\x08") + b"\x00"}, "trailing data"),
         ({"coding": 2, "body": _zstd(b"\x88\x88\x08") + _zstd(b"")}, "trailing data"),
         ({"coding": 2, "body": _zstd(b"\x88\x88\x18")}, "padding bits"),
+        # ZSTD_ALIGNED at 3 bits: 4-bit fields; a set high bit is a code out of range, not padding.
+        ({"coding": 4, "bits": 3, "levels": 3, "body": _zstd(b"\xf4\x44\x04")}, "span \\[0, 11\\]"),
+        ({"coding": 4, "bits": 3, "levels": 3, "body": _zstd(b"\x44\x44\x14")}, "padding bits"),
+        ({"coding": 4, "bits": 3, "levels": 3, "body": _zstd(b"\x24\x49")}, "declares 2 bytes, expected 3"),
+        ({"coding": 4, "bits": 6, "levels": 31, "body": _zstd(bytes([32, 33, 31, 0, 63]))}, "span \\[-32, 31\\]"),
+        ({"coding": 4, "bits": 6, "levels": 31, "body": _zstd(bytes([32, 33, 31, 64, 32]))}, "span \\[-1, 32\\]"),
+        ({"coding": 4, "body": b"\x88\x88\x08"}, "not a zstd frame"),
     ],
 )
 def test_forged_fields_are_refused(fields: dict, match: str) -> None:
@@ -152,6 +159,8 @@ def test_forged_fields_are_refused(fields: dict, match: str) -> None:
         ({"dims": (2**28,), "layout": b"\x01" + struct.pack("<I", 1)}, "scales needs"),
         ({"layout": b"\x02" + struct.pack("<I", 2**32 - 1)}, "segment sizes needs"),
         ({"body_len": 2**32 - 1}, "truncated"),
+        # A ZSTD_ALIGNED frame must declare numel × aligned width: checked before decompressing.
+        ({"coding": 4, "bits": 6, "levels": 31, "dims": (2**26,), "body": _zstd(b"\x20")}, "expected 67108864"),
     ],
 )
 def test_forged_sizes_are_refused_before_allocation(fields: dict, match: str) -> None:
@@ -198,7 +207,7 @@ def _check_canonical(payload: bytes) -> None:
     except PayloadError:
         return
     again = encode(q, Coding(payload[5]))
-    if payload[5] == Coding.ZSTD:
+    if payload[5] in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         assert decode(again).codes.tolist() == q.codes.tolist()
     else:
         assert again == payload
@@ -214,7 +223,7 @@ def test_random_bytes(data: bytes) -> None:
 @SETTINGS
 @given(
     q=quantized(max_numel=40),
-    coding=st.sampled_from([Coding.FIXED, Coding.ELIAS, Coding.ZSTD]),
+    coding=st.sampled_from([Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED]),
     resealed=st.booleans(),
     cut=st.integers(0, 3),
     data=st.data(),

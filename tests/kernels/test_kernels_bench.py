@@ -22,6 +22,9 @@ def test_coded_sizes_measure_real_bodies() -> None:
     assert sizes["fixed"] == 8 * math.ceil(10_001 * 4 / 8) / 10_001
     assert sizes["zstd_aligned"] == sizes["zstd"]  # 4-bit fields are already byte-aligned
     assert math.log2(15) * 0.99 < sizes["zstd"] < 4.2
+    assert sizes["auto"] == min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"])
+    six = coded_sizes(rng.integers(-31, 32, 10_001).astype(np.int32), 6)  # one code per byte: zstd sees whole codes
+    assert six["zstd_aligned"] < six["zstd"] and six["zstd_aligned"] < math.log2(63) * 1.03
 
 
 def test_best_of_times_every_callable() -> None:

@@ -25,10 +25,8 @@ LAYOUTS = [Layout(), Layout(bucket=100), Layout(bucket=CHUNK + 3), Layout(sizes=
 def same_payload(x: torch.Tensor, bits: int, norm: Norm, layout: Layout, coding: Coding) -> bytes:
     fast = encode_uniform_fast(x, bits, RNG, norm=norm, layout=layout, coding=coding)
     ref = encode(quantize_uniform_hash(x, bits, RNG, norm=norm, layout=layout), coding)
-    if coding == Coding.ZSTD:  # zstd frames are not canonical: compare what they carry
-        assert torch.equal(decode(fast).codes, decode(ref).codes)
-    else:
-        assert fast == ref
+    assert torch.equal(decode(fast).codes, decode(ref).codes)
+    assert fast == ref  # zstd frames too: the same library compresses the same body the same way
     return fast
 
 
@@ -43,9 +41,10 @@ def test_fused_payload_equals_reference_at_every_width(bits: int) -> None:
             assert torch.equal(q.codes, ref.codes) and torch.equal(q.scales, ref.scales)
             assert torch.equal(dequantize(q), dequantize(ref))
     same_payload(x, bits, Norm.MAX, Layout(), Coding.ZSTD)
+    same_payload(x, bits, Norm.MAX, Layout(bucket=100), Coding.ZSTD_ALIGNED)
 
 
-@pytest.mark.parametrize("coding", [Coding.ELIAS, Coding.AUTO, Coding.ZSTD])
+@pytest.mark.parametrize("coding", [Coding.ELIAS, Coding.AUTO, Coding.ZSTD, Coding.ZSTD_ALIGNED])
 def test_other_codings_carry_the_same_codes(coding: Coding) -> None:
     x = torch.randn(5000, generator=torch.Generator().manual_seed(1))
     for bits in (2, 3, 8):
@@ -77,6 +76,36 @@ def test_property_odd_lengths_zeros_and_empty(x, bits, bucket, norm, step) -> No
     assert torch.equal(out, 0.25 + 2.0 * dequantize(decode(fast)))
 
 
+@pytest.mark.parametrize("bits", [1, 3, 4, 6, 11, 16])
+def test_payload_and_sums_are_the_same_at_every_thread_count(bits: int) -> None:
+    """The work is split over threads by chunk ranges; the bytes and the sums must not change."""
+    from dqsgd.kernels import codec
+
+    n = 70 * CHUNK * 2 + 123  # ≥ 2 threads' worth of chunks, and a short last chunk
+    x = torch.randn(n, generator=torch.Generator().manual_seed(bits))
+    old, codec.MIN_CHUNKS_PER_THREAD = codec.MIN_CHUNKS_PER_THREAD, 16  # several ranges per run
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for t in (1, 2, 5):
+            torch.set_num_threads(t)
+            layout = Layout(bucket=CHUNK * 3 + 5)
+            p = encode_uniform_fast(x, bits, RNG, layout=layout)
+            pz = encode_uniform_fast(x, bits, RNG, layout=layout, coding=Coding.ZSTD_ALIGNED)
+            codes = quantize_uniform_fast(x, bits, RNG, layout=layout).codes
+            out = torch.full((n,), 0.5)
+            decode_accumulate(p, out, 3.0)
+            decode_accumulate(pz, out, -1.0)
+            results.append((p, pz, codes, out))
+    finally:
+        torch.set_num_threads(threads)
+        codec.MIN_CHUNKS_PER_THREAD = old
+    for p, pz, codes, out in results[1:]:
+        assert p == results[0][0] and pz == results[0][1]
+        assert torch.equal(codes, results[0][2]) and torch.equal(out, results[0][3])
+    assert p == encode(quantize_uniform_hash(x, bits, RNG, layout=Layout(bucket=CHUNK * 3 + 5)))
+
+
 def test_shapes_and_zero_vectors() -> None:
     x = torch.zeros(3, 5, 7)
     p = encode_uniform_fast(x, 4, RNG)
@@ -95,6 +124,8 @@ def test_decode_accumulate_equals_sum_of_dequantized_for_every_scheme() -> None:
                 encode(quantize_ternary(xs[3], torch.Generator().manual_seed(0))),
                 encode_uniform_fast(xs[0], 3, RNG, coding=Coding.ELIAS),
                 encode_uniform_fast(xs[1], 9, RNG, coding=Coding.ZSTD),
+                encode_uniform_fast(xs[2], 6, RNG, coding=Coding.ZSTD_ALIGNED),
+                encode(quantize_identity(xs[3]), Coding.ZSTD_ALIGNED),
                 encode(quantize_sign(xs[2]), Coding.ELIAS)]
     total, expected = torch.zeros(2001), torch.zeros(2001)
     for p in payloads:

@@ -15,11 +15,11 @@ N = 1 << 20
 
 def reference_uniform(rng: HashRNG, i: int) -> float:
     """u_i straight from the module docstring, in Python integers."""
-    h = mix64(rng.key + (i // 2 + 1) * GAMMA)
-    return ((h >> 40) if i % 2 == 0 else ((h >> 8) & 0xFFFFFF)) / 2**24
+    h = mix64(rng.key + (i // 4 + 1) * GAMMA)
+    return (((h >> (16 * (i % 4))) & 0xFFFF) + 0.5) / 2**16
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 7, 4096, 4097, 100_003])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 7, 4096, 4097, 100_003])
 def test_torch_and_compiled_uniforms_are_bit_identical(n: int) -> None:
     for rng in (HashRNG(0, 0, 0), HashRNG(2**63 - 1, 12345, 7), HashRNG(42, 2**40, 2**20)):
         t = rng.uniform(n)
@@ -30,8 +30,10 @@ def test_torch_and_compiled_uniforms_are_bit_identical(n: int) -> None:
 def test_uniforms_follow_the_documented_definition() -> None:
     rng = HashRNG(7, 3, 1)
     u = rng.uniform(1001).double().numpy()
-    for i in (0, 1, 2, 3, 500, 999, 1000):
+    for i in (0, 1, 2, 3, 4, 5, 500, 998, 999, 1000):
         assert u[i] == reference_uniform(rng, i)
+    m = u * 2**16 - 0.5  # every u is a midpoint (m + 1/2)·2^-16 of a 16-bit m, so 0 < u < 1
+    assert np.array_equal(m, np.round(m)) and m.min() >= 0 and m.max() <= 2**16 - 1
     assert mix64(0) == 0 and mix64(GAMMA) == 0xE220A8397B1DCDAF  # SplitMix64(seed 0)'s first output
 
 
@@ -65,12 +67,15 @@ def chi2_bound(df: int) -> float:
 def test_one_million_draws_are_uniform(triple) -> None:
     u = hash_uniform_numpy(HashRNG(*triple).key, N)
     assert u.min() >= 0.0 and u.max() < 1.0
-    assert ks_statistic(u) < 1.95 / math.sqrt(N)  # KS 0.001 critical value
+    assert ks_statistic(u) < 1.95 / math.sqrt(N) + 2**-17  # KS 0.001 critical value (+ the 2^-16 grid)
     stat, df = chi2_uniform(np.bincount((u * 1024).astype(np.int64), minlength=1024))
     assert stat < chi2_bound(df)
-    # Every 24-bit field is used: the two halves of one 64-bit output agree in distribution.
-    for half in (u[0::2], u[1::2]):
-        assert ks_statistic(half) < 1.95 / math.sqrt(half.size)
+    # Every 16-bit field is used: the four quarters of one 64-bit output agree in distribution.
+    for k in range(4):
+        quarter = u[k::4]
+        assert ks_statistic(quarter) < 1.95 / math.sqrt(quarter.size) + 2**-17  # + the grid's own step
+        stat, df = chi2_uniform(np.bincount((quarter * 256).astype(np.int64), minlength=256))
+        assert stat < chi2_bound(df)
 
 
 def pair_chi2(a: np.ndarray, b: np.ndarray, bins: int = 32) -> tuple[float, int]:
@@ -93,7 +98,10 @@ def test_streams_of_neighbouring_steps_and_workers_are_independent(other) -> Non
 
 def test_neighbouring_coordinates_are_independent() -> None:
     u = hash_uniform_numpy(HashRNG(9, 9, 9).key, N)
-    stat, df = pair_chi2(u[0::2], u[1::2])  # the two halves of one SplitMix64 output
+    for k in range(3):  # neighbouring fields of one SplitMix64 output
+        stat, df = pair_chi2(u[k::4], u[k + 1 :: 4])
+        assert stat < chi2_bound(df)
+    stat, df = pair_chi2(u[3:-1:4], u[4::4])  # across outputs
     assert stat < chi2_bound(df)
-    stat, df = pair_chi2(u[1:-1:2], u[2::2])  # across outputs
+    stat, df = pair_chi2(u[0::4], u[3::4])  # the lowest and the highest field
     assert stat < chi2_bound(df)

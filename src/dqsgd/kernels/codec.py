@@ -8,33 +8,34 @@
 * :func:`quantize_uniform_fast` — the same codes as a :class:`Quantized` (for ELIAS coding and
   error feedback, which need the codes themselves).
 * :func:`decode_accumulate` — validates a payload like ``decode`` and adds ``w·dequantize`` into
-  ``out`` without materialising the codes or x̂ (FIXED and ZSTD bodies; ELIAS decodes first).
+  ``out`` without materialising the codes or x̂ (FIXED, ZSTD and ZSTD_ALIGNED bodies; ELIAS decodes first).
 
 One bit: a UNIFORM payload with bits = 1 and levels = 1 carries codes ±1 and the scale r = ‖v‖;
 the code is +1 with probability (1 + v_i/r)/2, so E[r·c_i] = v_i (stochastic binary rounding;
 variance r² − v_i²). :func:`dqsgd.kernels.reference.quantize_uniform_hash` is its torch form.
 
-The kernels run on the calling thread (see :mod:`dqsgd.kernels.fused` for why).
+Big tensors are split over ``torch.get_num_threads()`` threads (:mod:`dqsgd.codecs.threads`; why
+not ``prange``: :mod:`dqsgd.kernels.fused`); the payload is the same bytes at any thread count.
 """
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import torch
-import zstandard
 
 from dqsgd.codecs import Coding, PayloadError, encode as encode_payload
 from dqsgd.codecs import wire as _wire  # its validators, so both paths accept/refuse the same
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import Header, parse_header, write_header
+from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
 
 __all__ = ["decode_accumulate", "encode_uniform_fast", "quantize_uniform_fast", "read_header", "segment_starts"]
+
+MIN_CHUNKS_PER_THREAD = 64  # 256K coordinates: below that a thread costs more than it saves
 
 
 def segment_starts(layout: Layout, numel: int) -> np.ndarray:
@@ -70,7 +71,9 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
         scales = segment_reduce(flat, layout, "l2").numpy().astype(np.float32)
         require_finite(torch.from_numpy(scales), "fused uniform quantizer")
     elif n:
-        fused.absmax(flat.numpy().view(np.int32), starts, scales.view(np.int32))
+        parts = run_split(fused.absmax_range, n, flat.numpy().view(np.int32), starts,
+                          min_per_thread=MIN_CHUNKS_PER_THREAD * fused.CHUNK)
+        scales = np.maximum.reduce(parts).view(np.float32)  # max of the bits = the bits of the max
         if not np.isfinite(scales).all():  # max |x| is NaN or Inf exactly when some x_i is
             raise NonFiniteGradientError(
                 f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
@@ -97,23 +100,28 @@ def quantize_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     n = flat.numel()
     codes = np.empty(n, dtype=np.int32)
     if n:
-        fused.codes_range(*_args(flat, starts, inv, s, bits, rng), codes, 0, -(-n // fused.CHUNK))
+        run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
+                  min_per_thread=MIN_CHUNKS_PER_THREAD)
     return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape), norm)
+
+
+_PACKED = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED)  # codings the fused kernel packs itself
 
 
 def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
                         layout: Layout = Layout(), coding: Coding = Coding.FIXED) -> bytes:
     """The payload of the hash-RNG stochastic uniform quantizer of ``x`` at ``bits`` (1..16).
 
-    FIXED and ZSTD are packed in the fused kernel; ELIAS and AUTO go through the codes
-    (:func:`quantize_uniform_fast`) and :func:`dqsgd.codecs.encode`.
+    FIXED, ZSTD and ZSTD_ALIGNED are packed in the fused kernel (straight into the payload for
+    FIXED); ELIAS and AUTO go through the codes (:func:`quantize_uniform_fast`) and
+    :func:`dqsgd.codecs.encode`.
 
     Raises:
       NonFiniteGradientError: ``x`` has NaN or Inf (nothing is encoded).
       ValueError: bits outside 1..16, a bad norm, layout or coding.
     """
     coding = Coding(coding)
-    if coding in (Coding.ELIAS, Coding.AUTO):
+    if coding not in _PACKED:
         return encode_payload(quantize_uniform_fast(x, bits, rng, norm=norm, layout=layout), coding)
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
@@ -124,25 +132,30 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
     def header(body_len: int) -> bytes:
         return write_header(Scheme.UNIFORM, bits, coding, norm, s, shape, layout, scales.numpy(), body_len)
 
-    def pack_into(body: np.ndarray) -> None:
-        offset = 0 if bits == 1 else 1 << (bits - 1)
-        chunks = -(-n // fused.CHUNK)
-        if n and fused.encode_range(*_args(flat, starts, inv, s, bits, rng), bits, offset, body, 0, chunks):
-            raise AssertionError("fused encoder wrote a code outside its width")  # codes are clamped to ±s
+    width = _wire.body_width(bits, coding)
+    body_len = packed_size(n, width)
+    if coding == Coding.FIXED:
+        head = header(body_len)
+        buf = np.empty(len(head) + body_len + 4, dtype=np.uint8)  # the payload, packed in place
+        buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+        _pack(flat, starts, inv, s, bits, rng, width, buf[len(head) : len(head) + body_len])
+        buf[-4:] = np.frombuffer(crc32(buf[:-4]).to_bytes(4, "little"), dtype=np.uint8)
+        return buf.tobytes()
+    body = np.empty(body_len, dtype=np.uint8)
+    _pack(flat, starts, inv, s, bits, rng, width, body)
+    zbody = _wire.zstd_compress(body)
+    head = header(len(zbody))
+    return b"".join((head, zbody, crc32(zbody, crc32(head)).to_bytes(4, "little")))
 
-    body_len = packed_size(n, bits)
-    if coding == Coding.ZSTD:
-        body = np.empty(body_len, dtype=np.uint8)
-        pack_into(body)
-        zbody = zstandard.ZstdCompressor(level=_wire._ZSTD_LEVEL).compress(body)
-        head = header(len(zbody))
-        return b"".join((head, zbody, zlib.crc32(zbody, zlib.crc32(head)).to_bytes(4, "little")))
-    head = header(body_len)
-    buf = np.empty(len(head) + body_len + 4, dtype=np.uint8)  # the payload, packed in place
-    buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
-    pack_into(buf[len(head) : len(head) + body_len])
-    buf[-4:] = np.frombuffer(zlib.crc32(buf[:-4]).to_bytes(4, "little"), dtype=np.uint8)
-    return buf.tobytes()
+
+def _pack(flat, starts, inv, s, bits, rng, width, body) -> None:
+    """Quantize and pack ``flat`` into ``body`` at ``width`` ≥ bits (offset binary of ``bits``)."""
+    n = flat.numel()
+    if not n:
+        return
+    offset = 0 if bits == 1 else 1 << (bits - 1)
+    run_split(fused.encode_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), width, offset,
+              body, min_per_thread=MIN_CHUNKS_PER_THREAD)
 
 
 # ------------------------------------------------------------------------------------ decode
@@ -156,7 +169,7 @@ def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 <
         raise PayloadError(f"{err} (header offset 4)")
     if h.numel >= _wire.U32_MAX and h.coding == Coding.ELIAS:
         raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
-    stored, computed = int.from_bytes(buf[-4:], "little"), zlib.crc32(buf[:-4])
+    stored, computed = int.from_bytes(buf[-4:], "little"), crc32(buf[:-4])
     if computed != stored:
         raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
     return h
@@ -194,17 +207,20 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
             fused.accumulate_codes(data, segment_starts(h.layout, h.numel), _steps(h), w, arr)
         return h
     body = buf[h.body_start : h.body_start + h.body_len]
-    if h.coding == Coding.ZSTD:
-        body = _wire._unzstd(body, packed_size(h.numel, h.bits), h.body_start)
-    _check_fixed_body(body, h)
+    width = _wire.body_width(h.bits, h.coding)
+    if h.coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
+        body = _wire._unzstd(body, packed_size(h.numel, width), h.body_start)
+    _check_fixed_body(body, h, width)
     data = np.frombuffer(body, dtype=np.uint8)
+    chunks = -(-h.numel // fused.CHUNK)
     if h.scheme == Scheme.IDENTITY:
-        fused.accumulate_values(data.view("<f4"), w, arr)
+        run_split(fused.accumulate_values, chunks, data.view("<f4"), w, arr, min_per_thread=MIN_CHUNKS_PER_THREAD)
         return h
     bits, starts = h.bits, segment_starts(h.layout, h.numel)
     offset = 0 if bits == 1 else 1 << (bits - 1)
-    chunks = -(-h.numel // fused.CHUNK)
-    lo, hi = fused.accumulate_range(data, bits, offset, bits == 1, starts, _steps(h), w, arr, 0, chunks)
+    spans = run_split(fused.accumulate_range, chunks, data, width, offset, bits == 1, starts, _steps(h), w, arr,
+                      min_per_thread=MIN_CHUNKS_PER_THREAD)
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
     if lo < rng.lo or hi > rng.hi:  # 1-bit codes are ±1 by construction: never 0
         raise PayloadError(
             f"body at offset {h.body_start}: codes span [{lo}, {hi}], the scheme allows [{rng.lo}, {rng.hi}]")
@@ -216,10 +232,10 @@ def _steps(h: Header) -> np.ndarray:
     return (torch.from_numpy(h.scales).to(torch.float32) / float(h.levels)).numpy()
 
 
-def _check_fixed_body(body: memoryview, h: Header) -> None:
-    need = packed_size(h.numel, h.bits)
+def _check_fixed_body(body: memoryview, h: Header, width: int) -> None:
+    need = packed_size(h.numel, width)
     if len(body) != need:
-        raise PayloadError(f"body at offset {h.body_start} has {len(body)} bytes, {h.numel}×{h.bits} bits need {need}")
-    tail = (h.numel * h.bits) % 8
+        raise PayloadError(f"body at offset {h.body_start} has {len(body)} bytes, {h.numel}×{width} bits need {need}")
+    tail = (h.numel * width) % 8
     if tail and body[-1] >> tail:
         raise PayloadError(f"non-zero padding bits in the last body byte (offset {h.body_start + len(body) - 1})")

@@ -12,10 +12,13 @@ quantizer fed the same hash uniforms, and the decode-accumulate sum bit-identica
 ``Σ dequantize``.
 
 ``starts`` is int64 of length nseg + 1: segment k covers ``[starts[k], starts[k+1])``.
-Functions named ``*_range`` do chunks ``[c_lo, c_hi)``, the unit a multi-threaded wrapper would
-split. There is none: ``prange`` versions over 2 threads were 1.3-40x *slower* than one thread on
-the shared 2-core machine (load 5-10; an OpenMP barrier waits on a descheduled core) and added
-25 s of compile time, so only the single-threaded kernels ship (``dqsgd bench codec``).
+Functions named ``*_range`` do chunks (or, for the norm, coordinates) ``[lo, hi)``: the unit that
+:func:`dqsgd.codecs.threads.run_split` hands to each thread. They release the GIL (``nogil``) and
+are run by a plain thread pool, not numba's ``prange``: ``prange`` over 2 threads was 1.3-40x
+*slower* than one thread on the shared 2-core machine (an OpenMP barrier spins on a descheduled
+core) and added 25 s of compile time. Every chunk's codes depend only on the key and the
+coordinate index, and every output coordinate is written by exactly one thread, so the payload
+and the decoded sums are the same bits at any thread count.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from __future__ import annotations
 import numpy as np
 from numba import literal_unroll, njit
 
-from dqsgd.codecs.bitpack import _pack_aligned, _pack_small, _pack_stream
-from dqsgd.codecs.bitpack import _unpack_aligned, _unpack_small, _unpack_stream
-from dqsgd.kernels.hashrng import fill_uniforms
+from dqsgd.codecs.bitpack import _pack_aligned, _pack_pow2, _pack_small, _pack_stream
+from dqsgd.codecs.bitpack import _unpack_aligned, _unpack_pow2, _unpack_small, _unpack_stream
+from dqsgd.kernels.hashrng import fill_hashes, to_uniform
 
-CHUNK = 4096
-_SMALL = (1, 2, 3, 4, 5, 6, 7, 8)  # widths that get their own specialised copy of bitpack's kernel
+CHUNK = 4096  # a multiple of 8 (byte boundaries at every width) and of 4 (one hash per 4 coordinates)
+_POW2 = (1, 2, 4, 8)  # widths that get their own specialised copy of bitpack's kernels
+_ODD = (3, 5, 6, 7)
 _ABS_MASK = np.int32(0x7FFFFFFF)
 _ONE = np.float32(1.0)
 _HALF = np.float32(0.5)
@@ -37,7 +41,7 @@ _HALF = np.float32(0.5)
 # ------------------------------------------------------------------------------ norm (pass 1)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _absmax_bits(xb, lo, hi):  # pragma: no cover - compiled
     """max over [lo, hi) of the float32 bit patterns with the sign cleared (``xb`` = x as int32).
 
@@ -54,47 +58,57 @@ def _absmax_bits(xb, lo, hi):  # pragma: no cover - compiled
     return m
 
 
-@njit(cache=True)
-def absmax(xb, starts, out):  # pragma: no cover - compiled
-    """out[k] = the bits of max |x| over segment k (see ``_absmax_bits``)."""
-    for k in range(starts.size - 1):
-        out[k] = _absmax_bits(xb, starts[k], starts[k + 1])
+@njit(cache=True, nogil=True)
+def absmax_range(xb, starts, lo, hi):  # pragma: no cover - compiled
+    """out[k] = the bits of max |x| over segment k ∩ [lo, hi) (0 if empty; see ``_absmax_bits``)."""
+    out = np.zeros(starts.size - 1, np.int32)
+    k = np.searchsorted(starts, lo, side="right") - 1
+    i = lo
+    while i < hi:
+        while starts[k + 1] <= i:  # also skips empty segments
+            k += 1
+        e = min(hi, starts[k + 1])
+        out[k] = max(out[k], _absmax_bits(xb, i, e))
+        i = e
+    return out
 
 
 # ------------------------------------------------------------------------- quantize (pass 2)
 
 
 @njit(cache=True, inline="always")
-def _quantize_piece(x, i0, t0, t1, inv, sf, one_bit, ubuf, cbuf):  # pragma: no cover - compiled
-    """cbuf[t] for t in [t0, t1): the code of x[i0 + t] (1 bit: 1 for +1, 0 for −1).
+def _quantize_piece(x, i0, t0, t1, inv, sf, one_bit, fields, cbuf):  # pragma: no cover - compiled
+    """cbuf[t] for t in [t0, t1): the code of x[i0 + t] (1 bit: 1 for +1, 0 for −1), with the
+    uniform of 16-bit field ``fields[t]`` (:func:`dqsgd.kernels.hashrng.to_uniform`).
 
     The loops run over slices from 0: with an index of unknown sign numba adds a negative-index
     wrap-around to every access, which stops vectorization (2x slower, measured).
     """
-    xs, us, cs = x[i0 + t0 : i0 + t1], ubuf[t0:t1], cbuf[t0:t1]
+    xs, us, cs = x[i0 + t0 : i0 + t1], fields[t0:t1], cbuf[t0:t1]
     if one_bit:
         for t in range(xs.size):
             v = min(max(xs[t] * inv, -_ONE), _ONE)
-            cs[t] = np.int32(us[t] < (v + _ONE) * _HALF)
+            cs[t] = np.int32(to_uniform(us[t]) < (v + _ONE) * _HALF)
     else:
         for t in range(xs.size):  # float32 throughout, converted once: this form vectorizes (3x)
             v = xs[t]
             a = min(abs(v) * inv, sf)
             low = np.floor(a)
-            q = min(low + np.float32(us[t] < a - low), sf)
+            q = min(low + np.float32(to_uniform(us[t]) < a - low), sf)
             cs[t] = np.int32(-q if v < 0 else q)
 
 
 @njit(cache=True, inline="always")
-def _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, ubuf, cbuf):  # pragma: no cover
+def _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, cbuf):  # pragma: no cover
     """Codes of x[i0 : i0+m] into cbuf[:m]; returns the segment of the last coordinate."""
-    fill_uniforms(key, i0, m, ubuf)
+    fill_hashes(key, i0, m, hbuf)
+    fields = hbuf.view(np.uint16)
     t = 0
     while t < m:
         while starts[seg + 1] <= i0 + t:  # also skips empty segments
             seg += 1
         t1 = min(m, starts[seg + 1] - i0)
-        _quantize_piece(x, i0, t, t1, inv[seg], sf, one_bit, ubuf, cbuf)
+        _quantize_piece(x, i0, t, t1, inv[seg], sf, one_bit, fields, cbuf)
         t = t1
     return seg
 
@@ -105,51 +119,53 @@ def _pack_chunk(cbuf, m, i0, width, offset, out):  # pragma: no cover - compiled
 
     Widths 1..8 call the kernel with a *constant* width, so LLVM inlines and specialises
     bitpack's one implementation per width (2-3x faster than a run-time width, measured); the
-    bit-serial stream kernel of widths 9..15 gains nothing from it and is called as is.
+    bit-serial stream kernel of widths 9..15 gains nothing from it and is called as is. The
+    range check is off: the codes are clamped to ±s < 2^(b−1), so every one fits its field
+    (and the tests compare the payload with the checked packer's).
     """
     codes = cbuf[:m]
     dst = out[i0 * width // 8 :]
     if width == 16:
-        return _pack_aligned(codes, 16, offset, dst)
-    bad = False
+        _pack_aligned(codes, 16, offset, dst, False)
+        return
     done = 0
-    if width <= 8:
-        done = (m // 8) * 8
-        for w in literal_unroll(_SMALL):
-            if width == w:
-                bad = _pack_small(codes, w, offset, dst)
-    if done < m:  # widths 9..15, and the last < 8 values of a short final chunk
-        bad |= _pack_stream(codes, done, width, offset, dst, done * width // 8)
-    return bad
+    for w in literal_unroll(_POW2):
+        if width == w:
+            done = (m // (8 // w)) * (8 // w)
+            _pack_pow2(codes, w, offset, dst, False)
+    for w in literal_unroll(_ODD):
+        if width == w:
+            done = (m // 8) * 8
+            _pack_small(codes, w, offset, dst, False)
+    if done < m:  # widths 9..15, and the last values of a short final chunk
+        _pack_stream(codes, done, width, offset, dst, done * width // 8)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def encode_range(x, starts, inv, sf, one_bit, key, width, offset, out, c_lo, c_hi):  # pragma: no cover
-    """Quantize and pack chunks [c_lo, c_hi) into the body ``out``; True if a code did not fit."""
+    """Quantize chunks [c_lo, c_hi) and pack them at ``width`` (offset binary) into the body ``out``."""
     n = x.size
-    ubuf = np.empty(CHUNK, np.float32)
+    hbuf = np.empty(CHUNK // 4, np.uint64)
     cbuf = np.empty(CHUNK, np.int32)
     seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
-    bad = False
     for c in range(c_lo, c_hi):
         i0 = c * CHUNK
         m = min(CHUNK, n - i0)
-        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, ubuf, cbuf)
-        bad |= _pack_chunk(cbuf, m, i0, width, offset, out)
-    return bad
+        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, cbuf)
+        _pack_chunk(cbuf, m, i0, width, offset, out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def codes_range(x, starts, inv, sf, one_bit, key, codes, c_lo, c_hi):  # pragma: no cover
     """Signed codes (±1 at one bit) of chunks [c_lo, c_hi) into ``codes``."""
     n = x.size
-    ubuf = np.empty(CHUNK, np.float32)
+    hbuf = np.empty(CHUNK // 4, np.uint64)
     seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
     for c in range(c_lo, c_hi):
         i0 = c * CHUNK
         m = min(CHUNK, n - i0)
         dst = codes[i0 : i0 + m]
-        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, ubuf, dst)
+        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, dst)
         if one_bit:
             for t in range(m):
                 dst[t] = 2 * dst[t] - 1
@@ -167,11 +183,14 @@ def _unpack_chunk(body, i0, m, width, offset, cbuf):  # pragma: no cover - compi
         _unpack_aligned(src, 16, m, offset, dst)
         return
     done = 0
-    if width <= 8:
-        done = (m // 8) * 8
-        for w in literal_unroll(_SMALL):
-            if width == w:
-                _unpack_small(src, w, m, offset, dst)
+    for w in literal_unroll(_POW2):
+        if width == w:
+            done = (m // (8 // w)) * (8 // w)
+            _unpack_pow2(src, w, m, offset, dst)
+    for w in literal_unroll(_ODD):
+        if width == w:
+            done = (m // 8) * 8
+            _unpack_small(src, w, m, offset, dst)
     if done < m:
         _unpack_stream(src[: (m * width + 7) // 8], done, width, m, offset, dst)
 
@@ -191,7 +210,7 @@ def _add_piece(cbuf, i0, t0, t1, st, w, out):  # pragma: no cover - compiled
     return lo, hi
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def accumulate_range(body, width, offset, one_bit, starts, step, w, out, c_lo, c_hi):  # pragma: no cover
     """Chunks [c_lo, c_hi) of a FIXED body into ``out``; returns (min code, max code)."""
     n = out.size
@@ -216,7 +235,7 @@ def accumulate_range(body, width, offset, one_bit, starts, step, w, out, c_lo, c
     return lo, hi
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def accumulate_codes(codes, starts, step, w, out):  # pragma: no cover - compiled
     """out += w·(codes·step[seg]) for already-decoded int32 codes (ELIAS bodies)."""
     for k in range(starts.size - 1):
@@ -226,8 +245,10 @@ def accumulate_codes(codes, starts, step, w, out):  # pragma: no cover - compile
             os[i] += w * (np.float32(cs[i]) * st)
 
 
-@njit(cache=True)
-def accumulate_values(values, w, out):  # pragma: no cover - compiled
-    """out += w·values (IDENTITY bodies, read in place from the payload)."""
-    for i in range(out.size):
-        out[i] += w * values[i]
+@njit(cache=True, nogil=True)
+def accumulate_values(values, w, out, c_lo, c_hi):  # pragma: no cover - compiled
+    """out += w·values over chunks [c_lo, c_hi) (IDENTITY bodies, read in place from the payload)."""
+    lo, hi = c_lo * CHUNK, min(c_hi * CHUNK, out.size)
+    vs, os = values[lo:hi], out[lo:hi]
+    for i in range(os.size):
+        os[i] += w * vs[i]
