@@ -63,6 +63,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from dqsgd.transport.launch import train_distributed
 
         return train_distributed(exp, entry, seed, args)
+    if args.max_restarts:
+        raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
     out = Path(args.resume or args.out or run_dir(Path(f"runs/{exp.train.name}"), entry.label, seed))
     s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet)
     print(f"{entry.label}: test acc {100 * s['test_acc']:.2f}%, measured ratio {s['ledger_compression_ratio']:.2f} "
@@ -98,6 +100,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--method", required=True, help="method name (see `dqsgd methods`) or a label in the config")
     sp.add_argument("--seed", type=int)
     sp.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    sp.add_argument("--max-restarts", type=int, default=0,
+                    help="--transport torch without torchrun: restart the processes from the last checkpoints "
+                         "this many times after a failure (under torchrun: torchrun's own --max-restarts)")
     sp.add_argument("--transport", choices=["sim", "torch"], default="sim")
     sp.add_argument("--topology", choices=["ps", "allgather"], default="ps")
     sp.add_argument("--workers", type=int, help="with --transport torch outside torchrun: processes to start")

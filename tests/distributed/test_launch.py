@@ -54,8 +54,12 @@ def test_world_size_must_match_train_workers(capsys: pytest.CaptureFixture[str],
     assert not any(tmp_path.iterdir())
 
 
-def test_resume_and_timeout_are_checked(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["train", "--transport", "torch", "--resume", str(tmp_path), *SMALL]) == 2
-    assert "--resume is not supported with --transport torch" in capsys.readouterr().err
+def test_restarts_and_timeout_are_checked(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["train", "--transport", "torch", "--max-restarts", "1", *SMALL, "--set", "train.workers=2"]) == 2
+    assert "restarting needs checkpoints" in capsys.readouterr().err
+    assert main(["train", "--max-restarts", "1", *SMALL]) == 2
+    assert "it needs --transport torch" in capsys.readouterr().err
+    assert main(["train", "--transport", "torch", "--max-restarts", "-1", *SMALL, "--set", "train.workers=2"]) == 2
+    assert "--max-restarts must be >= 0" in capsys.readouterr().err
     assert main(["train", "--transport", "torch", "--timeout", "0", *SMALL, "--set", "train.workers=2"]) == 2
     assert "--timeout must be > 0" in capsys.readouterr().err

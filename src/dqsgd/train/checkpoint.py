@@ -6,6 +6,13 @@ quantization generator, the step counter. Data positions need no state: a worker
 function of (seed, worker, step). Files are written to a temporary name, fsynced, then renamed,
 so a crash leaves either the old or the new checkpoint, never half of one. Loading uses
 ``torch.load(weights_only=True)``: plain containers and tensors only, never arbitrary objects.
+
+Distributed runs: every rank keeps its own file (``checkpoint-rank{r}.pt``: its worker's generator
+and residual; the server's also holds the policy and the ledger) and the one before it
+(``*.prev.pt``). Ranks save at the same steps, but a crash can strike between two ranks' saves, so
+:func:`resume` gathers the steps each rank holds and loads the newest step that *every* rank has —
+the run continues exactly as if it had never stopped. That is what a ``torchrun --max-restarts``
+restart does.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from dqsgd.ledger import Ledger
 from dqsgd.pipeline import MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 
-FORMAT = 1
+FORMAT = 2
+CHECKPOINT = "checkpoint.pt"
 
 
 class CheckpointError(ValueError):
@@ -30,8 +38,7 @@ class CheckpointError(ValueError):
 def trainer_state(tr: Any) -> dict[str, Any]:
     return {
         "format": FORMAT,
-        "meta": {"method": tr.entry.label, "numel": tr.numel, "steps": tr.cfg.steps, "seed": tr.seed,
-                 "workers": tr.cfg.workers},
+        "meta": _meta(tr),
         "next_step": tr.next_step,
         "skipped": tr.skipped,
         "model": tr.model.state_dict(),
@@ -44,13 +51,31 @@ def trainer_state(tr: Any) -> dict[str, Any]:
     }
 
 
-def save_checkpoint(tr: Any, path: Path) -> None:
+def _meta(tr: Any) -> dict[str, Any]:
+    return {"method": tr.entry.label, "numel": tr.numel, "steps": tr.cfg.steps, "seed": tr.seed,
+            "workers": tr.cfg.workers, "rank": tr.transport.rank}
+
+
+def checkpoint_path(out: Path, transport: Any) -> Path:
+    """``checkpoint.pt`` when this process runs every worker (simulation), else one file per rank."""
+    whole = len(transport.local_workers) == transport.workers
+    return out / (CHECKPOINT if whole else f"checkpoint-rank{transport.rank}.pt")
+
+
+def previous_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".prev" + path.suffix)
+
+
+def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
+    """Write ``path`` atomically; the checkpoint it replaces becomes ``*.prev.pt`` (``keep_previous``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(trainer_state(tr), f)
         f.flush()
         os.fsync(f.fileno())
+    if keep_previous and path.exists():
+        os.replace(path, previous_path(path))  # a crash right here leaves *.prev.pt: still resumable
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -59,17 +84,53 @@ def save_checkpoint(tr: Any, path: Path) -> None:
         os.close(dir_fd)
 
 
-def load_checkpoint(tr: Any, path: Path) -> None:
+def read_checkpoint(tr: Any, path: Path) -> dict[str, Any]:
+    """The checkpoint at ``path``, checked to belong to ``tr``'s run and rank (never unpickles objects)."""
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for unsafe or corrupt files
         raise CheckpointError(f"{path}: cannot load checkpoint safely ({type(e).__name__}: {e})") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dqsgd checkpoint of format {FORMAT}")
-    meta = ck["meta"]
-    want = {"method": tr.entry.label, "numel": tr.numel, "steps": tr.cfg.steps, "seed": tr.seed, "workers": tr.cfg.workers}
+    meta, want = ck["meta"], _meta(tr)
     if meta != want:
         raise CheckpointError(f"{path}: checkpoint is for {meta}, this run is {want}")
+    return ck
+
+
+def load_checkpoint(tr: Any, path: Path) -> None:
+    _apply(tr, read_checkpoint(tr, path))
+
+
+def resume(tr: Any, out: Path) -> int:
+    """Load the newest checkpoint step that every rank holds under ``out``; returns it (0: none, fresh start).
+
+    One small all-gather of the steps each rank has (current and previous file). Raises
+    :class:`CheckpointError` when ranks hold checkpoints but none at a common step (a rank's files
+    were lost): continuing would silently break the run's exactness.
+    """
+    path = checkpoint_path(out, tr.transport)
+    held: dict[int, dict[str, Any]] = {}
+    for p in (path, previous_path(path)):
+        if p.exists():
+            ck = read_checkpoint(tr, p)
+            held[int(ck["next_step"])] = ck
+    mine = sorted(held, reverse=True)[:2]
+    everyone = tr.transport.all_gather_ints(mine + [-1] * (2 - len(mine)))
+    common = set.intersection(*({s for s in steps if s >= 0} for steps in everyone))
+    if not common:
+        if any(s >= 0 for steps in everyone for s in steps):
+            raise CheckpointError(f"{out}: the ranks hold checkpoints of steps {everyone} (rank order) with no step "
+                                  f"in common; cannot resume exactly (restore the missing rank's files or start over)")
+        return 0
+    step = max(common)
+    _apply(tr, held[step])
+    if hasattr(tr.transport, "steps"):
+        tr.transport.steps = step  # error messages count completed steps
+    return step
+
+
+def _apply(tr: Any, ck: dict[str, Any]) -> None:
     tr.model.load_state_dict(ck["model"])
     tr.optimizer.load_state_dict(ck["optimizer"])
     residuals = [None] * tr.cfg.workers

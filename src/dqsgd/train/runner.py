@@ -11,14 +11,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from dqsgd.data import Dataset
-from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
+from dqsgd.train.checkpoint import checkpoint_path, resume as resume_from, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.metrics import JsonlWriter, truncate_jsonl
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
-
-CHECKPOINT = "checkpoint.pt"
-
 
 def run_dir(root: Path, label: str, seed: int) -> Path:
     return root / label / f"seed{seed}"
@@ -27,12 +24,16 @@ def run_dir(root: Path, label: str, seed: int) -> Path:
 def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None,
             transport: Transport | None = None, resume: bool = False, progress: bool = True,
             device: str = "cpu") -> dict[str, Any]:
-    """Train ``entry`` with ``seed``; write ``metrics.jsonl``/``summary.json`` under ``out`` (if given)."""
+    """Train ``entry`` with ``seed``; write ``metrics.jsonl``/``summary.json`` under ``out`` (if given).
+
+    Every process keeps its checkpoints under ``out``; only rank 0 writes metrics and the summary.
+    ``resume``: continue from the newest checkpoint step all ranks hold (a fresh start if none).
+    """
     tr = Trainer(cfg, entry, data, seed, transport, device)
-    writes = out is not None and tr.transport.is_server
-    ck_path = out / CHECKPOINT if out is not None else None
-    if resume and ck_path is not None and ck_path.exists():
-        load_checkpoint(tr, ck_path)
+    writes = out is not None and tr.transport.is_server and tr.transport.rank == 0
+    ck_path = checkpoint_path(out, tr.transport) if out is not None else None
+    if resume and out is not None:
+        resume_from(tr, out)
         if writes:
             truncate_jsonl(out / "metrics.jsonl", tr.next_step - 1)
     if writes:

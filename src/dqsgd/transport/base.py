@@ -25,6 +25,15 @@ class Transport(Protocol):
         """Whether this process aggregates and runs the bit policy."""
         ...
 
+    @property
+    def rank(self) -> int:
+        """This process's rank (sim: 0); rank 0 writes the run's metrics."""
+        ...
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
+        """Every process's ``values`` (same length everywhere), in rank order (checkpoint agreement)."""
+        ...
+
     def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
         """Element-wise max over all workers' tensors (TernGrad scaler sharing)."""
         ...

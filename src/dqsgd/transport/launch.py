@@ -24,6 +24,7 @@ Set GLOO_SOCKET_IFNAME (torch's variable) if gloo picks the wrong network interf
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import pickle
@@ -43,12 +44,13 @@ import torch.multiprocessing as mp
 
 from dqsgd.codecs import PayloadError
 from dqsgd.pipeline import ProtocolError
+from dqsgd.train.checkpoint import CheckpointError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
 from dqsgd.transport.torch_dist import RankDisagreement, TransportError, make_transport
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 # Errors whose one-line message says everything; anything else also prints its traceback.
-CLEAR_ERRORS = (TransportError, RankDisagreement, PayloadError, ProtocolError, ConfigError)
+CLEAR_ERRORS = (TransportError, RankDisagreement, PayloadError, ProtocolError, ConfigError, CheckpointError)
 
 
 def under_torchrun() -> bool:
@@ -193,20 +195,22 @@ class _RankJob:
     topology: str
     out: str | None
     progress: bool
+    resume: bool = False
 
 
 def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
-    """One rank of a run in an initialized process group: its Trainer, its transport, rank 0 writes."""
+    """One rank of a run in an initialized process group: its Trainer, its transport, rank 0 writes
+    metrics; every rank keeps its own checkpoints in the run directory (``job.resume``: continue from them)."""
     from dqsgd.experiments.compare import load_data_for
     from dqsgd.train.runner import run_one
 
     cuda = str(dist.get_backend()) == "nccl"
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
     transport = make_transport(job.topology, device=device)
-    out = Path(job.out) if job.out is not None and rank == 0 else None
+    out = Path(job.out) if job.out is not None else None
     with transport.guard():
         summary = run_one(job.exp.train, job.entry, load_data_for(job.exp), job.seed, out, transport=transport,
-                          progress=job.progress and rank == 0, device=device)
+                          resume=job.resume, progress=job.progress and rank == 0, device=device)
     summary.pop("final_params", None)
     return summary
 
@@ -218,27 +222,46 @@ def _print_summary(s: dict[str, Any], out: str | None, topology: str) -> None:
 
 
 def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argparse.Namespace) -> int:
-    """``dqsgd train --transport torch``: one rank here (torchrun) or W local processes."""
+    """``dqsgd train --transport torch``: one rank here (torchrun) or W local processes.
+
+    Restarts: under ``torchrun --max-restarts N`` a restarted rank (``TORCHELASTIC_RESTART_COUNT`` > 0)
+    resumes from the run directory's checkpoints; without torchrun, ``--max-restarts N`` restarts the
+    W local processes the same way. ``--resume RUN_DIR`` resumes explicitly.
+    """
     from dqsgd.train.runner import run_dir
 
-    if getattr(args, "resume", None):
-        raise ConfigError("--resume is not supported with --transport torch (checkpoints hold one rank's state)")
-    out = str(args.out or run_dir(Path(f"runs/{exp.train.name}"), entry.label, seed))
-    job = _RankJob(exp, entry, seed, args.topology, out, not args.quiet)
+    out = str(args.resume or args.out or run_dir(Path(f"runs/{exp.train.name}"), entry.label, seed))
+    restarts = int(getattr(args, "max_restarts", 0) or 0)
+    if restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
     timeout = float(args.timeout)
     if timeout <= 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {timeout}")
+    if (restarts or args.resume) and not exp.train.checkpoint_every:
+        raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
+    job = _RankJob(exp, entry, seed, args.topology, out, not args.quiet, bool(args.resume))
     if under_torchrun():
-        return _torchrun_rank(job, timeout, args)
+        if restarts:
+            raise ConfigError("under torchrun, give --max-restarts to torchrun itself (it restarts the ranks)")
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if restarted and not exp.train.checkpoint_every and os.environ.get("RANK") == "0":
+            print(f"dqsgd: torchrun restart {restarted}: train.checkpoint_every = 0, so the run starts over",
+                  file=sys.stderr)
+        return _torchrun_rank(dataclasses.replace(job, resume=job.resume or restarted > 0), timeout, args)
     world = args.workers if args.workers is not None else exp.train.workers
     _check_world(exp, world, "--workers")
-    results = spawn_local(run_rank, world, (job,), timeout=timeout, threads=max(1, (os.cpu_count() or 1) // world))
-    failed = [r for r in results if not r.ok]
-    if failed:
+    threads = max(1, (os.cpu_count() or 1) // world)
+    for attempt in range(restarts + 1):
+        results = spawn_local(run_rank, world, (job,), timeout=timeout, threads=threads)
+        if all(r.ok for r in results):
+            _print_summary(results[0].value, out, args.topology)
+            return 0
         print("dqsgd: error: distributed run failed:\n  " + "\n  ".join(r.describe() for r in results), file=sys.stderr)
-        return 1
-    _print_summary(results[0].value, out, args.topology)
-    return 0
+        if attempt < restarts:
+            print(f"dqsgd: restarting all {world} processes from the last checkpoints in {out} "
+                  f"(restart {attempt + 1} of {restarts})", file=sys.stderr)
+            job = dataclasses.replace(job, resume=True)
+    return 1
 
 
 def _check_world(exp: ExperimentConfig, world: int, source: str) -> None:
@@ -247,13 +270,28 @@ def _check_world(exp: ExperimentConfig, world: int, source: str) -> None:
                           f"runs per process, so add --set train.workers={world} (or start {exp.train.workers} processes)")
 
 
+def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's rendezvous store, under a prefix of its own per restart.
+
+    After ``--max-restarts`` restarts, torchrun's agent may hand the new workers the store of the
+    previous attempt; its keys (the dead processes' gloo addresses) would make the new group try to
+    connect to them ("Connection refused"). A per-attempt prefix keeps every attempt's keys apart.
+    """
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_hosts and rank == 0, timeout=timeout)
+    return dist.PrefixStore(f"dqsgd/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def _torchrun_rank(job: _RankJob, timeout: float, args: argparse.Namespace) -> int:
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     _check_world(job.exp, world, "torchrun (WORLD_SIZE)")
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout))
+    td = datetime.timedelta(seconds=timeout)
+    dist.init_process_group("nccl" if cuda else "gloo", store=_attempt_store(rank, world, td), rank=rank,
+                            world_size=world, timeout=td)
     try:
         summary = run_rank(rank, world, job)
         dist.destroy_process_group()

@@ -25,6 +25,13 @@ class SimTransport:
     def is_server(self) -> bool:
         return True
 
+    @property
+    def rank(self) -> int:
+        return 0
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
+        return [[int(v) for v in values]]
+
     def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(list(local)).amax(dim=0)
 

@@ -106,6 +106,12 @@ class _TorchTransport:
         self._collective("max_reduce", dist.all_reduce, x, op=dist.ReduceOp.MAX)
         return x.to(local[0].device)
 
+    def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
+        mine = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.device)
+        bufs = [torch.zeros_like(mine) for _ in range(self.workers)]
+        self._collective("all_gather_ints", dist.all_gather, bufs, mine)
+        return [[int(v) for v in b.tolist()] for b in bufs]
+
     # --- byte exchange --------------------------------------------------------------------------
     def _one_payload(self, payloads: Sequence[bytes]) -> bytes:
         if len(payloads) != 1:
