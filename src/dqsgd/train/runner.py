@@ -49,7 +49,8 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
             res = tr.step()
             rec = record_of(res, tr.ledger)
             last = tr.next_step == cfg.steps
-            if last or tr.next_step % cfg.eval_every == 0:
+            # Only rank 0 evaluates: every rank holds the same model, and rank 0 writes the metrics.
+            if (last or tr.next_step % cfg.eval_every == 0) and tr.transport.rank == 0:
                 acc, loss = tr.evaluate()
                 rec.update(test_acc=acc, test_loss=loss)
                 bar.set_postfix(acc=f"{acc:.4f}", bits=res.bits)
