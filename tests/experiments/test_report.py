@@ -128,3 +128,30 @@ def test_by_step_aligns_seeds_of_different_length() -> None:
     np.testing.assert_array_equal(x, [0, 1, 2, 3])
     np.testing.assert_allclose(mean, [2.0, 2.0, 3.0, 4.0])
     np.testing.assert_allclose(std, [np.sqrt(2.0), np.nan, np.nan, np.nan], equal_nan=True)
+
+
+def test_matched_ratio_reads_figure2_seed_by_seed(root: Path) -> None:
+    """DQSGD vs QSGD's curve at DQSGD's own measured ratio: interpolated linearly in log ratio, paired by seed."""
+    import math
+
+    import pytest
+
+    from dqsgd.experiments.plots import methods_of
+    from dqsgd.experiments.report import matched_ratio_deltas
+    from dqsgd.experiments.summary import aggregate
+    from fake_runs import FINAL_ACC
+
+    q6 = {0: 0.890, 1: 0.896}
+    for seed, acc in q6.items():
+        write_run(root, "qsgd-6bit", seed, final_acc=acc)
+    runs = load_runs(root)
+    rows = aggregate([r.summary for r in runs], order=methods_of(runs))
+    ratio = {r["method"]: r["measured_ratio"] for r in rows}
+    got = matched_ratio_deltas(rows, runs)["dqsgd"]
+    lo, x, hi = ratio["qsgd-6bit"], ratio["dqsgd"], ratio["qsgd-4bit"]
+    assert lo < x < hi and (got["lo"], got["hi"]) == ("qsgd-6bit", "qsgd-4bit")
+    f = math.log(x / lo) / math.log(hi / lo)
+    want = [FINAL_ACC[("dqsgd", s)] - ((1 - f) * q6[s] + f * FINAL_ACC[("qsgd-4bit", s)]) for s in (0, 1)]
+    assert got["deltas"] == pytest.approx(want, abs=1e-12)
+    text = build_report(root).read_text()
+    assert "At matched ratio (Figure 2): `dqsgd`" in text and "below QSGD's curve" in text

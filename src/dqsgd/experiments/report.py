@@ -269,6 +269,7 @@ def reading(rows: list[dict[str, Any]], runs: list[Run]) -> str:
         out.append(f"Within {CLOSE_PT} pt of SGD (mean paired Δ, pt): {', '.join(close) or 'none'}. "
                    f"Further than {CLOSE_PT} pt: {', '.join(far) or 'none'}.")
     out += _seed_noise(rows, runs, others)
+    out += _matched_ratio(rows, runs)
     out += _dq_vs_q(rows, runs)
     off = [f"`{r['method']}` ({r['measured_ratio']:.2f} vs {r['paper_ratio']:.2f})" for r in rows
            if math.isfinite(r["measured_ratio"]) and math.isfinite(r["paper_ratio"])
@@ -301,6 +302,54 @@ def _seed_noise(rows: list[dict[str, Any]], runs: list[Run], others: list[dict[s
                "criterion with few seeds, not a significance test)"
                + (f"; fewer than two paired seeds: {', '.join(few)}." if few else "."))
     return out
+
+
+def matched_ratio_deltas(rows: list[dict[str, Any]], runs: list[Run]) -> dict[str, dict[str, Any]]:
+    """Figure 2 read at each DQSGD run's measured ratio: DQSGD's accuracy minus QSGD's curve there.
+
+    QSGD's curve joins its fixed widths, accuracy linear in log(ratio) (as Figure 2 draws it on a log
+    axis); it is interpolated seed by seed, so each difference is paired (same data, same seed).
+    DQSGD methods outside the QSGD ratios' range get ``{"outside": True}``.
+    """
+    q = sorted((r for r in rows if r["method"].startswith("qsgd") and math.isfinite(r["measured_ratio"])),
+               key=lambda r: r["measured_ratio"])
+    acc = {(r.method, r.seed): r.summary["test_acc"] for r in runs if r.has_eval}
+    out: dict[str, dict[str, Any]] = {}
+    if len(q) < 2:
+        return out
+    for dq in (r for r in rows if r["method"].startswith("dqsgd") and math.isfinite(r["measured_ratio"])):
+        x = dq["measured_ratio"]
+        pair = next(((lo, hi) for lo, hi in zip(q, q[1:]) if lo["measured_ratio"] <= x <= hi["measured_ratio"]), None)
+        if pair is None:
+            out[dq["method"]] = {"outside": True, "ratio": x}
+            continue
+        lo, hi = pair
+        span = math.log(hi["measured_ratio"]) - math.log(lo["measured_ratio"])
+        f = (math.log(x) - math.log(lo["measured_ratio"])) / span if span > 0 else 0.0
+        seeds = sorted(s for (m, s) in acc if m == dq["method"])
+        d = [acc[(dq["method"], s)] - ((1 - f) * acc[(lo["method"], s)] + f * acc[(hi["method"], s)]) for s in seeds
+             if (lo["method"], s) in acc and (hi["method"], s) in acc]
+        d = [v for v in d if not math.isnan(v)]
+        out[dq["method"]] = {"outside": False, "ratio": x, "lo": lo["method"], "hi": hi["method"], "deltas": d}
+    return out
+
+
+def _matched_ratio(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
+    lines = []
+    for m, r in matched_ratio_deltas(rows, runs).items():
+        if r["outside"]:
+            lines.append(f"`{m}` (ratio {r['ratio']:.2f}) lies outside the QSGD widths' ratios: no matched-ratio comparison.")
+            continue
+        d = [100 * v for v in r["deltas"]]
+        if not d:
+            continue
+        sd = f" ± {statistics.stdev(d):.2f}" if len(d) > 1 else ""
+        verdict = ("at or above QSGD's curve" if statistics.fmean(d) >= 0 else "below QSGD's curve") + (
+            " (within the seed-to-seed std)" if len(d) > 1 and abs(statistics.fmean(d)) <= statistics.stdev(d) else "")
+        lines.append(f"At matched ratio (Figure 2): `{m}` at {r['ratio']:.2f}, against QSGD's curve between `{r['lo']}` "
+                     f"and `{r['hi']}` (linear in log ratio, seed by seed): {statistics.fmean(d):+.2f}{sd} pt over "
+                     f"{len(d)} seed{'s' if len(d) > 1 else ''}, {verdict}.")
+    return lines
 
 
 def _dq_vs_q(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
