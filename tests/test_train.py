@@ -159,3 +159,26 @@ def test_fused_kernel_through_the_trainer_is_reproducible_and_resumes(tmp_path: 
     save_checkpoint(tr, tmp_path / "part" / "checkpoint.pt")
     resumed = run_one(c, e, DATA, 2, tmp_path / "part", resume=True, progress=False)
     assert torch.equal(full["final_params"], resumed["final_params"])
+
+
+@pytest.mark.parametrize("model", ["mlp", "logreg"])
+def test_vmap_workers_computes_the_same_gradients(model: str) -> None:
+    """train.vmap_workers: all W gradients in one torch.func.vmap call equal the one-by-one loop
+    (to float32 rounding, not bitwise), losses included; a plain-SGD run stays on the same path."""
+    c = cfg(model=model, weight_decay=1e-3)
+    loop, vm = Trainer(c, entry("sgd"), DATA, 3), Trainer(TrainConfig(**{**c.__dict__, "vmap_workers": True}),
+                                                          entry("sgd"), DATA, 3)
+    for step in range(3):
+        (g1, l1), (g2, l2) = loop.local_gradients(step), vm.local_gradients(step)
+        assert sorted(g1) == sorted(g2) == list(range(c.workers))
+        for w in g1:
+            assert torch.allclose(g1[w], g2[w], rtol=1e-5, atol=1e-7), (step, w)
+        assert l1 == pytest.approx(l2, rel=1e-6)
+        loop.step(), vm.step()
+    assert torch.allclose(loop.flat_params(), vm.flat_params(), atol=1e-6)
+
+
+def test_vmap_workers_refuses_models_with_buffers() -> None:
+    data = load_dataset("synthetic")
+    with pytest.raises(ValueError, match="has buffers.*BatchNorm"):
+        Trainer(cfg(model="resnet18", vmap_workers=True), entry("sgd"), data, 0)

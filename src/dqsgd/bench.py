@@ -232,7 +232,7 @@ def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- step
 
 
-def _trainer(exp: Any, label: str, kernel: str | None, data: Any, seed: int) -> Any:
+def _trainer(exp: Any, label: str, kernel: str | None, data: Any, seed: int, vmap: bool = False) -> Any:
     import dataclasses
 
     from dqsgd.train.trainer import Trainer
@@ -240,7 +240,7 @@ def _trainer(exp: Any, label: str, kernel: str | None, data: Any, seed: int) -> 
     entry = next(e for e in exp.methods if e.label == label)
     if kernel is not None:
         entry = dataclasses.replace(entry, config=dataclasses.replace(entry.config, kernel=kernel))
-    return Trainer(exp.train, entry, data, seed)  # kernel "fused": it passes HashRNG(seed_for(seed, QUANT), n, w)
+    return Trainer(dataclasses.replace(exp.train, vmap_workers=vmap), entry, data, seed)  # kernel "fused": it passes HashRNG(seed_for(seed, QUANT), n, w)
 
 
 def bench_step(args: argparse.Namespace) -> dict[str, Any]:
@@ -249,8 +249,10 @@ def bench_step(args: argparse.Namespace) -> dict[str, Any]:
 
     exp = load_experiment(args.config, [f"train.threads={args.threads}"])
     data = load_dataset(exp.train.dataset)
-    runs = {"sgd": ("sgd", None), "dqsgd (torch)": ("dqsgd", "torch"), "dqsgd (fused)": ("dqsgd", "fused")}
-    trainers = {name: _trainer(exp, label, kernel, data, 0) for name, (label, kernel) in runs.items()}
+    runs = {"sgd": ("sgd", None, False), "dqsgd (torch)": ("dqsgd", "torch", False),
+            "dqsgd (fused)": ("dqsgd", "fused", False), "sgd (vmap workers)": ("sgd", None, True),
+            "dqsgd (fused, vmap workers)": ("dqsgd", "fused", True)}
+    trainers = {name: _trainer(exp, label, kernel, data, 0, vmap) for name, (label, kernel, vmap) in runs.items()}
     times: dict[str, list[float]] = {k: [] for k in trainers}
     parts: dict[str, list[tuple[float, float, float]]] = {k: [] for k in trainers}
     for i in range(args.warmup + args.steps):

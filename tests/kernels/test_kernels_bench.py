@@ -32,3 +32,16 @@ def test_best_of_times_every_callable() -> None:
     best = best_of({"copy": lambda: calls.append("c"), "x": lambda: calls.append("x")}, 3, copy_factor=2)
     assert set(best) == {"copy", "x"} and calls.count("c") == 6 and calls.count("x") == 3
     assert all(0 <= v < 1 for v in best.values())
+
+
+def test_bench_step_runs_every_variant(tmp_path) -> None:
+    """`dqsgd bench step` end to end (one timed step; the numbers themselves are not checked)."""
+    import json
+
+    from dqsgd.cli import main
+
+    out = tmp_path / "step.json"
+    assert main(["bench", "step", "--config", "table1-mnist", "--steps", "1", "--warmup", "0", "--out", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"sgd", "dqsgd (torch)", "dqsgd (fused)", "sgd (vmap workers)", "dqsgd (fused, vmap workers)"}
+    assert rows["sgd"]["vs_sgd"] == 1.0 and all(r["median_ms"] > 0 for r in rows.values())

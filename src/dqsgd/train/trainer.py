@@ -76,6 +76,7 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits())
+        self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         self.next_step = 0
         self.skipped = 0
 
@@ -97,6 +98,47 @@ class Trainer:
             flat = flat + self.cfg.weight_decay * torch.cat([p.detach().reshape(-1) for p in self.params])
         return flat, float(loss.detach())
 
+    def _vmap_gradients(self) -> Any:
+        """``(params, X[W, B, ...], Y[W, B]) -> (grads per parameter [W, ...], losses [W])`` via torch.func."""
+        from torch.func import functional_call, grad_and_value, vmap
+
+        if any(True for _ in self.model.buffers()):
+            names = [n for n, _ in self.model.named_buffers()][:3]
+            raise ValueError(f"train.vmap_workers: model {self.cfg.model!r} has buffers ({', '.join(names)}, ...: "
+                             f"BatchNorm statistics), which a vmapped gradient cannot update; set vmap_workers = false")
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+
+        def loss_of(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(functional_call(self.model, params, (x,)), y)
+
+        batched = vmap(grad_and_value(loss_of), in_dims=(None, 0, 0))
+
+        def run(x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+            params = {n: p.detach() for n, p in zip(names, self.params)}
+            grads, losses = batched(params, x, y)
+            return [grads[n] for n in names], losses
+
+        return run
+
+    def local_gradients(self, step: int) -> tuple[dict[int, torch.Tensor], list[float]]:
+        """Every local worker's flat gradient and loss at ``step`` (one by one, or in one vmap call)."""
+        workers = list(self.transport.local_workers)
+        if self._vmapped is None:
+            grads, losses = {}, []
+            for w in workers:
+                grads[w], loss = self.worker_gradient(w, step)
+                losses.append(loss)
+            return grads, losses
+        idx = torch.stack([self.batches.indices(w, step) for w in workers])
+        x = self.data.train.x[idx].to(self.device)
+        y = self.data.train.y[idx].to(self.device)
+        self.model.train()
+        per_param, loss = self._vmapped(x, y)
+        flat = torch.cat([g.reshape(len(workers), -1) for g in per_param], dim=1)
+        if self.cfg.weight_decay:
+            flat = flat + self.cfg.weight_decay * torch.cat([p.detach().reshape(-1) for p in self.params])
+        return {w: flat[i] for i, w in enumerate(workers)}, [float(v) for v in loss]
+
     def apply_update(self, update: torch.Tensor, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -115,10 +157,7 @@ class Trainer:
     def step(self) -> StepResult:
         n, bits, t = self.next_step, self.state.bits, self.transport
         t0 = time.perf_counter()
-        grads, losses = {}, []
-        for w in t.local_workers:
-            grads[w], loss = self.worker_gradient(w, n)
-            losses.append(loss)
+        grads, losses = self.local_gradients(n)
         t1 = time.perf_counter()
         if self.cfg.on_nonfinite == "skip" and not self._all_finite(grads):
             self.skipped += 1
