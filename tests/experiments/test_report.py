@@ -155,3 +155,16 @@ def test_matched_ratio_reads_figure2_seed_by_seed(root: Path) -> None:
     assert got["deltas"] == pytest.approx(want, abs=1e-12)
     text = build_report(root).read_text()
     assert "At matched ratio (Figure 2): `dqsgd`" in text and "below QSGD's curve" in text
+
+
+def test_figure2_marks_far_off_methods_on_the_bottom_edge(root: Path, tmp_path: Path) -> None:
+    """A method 10 pt below the rest (signSGD-like) must not squash the axis: it is marked, not plotted."""
+    from dqsgd.experiments.plots import draw_figure2
+
+    write_run(root, "signsgd", 0, final_acc=0.80)
+    write_run(root, "signsgd", 1, final_acc=0.80)
+    ax = draw_figure2(load_runs(root)).axes[0]
+    assert 85.0 < ax.get_ylim()[0] < 87.0  # the others span 87-91 % (fake_runs.FINAL_ACC), signSGD is at 80 %
+    assert any("signsgd: 80.00% (below the axis)" in t.get_text() for t in ax.texts)
+    text = build_report(root).read_text()
+    assert "| `signsgd`" in text  # still in the table

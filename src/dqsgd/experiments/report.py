@@ -353,12 +353,16 @@ def _matched_ratio(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
 
 
 def _dq_vs_q(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
-    """DQSGD against each fixed-width QSGD: uplink bytes saved and paired accuracy difference."""
+    """DQSGD against its neighbours in ratio among the fixed-width QSGDs (the nearest with fewer and with
+    more bytes): uplink bytes saved and paired accuracy difference."""
     out = []
+    qs = [r for r in rows if r["method"].startswith("qsgd") and r["up_bytes"]]
     for dq in (r for r in rows if r["method"].startswith("dqsgd")):
-        for q in (r for r in rows if r["method"].startswith("qsgd")):
-            if not q["up_bytes"]:
-                continue
+        more = [q for q in qs if q["up_bytes"] >= dq["up_bytes"]]
+        fewer = [q for q in qs if q["up_bytes"] < dq["up_bytes"]]
+        near = ([min(fewer, key=lambda q: dq["up_bytes"] - q["up_bytes"])] if fewer else []) + (
+            [min(more, key=lambda q: q["up_bytes"] - dq["up_bytes"])] if more else [])
+        for q in near:
             save = 100 * (1 - dq["up_bytes"] / q["up_bytes"])
             diff = _paired(runs, dq["method"], q["method"])
             acc = (f"test accuracy {100 * statistics.fmean(diff):+.2f} pt (paired over {len(diff)} seed"
