@@ -27,7 +27,9 @@ def encode(
 
     ``coding``: "fixed" (bit-packed), "elias" (QSGD's Elias-omega code of the levels),
     "zstd" (zstd on the packed codes), "zstd-aligned" (zstd on codes padded to a byte-aligned width:
-    closer to the entropy at 3, 5, 6, 7 bits) or "auto" (the smallest of fixed, elias and zstd-aligned).
+    closer to the entropy at 3, 5, 6, 7 bits), "rans" (static rANS of the levels: within ~0.1% of their
+    empirical entropy plus a small frequency table; integer schemes only) or "auto" (the smallest of
+    fixed, elias, zstd-aligned and rans).
     """
     cod = Coding.from_name(coding)
     if norm not in _NORMS:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import zstandard
 
-from dqsgd.codecs import Coding, decode, elias_encode, encode, pack_bits
+from dqsgd.codecs import Coding, decode, elias_encode, encode, pack_bits, rans_encode
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.codecs.wire import body_width, zstd_compress
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, quantize_uniform_hash
@@ -141,8 +141,9 @@ def coded_sizes(codes: np.ndarray, bits: int) -> dict[str, float]:
     aligned = pack_bits(codes, body_width(bits, Coding.ZSTD_ALIGNED), offset=off)  # Coding.ZSTD_ALIGNED's body
     sizes = {"fixed": 8 * len(packed) / n, "elias": 8 * len(elias_encode(codes)) / n,
              "zstd": 8 * len(zstd_compress(packed)) / n, "zstd_aligned": 8 * len(zstd_compress(aligned)) / n,
+             "rans": 8 * len(rans_encode(codes, bits)) / n,
              "zstd19": 8 * len(zstandard.ZstdCompressor(level=19).compress(packed)) / n}
-    sizes["auto"] = min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"])  # what Coding.AUTO sends
+    sizes["auto"] = min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"], sizes["rans"])  # Coding.AUTO
     return sizes
 
 
@@ -162,7 +163,8 @@ def entropy_rows(bits_list: list[int]) -> list[dict[str, Any]]:
                              **sizes, "best": best, "best_vs_entropy": sizes[best] / h if h else math.inf,
                              "zstd_vs_entropy": sizes["zstd"] / h if h else math.inf,
                              "zstd_aligned_vs_entropy": sizes["zstd_aligned"] / h if h else math.inf,
-                             "elias_vs_entropy": sizes["elias"] / h if h else math.inf})
+                             "elias_vs_entropy": sizes["elias"] / h if h else math.inf,
+                             "rans_vs_entropy": sizes["rans"] / h if h else math.inf})
     return rows
 
 
@@ -221,9 +223,10 @@ def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
     _print_table(pieces, ["n", "bits", "piece", "ms", "GBs", "vs_copy"])
     ent = entropy_rows([b for b in args.bits if 2 <= b <= 8] or [2, 4, 6, 8])
     print("\nbody bits per coordinate vs empirical entropy of the levels (zstd = Coding.ZSTD, zstd_aligned ="
-          " Coding.ZSTD_ALIGNED, auto = Coding.AUTO, all level 3; zstd19: a candidate, not on the wire)")
-    _print_table(ent, ["vector", "norm", "bits", "entropy", "fixed", "elias", "zstd", "zstd_aligned", "auto", "zstd19",
-                       "best", "best_vs_entropy"])
+          " Coding.ZSTD_ALIGNED, rans = Coding.RANS, auto = Coding.AUTO, zstd level 3; zstd19: a candidate, not on"
+          " the wire)")
+    _print_table(ent, ["vector", "norm", "bits", "entropy", "fixed", "elias", "zstd", "zstd_aligned", "rans", "auto",
+                       "zstd19", "best", "best_vs_entropy"])
     result = {"throughput": rows, "pieces": pieces, "entropy": ent, "threads": args.threads}
     _write(result, args.out)
     return result

@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 Scheme = Literal["identity", "uniform", "sign", "ternary"]
 PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-error", "adaptive", "adaqs"]
-CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "auto"]
+CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"]
 KernelName = Literal["torch", "fused"]
 
 _ALLOWED: dict[str, tuple[str, ...]] = {
     "scheme": ("identity", "uniform", "sign", "ternary"),
     "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-error", "adaptive", "adaqs"),
-    "coding": ("fixed", "elias", "zstd", "zstd-aligned", "auto"),
+    "coding": ("fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"),
     "norm": ("inf", "2"),
     "aggregate": ("mean", "majority"),
     "downlink": ("fp32", "sign"),

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dqsgd.codecs import Coding, decode, elias_encode, encode, header_size, pack_bits, predicted_size
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
 
-CODINGS = [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED]
+CODINGS = [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED, Coding.RANS]
 
 
 def _nseg(q: Quantized) -> int:
@@ -55,10 +55,10 @@ def test_fixed_size_is_predicted_exactly(q: Quantized) -> None:
 @SETTINGS
 @given(q=quantized())
 def test_auto_keeps_the_smallest_body(q: Quantized) -> None:
-    sizes = {c: len(encode(q, c)) for c in (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED)}
+    sizes = {c: len(encode(q, c)) for c in (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED, Coding.RANS)}
     auto = encode(q, Coding.AUTO)
     assert len(auto) == min(sizes.values())
-    assert auto[5] == min(sizes, key=sizes.get)  # ties: the first of FIXED, ELIAS, ZSTD_ALIGNED
+    assert auto[5] == min(sizes, key=sizes.get)  # ties: the first of FIXED, ELIAS, ZSTD_ALIGNED, RANS
     assert auto == encode(q, Coding(auto[5]))
 
 
@@ -72,6 +72,8 @@ def test_identity_round_trip(q: Quantized, coding: Coding) -> None:
         assert len(payload) == predicted_size(q.numel, 32, 0, len(q.shape), q.layout)
     with pytest.raises(ValueError, match="ELIAS"):
         encode(q, Coding.ELIAS)
+    with pytest.raises(ValueError, match="RANS"):
+        encode(q, Coding.RANS)
 
 
 def _q(codes: list[int], *, scheme: Scheme = Scheme.UNIFORM, bits: int = 4, levels: int = 7,
@@ -191,10 +193,10 @@ def test_encode_refuses_wrong_dtypes_and_codings() -> None:
 
 def test_predicted_size_is_only_for_fixed() -> None:
     assert predicted_size(10, 3, 1, 1, Layout()) == 12 + 4 + 1 + 4 + 4 + 4 + 4
-    for coding in (Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED):
+    for coding in (Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED, Coding.RANS):
         with pytest.raises(ValueError, match="FIXED"):
             predicted_size(10, 3, 1, 1, Layout(), coding)
 
 
 def test_coding_ids_are_stable() -> None:
-    assert [int(c) for c in CODINGS] == [0, 1, 2, 3, 4]
+    assert [int(c) for c in CODINGS] == [0, 1, 2, 3, 4, 5]

@@ -22,7 +22,13 @@ def test_coded_sizes_measure_real_bodies() -> None:
     assert sizes["fixed"] == 8 * math.ceil(10_001 * 4 / 8) / 10_001
     assert sizes["zstd_aligned"] == sizes["zstd"]  # 4-bit fields are already byte-aligned
     assert math.log2(15) * 0.99 < sizes["zstd"] < 4.2
-    assert sizes["auto"] == min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"])
+    assert sizes["auto"] == min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"], sizes["rans"])
+    # rANS: the entropy of 15 equiprobable levels (≈ log2 15) plus a 46-byte table and 4 state bytes.
+    assert math.log2(15) < sizes["rans"] < math.log2(15) * 1.002 + 8 * 50 / 10_001
+    sparse = (rng.random(10_001) < 0.05) * rng.choice([-1, 1], 10_001)  # p0 = 0.95: rANS approaches H
+    sp = coded_sizes(sparse.astype(np.int32), 2)
+    h = level_entropy(sparse)
+    assert sp["rans"] < h * 1.01 + 8 * 16 / 10_001 and sp["rans"] < sp["zstd"] and sp["auto"] == sp["rans"]
     six = coded_sizes(rng.integers(-31, 32, 10_001).astype(np.int32), 6)  # one code per byte: zstd sees whole codes
     assert six["zstd_aligned"] < six["zstd"] and six["zstd_aligned"] < math.log2(63) * 1.03
 

@@ -44,7 +44,7 @@ def test_fused_payload_equals_reference_at_every_width(bits: int) -> None:
     same_payload(x, bits, Norm.MAX, Layout(bucket=100), Coding.ZSTD_ALIGNED)
 
 
-@pytest.mark.parametrize("coding", [Coding.ELIAS, Coding.AUTO, Coding.ZSTD, Coding.ZSTD_ALIGNED])
+@pytest.mark.parametrize("coding", [Coding.ELIAS, Coding.AUTO, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS])
 def test_other_codings_carry_the_same_codes(coding: Coding) -> None:
     x = torch.randn(5000, generator=torch.Generator().manual_seed(1))
     for bits in (2, 3, 8):
@@ -126,7 +126,10 @@ def test_decode_accumulate_equals_sum_of_dequantized_for_every_scheme() -> None:
                 encode_uniform_fast(xs[1], 9, RNG, coding=Coding.ZSTD),
                 encode_uniform_fast(xs[2], 6, RNG, coding=Coding.ZSTD_ALIGNED),
                 encode(quantize_identity(xs[3]), Coding.ZSTD_ALIGNED),
-                encode(quantize_sign(xs[2]), Coding.ELIAS)]
+                encode(quantize_sign(xs[2]), Coding.ELIAS),
+                encode_uniform_fast(xs[3], 4, RNG, layout=Layout(bucket=500), coding=Coding.RANS),
+                encode(quantize_sign(xs[1], scaled=True), Coding.RANS),
+                encode(quantize_ternary(xs[0], torch.Generator().manual_seed(1)), Coding.RANS)]
     total, expected = torch.zeros(2001), torch.zeros(2001)
     for p in payloads:
         decode_accumulate(p, total)

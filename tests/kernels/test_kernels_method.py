@@ -33,7 +33,7 @@ def test_aggregate_is_bit_identical_to_the_sum_of_dequantized(name: str) -> None
         assert torch.equal(agg, total / W)
 
 
-@pytest.mark.parametrize("coding", ["fixed", "zstd", "zstd-aligned", "elias", "auto"])
+@pytest.mark.parametrize("coding", ["fixed", "zstd", "zstd-aligned", "elias", "rans", "auto"])
 def test_fused_method_sends_the_hash_rng_quantizer(coding: str) -> None:
     m = Method(method_config("qsgd", bits=4, kernel="fused", coding=coding, bucket=128), D, 20)
     g = grads(1)[0]

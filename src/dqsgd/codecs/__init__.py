@@ -1,4 +1,4 @@
-"""The wire codec: fixed-width bit packing, Elias-omega coding and the versioned payload format.
+"""The wire codec: fixed-width bit packing, Elias-omega and rANS coding and the versioned payload format.
 
 ``encode(q, coding) -> bytes`` and ``decode(payload) -> Quantized`` are the entry points; the
 payload layout is documented in :mod:`dqsgd.codecs.header` and :mod:`dqsgd.codecs.wire`.
@@ -7,12 +7,14 @@ payload layout is documented in :mod:`dqsgd.codecs.header` and :mod:`dqsgd.codec
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
 from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_length
 from dqsgd.codecs.header import Coding, PayloadError, header_size
+from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
 from dqsgd.codecs.wire import decode, encode, predicted_size
 
 __all__ = [
     "Coding",
     "EliasError",
     "PayloadError",
+    "RansError",
     "decode",
     "elias_bit_length",
     "elias_decode",
@@ -23,5 +25,7 @@ __all__ = [
     "pack_bits",
     "packed_size",
     "predicted_size",
+    "rans_decode",
+    "rans_encode",
     "unpack_bits",
 ]

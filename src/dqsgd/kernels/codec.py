@@ -5,10 +5,11 @@
   payload: two passes over the input, no full-size temporary. The payload is the wire format of
   :mod:`dqsgd.codecs.wire` byte for byte: ``decode`` reads it unchanged, and it equals
   ``encode(quantize_uniform(x, bits, rng=rng, …), coding)`` (bits ≥ 2; 1 bit: see below).
-* :func:`quantize_uniform_fast` — the same codes as a :class:`Quantized` (for ELIAS coding and
+* :func:`quantize_uniform_fast` — the same codes as a :class:`Quantized` (for ELIAS and RANS coding and
   error feedback, which need the codes themselves).
 * :func:`decode_accumulate` — validates a payload like ``decode`` and adds ``w·dequantize`` into
-  ``out`` without materialising the codes or x̂ (FIXED, ZSTD and ZSTD_ALIGNED bodies; ELIAS decodes first).
+  ``out`` without materialising the codes or x̂ (FIXED, ZSTD and ZSTD_ALIGNED bodies; ELIAS and
+  RANS decode the codes first).
 
 One bit: a UNIFORM payload with bits = 1 and levels = 1 carries codes ±1 and the scale r = ‖v‖;
 the code is +1 with probability (1 + v_i/r)/2, so E[r·c_i] = v_i (stochastic binary rounding;
@@ -113,8 +114,8 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
     """The payload of the hash-RNG stochastic uniform quantizer of ``x`` at ``bits`` (1..16).
 
     FIXED, ZSTD and ZSTD_ALIGNED are packed in the fused kernel (straight into the payload for
-    FIXED); ELIAS and AUTO go through the codes (:func:`quantize_uniform_fast`) and
-    :func:`dqsgd.codecs.encode`.
+    FIXED); ELIAS, RANS and AUTO go through the codes (:func:`quantize_uniform_fast`) and
+    :func:`dqsgd.codecs.encode` (entropy coders need the histogram of all codes first).
 
     Raises:
       NonFiniteGradientError: ``x`` has NaN or Inf (nothing is encoded).
@@ -200,8 +201,9 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     buf = memoryview(payload).cast("B")
     w = np.float32(weight)
     rng = _wire._code_range(h.scheme, h.bits, h.levels)
-    if h.coding == Coding.ELIAS or h.numel == 0 or (h.scheme != Scheme.IDENTITY and not rng.zero_ok and h.bits > 1):
-        # ELIAS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
+    if (h.coding in (Coding.ELIAS, Coding.RANS) or h.numel == 0
+            or (h.scheme != Scheme.IDENTITY and not rng.zero_ok and h.bits > 1)):
+        # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
         data = _wire._decode_body(buf, h)
         if h.numel:
             fused.accumulate_codes(data, segment_starts(h.layout, h.numel), _steps(h), w, arr)

@@ -1,0 +1,323 @@
+"""Static order-0 rANS coding of the quantization levels: ``Coding.RANS``.
+
+Symbols are the codes in FIXED's offset binary, ``u = code + 2^(b−1)`` (b ≥ 2) or
+``u = 1 if code > 0 else 0`` (b = 1), so ``0 ≤ u < 2^b ≤ 2^16``.  A body of ``n`` codes is
+(n = 0: the empty body)::
+
+    varint K                         distinct symbols, 1 ≤ K ≤ min(2^b, n)
+    K × (varint gap, varint freq)    symbols ascending: u_0 = gap_0, u_k = u_(k−1) + 1 + gap_k;
+                                     1 ≤ freq_k, Σ freq_k = M = 2^16 (PROB_BITS = 16)
+    u32 state                        the encoder's final state x, little-endian, L ≤ x < 2^8·L
+    stream bytes                     the renormalisation bytes, in the order the decoder reads them
+
+Varints are unsigned LEB128, at most 3 bytes, and minimal (no trailing 0x80 … 0x00 groups).
+The frequencies are :func:`normalize` of the symbol counts: symbols so rare that a proportional
+share would round to 0 get 1 (the rarest first, until every other symbol's share is ≥ 1), the
+rest share what is left in proportion to their counts (floor, then +1 to the largest remainders;
+ties to the lower symbol). The decoder requires exactly that table, every listed symbol to occur,
+and so a decoded body re-encodes to the same bytes.
+
+The coder is ryg's byte-wise rANS with a 32-bit state: ``L = 2^23``, state in ``[L, 2^31)``.
+Encoding runs over the codes backwards from ``x = L``: before coding ``u`` (frequency ``f``,
+cumulative frequency ``c``), while ``x ≥ 2^15·f`` emit ``x & 0xFF`` and ``x >>= 8``; then
+``x ← ⌊x/f⌋·M + (x mod f) + c``.  Decoding runs forwards: ``slot = x mod M``, the symbol whose
+``[c, c+f)`` holds ``slot``, ``x ← f·⌊x/M⌋ + slot − c``, and while ``x < L`` read a byte
+``x ← 256·x + byte``.  After ``n`` symbols the decoder must be back at ``x = L`` with every
+stream byte read.  The coded size is ``Σ log2(M/f_u)`` bits plus at most ``log2(1 + 2^-7)``
+bits per symbol of state rounding (about 0.1 % of a bit on average), plus 4 state bytes.
+
+Decoding is strict and bounded: every table field and every stream byte is checked against the
+end of the body before it is read, and nothing is allocated from an unchecked size (the output
+has the header's numel elements, which the caller bounds; the tables have ``2^b`` and ``M``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["PROB_BITS", "RansError", "normalize", "rans_decode", "rans_encode", "rans_table"]
+
+PROB_BITS = 16
+M = 1 << PROB_BITS
+RANS_L = 1 << 23  # lower bound of the normalised state; the upper bound is 2^8·L = 2^31
+_XMAX_UNIT = (RANS_L >> PROB_BITS) << 8  # encoder renormalises while x ≥ _XMAX_UNIT·f
+_VARINT_MAX_BYTES = 3
+
+# Decoder status codes (0 = ok); the message table turns them into text.
+(_OK, _TRUNC_TABLE, _VARINT, _COUNT, _SYMBOL, _RANGE, _FREQ, _SUM, _STATE, _TRUNC_STREAM,
+ _FINAL, _TRAILING) = range(12)
+_MESSAGES = {
+    _TRUNC_TABLE: "frequency table truncated",
+    _VARINT: "malformed varint (longer than 3 bytes, or not minimal)",
+    _COUNT: "symbol count out of range",
+    _SYMBOL: "symbol out of range for the bit width",
+    _RANGE: "symbol is a code the scheme does not allow",
+    _FREQ: "frequency out of range (must be 1..65536)",
+    _SUM: "frequencies do not sum to 65536",
+    _STATE: "initial state out of range",
+    _TRUNC_STREAM: "stream truncated",
+    _FINAL: "final state is not the initial state",
+    _TRAILING: "trailing bytes after the rANS stream",
+}
+
+
+class RansError(ValueError):
+    """A malformed rANS body; ``offset`` is the byte of the body where the decoder stopped."""
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(f"{message} (at byte {offset} of the body)")
+        self.offset = offset
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def normalize(counts: np.ndarray) -> np.ndarray:
+    """Frequencies (int64, each ≥ 1, summing to 2^16) for positive ``counts`` (1 ≤ K ≤ 2^16 of them).
+
+    Deterministic integer arithmetic (module docstring): the decoder re-derives it to check a table.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    k = counts.size
+    if not 1 <= k <= M or (counts <= 0).any():
+        raise ValueError(f"normalize needs 1..{M} positive counts, got {k}")
+    n = int(counts.sum())
+    order = np.argsort(counts, kind="stable")  # ascending; ties by symbol
+    sc = counts[order]
+    prefix = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(sc, out=prefix[1:])
+    # The first r at which the r rarest symbols (frequency 1 each) leave every other one a share ≥ 1;
+    # r = K − 1 always qualifies (the largest then gets M − K + 1 ≥ 1). Products < 2^32 · 2^16.
+    ok = sc * (M - np.arange(k, dtype=np.int64)) >= n - prefix[:-1]
+    r = int(np.argmax(ok))
+    share_total, weight = M - r, n - int(prefix[r])
+    freq = np.ones(k, dtype=np.int64)
+    big = np.sort(order[r:])  # by symbol, so that ties in the remainder go to the lower symbol
+    cb = counts[big]
+    share, rem = np.divmod(cb * share_total, weight)
+    deficit = share_total - int(share.sum())
+    if deficit:
+        share[np.lexsort((big, -rem))[:deficit]] += 1  # largest remainders; ties: lower symbol
+    freq[big] = share
+    return freq
+
+
+@njit(cache=True, nogil=True)
+def _histogram(codes, offset, one_bit, nsym):  # pragma: no cover - compiled
+    hist = np.zeros(nsym, np.int64)
+    for i in range(codes.size):
+        c = np.int64(codes[i])
+        u = np.int64(c > 0) if one_bit else c + offset
+        hist[u] += 1
+    return hist
+
+
+@njit(cache=True, nogil=True)
+def _put_varint(out, p, v):  # pragma: no cover - compiled
+    while v >= 0x80:
+        out[p] = np.uint8((v & 0x7F) | 0x80)
+        v >>= 7
+        p += 1
+    out[p] = np.uint8(v)
+    return p + 1
+
+
+@njit(cache=True, nogil=True)
+def _write_table(symbols, freq, out):  # pragma: no cover - compiled
+    p = _put_varint(out, 0, np.int64(symbols.size))
+    prev = np.int64(-1)
+    for k in range(symbols.size):
+        p = _put_varint(out, p, np.int64(symbols[k]) - prev - 1)
+        p = _put_varint(out, p, np.int64(freq[k]))
+        prev = np.int64(symbols[k])
+    return p
+
+
+def rans_table(codes: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(symbols, counts, frequencies) of the codes' offset-binary symbols (int64 arrays, by symbol)."""
+    offset = 0 if bits == 1 else 1 << (bits - 1)
+    hist = _histogram(codes, offset, bits == 1, 1 << bits)
+    symbols = np.flatnonzero(hist).astype(np.int64)
+    counts = hist[symbols]
+    return symbols, counts, normalize(counts)
+
+
+# ------------------------------------------------------------------------------ encode
+
+
+@njit(cache=True, nogil=True)
+def _encode(codes, offset, one_bit, index, freq, cum, out):  # pragma: no cover - compiled
+    """rANS-encode ``codes`` backwards into the tail of ``out``; the first byte used, or −1 if full."""
+    n = codes.size
+    x = np.uint64(RANS_L)
+    p = out.size
+    for j in range(n):
+        c = np.int64(codes[n - 1 - j])
+        u = np.int64(c > 0) if one_bit else c + offset
+        k = index[u]
+        f = np.uint64(freq[k])
+        xmax = np.uint64(_XMAX_UNIT) * f
+        while x >= xmax:
+            if p == 0:
+                return -1
+            p -= 1
+            out[p] = np.uint8(x & np.uint64(0xFF))
+            x >>= np.uint64(8)
+        x = (x // f << np.uint64(PROB_BITS)) + x % f + np.uint64(cum[k])
+    if p < 4:
+        return -1
+    p -= 4
+    for b in range(4):
+        out[p + b] = np.uint8((x >> np.uint64(8 * b)) & np.uint64(0xFF))
+    return p
+
+
+def rans_encode(codes: np.ndarray, bits: int) -> np.ndarray:
+    """The RANS body (uint8) of ``codes`` (int32, valid for ``bits`` in 1..16: the caller checks)."""
+    n = codes.size
+    if n == 0:
+        return np.zeros(0, dtype=np.uint8)
+    symbols, counts, freq = rans_table(codes, bits)
+    table = np.empty(_VARINT_MAX_BYTES * (1 + 2 * symbols.size), dtype=np.uint8)
+    tlen = _write_table(symbols, freq, table)
+    index = np.zeros(1 << bits, dtype=np.int64)
+    index[symbols] = np.arange(symbols.size)
+    cum = np.zeros(symbols.size, dtype=np.int64)
+    np.cumsum(freq[:-1], out=cum[1:])
+    # Stream bound: each symbol grows log2(x) by < log2(M/f) + log2(1 + 2^-7) and each byte takes
+    # 8 bits off; or at most ⌈(16 − ⌊log2 f⌋)/8⌋ bytes per symbol.  The encoder checks it anyway.
+    ideal = float((counts * (PROB_BITS - np.log2(freq))).sum()) + n * math.log2(1 + 2.0**-7)
+    exact = int((counts * ((PROB_BITS - np.floor(np.log2(freq)).astype(np.int64) + 7) // 8)).sum())
+    cap = min(exact, int(ideal * (1 + 1e-9) / 8) + 16) + 4
+    out = np.empty(tlen + cap, dtype=np.uint8)
+    start = _encode(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, index, freq, cum, out[tlen:])
+    if start < 0:  # pragma: no cover - the bound above is a proof
+        raise RuntimeError("rANS stream exceeded its proven bound")
+    stream = out[tlen + start :]
+    out[tlen : tlen + stream.size] = stream.copy()
+    out[:tlen] = table[:tlen]
+    return out[: tlen + stream.size]
+
+
+# ------------------------------------------------------------------------------ decode
+
+
+@njit(cache=True, nogil=True)
+def _get_varint(buf, p, end):  # pragma: no cover - compiled
+    """(value, next position, status)."""
+    v = np.int64(0)
+    for i in range(_VARINT_MAX_BYTES):
+        if p >= end:
+            return v, p, _TRUNC_TABLE
+        b = np.int64(buf[p])
+        p += 1
+        v |= (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            if b == 0 and i > 0:
+                return v, p - 1, _VARINT
+            return v, p, _OK
+    return v, p - 1, _VARINT
+
+
+@njit(cache=True, nogil=True)
+def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):  # pragma: no cover - compiled
+    """Parse the table and decode ``out.size`` codes; (status, position, number of table symbols)."""
+    end = buf.size
+    n = out.size
+    nsym = np.int64(1) << bits
+    offset = np.int64(0) if bits == 1 else np.int64(1) << (bits - 1)
+    k, p, st = _get_varint(buf, 0, end)
+    if st != _OK:
+        return st, p, 0
+    if k < 1 or k > nsym or k > n:
+        return _COUNT, 0, 0
+    u = np.int64(-1)
+    total = np.int64(0)
+    for j in range(k):
+        at = p
+        gap, p, st = _get_varint(buf, p, end)
+        if st != _OK:
+            return st, p, 0
+        u += gap + 1
+        if u >= nsym:
+            return _SYMBOL, at, 0
+        code = 2 * u - 1 if bits == 1 else u - offset
+        if code < lo or code > hi or (code == 0 and not zero_ok):
+            return _RANGE, at, 0
+        at = p
+        f, p, st = _get_varint(buf, p, end)
+        if st != _OK:
+            return st, p, 0
+        if f < 1 or f > M:
+            return _FREQ, at, 0
+        if total + f > M:
+            return _SUM, at, 0
+        for s in range(total, total + f):  # total + f ≤ M = slot_index.size
+            slot_index[s] = j
+        symbols[j] = code
+        freq[j] = f
+        total += f
+    if total != M:
+        return _SUM, p, 0
+    if p + 4 > end:
+        return _TRUNC_STREAM, p, k
+    x = np.uint64(0)
+    for b in range(4):
+        x |= np.uint64(buf[p + b]) << np.uint64(8 * b)
+    if x < np.uint64(RANS_L) or x >= np.uint64(RANS_L) << np.uint64(8):
+        return _STATE, p, k
+    p += 4
+    cum = np.zeros(k, np.int64)
+    for j in range(1, k):
+        cum[j] = cum[j - 1] + freq[j - 1]
+    mask = np.uint64(M - 1)
+    for i in range(n):
+        slot = x & mask  # < M
+        j = slot_index[slot]
+        out[i] = symbols[j]
+        counts[j] += 1
+        x = np.uint64(freq[j]) * (x >> np.uint64(PROB_BITS)) + slot - np.uint64(cum[j])  # < 2^31
+        while x < np.uint64(RANS_L):
+            if p >= end:
+                return _TRUNC_STREAM, p, k
+            x = (x << np.uint64(8)) | np.uint64(buf[p])
+            p += 1
+    if x != np.uint64(RANS_L):
+        return _FINAL, p, k
+    if p != end:
+        return _TRAILING, p, k
+    return _OK, p, k
+
+
+def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
+                zero_ok: bool) -> np.ndarray:
+    """The ``numel`` int32 codes of a RANS body; every code in ``[lo, hi]`` (0 only if ``zero_ok``).
+
+    Raises:
+      RansError: anything :func:`rans_encode` could not have written (module docstring).
+    """
+    buf = np.frombuffer(body, dtype=np.uint8)
+    if not 1 <= bits <= 16:
+        raise ValueError(f"RANS carries codes of 1..16 bits, not {bits}")
+    if numel == 0:
+        if buf.size:
+            raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
+        return np.zeros(0, dtype=np.int32)
+    nsym = min(1 << bits, numel)
+    out = np.empty(numel, dtype=np.int32)
+    symbols = np.zeros(nsym, dtype=np.int32)
+    freq = np.zeros(nsym, dtype=np.int64)
+    counts = np.zeros(nsym, dtype=np.int64)
+    slot_index = np.zeros(M, dtype=np.int32)
+    status, pos, k = _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index)
+    if status != _OK:
+        raise RansError(_MESSAGES[status], int(pos))
+    if (counts[:k] == 0).any():
+        j = int(np.argmax(counts[:k] == 0))
+        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
+    if not np.array_equal(normalize(counts[:k]), freq[:k]):
+        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
+    return out
