@@ -23,12 +23,13 @@ from dqsgd.transport.torch_dist import RankDisagreement, make_transport
 def train(cfg: TrainConfig, entry: MethodEntry, seed: int, transport: Any) -> dict[str, Any]:
     """Every step of a run on ``transport``: chosen widths, uplink bytes (server), final parameters."""
     tr = Trainer(cfg, entry, load_dataset("synthetic"), seed, transport)
-    bits, up = [], []
+    bits, up, loss = [], [], []
     while tr.next_step < cfg.steps:
         r = tr.step()
         bits.append(r.bits)
         up.append(list(r.up_bytes))
-    return {"bits": bits, "up": up, "params": tr.flat_params(), "next_bits": tr.state.bits}
+        loss.append(r.loss)
+    return {"bits": bits, "up": up, "loss": loss, "params": tr.flat_params(), "next_bits": tr.state.bits}
 
 
 def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, MethodEntry, int]]) -> dict[str, Any]:

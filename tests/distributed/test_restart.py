@@ -73,7 +73,7 @@ def _kill_a_rank_mid_run(proc: subprocess.Popen, run: Path, after: int) -> int:
 
 
 def _same_run(full: Path, run: Path, ref_checkpoint: str) -> None:
-    key = lambda r: (r["step"], r["bits"], r["up_bytes"], r["down_bytes"], r["budget_left"], r.get("test_acc"))
+    key = lambda r: (r["step"], r["bits"], r["up_bytes"], r["down_bytes"], r["budget_left"], r["loss"], r.get("test_acc"))
     a, b = list(read_jsonl(full / "metrics.jsonl")), list(read_jsonl(run / "metrics.jsonl"))
     assert [r["step"] for r in b] == list(range(STEPS))  # each step exactly once, none lost or repeated
     assert [key(r) for r in b] == [key(r) for r in a]

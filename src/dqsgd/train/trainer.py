@@ -195,7 +195,7 @@ class Trainer:
         self.apply_update(update.to(self.device), lr)
         t3 = time.perf_counter()
         self.next_step += 1
-        loss = sum(losses) / len(losses)
+        loss = t.mean_loss(losses)
         return StepResult(n, loss, lr, bits, False, up, len(down), side, t1 - t0, t2 - t1, t3 - t2)
 
     # --- evaluation -----------------------------------------------------------------------------

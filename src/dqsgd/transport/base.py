@@ -30,6 +30,10 @@ class Transport(Protocol):
         """This process's rank (sim: 0); rank 0 writes the run's metrics."""
         ...
 
+    def mean_loss(self, local: Sequence[float]) -> float:
+        """The mean of every worker's minibatch loss (for the metrics; sums in float64)."""
+        ...
+
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         """Every process's ``values`` (same length everywhere), in rank order (checkpoint agreement)."""
         ...

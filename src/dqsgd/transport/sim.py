@@ -29,6 +29,9 @@ class SimTransport:
     def rank(self) -> int:
         return 0
 
+    def mean_loss(self, local: Sequence[float]) -> float:
+        return sum(local) / len(local)
+
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         return [[int(v) for v in values]]
 

@@ -106,6 +106,13 @@ class _TorchTransport:
         self._collective("max_reduce", dist.all_reduce, x, op=dist.ReduceOp.MAX)
         return x.to(local[0].device)
 
+    def mean_loss(self, local: Sequence[float]) -> float:
+        """One tiny all-reduce, so that every rank logs the same mean over all W workers' losses."""
+        t = torch.tensor([sum(local), len(local)], dtype=torch.float64, device=self.device)
+        self._collective("mean_loss", dist.all_reduce, t, op=dist.ReduceOp.SUM)
+        total, count = t.tolist()
+        return total / count
+
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         mine = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.device)
         bufs = [torch.zeros_like(mine) for _ in range(self.workers)]
