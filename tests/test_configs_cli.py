@@ -1,5 +1,6 @@
 """Shipped configs are valid; the CLI refuses bad input with a clear message and a non-zero exit."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,22 @@ def test_cli_compare_end_to_end_and_report_rebuild(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "dqsgd", "report", str(out)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert (out / "summary.csv").read_text() == before and (out / "report.md").exists()
+
+
+def test_compare_resume_keeps_finished_runs_and_runs_the_missing_ones(tmp_path: Path) -> None:
+    from dqsgd.cli import main
+
+    out = tmp_path / "run"
+    base = ["compare", "--config", "table1-mnist", "--quiet", "--out", str(out), "--set", "train.dataset=synthetic",
+            "--set", "train.model=mlp", "--set", "train.steps=6", "--set", "train.eval_every=3",
+            "--set", "train.workers=2", "--set", "train.batch_size=8"]
+    assert main(base + ["--methods", "sgd,qsgd-4bit"]) == 0
+    done = out / "sgd" / "seed0" / "metrics.jsonl"
+    stamp, text = done.stat().st_mtime_ns, done.read_text()
+    (out / "qsgd-4bit" / "seed0" / "summary.json").unlink()  # as if killed before its end
+    assert main(base + ["--methods", "sgd,qsgd-4bit,dqsgd", "--resume"]) == 0
+    assert done.stat().st_mtime_ns == stamp and done.read_text() == text  # finished: not run again
+    for label in ("qsgd-4bit", "dqsgd"):  # unfinished and missing: run (from scratch: no checkpoints)
+        rows = [json.loads(line) for line in (out / label / "seed0" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == list(range(6))
+        assert json.loads((out / label / "seed0" / "summary.json").read_text())["steps"] == 6

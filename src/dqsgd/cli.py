@@ -112,7 +112,9 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("compare", help="compare the methods of a config on the same data and seeds")
     add_cfg(sp)
     sp.add_argument("--methods", help="comma-separated subset of the config's method labels")
-    sp.add_argument("--resume", action="store_true", help="resume unfinished runs from their checkpoints")
+    sp.add_argument("--resume", action="store_true",
+                    help="keep finished runs, continue unfinished ones from their checkpoints (train.checkpoint_every), "
+                         "start the rest")
     sp.set_defaults(func=cmd_compare)
 
     sp = sub.add_parser("dq", help="Double Quantization (AsyLPG family): `dqsgd dq run|list ...`", add_help=False)

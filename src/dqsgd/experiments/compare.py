@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,15 @@ from dqsgd.train.runner import run_dir, run_one
 def load_data_for(exp: ExperimentConfig):
     t = exp.train
     return load_dataset(t.dataset, t.data_root or None, seed=0, max_len=t.max_len, subset=t.subset or None)
+
+
+def finished(where: Path, steps: int, label: str, seed: int) -> bool:
+    """Whether ``where`` holds a completed run of (label, seed) with ``steps`` steps (its summary.json)."""
+    try:
+        s = json.loads((where / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return s.get("steps") == steps and s.get("method") == label and s.get("seed") == seed
 
 
 def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
@@ -31,7 +41,10 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
         (out / "experiment.toml").write_text(Path(exp.source).read_text())
     for seed in exp.train.seeds:
         for entry in entries:
-            run_one(exp.train, entry, data, seed, run_dir(out, entry.label, seed), resume=resume, progress=progress)
+            where = run_dir(out, entry.label, seed)
+            if resume and finished(where, exp.train.steps, entry.label, seed):
+                continue  # kept as it is: a resumed comparison only runs what is missing
+            run_one(exp.train, entry, data, seed, where, resume=resume, progress=progress)
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report
 

@@ -38,6 +38,7 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
             truncate_jsonl(out / "metrics.jsonl", tr.next_step - 1)
     if writes:
         out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").unlink(missing_ok=True)  # written again at the end: present = finished
         (out / "config.json").write_text(json.dumps(run_facts(cfg, entry, data, seed, tr), indent=2))
     writer = JsonlWriter(out / "metrics.jsonl", append=resume) if writes else None
     start = time.perf_counter()
