@@ -182,3 +182,14 @@ def test_vmap_workers_refuses_models_with_buffers() -> None:
     data = load_dataset("synthetic")
     with pytest.raises(ValueError, match="has buffers.*BatchNorm"):
         Trainer(cfg(model="resnet18", vmap_workers=True), entry("sgd"), data, 0)
+
+
+def test_resuming_a_finished_run_keeps_its_results(tmp_path: Path) -> None:
+    c = cfg(steps=6, checkpoint_every=3)
+    full = run_one(c, entry("dqsgd"), DATA, 0, tmp_path, progress=False)
+    lines = (tmp_path / "metrics.jsonl").read_text()
+    again = run_one(c, entry("dqsgd"), DATA, 0, tmp_path, resume=True, progress=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == lines  # nothing re-run, nothing lost
+    assert again["test_acc"] == full["test_acc"] and not math.isnan(again["test_acc"])
+    assert json.loads((tmp_path / "summary.json").read_text())["test_acc"] == full["test_acc"]
+    assert torch.equal(again["final_params"], full["final_params"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
         bar.close()
         if writer is not None:
             writer.close()
+    if math.isnan(acc) and tr.transport.rank == 0:  # resumed at the very end: no step ran, evaluate once
+        acc, loss = tr.evaluate()
     summary = summarize(cfg, entry, data, seed, tr, acc, loss, time.perf_counter() - start)
     if writes:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
