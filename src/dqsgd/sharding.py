@@ -8,7 +8,7 @@ torch transport and the DDP hook all use this one function, so they agree on the
 
 from __future__ import annotations
 
-__all__ = ["DOWNLINK", "shard_bounds"]
+__all__ = ["DOWNLINK", "shard_bounds", "shard_sizes"]
 
 # Seed stream of the sharded downlink's stochastic rounding (seed_for(seed, DOWNLINK, ...)); the
 # streams 1-4 are the data and uplink streams of dqsgd.train.sampling.
@@ -32,3 +32,22 @@ def shard_bounds(numel: int, world: int) -> list[tuple[int, int]]:
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+def shard_sizes(param_sizes: tuple[int, ...] | list[int], lo: int, hi: int) -> tuple[int, ...]:
+    """The pieces of the parameter tensors (flat sizes ``param_sizes``, in order) inside ``[lo, hi)``.
+
+    A shard is quantized as a vector of its own; a per-tensor layout (one scale per parameter
+    tensor) becomes one scale per piece of a tensor inside the shard. Empty pieces are dropped, so
+    the sizes are all > 0 and sum to ``hi - lo``.
+    """
+    total = sum(int(s) for s in param_sizes)
+    if not 0 <= lo <= hi <= total:
+        raise ValueError(f"shard [{lo}, {hi}) is not inside [0, {total}]")
+    out, start = [], 0
+    for s in param_sizes:
+        a, b = max(start, lo), min(start + int(s), hi)
+        if b > a:
+            out.append(b - a)
+        start += int(s)
+    return tuple(out)
