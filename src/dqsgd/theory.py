@@ -273,7 +273,7 @@ def theorem2_isotropic(dist0_sq: float, lam: float, eta: float, noise_traces: Fl
 # ---------------------------------------------------------------- DQSGD rules and their dual
 
 def error_target_k(N: int, L: float, d: int, eta: float, alpha: float, eps_q: float) -> float:
-    """ALGORITHMS.md §8, convex: k = √(N L d η²/(12 α ε_Q)).
+    """docs/algorithms.md §8, convex: k = √(N L d η²/(12 α ε_Q)).
 
     Minimizing Σ_n(d log2 s_n + B_pre) subject to Σ_n w_n‖g_n‖²/s_n² ≤ ε_Q (with log(s+1) ≈ log s)
     gives s_n = √(N w_n/ε_Q)·‖g_n‖. Every step then adds ε_Q/N, so the real-valued term is exactly
@@ -283,7 +283,7 @@ def error_target_k(N: int, L: float, d: int, eta: float, alpha: float, eps_q: fl
 
 
 def error_target_t(L: float, eta: float, d: int, eps_q: float) -> float:
-    """ALGORITHMS.md §8, non-convex: t = √(L η d/(6(2 − Lη) ε_Q)), giving eq. (20)'s s_n = t‖g_n‖_p."""
+    """docs/algorithms.md §8, non-convex: t = √(L η d/(6(2 − Lη) ε_Q)), giving eq. (20)'s s_n = t‖g_n‖_p."""
     return math.sqrt(L * eta * d / (6.0 * (2.0 - L * eta) * eps_q))
 
 

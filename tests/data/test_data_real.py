@@ -1,4 +1,4 @@
-"""The real datasets that install offline (shared/DATA.md), each skipped when it is not installed."""
+"""The real datasets that install offline (docs/data.md), each skipped when it is not installed."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def test_mu_rule_is_the_smallest_width_meeting_the_bound(x_inf, diff, d, mu) -> 
     b = mu_rule_bits(x_inf, diff, d, mu)
     assert b >= 2 and _bound_holds(b, x_inf, diff, d, mu)
     assert b == 2 or not _bound_holds(b - 1, x_inf, diff, d, mu)
-    # the closed form of ALGORITHMS §9.2 gives the same width (up to float rounding at the boundary)
+    # the closed form of docs/algorithms.md §9.2 gives the same width (up to float rounding at the boundary)
     closed = max(2, 1 + math.ceil(math.log2(1 + math.sqrt(d) * x_inf / (2 * math.sqrt(mu) * diff))))
     assert abs(closed - b) <= 1
 

@@ -88,7 +88,7 @@ def test_brief_bound_holds_whenever_nothing_is_clipped(vals, frac) -> None:
 
 
 def test_brief_bound_fails_with_clipping_counterexample() -> None:
-    """ALGORITHMS §9.3 states E‖S(α)‖² ≤ ‖α‖₁²/φ; with clipping it is false: α = e₁, φ = 4."""
+    """A commonly quoted bound says E‖S(α)‖² ≤ ‖α‖₁²/φ; with clipping it is false: α = e₁, φ = 4."""
     alpha = torch.tensor([1.0, 0.0, 0.0, 0.0])
     second, var, clipped = _moments(alpha, 4.0)
     assert clipped and second == 1.0 and var == 0.0 and second > 1.0 / 4.0

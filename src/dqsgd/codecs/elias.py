@@ -1,6 +1,6 @@
 """Elias omega (recursive) coding of sparse signed integer codes: QSGD's Code_s.
 
-Omega code of an integer k ≥ 1 (Elias 1975; ``shared/papers/ALGORITHMS.md`` §1.3)::
+Omega code of an integer k ≥ 1 (Elias 1975; docs/algorithms.md §1.3)::
 
     code ← "0";  while k > 1:  b ← binary(k);  code ← b ∥ code;  k ← len(b) − 1
 

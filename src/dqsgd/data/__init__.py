@@ -7,7 +7,7 @@
 Images come back float32 ``(N, C, H, W)``, normalised per channel with constants measured on the
 training set (see :mod:`dqsgd.data.idx` and :mod:`dqsgd.data.cifar`); text comes back int64
 ``(N, max_len)`` token ids (PAD = 0, UNK = 1) with a vocabulary built on the training split only.
-Labels are int64. Which datasets install offline, and from where, is in ``shared/DATA.md``;
+Labels are int64. Which datasets install offline, and from where, is in ``docs/data.md``;
 :class:`DatasetNotFoundError` tells the user the exact install command.
 """
 

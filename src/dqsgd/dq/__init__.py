@@ -1,7 +1,7 @@
 """Double Quantization (Yu, Wu, Huang, NeurIPS 2019): AsyLPG, Sparse-AsyLPG, Acc-AsyLPG and the
 baselines QSVRG, AsyFPG, Acc-AsyFPG on one asynchronous parameter-server engine with SVRG epochs.
 
-Pieces (each one idea, composable; ALGORITHMS.md §9 is the specification, tags kept in docstrings):
+Pieces (each one idea, composable; docs/algorithms.md §9 is the specification, tags kept in docstrings):
 
 * :mod:`~dqsgd.dq.modelq` — downlink: μ-rule policy + LP model quantizer (fallbacks: snapshot flag, fp32).
 * :mod:`~dqsgd.dq.sparse`, :mod:`~dqsgd.dq.sparse_wire` — Sparse-AsyLPG's sparsifier and its wire format.

@@ -11,7 +11,7 @@ asyfpg         fp32                                fp32                    no   
 acc-asyfpg     fp32                                fp32                    y_t, θ_s     [OC]
 =============  ==================================  ======================  ===========  ======================
 
-Every default in :class:`RunConfig` is [OC] unless its comment says otherwise (ALGORITHMS §9.1).
+Every default in :class:`RunConfig` is [OC] unless its comment says otherwise (docs/algorithms.md §9.1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The asynchronous parameter server with SVRG epochs (ALGORITHMS §9.2, §9.4): master and workers.
+"""The asynchronous parameter server with SVRG epochs (docs/algorithms.md §9.2, §9.4): master and workers.
 
 Both are reactive state machines over bytes, so the event-driven simulation
 (:mod:`dqsgd.dq.sim`) and the torch.distributed transport (:mod:`dqsgd.dq.dist`) run the very same

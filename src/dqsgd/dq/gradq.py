@@ -8,7 +8,7 @@ A codec is a small frozen dataclass with two pure functions; randomness comes on
 
 * :class:`Fp32Grad` — AsyFPG / Acc-AsyFPG: raw float32 through the project codec (IDENTITY).
 * :class:`LowPrecGrad` — AsyLPG / Acc-AsyLPG / QSVRG: Q_(δα,b)(α) with δ_α = ‖α‖_∞/(2^(b−1) − 1)
-  (no clipping, unbiased) [third-party + ALGORITHMS §9.2], project codec, FIXED coding.
+  (no clipping, unbiased) [third-party + docs/algorithms.md §9.2], project codec, FIXED coding.
 * :class:`SparseLowPrecGrad` — Sparse-AsyLPG: Q_(δ,b)(S(α)) with budget φ = d/phi_div
   (:mod:`dqsgd.dq.sparse`), in the sparse format of :mod:`dqsgd.dq.sparse_wire`.
 """

@@ -1,12 +1,12 @@
 """Model quantization for the downlink (master → worker): the μ-rule policy and its quantizer.
 
 Double Quantization (Yu, Wu, Huang, NeurIPS 2019) sends the *model* in low precision too. The
-condition it enforces [third-party summary, ALGORITHMS.md §9.0]:
+condition it enforces [third-party summary, docs/algorithms.md §9.0]:
 
     E‖Q_(δx,bx)(x) − x‖² ≤ μ‖x − x̃‖²          (x̃: the epoch's snapshot, held by every worker in fp32)
 
 We meet it through the LP variance bound of :func:`dqsgd.quantizers.quantize_lowprec`
-(E‖Q(x) − x‖² ≤ d·δ²/4, ALGORITHMS §1.2) with the no-clipping step δ_x = ‖x‖_∞/(2^(b_x−1) − 1):
+(E‖Q(x) − x‖² ≤ d·δ²/4, docs/algorithms.md §1.2) with the no-clipping step δ_x = ‖x‖_∞/(2^(b_x−1) − 1):
 d·δ_x²/4 ≤ μ‖x − x̃‖² ⇔ 2^(b_x−1) − 1 ≥ √d·‖x‖_∞/(2√μ·‖x − x̃‖₂), i.e. the smallest width is
 
     b_x = 1 + ⌈log2(1 + √d·‖x‖_∞ / (2√μ·‖x − x̃‖₂))⌉,   at least 2, capped at b_x,max   [OC rule, §9.2]

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 __all__ = ["write_report", "bits_table"]
 
 _TAGS = ("Tags: [text] checked against stored paper text; [recalled]/[third-party] unverified; "
-         "[OC] our choice (ALGORITHMS.md §0).")
+         "[OC] our choice (docs/algorithms.md §0).")
 
 
 def _fmt_bits(b: float | None) -> str:

@@ -1,6 +1,6 @@
 """``sim`` transport: a deterministic, seeded, event-driven simulation of M asynchronous workers.
 
-Time model [OC, ALGORITHMS §9.2]: each worker has its own full-duplex link of ``bandwidth_bps``
+Time model [OC, docs/algorithms.md §9.2]: each worker has its own full-duplex link of ``bandwidth_bps``
 (a message of L bytes takes 8L/bandwidth seconds; messages on one link go one after another);
 a gradient takes a compute time drawn i.i.d. from Exp(mean ``compute_s``) or a log-normal with
 that mean and σ = ``delay_sigma`` (one generator for the whole simulation, seeded), or read from

@@ -1,6 +1,6 @@
 """Sparse-AsyLPG's gradient: unbiased sparsification, then LP quantization of the survivors.
 
-Sparsifier (ALGORITHMS.md §9.3) [recalled; Wangni et al. 2018, cited by the DQ paper], budget φ
+Sparsifier (docs/algorithms.md §9.3) [recalled; Wangni et al. 2018, cited by the DQ paper], budget φ
 (the expected number of non-zeros, up to clipping):
 
     p_i = min(1, φ·|α_i| / ‖α‖₁),   Z_i ~ Bernoulli(p_i),   S(α)_i = Z_i·α_i / p_i.
@@ -11,11 +11,11 @@ C = {i : p_i = 1}. Hence, always,
     E‖S(α) − α‖² ≤ ‖α‖₁²/φ ≤ (d/φ)‖α‖₂²      and      E‖S(α)‖² ≤ ‖α‖₂² + ‖α‖₁²/φ,
 
 and E‖S(α)‖² = ‖α‖₁²/φ exactly when no p_i is clipped (C empty). The bound "E‖S(α)‖² ≤ ‖α‖₁²/φ"
-as written in ALGORITHMS §9.3 is therefore only true without clipping: α = (1, 0, …), φ = 4 gives
+that is sometimes quoted (see docs/algorithms.md §9.3) is therefore only true without clipping: α = (1, 0, …), φ = 4 gives
 E‖S‖² = 1 > 1/4. The tests check the exact identity, both bounds, and that counterexample.
 
 Every unclipped survivor has |S(α)_i| = ‖α‖₁/φ, so the survivors quantize well with LP(δ, b) at
-δ = max_i |S(α)_i| / (2^(b−1) − 1) (no clipping, unbiased) [ALGORITHMS §9.3]; the composition
+δ = max_i |S(α)_i| / (2^(b−1) − 1) (no clipping, unbiased) [docs/algorithms.md §9.3]; the composition
 is unbiased. Survivors whose LP code is 0 decode to 0 and are not sent (lossless).
 """
 

@@ -1,7 +1,7 @@
 """Wire format of a sparse LP message (:class:`dqsgd.dq.sparse.SparseLP`), version 1 [OC].
 
 The project codec (:mod:`dqsgd.codecs.wire`) carries dense tensors only: its ELIAS body writes
-ω(|code|) per value, not the b-bit values Sparse-AsyLPG sends (ALGORITHMS §9.3), so this format
+ω(|code|) per value, not the b-bit values Sparse-AsyLPG sends (docs/algorithms.md §9.3), so this format
 is our own. It reuses the codec's pieces: the Elias-omega stream (:func:`~dqsgd.codecs.elias_encode`
 / :func:`~dqsgd.codecs.elias_decode`) for the index gaps, :func:`~dqsgd.codecs.pack_bits` for
 fixed-width fields, and :class:`~dqsgd.codecs.PayloadError` for every refusal.

@@ -1,7 +1,7 @@
 """A counter-based hash RNG: uniform u_i = hash(seed, step, worker, i), the same on every path.
 
 Stochastic rounding needs one uniform per coordinate, and ``torch.rand`` is single-threaded
-(≈ 0.19 G/s, DESIGN.md), so the fused kernels draw their uniforms from a *counter-based*
+(≈ 0.19 G/s, docs/design.md), so the fused kernels draw their uniforms from a *counter-based*
 generator instead: a pure function of a 64-bit key and the coordinate index, which a compiled
 loop can evaluate anywhere in any order (chunked, in parallel) and which torch integer ops on any
 device reproduce bit for bit.

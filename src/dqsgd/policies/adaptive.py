@@ -2,11 +2,11 @@
 
 Adaptive (Oland & Raj, ICASSP 2015) — more bits for gradients with larger RMS [text, DQSGD §1]:
     B_n = clip(1 + ⌈log2(1 + RMS(G_n)/ε_A)⌉, B_min, B_max),
-    ε_A = mean RMS of the first ``calib_steps`` steps / (2^(B_0−1) − 1)  [OC, ALGORITHMS.md §6],
+    ε_A = mean RMS of the first ``calib_steps`` steps / (2^(B_0−1) − 1)  [OC, docs/algorithms.md §6],
 so training starts near B_0 bits and the width falls as the RMS falls.
 
 AdaQS (Guo et al., ICASSP 2020) — bits from the mean-to-std ratio (MSDR), rising over time
-[text, abstract]; the formula is [OC, ALGORITHMS.md §7]: Adam-style moments m, v of G with
+[text, abstract]; the formula is [OC, docs/algorithms.md §7]: Adam-style moments m, v of G with
 bias correction, σ̂_i = √max(v̂_i − m̂_i², 1e-12), MSDR = mean|m̂| / mean σ̂,
     B_t = clip(B_0 + ⌊log2(MSDR_ref / MSDR_t)⌋₊, B_min, B_max), kept non-decreasing,
 with MSDR_ref the mean MSDR of the first ``ref_steps`` steps.

@@ -23,7 +23,7 @@ forecast and so lowered k. The same rule with a hindsight constant (t known in a
 tuned, as in the paper's Table 3, and what ``dqsgd-nonconvex`` / ``dqsgd-convex`` offer.
 
 Guarantees (tested): the budget is never overspent — B_n is capped so that the steps left can
-still be paid at min_bits — and the integer widths (error-diffusion rounding) make the total land
+still be paid at min_bits — and the integer widths (rounded to nearest, re-solved every step) make the total land
 within one step's granularity of C when C is reachable.
 """
 

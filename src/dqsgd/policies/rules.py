@@ -2,7 +2,7 @@
 
 * strongly convex [text, DQSGD eq. (18)]:  B_n = log2(k·α^((N−n)/2)·‖g_n‖_p + 1) + 1
 * non-convex      [text, DQSGD eq. (20)]:  B_n = log2(t·‖g_n‖_p + 1) + 1
-* error target    [OC, ALGORITHMS.md §8]: the same two shapes with k or t derived from a target
+* error target    [OC, docs/algorithms.md §8]: the same two shapes with k or t derived from a target
   ε_Q on the quantization term of the bound (see :func:`dqsgd.theory.error_target_k`).
 
 Following Algorithm 2, the width for step n+1 is computed from the aggregated gradient of step n

@@ -6,7 +6,7 @@ values outside are clamped to the end points [recalled: HALP / De Sa convention]
 Per coordinate Var ≤ δ²/4, so E‖Q(x) - x‖² ≤ d·δ²/4.
 
 With δ = ‖x‖_∞/(2^(b-1) - 1) (the default) nothing is clamped and Q is exactly unbiased
-[ALGORITHMS.md §1.2]. Codes are two's-complement integers k_i with x̂_i = k_i·δ.
+[docs/algorithms.md §1.2]. Codes are two's-complement integers k_i with x̂_i = k_i·δ.
 """
 
 from __future__ import annotations

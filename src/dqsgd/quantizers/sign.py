@@ -1,7 +1,7 @@
 """Sign quantization: SignSGD (Seide et al. 2014; Bernstein et al. 2019) and scaled sign.
 
 Codes are ±1 at 1 bit per coordinate. Ties (g_i = 0) map to +1 so the message stays exactly one
-bit per coordinate [OC, ALGORITHMS.md §4]. The scale is 1 (plain sign) or the per-segment
+bit per coordinate [OC, docs/algorithms.md §4]. The scale is 1 (plain sign) or the per-segment
 l1-mean ‖v‖₁/d_v (scaled sign, the compressor of EF-SignSGD [recalled, Karimireddy et al. 2019]).
 The sign quantizer is biased; it is deterministic (no generator).
 

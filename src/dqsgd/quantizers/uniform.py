@@ -71,7 +71,7 @@ def quantize_uniform(
         raise ValueError(f"uniform quantizer: a segment norm {float(scales[~torch.isfinite(inv)][0]):.3e} is too small "
                          f"to scale by s = {s} in float32 (below s·2^-128); rescale the input")
     a = flat.abs() * expand(inv, layout, n)
-    # float32 rounding can push |g|·s/max to s + ε; clamp so the level never exceeds s (DESIGN.md).
+    # float32 rounding can push |g|·s/max to s + ε; clamp so the level never exceeds s (docs/design.md).
     a = a.clamp_(max=float(s))
     low = a.floor()
     if rng is not None:

@@ -166,7 +166,7 @@ class Trainer:
         scalers, side = None, 0
         if self.method.shares_scalers:
             scalers = t.max_reduce([self.method.local_scalers(g) for g in grads.values()])
-            side = 4 * scalers.numel()  # L float32 scalers up and down per worker [ALGORITHMS.md §3]
+            side = 4 * scalers.numel()  # L float32 scalers up and down per worker [docs/algorithms.md §3]
         payloads = []
         for w, g in grads.items():
             g = g if g.device.type == "cpu" else g.cpu()  # the quantization generators live on the CPU
