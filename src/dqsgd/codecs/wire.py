@@ -1,8 +1,8 @@
-"""Quantized tensor ⇄ the bytes that cross the network (payload format version 1).
+"""Quantized tensor ⇄ the bytes that cross the network (payload format version 2; reads version 1).
 
 A payload is ``header ∥ body ∥ crc32`` (header layout: :mod:`dqsgd.codecs.header`)::
 
-    magic "DQ" | version u8 | scheme u8 | bits u8 | coding u8 | norm u8 | ndim u8 | levels u32
+    magic "DQ" | version u8 | scheme u8 | bits u8 | coding u8 | norm u8 | ndim u4 + dtype u4 | levels u32
     | dims u32×ndim | layout kind u8 [| bucket u32 | count u32, sizes u32×count] | scales f32×nseg
     | body length u32 | body | crc32 u32 (zlib.crc32 of everything before it)
 
@@ -48,7 +48,8 @@ from numba import njit
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
 from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode
 from dqsgd.codecs.header import (
-    U32_MAX, Coding, Header, MAX_NDIM, PayloadError, header_size, layout_segments, parse_header, write_header,
+    U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
+    write_header,
 )
 from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
 from dqsgd.codecs.threads import crc32
@@ -166,6 +167,7 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"levels must be in 0..2^32-1, got {q.levels}")
     numel = q.numel
     nseg = _check_layout(q.layout, numel)
+    dtype_code(q.dtype)  # the header can restore it
     if scheme == Scheme.IDENTITY:
         nseg = 0  # raw values carry no scales
         if q.values is None:
@@ -250,7 +252,8 @@ def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:
         raise ValueError(f"body of {memoryview(body).nbytes} bytes exceeds the u32 body length field")
     shape = tuple(int(d) for d in q.shape)
     layout = q.layout if q.layout.sizes is None else Layout(sizes=tuple(int(s) for s in q.layout.sizes))
-    head = write_header(scheme, q.bits, used, Norm(q.norm), q.levels, shape, layout, scales, memoryview(body).nbytes)
+    head = write_header(scheme, q.bits, used, Norm(q.norm), q.levels, shape, layout, scales, memoryview(body).nbytes,
+                        dtype=q.dtype)
     crc = crc32(body, crc32(head))
     return b"".join((head, body, struct.pack("<I", crc)))
 
@@ -369,5 +372,7 @@ def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 << 28)
     empty_i = torch.zeros(0, dtype=torch.int32)
     scales = torch.from_numpy(h.scales)
     if h.scheme == Scheme.IDENTITY:
-        return Quantized(h.scheme, h.bits, h.levels, empty_i, scales, h.layout, h.shape, h.norm, torch.from_numpy(data))
-    return Quantized(h.scheme, h.bits, h.levels, torch.from_numpy(data), scales, h.layout, h.shape, h.norm)
+        return Quantized(h.scheme, h.bits, h.levels, empty_i, scales, h.layout, h.shape, h.norm, torch.from_numpy(data),
+                         h.dtype)
+    return Quantized(h.scheme, h.bits, h.levels, torch.from_numpy(data), scales, h.layout, h.shape, h.norm,
+                     dtype=h.dtype)

@@ -103,7 +103,8 @@ def quantize_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     if n:
         run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
                   min_per_thread=MIN_CHUNKS_PER_THREAD)
-    return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape), norm)
+    return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape),
+                     norm, dtype=x.dtype)
 
 
 _PACKED = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED)  # codings the fused kernel packs itself
@@ -131,7 +132,8 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
         raise ValueError(f"shape {shape}: need ndim ≤ {_wire.MAX_NDIM} and every dim < 2^32")
 
     def header(body_len: int) -> bytes:
-        return write_header(Scheme.UNIFORM, bits, coding, norm, s, shape, layout, scales.numpy(), body_len)
+        return write_header(Scheme.UNIFORM, bits, coding, norm, s, shape, layout, scales.numpy(), body_len,
+                            dtype=x.dtype)
 
     width = _wire.body_width(bits, coding)
     body_len = packed_size(n, width)

@@ -42,9 +42,10 @@ def quantize_lowprec(
     scales = torch.tensor([delta] if n else [], dtype=torch.float32)  # an empty tensor has no segment
     if n == 0 or delta == 0.0:
         codes = torch.zeros(n, dtype=torch.int32)
-        return Quantized(Scheme.LOWPREC, bits, 1, codes, scales, Layout(), tuple(x.shape), Norm.MAX)
+        return Quantized(Scheme.LOWPREC, bits, 1, codes, scales, Layout(), tuple(x.shape), Norm.MAX, dtype=x.dtype)
     a = (flat / delta).clamp_(lo, hi)
     low = a.floor()
     u = torch.rand(n, generator=generator, device=flat.device, dtype=torch.float32)
     k = (low + (u < (a - low)).to(torch.float32)).clamp_(lo, hi)
-    return Quantized(Scheme.LOWPREC, bits, 1, k.to(torch.int32).cpu(), scales, Layout(), tuple(x.shape), Norm.MAX)
+    return Quantized(Scheme.LOWPREC, bits, 1, k.to(torch.int32).cpu(), scales, Layout(), tuple(x.shape),
+                     Norm.MAX, dtype=x.dtype)
