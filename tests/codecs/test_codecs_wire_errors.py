@@ -159,8 +159,9 @@ def test_forged_fields_are_refused(fields: dict, match: str) -> None:
         ({"dims": (2**28,), "layout": b"\x01" + struct.pack("<I", 1)}, "scales needs"),
         ({"layout": b"\x02" + struct.pack("<I", 2**32 - 1)}, "segment sizes needs"),
         ({"body_len": 2**32 - 1}, "truncated"),
-        # A ZSTD_ALIGNED frame must declare numel × aligned width: checked before decompressing.
-        ({"coding": 4, "bits": 6, "levels": 31, "dims": (2**26,), "body": _zstd(b"\x20")}, "expected 67108864"),
+        # A ZSTD_ALIGNED frame of L bytes holds ≤ 2^17·⌊(L − 6)/3⌋ bytes: checked before decompressing.
+        ({"coding": 4, "bits": 6, "levels": 31, "dims": (2**26,), "body": _zstd(b"\x20")},
+         "cannot decompress to the 67108864 bytes"),
     ],
 )
 def test_forged_sizes_are_refused_before_allocation(fields: dict, match: str) -> None:

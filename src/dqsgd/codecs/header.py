@@ -44,7 +44,7 @@ import torch
 from dqsgd.quantizers.base import Layout, Norm, Scheme
 
 __all__ = [
-    "DTYPES", "Coding", "Header", "MAGIC", "PayloadError", "VERSION",
+    "DTYPES", "MAX_NUMEL", "Coding", "Header", "MAGIC", "PayloadError", "VERSION",
     "dtype_code", "header_size", "layout_segments", "parse_header", "write_header",
 ]
 
@@ -53,6 +53,7 @@ VERSION = 2
 OLDEST_VERSION = 1  # version 1: no dtype (float32)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # index = the dtype code
 MAX_NDIM = 8
+MAX_NUMEL = 1 << 28  # the codec's default cap on the elements a payload may declare (1 GiB of float32)
 U32_MAX = (1 << 32) - 1
 _FIELDS = struct.Struct("<BBBBBI")  # scheme .. levels, after magic and version
 _FIXED_PART_SIZE = 3 + _FIELDS.size  # 12 bytes
@@ -239,19 +240,43 @@ def _read_layout(r: _Reader, numel: int) -> tuple[Layout, int]:
     return Layout(sizes=tuple(sizes.tolist())), count
 
 
-def parse_header(buf: memoryview, max_numel: int) -> Header:
+def _check_numel(numel: int, max_numel: int, expected: int | None) -> int:
+    if expected is not None:
+        if numel != expected:
+            raise PayloadError(f"payload declares {numel} elements (dims at offset 12), the caller expects "
+                               f"numel={expected}")
+    elif numel > max_numel:
+        raise PayloadError(f"payload declares {numel} elements (dims at offset 12), more than max_numel={max_numel}")
+    return numel
+
+
+PEEK_BYTES = _FIXED_PART_SIZE + 4 * MAX_NDIM  # enough for :func:`peek_shape` at any ndim
+
+
+def peek_shape(prefix: bytes | memoryview, max_numel: int, numel: int | None = None) -> tuple[tuple[int, ...],
+                                                                                              torch.dtype]:
+    """(shape, dtype) from the first ≤ :data:`PEEK_BYTES` bytes of a payload, checked like
+    :func:`parse_header` checks them (the rest of the payload is not validated here): what a
+    decoder needs to size its output before it has the whole payload on the host."""
+    r = _Reader(memoryview(prefix).cast("B"))
+    *_, ndim, _, dtype = _read_fixed(r)
+    shape = tuple(struct.unpack(f"<{ndim}I", r.take(4 * ndim, f"{ndim} dims")))
+    _check_numel(math.prod(shape), max_numel, numel)
+    return shape, dtype
+
+
+def parse_header(buf: memoryview, max_numel: int, numel: int | None = None) -> Header:
     """Read and structurally validate the header; the body is ``buf[body_start:body_start+body_len]``.
 
     Raises:
       PayloadError: truncation, wrong magic, newer/unknown version, unknown enum values, ndim > 8,
-        numel > max_numel, inconsistent layout, or a total length that disagrees with the body length.
+        numel > max_numel, numel other than ``numel`` (when given: the caller knows the size, and it
+        replaces ``max_numel``), inconsistent layout, or a total length that disagrees with the body length.
     """
     r = _Reader(buf)
     scheme, bits, coding, norm, ndim, levels, dtype = _read_fixed(r)
     shape = tuple(struct.unpack(f"<{ndim}I", r.take(4 * ndim, f"{ndim} dims")))
-    numel = math.prod(shape)
-    if numel > max_numel:
-        raise PayloadError(f"payload declares {numel} elements (dims at offset 12), more than max_numel={max_numel}")
+    numel = _check_numel(math.prod(shape), max_numel, numel)
     layout, nseg = _read_layout(r, numel)
     if scheme == Scheme.IDENTITY:
         nseg = 0

@@ -27,7 +27,8 @@ import torch
 from dqsgd.codecs import Coding, PayloadError, encode as encode_payload
 from dqsgd.codecs import wire as _wire  # its validators, so both paths accept/refuse the same
 from dqsgd.codecs.bitpack import packed_size
-from dqsgd.codecs.header import Header, parse_header, write_header
+from dqsgd.codecs.header import MAX_NUMEL, Header, write_header
+from dqsgd.codecs.wire import read_header
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused
 from dqsgd.kernels.hashrng import HashRNG
@@ -164,20 +165,6 @@ def _pack(flat, starts, inv, s, bits, rng, width, body) -> None:
 # ------------------------------------------------------------------------------------ decode
 
 
-def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 << 28) -> Header:
-    """Parse a payload's header and check its crc, exactly as :func:`dqsgd.codecs.decode` does."""
-    buf = memoryview(payload).cast("B")
-    h = parse_header(buf, max_numel)
-    if (err := _wire._scheme_error(h.scheme, h.bits, h.levels)) is not None:
-        raise PayloadError(f"{err} (header offset 4)")
-    if h.numel >= _wire.U32_MAX and h.coding == Coding.ELIAS:
-        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
-    stored, computed = int.from_bytes(buf[-4:], "little"), crc32(buf[:-4])
-    if computed != stored:
-        raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
-    return h
-
-
 def _out_array(out: torch.Tensor | np.ndarray, numel: int) -> np.ndarray:
     arr = out.numpy() if isinstance(out, torch.Tensor) else out
     if arr.dtype != np.float32 or not arr.flags.c_contiguous or not arr.flags.writeable or arr.size != numel:
@@ -187,7 +174,7 @@ def _out_array(out: torch.Tensor | np.ndarray, numel: int) -> np.ndarray:
 
 
 def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor | np.ndarray,
-                      weight: float = 1.0, *, header: Header | None = None, max_numel: int = 1 << 28) -> Header:
+                      weight: float = 1.0, *, header: Header | None = None, max_numel: int = MAX_NUMEL) -> Header:
     """``out += weight · dequantize(decode(payload))``, validating the payload like ``decode``.
 
     With ``weight = 1`` the sum is bit-identical to adding ``dequantize(decode(payload))``.
