@@ -32,7 +32,7 @@ from dqsgd.codecs.wire import read_header
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused
 from dqsgd.kernels.hashrng import HashRNG
-from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme
+from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
 
 __all__ = ["decode_accumulate", "encode_uniform_fast", "quantize_uniform_fast", "read_header", "segment_starts"]
@@ -51,11 +51,6 @@ def segment_starts(layout: Layout, numel: int) -> np.ndarray:
     if layout.bucket <= 0 or layout.bucket >= numel:
         return np.array([0, numel], dtype=np.int64)
     return np.append(np.arange(0, numel, layout.bucket, dtype=np.int64), np.int64(numel))
-
-
-def levels_of(bits: int) -> int:
-    """s = 2^(B−1) − 1 for B ≥ 2; the 1-bit stochastic binary quantizer has one level."""
-    return 1 if bits == 1 else (1 << (bits - 1)) - 1
 
 
 def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
@@ -80,7 +75,7 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
             raise NonFiniteGradientError(
                 f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
                 "refusing to quantize")
-    s = levels_of(bits)
+    s = levels_for_bits(bits)
     sc = torch.from_numpy(scales)
     # The very expression of quantize_uniform, so inv (and so every code) is bit-identical.
     inv = torch.where(sc > 0, s / sc, torch.zeros_like(sc)).numpy()

@@ -15,6 +15,7 @@ import torch
 
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.uniform import levels_for_bits
 
 MIN_BITS, MAX_BITS = 2, 16
 
@@ -23,7 +24,7 @@ def default_delta(x: torch.Tensor, bits: int) -> float:
     """δ = ‖x‖_∞ / (2^(b-1) - 1): the smallest grid step that needs no clamping."""
     m = segment_reduce(flat_float(x), Layout(), "max_abs")
     require_finite(m, "low-precision quantizer")
-    return float(m[0]) / ((1 << (bits - 1)) - 1) if m.numel() else 0.0
+    return float(m[0]) / levels_for_bits(bits) if m.numel() else 0.0
 
 
 def quantize_lowprec(

@@ -34,8 +34,9 @@ class UniformSource(Protocol):
 
 
 def levels_for_bits(bits: int) -> int:
-    """s = 2^(B-1) - 1: one sign bit and B-1 level bits [text, DQSGD §3]."""
-    return (1 << (bits - 1)) - 1
+    """s = 2^(B-1) - 1: one sign bit and B-1 level bits [text, DQSGD §3]; B = 1 has one level
+    (the stochastic binary quantizer: codes ±1 times the norm). The one place this is written."""
+    return 1 if bits == 1 else (1 << (bits - 1)) - 1
 
 
 def quantize_uniform(
