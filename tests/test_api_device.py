@@ -143,3 +143,10 @@ def test_device_module_is_called_with_its_contract(monkeypatch: pytest.MonkeyPat
     with pytest.raises(PayloadError, match="max_numel=100"):
         dqsgd.decode(t, max_numel=100)
     assert len(calls) == n
+
+
+def test_encode_tensor_takes_encodes_keywords_only() -> None:
+    with pytest.raises(TypeError, match="codingg"):
+        dqsgd.encode_tensor(_x(), codingg="fixed")
+    with pytest.raises(TypeError):
+        dqsgd.encode_tensor(_x(), 4)  # keywords only, as encode

@@ -13,7 +13,9 @@ payload moved through host memory.
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -112,23 +114,16 @@ def encode(
     return payload.cpu().numpy().tobytes() if isinstance(payload, torch.Tensor) else payload
 
 
-def encode_tensor(
-    tensor: torch.Tensor,
-    *,
-    scheme: str = "uniform",
-    bits: int = 4,
-    norm: str | int = "inf",
-    bucket: int = 0,
-    coding: str = "fixed",
-    generator: torch.Generator | None = None,
-    rng: HashRNG | None = None,
-) -> torch.Tensor:
-    """:func:`encode`, with the payload as a 1-D ``uint8`` tensor on ``tensor.device`` (the same bytes).
+def encode_tensor(tensor: torch.Tensor, **options: Any) -> torch.Tensor:
+    """:func:`encode` (the same keywords), with the payload as a 1-D ``uint8`` tensor on
+    ``tensor.device``: the same bytes.
 
     With ``rng``, fixed coding and ``dqsgd.kernels.device`` installed, a non-CPU tensor is encoded
     on its device with no host copy; otherwise the host codec encodes and the bytes are copied back.
     """
-    payload = _encode(tensor, scheme, bits, norm, bucket, coding, generator, rng)
+    args = inspect.signature(encode).bind(tensor, **options)  # encode's keywords, checked by name
+    args.apply_defaults()
+    payload = _encode(**args.arguments)
     if isinstance(payload, torch.Tensor):
         return payload
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(tensor.device)
