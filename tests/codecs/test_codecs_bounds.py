@@ -16,7 +16,7 @@ import dqsgd
 from dqsgd.api import DEFAULT_MAX_NUMEL
 from dqsgd.codecs import Coding, PayloadError, decode, encode
 from dqsgd.codecs.rans import rans_encode
-from dqsgd.codecs.wire import rans_numel_bound, zstd_content_bound
+from dqsgd.codecs.bounds import rans_numel_bound, zstd_content_bound
 from dqsgd.quantizers import Layout, Norm, Quantized, Scheme
 
 
@@ -85,6 +85,24 @@ def test_constant_rans_and_sparse_elias_bodies_are_not_bounded_by_their_length()
         payload = encode(q, coding)
         assert len(payload) < 40
         assert torch.equal(decode(payload).codes, q.codes)
+
+
+def test_forged_one_symbol_rans_body_is_refused_before_allocation() -> None:
+    """A one-symbol body never moves the state, so anything but table + L is refused at once."""
+    n = 3 * 2**20
+    q = Quantized(Scheme.UNIFORM, 4, 7, torch.full((n,), -3, dtype=torch.int32), torch.ones(1), Layout(), (n,),
+                  Norm.MAX)
+    good = encode(q, Coding.RANS)
+    body = bytes.fromhex("01" "05" "808004" "00008000")  # K = 1, symbol -3 + 8, frequency 2^16, state 2^23
+    assert good.endswith(body + good[-4:])
+    length_at = len(good) - 4 - len(body) - 4
+    for forged_body in ("01058080040000800001", "010580800400018000", "0105808004000080", "01858080040000800000",
+                        "0105808005000080"):
+        forged_body = bytes.fromhex(forged_body)
+        unsigned = good[:length_at] + struct.pack("<I", len(forged_body)) + forged_body
+        peak = _peak_while_refusing(unsigned + struct.pack("<I", zlib.crc32(unsigned)), "RANS body",
+                                    max_numel=2**28)
+        assert peak < 1 << 20
 
 
 def test_public_decode_cap_and_numel() -> None:

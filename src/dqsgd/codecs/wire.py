@@ -46,6 +46,7 @@ import zstandard
 from numba import njit
 
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
+from dqsgd.codecs.bounds import check_body_can_hold, zstd_content_bound
 from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode
 from dqsgd.codecs.header import (
     MAX_NUMEL, U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
@@ -63,47 +64,6 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd clamps a frame's window to its declared content size (which must equal the expected size);
 # level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
 _ZSTD_MAX_WINDOW = 1 << 23
-_ZSTD_BLOCK_MAX = 1 << 17  # RFC 8878 §3.1.1.2: a block decompresses to at most 128 KiB
-
-
-def zstd_content_bound(frame_len: int) -> int:
-    """The most bytes a zstd frame of ``frame_len`` bytes can decompress to.
-
-    A frame is the 4-byte magic, a frame header of ≥ 2 bytes, then blocks; every block has a
-    3-byte header and yields at most 128 KiB (an RLE block does that from 1 more byte). So
-    ``content ≤ 2^17 · ⌊(frame_len − 6) / 3⌋`` (about 44,000 : 1).
-    """
-    return _ZSTD_BLOCK_MAX * max(frame_len - 6, 0) // 3
-
-
-def rans_numel_bound(body_len: int) -> int:
-    """The most codes a RANS body of ``body_len`` bytes with ≥ 2 distinct symbols can carry.
-
-    Every frequency is then ≤ M − 1 (M = 2^16), and decoding one symbol from a state x ≥ L = 2^23
-    takes x to ``f·⌊x/M⌋ + (x mod M) − c ≤ x − ⌊x/M⌋ < x·(1 − (1 − 2^-7)/M)``, while each stream
-    byte read multiplies x by less than 258 (x ≥ 128 before a read). The state starts below 2^31
-    and must end at exactly L, so with S ≤ body_len − 5 stream bytes (≥ 1 table byte, 4 state bytes)
-    ``n·(1 − 2^-7)/M ≤ ln 2^8 + S·ln 258``, i.e. ``n < 6·M·(S + 1) ≤ 6·M·(body_len − 4)``.
-    One symbol (a constant tensor) costs no bits at all: such a body bounds nothing.
-    """
-    return 6 * (1 << 16) * max(body_len - 4, 0)
-
-
-def _check_body_can_hold(body: memoryview, h: Header, offset: int) -> None:
-    """Refuse, before anything of ``numel`` is allocated, a body too short for the declared numel.
-
-    FIXED's length is exact (checked by :func:`_unpack_fixed`); ZSTD is bounded by
-    :func:`zstd_content_bound` (in :func:`_unzstd`); RANS by :func:`rans_numel_bound` unless its
-    table has one symbol (first body byte 0x01). ELIAS codes trailing zeros in no bits at all, so
-    an Elias body of a few bytes can be a valid payload of any numel: only ``max_numel`` /
-    ``numel`` bound those, and RANS bodies of a constant tensor.
-    """
-    if h.coding == Coding.RANS and h.numel and bytes(body[:1]) != b"\x01":
-        if h.numel > rans_numel_bound(len(body)):
-            raise PayloadError(f"RANS body at offset {offset}: {len(body)} bytes with two or more symbols carry "
-                               f"fewer than {rans_numel_bound(len(body))} codes, the header declares {h.numel}")
-
-
 def body_width(bits: int, coding: Coding) -> int:
     """Bits per code in the (decompressed) body: ``bits``, or for ZSTD_ALIGNED the smallest of
     1, 2, 4, 8, 16, 32 that holds ``bits``."""
@@ -371,7 +331,7 @@ def _unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
 def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
     offset = h.body_start
     body = buf[offset : offset + h.body_len]
-    _check_body_can_hold(body, h, offset)
+    check_body_can_hold(body, h, offset)
     width = body_width(h.bits, h.coding)
     if h.coding == Coding.FIXED:
         data = _unpack_fixed(body, h, offset, width)
@@ -413,7 +373,7 @@ def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUME
 
     ``max_numel`` caps the number of elements a payload may declare; ``numel``, when the caller
     knows it, replaces the cap with an exact check. Both are checked, with every other size field
-    and the bound a body of its length can carry (:func:`_check_body_can_hold`), before anything
+    and the bound a body of its length can carry (:mod:`dqsgd.codecs.bounds`), before anything
     is allocated.
 
     Raises:
