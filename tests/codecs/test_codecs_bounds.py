@@ -105,10 +105,23 @@ def test_forged_one_symbol_rans_body_is_refused_before_allocation() -> None:
         assert peak < 1 << 20
 
 
+def test_forged_elias_body_is_refused_before_allocation() -> None:
+    """An Elias body cannot bound numel, but a short one is validated before numel codes are allocated."""
+    good = _with_numel(dqsgd.encode(torch.tensor([0.0, 1.0, 0.0, -1.0, 0.0]), coding="elias"), 2**28)
+    length_at = 12 + 4 + 1 + 4  # fixed fields, one dim, layout kind 0, one scale
+    body = good[length_at + 4 : -4]
+    assert len(good) == 32 and len(body) == 3
+    for forged_body in (body + b"\x00", body[:-1], b"\xff" + body[1:]):
+        unsigned = good[:length_at] + struct.pack("<I", len(forged_body)) + forged_body
+        peak = _peak_while_refusing(unsigned + struct.pack("<I", zlib.crc32(unsigned)), "Elias body",
+                                    max_numel=2**28)
+        assert peak < 1 << 20
+
+
 def test_public_decode_cap_and_numel() -> None:
     """An Elias payload of 30 bytes declaring 2^28 elements is valid, so only the cap refuses it."""
     payload = _with_numel(dqsgd.encode(torch.zeros(5), coding="elias"), 2**28)
-    assert len(payload) <= 30 and DEFAULT_MAX_NUMEL < 2**28
+    assert len(payload) == 30 and DEFAULT_MAX_NUMEL < 2**28
     peak = _peak_while_refusing(payload, f"more than max_numel={DEFAULT_MAX_NUMEL}")
     assert peak < 1 << 20
     peak = _peak_while_refusing(payload, "the caller expects numel=1000", numel=1000)
