@@ -165,7 +165,7 @@ def decode(
     Bounds: ``numel`` (when the caller knows the size) must equal the payload's element count;
     otherwise the payload may declare at most ``max_numel`` elements (default
     :data:`DEFAULT_MAX_NUMEL` = 2^26). Both are checked before anything is allocated; so is what a
-    body of its length can carry (``dqsgd.codecs.wire``).
+    body of its length can carry (``dqsgd.codecs.bounds``).
 
     Raises:
       PayloadError (a ValueError): a truncated, corrupted, foreign or oversized payload, or one

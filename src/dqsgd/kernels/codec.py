@@ -38,6 +38,7 @@ from dqsgd.quantizers._common import check_bits, flat_float, require_finite, seg
 __all__ = ["decode_accumulate", "encode_uniform_fast", "quantize_uniform_fast", "read_header", "segment_starts"]
 
 MIN_CHUNKS_PER_THREAD = 64  # 256K coordinates: below that a thread costs more than it saves
+levels_of = levels_for_bits  # this module's earlier name for it, kept for importers
 
 
 def segment_starts(layout: Layout, numel: int) -> np.ndarray:
