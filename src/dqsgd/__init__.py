@@ -5,7 +5,8 @@ Quick use::
     import torch, dqsgd
     payload = dqsgd.encode(torch.randn(1000), scheme="uniform", bits=4)   # real bytes
     g_hat = dqsgd.decode(payload)                                          # unbiased estimate
-    dqsgd.decode_into(payload, out)                    # out += g_hat, on out's device (docs/api.md)
+    total = torch.zeros(1000)
+    dqsgd.decode_into(payload, total, weight=0.5)                          # total += g_hat / 2, on its device
 
 See ``dqsgd.methods`` for the method registry, ``dqsgd.policies`` for the bit policies
 (DQSGD eqs. 18/20, budgeted, error target, Adaptive, AdaQS) and ``dqsgd.ddp`` for the DDP hook.

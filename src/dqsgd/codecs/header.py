@@ -253,8 +253,9 @@ def _check_numel(numel: int, max_numel: int, expected: int | None) -> int:
 PEEK_BYTES = _FIXED_PART_SIZE + 4 * MAX_NDIM  # enough for :func:`peek_shape` at any ndim
 
 
-def peek_shape(prefix: bytes | memoryview, max_numel: int, numel: int | None = None) -> tuple[tuple[int, ...],
-                                                                                              torch.dtype]:
+def peek_shape(
+    prefix: bytes | memoryview, max_numel: int, numel: int | None = None,
+) -> tuple[tuple[int, ...], torch.dtype]:
     """(shape, dtype) from the first ≤ :data:`PEEK_BYTES` bytes of a payload, checked like
     :func:`parse_header` checks them (the rest of the payload is not validated here): what a
     decoder needs to size its output before it has the whole payload on the host."""
