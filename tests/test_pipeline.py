@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dqsgd.codecs import PayloadError
+from dqsgd.kernels import HashRNG
 from dqsgd.ledger import Ledger
 from dqsgd.methods import METHODS, method_config
 from dqsgd.pipeline import Method, ProtocolError
@@ -31,7 +32,8 @@ def test_every_method_runs_steps_with_measured_bytes(name: str) -> None:
         scalers = torch.stack([m.local_scalers(g) for g in gs]).amax(0) if m.shares_scalers else None
         msgs = []
         for w, g in enumerate(gs):
-            msg, state.residuals[w] = m.encode(g, bits, gens[w], state.residuals[w], scalers)
+            msg, state.residuals[w] = m.encode(g, bits, gens[w], state.residuals[w], scalers,
+                                               hash_rng=HashRNG(0, step, w) if m.fused else None)
             msgs.append(msg)
         agg = m.aggregate(msgs, bits)
         down = m.encode_downlink(agg)
@@ -49,14 +51,16 @@ def test_every_method_runs_steps_with_measured_bytes(name: str) -> None:
     assert s["compression_ratio"] == pytest.approx(4 * D * W * 5 / (s["up_bytes"] + s["side_bytes"] / 2))
 
 
-def test_qsgd_aggregate_is_unbiased_mean_of_workers() -> None:
-    m = Method(method_config("qsgd", bits=3), D, N)
+@pytest.mark.parametrize("kernel", ["fused", "torch"])
+def test_qsgd_aggregate_is_unbiased_mean_of_workers(kernel: str) -> None:
+    m = Method(method_config("qsgd", bits=3, kernel=kernel), D, N)
     gs = grads(0)
     true_mean = torch.stack(gs).mean(0).double()
     reps, acc = 400, torch.zeros(D, dtype=torch.float64)
     gens = [torch.Generator().manual_seed(100 + w) for w in range(W)]
-    for _ in range(reps):
-        acc += m.aggregate([m.encode(g, 3, gens[w])[0] for w, g in enumerate(gs)], 3).double()
+    for rep in range(reps):
+        acc += m.aggregate([m.encode(g, 3, gens[w], hash_rng=HashRNG(100, rep, w) if m.fused else None)[0]
+                            for w, g in enumerate(gs)], 3).double()
     mean = acc / reps
     # Var of the aggregate ≤ Σ_w (r_w/s)²/4 / W² per coordinate (s = 3).
     bound = sum(float(g.abs().max()) ** 2 for g in gs) / (4 * 9) / W**2
@@ -91,13 +95,15 @@ def test_error_feedback_invariant_p_equals_sent_plus_residual() -> None:
 
 def test_server_refuses_wrong_width_or_garbage_naming_the_worker() -> None:
     m = Method(method_config("qsgd", bits=4), D, N)
-    good = [m.encode(g, 4, torch.Generator().manual_seed(0))[0] for g in grads(3)]
+    rng = HashRNG(0, 0, 0)
+    good = [m.encode(g, 4, None, hash_rng=rng)[0] for g in grads(3)]
     with pytest.raises(ProtocolError, match="worker 0.*at 4 bits"):
-        m.aggregate([m.encode(grads(3)[0], 5, None)[0]] + good[1:], 4)
+        m.aggregate([m.encode(grads(3)[0], 5, None, hash_rng=rng)[0]] + good[1:], 4)
     with pytest.raises(PayloadError, match="worker 2"):
         m.aggregate(good[:2] + [b"garbage"] + good[3:], 4)
     with pytest.raises(ProtocolError, match="1000 values"):
-        m.aggregate([Method(method_config("qsgd", bits=4), 999, N).encode(torch.randn(999), 4, None)[0]] + good[1:], 4)
+        m.aggregate([Method(method_config("qsgd", bits=4), 999, N).encode(torch.randn(999), 4, None, hash_rng=rng)[0]]
+                    + good[1:], 4)
 
 
 def test_nonfinite_gradient_refused() -> None:
@@ -107,7 +113,9 @@ def test_nonfinite_gradient_refused() -> None:
     g = torch.randn(D)
     g[5] = float("nan")
     with pytest.raises(NonFiniteGradientError):
-        m.encode(g, 4, None)
+        m.encode(g, 4, None, hash_rng=HashRNG(0, 0, 0))
+    with pytest.raises(NonFiniteGradientError):
+        Method(method_config("dqsgd", kernel="torch"), D, N).encode(g, 4, None)
 
 
 @pytest.mark.parametrize("kw,msg", [

@@ -37,8 +37,9 @@ def bits_of(run: Path) -> list[int]:
 
 
 def test_pinned_seeded_run(tmp_path: Path) -> None:
-    """Loss and chosen bits of a tiny seeded DQSGD run are pinned (CPU, this torch build)."""
-    s = run_one(cfg(steps=20, lr=0.3), entry("dqsgd", target_bits=3.5), DATA, 0, tmp_path, progress=False)
+    """Loss and chosen bits of a tiny seeded DQSGD run with the torch kernel are pinned (CPU, this torch build)."""
+    s = run_one(cfg(steps=20, lr=0.3), entry("dqsgd", target_bits=3.5, kernel="torch"), DATA, 0, tmp_path,
+                progress=False)
     recs = list(read_jsonl(tmp_path / "metrics.jsonl"))
     bits = [r["bits"] for r in recs]
     losses = [r["loss"] for r in recs]
@@ -51,6 +52,15 @@ def test_pinned_seeded_run(tmp_path: Path) -> None:
 PINNED_BITS = [3, 4, 3, 4, 3, 3, 4, 3, 3, 4, 3, 4, 4, 4, 4, 4, 3, 3, 4, 3]
 PINNED_LOSS0 = 2.325085759162903
 PINNED_LOSS_LAST = 1.0733838081359863
+
+
+def test_pinned_seeded_run_default_fused_kernel(tmp_path: Path) -> None:
+    """The same run with the default kernel ("fused": hash uniforms of (seed, step, worker))."""
+    run_one(cfg(steps=20, lr=0.3), entry("dqsgd", target_bits=3.5), DATA, 0, tmp_path, progress=False)
+    recs = list(read_jsonl(tmp_path / "metrics.jsonl"))
+    assert [r["bits"] for r in recs] == [3, 4, 3, 3, 3, 3, 4, 3, 4, 4, 3, 4, 4, 4, 4, 4, 3, 3, 4, 3]
+    assert recs[0]["loss"] == pytest.approx(PINNED_LOSS0, rel=1e-5)  # step 0's loss precedes any update
+    assert recs[-1]["loss"] == pytest.approx(1.0629274994134903, rel=1e-5)
 
 
 @pytest.mark.parametrize("name", ["dqsgd", "terngrad", "adaqs"])
@@ -149,7 +159,7 @@ def test_fused_kernel_through_the_trainer_is_reproducible_and_resumes(tmp_path: 
     full = run_one(c, e, DATA, 2, tmp_path / "full", progress=False)
     again = run_one(c, e, DATA, 2, tmp_path / "again", progress=False)
     assert torch.equal(full["final_params"], again["final_params"])
-    torch_path = run_one(c, entry("dqsgd"), DATA, 2, None, progress=False)
+    torch_path = run_one(c, entry("dqsgd", kernel="torch"), DATA, 2, None, progress=False)
     assert not torch.equal(full["final_params"], torch_path["final_params"])  # a different uniform stream
     tr = Trainer(c, e, DATA, 2)
     from dqsgd.train.checkpoint import save_checkpoint

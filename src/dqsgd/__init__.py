@@ -5,6 +5,8 @@ Quick use::
     import torch, dqsgd
     payload = dqsgd.encode(torch.randn(1000), scheme="uniform", bits=4)   # real bytes
     g_hat = dqsgd.decode(payload)                                          # unbiased estimate
+    total = torch.zeros(1000)
+    dqsgd.decode_into(payload, total, weight=0.5)                          # total += g_hat / 2, on its device
 
 See ``dqsgd.methods`` for the method registry, ``dqsgd.policies`` for the bit policies
 (DQSGD eqs. 18/20, budgeted, error target, Adaptive, AdaQS) and ``dqsgd.ddp`` for the DDP hook.
@@ -13,12 +15,12 @@ See ``dqsgd.methods`` for the method registry, ``dqsgd.policies`` for the bit po
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["encode", "decode", "__version__"]
+__all__ = ["encode", "encode_tensor", "decode", "decode_into", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so `import dqsgd.quantizers` does not load the compiled codec kernels.
-    if name in ("encode", "decode"):
+    if name in ("encode", "encode_tensor", "decode", "decode_into"):
         from dqsgd import api
 
         return getattr(api, name)

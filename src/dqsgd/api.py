@@ -1,15 +1,85 @@
-"""The convenience API: ``encode(tensor, ...) -> bytes`` and ``decode(bytes) -> tensor``."""
+"""The convenience API: ``encode(tensor, ...) -> bytes`` and ``decode(bytes) -> tensor``, and its
+device form: a payload as a ``uint8`` tensor on the input's device (:func:`encode_tensor`), decoded
+onto a named device (``decode(payload, device=...)``) or added into a tensor where it lives
+(:func:`decode_into`).
+
+The bytes are the same in both forms: a payload tensor holds exactly the bytes :func:`encode`
+returns. Where the compiled device codec ``dqsgd.kernels.device`` is installed, tensors on a
+non-CPU device are encoded (uniform scheme with a :class:`~dqsgd.kernels.HashRNG`, fixed coding)
+and decoded there; everything else, and every CPU tensor, goes through the host codec, with the
+payload moved through host memory.
+"""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any
+
 import torch
 
-from dqsgd.codecs import Coding, decode as decode_payload, encode as encode_payload
+from dqsgd.codecs import Coding, encode as encode_payload
+from dqsgd.codecs.header import PEEK_BYTES, peek_shape
+from dqsgd.codecs.wire import decode as decode_payload, read_header
+from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
 from dqsgd.quantizers import (
     Layout, Norm, dequantize, quantize_identity, quantize_lowprec, quantize_sign, quantize_ternary, quantize_uniform,
 )
 
+__all__ = ["DEFAULT_MAX_NUMEL", "decode", "decode_into", "encode", "encode_tensor"]
+
+# The most elements ``decode`` accepts unless told ``numel=`` or ``max_numel=``: 2^26 = 67,108,864
+# (a 256 MiB float32 result). Some valid payloads of a few bytes describe far bigger tensors (an
+# Elias body codes trailing zeros in no bits, a one-symbol rANS body a constant tensor), so the
+# payload length cannot bound the result: this cap does.
+DEFAULT_MAX_NUMEL = 1 << 26
 _NORMS = {"inf": Norm.MAX, "2": Norm.L2, 2: Norm.L2}
+Payload = bytes | bytearray | memoryview | torch.Tensor
+
+
+def _device_kernels(device: torch.device) -> ModuleType | None:
+    """``dqsgd.kernels.device`` for a non-CPU device where it is installed, else None (host codec)."""
+    if device.type == "cpu":
+        return None
+    try:
+        return importlib.import_module("dqsgd.kernels.device")
+    except ModuleNotFoundError as e:
+        if e.name != "dqsgd.kernels.device":
+            raise
+        return None
+
+
+def _quantize(tensor: torch.Tensor, scheme: str, bits: int, norm: Norm, layout: Layout,
+              generator: torch.Generator | None):
+    if scheme == "uniform":
+        return quantize_uniform(tensor, bits, generator, norm=norm, layout=layout)
+    if scheme in ("sign", "scaled-sign"):
+        return quantize_sign(tensor, scaled=scheme == "scaled-sign", layout=layout)
+    if scheme == "ternary":
+        return quantize_ternary(tensor, generator, layout=layout)
+    if scheme == "lowprec":
+        return quantize_lowprec(tensor, bits, generator)
+    if scheme == "identity":
+        return quantize_identity(tensor)
+    raise ValueError(f"unknown scheme {scheme!r}; use uniform, sign, scaled-sign, ternary, lowprec or identity")
+
+
+def _encode(tensor: torch.Tensor, scheme: str, bits: int, norm: str | int, bucket: int, coding: str,
+            generator: torch.Generator | None, rng: HashRNG | None) -> bytes | torch.Tensor:
+    """The payload: bytes from the host codec, or a uint8 tensor from the device codec."""
+    cod = Coding.from_name(coding)
+    if norm not in _NORMS:
+        raise ValueError(f"unknown norm {norm!r}; use 'inf' or '2'")
+    layout = Layout(bucket=bucket)
+    if rng is None:
+        return encode_payload(_quantize(tensor, scheme, bits, _NORMS[norm], layout, generator), cod)
+    if scheme != "uniform" or generator is not None:
+        raise ValueError("rng= (a HashRNG) draws the uniform scheme's uniforms: use it with scheme='uniform' "
+                         "and without generator=")
+    if cod == Coding.FIXED and (mod := _device_kernels(tensor.device)) is not None:
+        return mod.encode_uniform_device(tensor, bits, rng, norm=_NORMS[norm], layout=layout)
+    return encode_uniform_fast(tensor, bits, rng, norm=_NORMS[norm], layout=layout, coding=cod)
 
 
 def encode(
@@ -21,6 +91,7 @@ def encode(
     bucket: int = 0,
     coding: str = "fixed",
     generator: torch.Generator | None = None,
+    rng: HashRNG | None = None,
 ) -> bytes:
     """Quantize ``tensor`` with ``scheme`` (uniform | sign | scaled-sign | ternary | lowprec | identity)
     and return the self-describing payload that would cross the wire.
@@ -30,26 +101,116 @@ def encode(
     closer to the entropy at 3, 5, 6, 7 bits), "rans" (static rANS of the levels: within ~0.1% of their
     empirical entropy plus a small frequency table; integer schemes only) or "auto" (the smallest of
     fixed, elias, zstd-aligned and rans).
+
+    Randomness: ``generator`` (a ``torch.Generator``) draws the rounding uniforms with torch ops;
+    ``rng`` (a :class:`~dqsgd.kernels.HashRNG` of (seed, step, worker); uniform scheme only) draws
+    them from a counter-based hash instead, through the fused kernels. For the same ``rng`` the
+    payload is the same bytes on every device and thread count.
+
+    The payload records ``tensor.dtype`` (float32, float16, bfloat16 or float64), which
+    :func:`decode` restores; the arithmetic is float32.
     """
-    cod = Coding.from_name(coding)
-    if norm not in _NORMS:
-        raise ValueError(f"unknown norm {norm!r}; use 'inf' or '2'")
-    layout = Layout(bucket=bucket)
-    if scheme == "uniform":
-        q = quantize_uniform(tensor, bits, generator, norm=_NORMS[norm], layout=layout)
-    elif scheme in ("sign", "scaled-sign"):
-        q = quantize_sign(tensor, scaled=scheme == "scaled-sign", layout=layout)
-    elif scheme == "ternary":
-        q = quantize_ternary(tensor, generator, layout=layout)
-    elif scheme == "lowprec":
-        q = quantize_lowprec(tensor, bits, generator)
-    elif scheme == "identity":
-        q = quantize_identity(tensor)
+    payload = _encode(tensor, scheme, bits, norm, bucket, coding, generator, rng)
+    return payload.cpu().numpy().tobytes() if isinstance(payload, torch.Tensor) else payload
+
+
+def encode_tensor(tensor: torch.Tensor, **options: Any) -> torch.Tensor:
+    """:func:`encode` (the same keywords), with the payload as a 1-D ``uint8`` tensor on
+    ``tensor.device``: the same bytes.
+
+    With ``rng``, fixed coding and ``dqsgd.kernels.device`` installed, a non-CPU tensor is encoded
+    on its device with no host copy; otherwise the host codec encodes and the bytes are copied back.
+    """
+    args = inspect.signature(encode).bind(tensor, **options)  # encode's keywords, checked by name
+    args.apply_defaults()
+    payload = _encode(**args.arguments)
+    if isinstance(payload, torch.Tensor):
+        return payload
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(tensor.device)
+
+
+def _as_tensor(payload: Payload, device: torch.device) -> torch.Tensor:
+    if isinstance(payload, torch.Tensor):
+        return _check_tensor_payload(payload).to(device)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+
+
+def _check_tensor_payload(payload: torch.Tensor) -> torch.Tensor:
+    if payload.dtype != torch.uint8 or payload.dim() != 1:
+        raise ValueError(f"a payload tensor is 1-D uint8, got {payload.dtype} of shape {tuple(payload.shape)}")
+    return payload
+
+
+def _host_bytes(payload: Payload) -> bytes | bytearray | memoryview:
+    """The payload's bytes in host memory (a view for CPU tensors, one copy from a device)."""
+    if isinstance(payload, torch.Tensor):
+        return memoryview(_check_tensor_payload(payload).detach().cpu().contiguous().numpy())
+    return payload
+
+
+def decode(
+    payload: Payload,
+    *,
+    device: torch.device | str | None = None,
+    numel: int | None = None,
+    max_numel: int = DEFAULT_MAX_NUMEL,
+) -> torch.Tensor:
+    """The tensor a payload stands for, in the encoded tensor's shape and dtype.
+
+    ``payload``: bytes-like, or a 1-D ``uint8`` tensor (:func:`encode_tensor`). ``device``: where the
+    result goes; by default the CPU for bytes and the payload's own device for a tensor payload.
+    On a non-CPU device with ``dqsgd.kernels.device`` installed, decoding runs there (only the
+    first ≤ 44 header bytes, which size the result, are read on the host).
+
+    Bounds: ``numel`` (when the caller knows the size) must equal the payload's element count;
+    otherwise the payload may declare at most ``max_numel`` elements (default
+    :data:`DEFAULT_MAX_NUMEL` = 2^26). Both are checked before anything is allocated; so is what a
+    body of its length can carry (``dqsgd.codecs.bounds``).
+
+    Raises:
+      PayloadError (a ValueError): a truncated, corrupted, foreign or oversized payload, or one
+        whose element count is not ``numel``.
+    """
+    target = torch.device(device) if device is not None else (
+        payload.device if isinstance(payload, torch.Tensor) else torch.device("cpu"))
+    if (mod := _device_kernels(target)) is None:
+        x = dequantize(decode_payload(_host_bytes(payload), max_numel=max_numel, numel=numel))
+        return x.to(target)
+    dev_payload = _as_tensor(payload, target)
+    shape, dtype = peek_shape(dev_payload[:PEEK_BYTES].cpu().numpy(), max_numel, numel)
+    out = torch.zeros(shape, dtype=torch.float32, device=target)
+    mod.decode_accumulate_device(dev_payload, out.view(-1), 1.0, max_numel=out.numel())
+    return out.to(dtype)
+
+
+def decode_into(payload: Payload, out: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
+    """``out += weight · decode(payload)`` on ``out``'s device; returns ``out``.
+
+    The payload must hold exactly ``out.numel()`` elements (any shape with that count; that is also
+    the allocation bound). On a float32 contiguous ``out`` the sum is done in place in one pass
+    (:func:`dqsgd.kernels.decode_accumulate` on the CPU; ``dqsgd.kernels.device``'s
+    ``decode_accumulate_device`` on a device where it is installed, with no host copy); with
+    ``weight = 1`` it equals ``out + decode(payload)`` bit for bit. Another dtype or layout of
+    ``out`` gets ``weight · x̂`` in float32, added after one rounding to its dtype.
+
+    Raises:
+      PayloadError: as :func:`decode`, or a payload of another element count than ``out``.
+        Errors in the body are found while adding: ``out`` then holds a partial sum.
+      ValueError: ``out`` is not a floating-point tensor.
+    """
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        raise ValueError(f"out must be a floating-point tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    n = out.numel()
+    direct = out.dtype == torch.float32 and out.is_contiguous()
+    acc = out.view(-1) if direct else torch.zeros(n, dtype=torch.float32, device=out.device)
+    if (mod := _device_kernels(out.device)) is not None:
+        mod.decode_accumulate_device(_as_tensor(payload, out.device), acc, weight, max_numel=n)
     else:
-        raise ValueError(f"unknown scheme {scheme!r}; use uniform, sign, scaled-sign, ternary, lowprec or identity")
-    return encode_payload(q, cod)
-
-
-def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 << 28) -> torch.Tensor:
-    """The tensor a payload stands for. A truncated, corrupted or foreign payload raises ValueError."""
-    return dequantize(decode_payload(payload, max_numel=max_numel))
+        buf = _host_bytes(payload)
+        target = acc if acc.device.type == "cpu" else torch.zeros(n, dtype=torch.float32)
+        decode_accumulate(buf, target, weight, header=read_header(buf, numel=n))
+        if target is not acc:
+            acc += target.to(acc.device)
+    if not direct:
+        out += acc.view(out.shape).to(out.dtype)
+    return out

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, shipped_configs
+from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, resolve_device, shipped_configs
 
 
 def _experiment(args: argparse.Namespace, method: str | None = None):
@@ -66,7 +66,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.max_restarts:
         raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
     out = Path(args.resume or args.out or run_dir(Path(f"runs/{exp.train.name}"), entry.label, seed))
-    s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet)
+    device = resolve_device(exp.train.device)
+    s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet,
+                device=device)
     print(f"{entry.label}: test acc {100 * s['test_acc']:.2f}%, measured ratio {s['ledger_compression_ratio']:.2f} "
           f"(fp32 bytes / bytes sent), mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
           f"metrics in {out}")

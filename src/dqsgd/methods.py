@@ -63,9 +63,10 @@ class MethodConfig:
     downlink: Literal["fp32", "sign"] = "fp32"
     scaled_sign: bool = False
     clip: float = 2.5               # TernGrad clip factor c (0 = max-norm scaler)
-    # Uniform scheme only: "torch" = torch ops + the worker's torch.Generator; "fused" = the numba
-    # kernels of dqsgd.kernels with hash uniforms of (seed, step, worker) (other schemes: torch).
-    kernel: KernelName = "torch"
+    # Uniform scheme only: "fused" (the default) = the compiled kernels of dqsgd.kernels with hash
+    # uniforms of (seed, step, worker); "torch" = torch ops + the worker's torch.Generator (other
+    # schemes: torch). Both are unbiased with the same variance; their payloads differ.
+    kernel: KernelName = "fused"
     description: str = ""
 
     def __post_init__(self) -> None:

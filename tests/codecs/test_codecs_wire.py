@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import struct
 import zlib
@@ -86,11 +88,15 @@ def _q(codes: list[int], *, scheme: Scheme = Scheme.UNIFORM, bits: int = 4, leve
 def test_documented_bytes_fixed() -> None:
     """The layout table, byte for byte, for a 2×3 uniform 4-bit tensor in buckets of 4."""
     q = _q([1, -7, 0, 3, 0, 7], scales=[2.5, -1.0], layout=Layout(bucket=4), shape=(2, 3))
-    head = b"DQ" + bytes([1, Scheme.UNIFORM, 4, Coding.FIXED, Norm.MAX, 2]) + struct.pack("<I", 7)
+    head = b"DQ" + bytes([2, Scheme.UNIFORM, 4, Coding.FIXED, Norm.MAX, 2 | 0 << 4]) + struct.pack("<I", 7)
     head += struct.pack("<II", 2, 3) + bytes([1]) + struct.pack("<I", 4) + struct.pack("<ff", 2.5, -1.0)
     body = bytes([(1 + 8) | (-7 + 8) << 4, (0 + 8) | (3 + 8) << 4, (0 + 8) | (7 + 8) << 4])
     unsigned = head + struct.pack("<I", len(body)) + body
     assert encode(q, Coding.FIXED) == unsigned + struct.pack("<I", zlib.crc32(unsigned))
+    # dtype float16 (code 1) goes into the high nibble of the ndim byte; nothing else moves
+    half = encode(dataclasses.replace(q, dtype=torch.float16), Coding.FIXED)
+    unsigned16 = unsigned[:7] + bytes([2 | 1 << 4]) + unsigned[8:]
+    assert half == unsigned16 + struct.pack("<I", zlib.crc32(unsigned16))
 
 
 def test_documented_bytes_elias_and_sizes_layout() -> None:

@@ -29,7 +29,7 @@ def reseal(payload: bytes | bytearray) -> bytes:
 
 
 def forge(
-    *, magic: bytes = b"DQ", version: int = 1, scheme: int = 1, bits: int = 4, coding: int = 0, norm: int = 255,
+    *, magic: bytes = b"DQ", version: int = 2, scheme: int = 1, bits: int = 4, coding: int = 0, norm: int = 255,
     dims: tuple[int, ...] = (5,), levels: int = 7, layout: bytes = b"\x00", scales: tuple[float, ...] = (1.0,),
     body: bytes = b"\x88\x88\x08", body_len: int | None = None,
 ) -> bytes:
@@ -94,10 +94,10 @@ def test_foreign_and_newer_payloads() -> None:
         decode(b"PK\x03\x04" + bytes(40))
     with pytest.raises(PayloadError, match="truncated"):
         decode(b"")
-    with pytest.raises(PayloadError, match=r"payload format version 2 is newer than this dqsgd \(1\)"):
-        decode(forge(version=2))
-    with pytest.raises(PayloadError, match="version 2 is newer"):
-        decode(b"DQ\x02")  # even when too short for a version-1 header
+    with pytest.raises(PayloadError, match=r"payload format version 3 is newer than this dqsgd \(2\)"):
+        decode(forge(version=3))
+    with pytest.raises(PayloadError, match="version 3 is newer"):
+        decode(b"DQ\x03")  # even when too short for a version-2 header
     with pytest.raises(PayloadError, match="unknown payload format version 0"):
         decode(forge(version=0))
 
@@ -159,8 +159,9 @@ def test_forged_fields_are_refused(fields: dict, match: str) -> None:
         ({"dims": (2**28,), "layout": b"\x01" + struct.pack("<I", 1)}, "scales needs"),
         ({"layout": b"\x02" + struct.pack("<I", 2**32 - 1)}, "segment sizes needs"),
         ({"body_len": 2**32 - 1}, "truncated"),
-        # A ZSTD_ALIGNED frame must declare numel × aligned width: checked before decompressing.
-        ({"coding": 4, "bits": 6, "levels": 31, "dims": (2**26,), "body": _zstd(b"\x20")}, "expected 67108864"),
+        # A ZSTD_ALIGNED frame of L bytes holds ≤ 2^17·⌊(L − 6)/3⌋ bytes: checked before decompressing.
+        ({"coding": 4, "bits": 6, "levels": 31, "dims": (2**26,), "body": _zstd(b"\x20")},
+         "cannot decompress to the 67108864 bytes"),
     ],
 )
 def test_forged_sizes_are_refused_before_allocation(fields: dict, match: str) -> None:

@@ -18,13 +18,15 @@ def grads(seed: int) -> list[torch.Tensor]:
     return [torch.randn(D, generator=gen) for _ in range(W)]
 
 
+@pytest.mark.parametrize("kernel", ["fused", "torch"])
 @pytest.mark.parametrize("name", sorted(METHODS) + ["qsgd-2bit", "qsgd-8bit"])
-def test_aggregate_is_bit_identical_to_the_sum_of_dequantized(name: str) -> None:
-    m = Method(method_config(name), D, 20, [600, 300, 100])
+def test_aggregate_is_bit_identical_to_the_sum_of_dequantized(name: str, kernel: str) -> None:
+    m = Method(method_config(name, kernel=kernel), D, 20, [600, 300, 100])
     bits = m.init_state(W).bits
     gs = grads(0)
     scalers = torch.stack([m.local_scalers(g) for g in gs]).amax(0) if m.shares_scalers else None
-    msgs = [m.encode(g, bits, torch.Generator().manual_seed(w), None, scalers)[0] for w, g in enumerate(gs)]
+    msgs = [m.encode(g, bits, torch.Generator().manual_seed(w), None, scalers,
+                     hash_rng=HashRNG(0, 0, w) if m.fused else None)[0] for w, g in enumerate(gs)]
     agg = m.aggregate(msgs, bits)
     if m.config.aggregate == "mean":
         total = torch.zeros(D)

@@ -39,6 +39,9 @@ __all__ = [
 # code word fits a uint64 (the writer feeds it to its accumulator in pieces of ≤ 32 bits).
 MAX_OMEGA = (1 << 32) - 1
 
+# Outputs above this many codes, from a body of under numel/64 bytes, are validated before allocation.
+_VALIDATE_FIRST_ABOVE = 1 << 18
+
 # Decoder status codes (0 = ok); the message table turns them into text.
 _OK, _TRUNCATED, _OVERFLOW, _COUNT, _GAP, _MAGNITUDE, _TRAILING, _PADDING = range(8)
 _MESSAGES = {
@@ -281,8 +284,8 @@ def _read_item(buf, pos, gap_limit, neg_limit, pos_limit):  # pragma: no cover -
 
 
 @njit(cache=True)
-def _decode(buf, numel, min_code, max_code, out, peek):  # pragma: no cover - compiled
-    """Fill ``out`` (zeros, length numel); returns (status, bit position, nnz).
+def _decode(buf, numel, min_code, max_code, out, peek, write):  # pragma: no cover - compiled
+    """Fill ``out`` (zeros, length numel; only validate if not ``write``); returns (status, bit position, nnz).
 
     Fast path: while 8 whole bytes remain, a 64-bit big-endian window shifted to ``pos`` holds
     ≥ 57 valid bits, enough for ω(gap) + sign + ω(|c|) when both words are ≤ 16 bits (table).
@@ -321,7 +324,8 @@ def _decode(buf, numel, min_code, max_code, out, peek):  # pragma: no cover - co
             if st != _OK:
                 return st, pos, 0
         idx += gap
-        out[idx - 1] = code
+        if write:
+            out[idx - 1] = code
     if (pos + 7) // 8 != buf.size:
         return _TRAILING, pos, 0
     if pos & 7 and buf[pos >> 3] & ((1 << (8 - (pos & 7))) - 1):
@@ -353,8 +357,13 @@ def elias_decode(
     if not 0 <= numel < MAX_OMEGA:
         raise ValueError(f"numel must be in 0..2^32-2, got {numel}")
     data = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1)
+    if numel > max(_VALIDATE_FIRST_ABOVE, 64 * data.size):
+        # Mostly implicit zeros: validate the stream (O(len(buf)) work) before allocating numel codes.
+        status, pos, _ = _decode(data, numel, min_code, max_code, np.zeros(0, dtype=np.int32), _PEEK_TABLE, False)
+        if status != _OK:
+            raise EliasError(_MESSAGES[status], int(pos))
     out = np.zeros(numel, dtype=np.int32)
-    status, pos, nnz = _decode(data, numel, min_code, max_code, out, _PEEK_TABLE)
+    status, pos, nnz = _decode(data, numel, min_code, max_code, out, _PEEK_TABLE, True)
     if status != _OK:
         raise EliasError(_MESSAGES[status], int(pos))
     return out, int(nnz)

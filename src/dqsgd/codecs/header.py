@@ -1,15 +1,17 @@
-"""The self-describing header of a dqsgd payload (format version 1), and its errors.
+"""The self-describing header of a dqsgd payload (format version 2; version 1 still decodes), and its errors.
 
 All integers little-endian; offsets in bytes (``D = 4·ndim``, ``S`` = layout extra bytes)::
 
     offset        size       field
     0             2          magic b"DQ"
-    2             1          version (u8) = 1
+    2             1          version (u8) = 2 (1: the same layout, without the dtype nibble)
     3             1          scheme (u8): Scheme (0 identity, 1 uniform, 2 sign, 3 ternary, 4 lowprec)
     4             1          bits (u8): code width; 1..16 for integer schemes, 32 for identity
     5             1          coding (u8): 0 FIXED, 1 ELIAS, 2 ZSTD, 4 ZSTD_ALIGNED, 5 RANS  (AUTO, 3, is never written)
     6             1          norm (u8): Norm (0 none, 1 l1-mean, 2 l2, 255 max)
-    7             1          ndim (u8) ≤ 8
+    7             1          ndim (low 4 bits) ≤ 8 | dtype (high 4 bits, version 2): the dtype of the
+                             tensor that was encoded, which decode restores: 0 float32, 1 float16,
+                             2 bfloat16, 3 float64 (version 1 has no dtype: float32, high bits 0)
     8             4          levels (u32)
     12            D          dims (u32 × ndim); numel = Π dims (1 for ndim = 0)
     12+D          1          layout kind (u8): 0 one segment, 1 fixed bucket, 2 explicit sizes
@@ -19,6 +21,10 @@ All integers little-endian; offsets in bytes (``D = 4·ndim``, ``S`` = layout ex
     13+D+S+4nseg  4          body length L (u32)
     17+D+S+4nseg  L          body (see ``dqsgd.codecs.wire``)
     end − 4       4          crc32 (u32): zlib.crc32 of every byte before it
+
+The dtype shares the ndim byte so that version 2 payloads have exactly the size of version 1
+payloads (every predicted and ledgered byte count stays what it was); a float32 payload differs
+from its version 1 form only in the version byte and the crc.
 
 Parsing is bounded: each field is checked against the bytes that remain before it is read, and
 ``numel`` against the caller's ``max_numel``, so forged sizes are refused before anything is
@@ -33,17 +39,21 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from dqsgd.quantizers.base import Layout, Norm, Scheme
 
 __all__ = [
-    "Coding", "Header", "MAGIC", "PayloadError", "VERSION",
-    "header_size", "layout_segments", "parse_header", "write_header",
+    "DTYPES", "MAX_NUMEL", "Coding", "Header", "MAGIC", "PayloadError", "VERSION",
+    "dtype_code", "header_size", "layout_segments", "parse_header", "write_header",
 ]
 
 MAGIC = b"DQ"
-VERSION = 1
+VERSION = 2
+OLDEST_VERSION = 1  # version 1: no dtype (float32)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # index = the dtype code
 MAX_NDIM = 8
+MAX_NUMEL = 1 << 28  # the codec's default cap on the elements a payload may declare (1 GiB of float32)
 U32_MAX = (1 << 32) - 1
 _FIELDS = struct.Struct("<BBBBBI")  # scheme .. levels, after magic and version
 _FIXED_PART_SIZE = 3 + _FIELDS.size  # 12 bytes
@@ -88,10 +98,20 @@ class Header:
     scales: np.ndarray  # float32, nseg
     body_start: int
     body_len: int
+    dtype: torch.dtype = torch.float32  # of the encoded tensor (version 1 payloads: float32)
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """The header's code of a tensor dtype (``DTYPES.index``); other dtypes cannot be restored."""
+    try:
+        return DTYPES.index(dtype)
+    except ValueError:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise ValueError(f"the payload carries dtypes {names}, not {dtype}") from None
 
 
 def _layout_kind(layout: Layout) -> int:
@@ -129,9 +149,12 @@ def layout_segments(layout: Layout, numel: int) -> int:
 def write_header(
     scheme: Scheme, bits: int, coding: Coding, norm: Norm, levels: int,
     shape: tuple[int, ...], layout: Layout, scales: np.ndarray, body_len: int,
+    *, dtype: torch.dtype = torch.float32,
 ) -> bytes:
-    """The header bytes up to and including the body length (fields assumed validated)."""
-    parts = [MAGIC, bytes([VERSION]), _FIELDS.pack(scheme, bits, coding, norm, len(shape), levels)]
+    """The header bytes up to and including the body length (fields assumed validated; ``dtype``
+    is the encoded tensor's, one of :data:`DTYPES`)."""
+    ndim_dtype = len(shape) | dtype_code(dtype) << 4
+    parts = [MAGIC, bytes([VERSION]), _FIELDS.pack(scheme, bits, coding, norm, ndim_dtype, levels)]
     parts.append(struct.pack(f"<{len(shape)}I", *shape))
     kind = _layout_kind(layout)
     parts.append(bytes([kind]))
@@ -171,7 +194,7 @@ def _enum(cls: type[enum.IntEnum], value: int, what: str, offset: int) -> enum.I
         raise PayloadError(f"unknown {what} {value} at offset {offset}") from None
 
 
-def _read_fixed(r: _Reader) -> tuple[Scheme, int, Coding, Norm, int, int]:
+def _read_fixed(r: _Reader) -> tuple[Scheme, int, Coding, Norm, int, int, torch.dtype]:
     # Magic and version first, each as soon as its bytes are there: a foreign or newer payload
     # gets that message even when it is also too short for this version's header.
     magic = bytes(r.take(2, "magic"))
@@ -180,9 +203,13 @@ def _read_fixed(r: _Reader) -> tuple[Scheme, int, Coding, Norm, int, int]:
     version = r.take(1, "version")[0]
     if version > VERSION:
         raise PayloadError(f"payload format version {version} is newer than this dqsgd ({VERSION})")
-    if version != VERSION:
+    if version < OLDEST_VERSION:
         raise PayloadError(f"unknown payload format version {version} at offset 2")
     scheme, bits, coding, norm, ndim, levels = _FIELDS.unpack(r.take(_FIELDS.size, "header fields"))
+    code = ndim >> 4 if version >= 2 else 0  # version 1: the whole byte is ndim (so > 8 is refused)
+    ndim -= code << 4
+    if code >= len(DTYPES):
+        raise PayloadError(f"unknown dtype code {code} (high bits of offset 7)")
     sch = _enum(Scheme, scheme, "scheme", 3)
     cod = _enum(Coding, coding, "coding", 5)
     if cod == Coding.AUTO:
@@ -190,7 +217,7 @@ def _read_fixed(r: _Reader) -> tuple[Scheme, int, Coding, Norm, int, int]:
     nrm = _enum(Norm, norm, "norm", 6)
     if ndim > MAX_NDIM:
         raise PayloadError(f"ndim {ndim} at offset 7 exceeds the maximum {MAX_NDIM}")
-    return sch, bits, cod, nrm, ndim, levels
+    return sch, bits, cod, nrm, ndim, levels, DTYPES[code]
 
 
 def _read_layout(r: _Reader, numel: int) -> tuple[Layout, int]:
@@ -213,19 +240,44 @@ def _read_layout(r: _Reader, numel: int) -> tuple[Layout, int]:
     return Layout(sizes=tuple(sizes.tolist())), count
 
 
-def parse_header(buf: memoryview, max_numel: int) -> Header:
+def _check_numel(numel: int, max_numel: int, expected: int | None) -> int:
+    if expected is not None:
+        if numel != expected:
+            raise PayloadError(f"payload declares {numel} elements (dims at offset 12), the caller expects "
+                               f"numel={expected}")
+    elif numel > max_numel:
+        raise PayloadError(f"payload declares {numel} elements (dims at offset 12), more than max_numel={max_numel}")
+    return numel
+
+
+PEEK_BYTES = _FIXED_PART_SIZE + 4 * MAX_NDIM  # enough for :func:`peek_shape` at any ndim
+
+
+def peek_shape(
+    prefix: bytes | memoryview, max_numel: int, numel: int | None = None,
+) -> tuple[tuple[int, ...], torch.dtype]:
+    """(shape, dtype) from the first ≤ :data:`PEEK_BYTES` bytes of a payload, checked like
+    :func:`parse_header` checks them (the rest of the payload is not validated here): what a
+    decoder needs to size its output before it has the whole payload on the host."""
+    r = _Reader(memoryview(prefix).cast("B"))
+    *_, ndim, _, dtype = _read_fixed(r)
+    shape = tuple(struct.unpack(f"<{ndim}I", r.take(4 * ndim, f"{ndim} dims")))
+    _check_numel(math.prod(shape), max_numel, numel)
+    return shape, dtype
+
+
+def parse_header(buf: memoryview, max_numel: int, numel: int | None = None) -> Header:
     """Read and structurally validate the header; the body is ``buf[body_start:body_start+body_len]``.
 
     Raises:
       PayloadError: truncation, wrong magic, newer/unknown version, unknown enum values, ndim > 8,
-        numel > max_numel, inconsistent layout, or a total length that disagrees with the body length.
+        numel > max_numel, numel other than ``numel`` (when given: the caller knows the size, and it
+        replaces ``max_numel``), inconsistent layout, or a total length that disagrees with the body length.
     """
     r = _Reader(buf)
-    scheme, bits, coding, norm, ndim, levels = _read_fixed(r)
+    scheme, bits, coding, norm, ndim, levels, dtype = _read_fixed(r)
     shape = tuple(struct.unpack(f"<{ndim}I", r.take(4 * ndim, f"{ndim} dims")))
-    numel = math.prod(shape)
-    if numel > max_numel:
-        raise PayloadError(f"payload declares {numel} elements (dims at offset 12), more than max_numel={max_numel}")
+    numel = _check_numel(math.prod(shape), max_numel, numel)
     layout, nseg = _read_layout(r, numel)
     if scheme == Scheme.IDENTITY:
         nseg = 0
@@ -239,4 +291,4 @@ def parse_header(buf: memoryview, max_numel: int) -> Header:
         raise PayloadError(f"payload truncated: header says {expected} bytes (body length {body_len}), got {len(buf)}")
     if len(buf) > expected:
         raise PayloadError(f"{len(buf) - expected} extra bytes after the crc at offset {expected} (padded payload)")
-    return Header(scheme, bits, coding, norm, levels, shape, layout, scales, r.pos, body_len)
+    return Header(scheme, bits, coding, norm, levels, shape, layout, scales, r.pos, body_len, dtype)

@@ -1,8 +1,8 @@
-"""Quantized tensor ⇄ the bytes that cross the network (payload format version 1).
+"""Quantized tensor ⇄ the bytes that cross the network (payload format version 2; reads version 1).
 
 A payload is ``header ∥ body ∥ crc32`` (header layout: :mod:`dqsgd.codecs.header`)::
 
-    magic "DQ" | version u8 | scheme u8 | bits u8 | coding u8 | norm u8 | ndim u8 | levels u32
+    magic "DQ" | version u8 | scheme u8 | bits u8 | coding u8 | norm u8 | ndim u4 + dtype u4 | levels u32
     | dims u32×ndim | layout kind u8 [| bucket u32 | count u32, sizes u32×count] | scales f32×nseg
     | body length u32 | body | crc32 u32 (zlib.crc32 of everything before it)
 
@@ -46,9 +46,11 @@ import zstandard
 from numba import njit
 
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
+from dqsgd.codecs.bounds import check_body_can_hold, zstd_content_bound
 from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode
 from dqsgd.codecs.header import (
-    U32_MAX, Coding, Header, MAX_NDIM, PayloadError, header_size, layout_segments, parse_header, write_header,
+    MAX_NUMEL, U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
+    write_header,
 )
 from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
 from dqsgd.codecs.threads import crc32
@@ -62,8 +64,6 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd clamps a frame's window to its declared content size (which must equal the expected size);
 # level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
 _ZSTD_MAX_WINDOW = 1 << 23
-
-
 def body_width(bits: int, coding: Coding) -> int:
     """Bits per code in the (decompressed) body: ``bits``, or for ZSTD_ALIGNED the smallest of
     1, 2, 4, 8, 16, 32 that holds ``bits``."""
@@ -166,6 +166,7 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"levels must be in 0..2^32-1, got {q.levels}")
     numel = q.numel
     nseg = _check_layout(q.layout, numel)
+    dtype_code(q.dtype)  # the header can restore it
     if scheme == Scheme.IDENTITY:
         nseg = 0  # raw values carry no scales
         if q.values is None:
@@ -250,7 +251,8 @@ def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:
         raise ValueError(f"body of {memoryview(body).nbytes} bytes exceeds the u32 body length field")
     shape = tuple(int(d) for d in q.shape)
     layout = q.layout if q.layout.sizes is None else Layout(sizes=tuple(int(s) for s in q.layout.sizes))
-    head = write_header(scheme, q.bits, used, Norm(q.norm), q.levels, shape, layout, scales, memoryview(body).nbytes)
+    head = write_header(scheme, q.bits, used, Norm(q.norm), q.levels, shape, layout, scales, memoryview(body).nbytes,
+                        dtype=q.dtype)
     crc = crc32(body, crc32(head))
     return b"".join((head, body, struct.pack("<I", crc)))
 
@@ -270,6 +272,21 @@ def predicted_size(
 
 
 # ---------------------------------------------------------------------------------------- decode
+
+
+def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUMEL,
+                numel: int | None = None) -> Header:
+    """Parse a payload's header and check its crc: everything :func:`decode` checks before the body."""
+    buf = memoryview(payload).cast("B")
+    h = parse_header(buf, max_numel, numel)
+    if (err := _scheme_error(h.scheme, h.bits, h.levels)) is not None:
+        raise PayloadError(f"{err} (header offset 4)")
+    if h.numel >= U32_MAX and h.coding == Coding.ELIAS:
+        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
+    stored, computed = int.from_bytes(buf[-4:], "little"), crc32(buf[:-4])
+    if computed != stored:
+        raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
+    return h
 
 
 def _unpack_fixed(body: memoryview, h: Header, offset: int, width: int) -> np.ndarray:
@@ -295,6 +312,9 @@ def _unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     itself bounds the output), with nothing after it."""
     if bytes(body[:4]) != _ZSTD_MAGIC:
         raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
+    if expected > zstd_content_bound(len(body)):
+        raise PayloadError(f"ZSTD body at offset {offset}: {len(body)} bytes cannot decompress to the "
+                           f"{expected} bytes the header's numel needs")
     try:
         declared = zstandard.get_frame_parameters(body).content_size
         if declared != expected:
@@ -311,6 +331,7 @@ def _unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
 def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
     offset = h.body_start
     body = buf[offset : offset + h.body_len]
+    check_body_can_hold(body, h, offset)
     width = body_width(h.bits, h.coding)
     if h.coding == Coding.FIXED:
         data = _unpack_fixed(body, h, offset, width)
@@ -346,28 +367,26 @@ def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
     return data
 
 
-def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 << 28) -> Quantized:
+def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUMEL,
+           numel: int | None = None) -> Quantized:
     """Parse and validate a payload; the inverse of :func:`encode`.
 
-    ``max_numel`` caps the number of elements a payload may declare; it is checked, with every
-    other size field, before anything is allocated.
+    ``max_numel`` caps the number of elements a payload may declare; ``numel``, when the caller
+    knows it, replaces the cap with an exact check. Both are checked, with every other size field
+    and the bound a body of its length can carry (:mod:`dqsgd.codecs.bounds`), before anything
+    is allocated.
 
     Raises:
       PayloadError: for any payload that :func:`encode` could not have produced (truncated,
         padded, bit-flipped, forged, foreign, or from a newer format version).
     """
     buf = memoryview(payload).cast("B")
-    h = parse_header(buf, max_numel)
-    if (err := _scheme_error(h.scheme, h.bits, h.levels)) is not None:
-        raise PayloadError(f"{err} (header offset 4)")
-    if h.numel >= U32_MAX and h.coding == Coding.ELIAS:
-        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
-    stored, computed = int.from_bytes(buf[-4:], "little"), crc32(buf[:-4])
-    if computed != stored:
-        raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
+    h = read_header(buf, max_numel=max_numel, numel=numel)
     data = _decode_body(buf, h)
     empty_i = torch.zeros(0, dtype=torch.int32)
     scales = torch.from_numpy(h.scales)
     if h.scheme == Scheme.IDENTITY:
-        return Quantized(h.scheme, h.bits, h.levels, empty_i, scales, h.layout, h.shape, h.norm, torch.from_numpy(data))
-    return Quantized(h.scheme, h.bits, h.levels, torch.from_numpy(data), scales, h.layout, h.shape, h.norm)
+        return Quantized(h.scheme, h.bits, h.levels, empty_i, scales, h.layout, h.shape, h.norm, torch.from_numpy(data),
+                         h.dtype)
+    return Quantized(h.scheme, h.bits, h.levels, torch.from_numpy(data), scales, h.layout, h.shape, h.norm,
+                     dtype=h.dtype)

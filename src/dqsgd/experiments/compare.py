@@ -8,7 +8,7 @@ from typing import Any
 
 from dqsgd.data import load_dataset
 from dqsgd.experiments.summary import write_tables
-from dqsgd.train.config import ExperimentConfig
+from dqsgd.train.config import ExperimentConfig, resolve_device
 from dqsgd.train.runner import run_dir, run_one
 
 
@@ -35,6 +35,7 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     missing = sorted(set(only or []) - {e.label for e in exp.methods})
     if missing:
         raise ValueError(f"--methods {missing} not in the config; it has {[e.label for e in exp.methods]}")
+    device = resolve_device(exp.train.device)  # refused before any data is loaded or any run starts
     data = load_data_for(exp)
     out.mkdir(parents=True, exist_ok=True)
     if exp.source:
@@ -44,7 +45,7 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
             where = run_dir(out, entry.label, seed)
             if resume and finished(where, exp.train.steps, entry.label, seed):
                 continue  # kept as it is: a resumed comparison only runs what is missing
-            run_one(exp.train, entry, data, seed, where, resume=resume, progress=progress)
+            run_one(exp.train, entry, data, seed, where, resume=resume, progress=progress, device=device)
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report
 

@@ -27,16 +27,18 @@ import torch
 from dqsgd.codecs import Coding, PayloadError, encode as encode_payload
 from dqsgd.codecs import wire as _wire  # its validators, so both paths accept/refuse the same
 from dqsgd.codecs.bitpack import packed_size
-from dqsgd.codecs.header import Header, parse_header, write_header
+from dqsgd.codecs.header import MAX_NUMEL, Header, write_header
+from dqsgd.codecs.wire import read_header
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused
 from dqsgd.kernels.hashrng import HashRNG
-from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme
+from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
 
 __all__ = ["decode_accumulate", "encode_uniform_fast", "quantize_uniform_fast", "read_header", "segment_starts"]
 
 MIN_CHUNKS_PER_THREAD = 64  # 256K coordinates: below that a thread costs more than it saves
+levels_of = levels_for_bits  # this module's earlier name for it, kept for importers
 
 
 def segment_starts(layout: Layout, numel: int) -> np.ndarray:
@@ -50,11 +52,6 @@ def segment_starts(layout: Layout, numel: int) -> np.ndarray:
     if layout.bucket <= 0 or layout.bucket >= numel:
         return np.array([0, numel], dtype=np.int64)
     return np.append(np.arange(0, numel, layout.bucket, dtype=np.int64), np.int64(numel))
-
-
-def levels_of(bits: int) -> int:
-    """s = 2^(B−1) − 1 for B ≥ 2; the 1-bit stochastic binary quantizer has one level."""
-    return 1 if bits == 1 else (1 << (bits - 1)) - 1
 
 
 def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
@@ -79,7 +76,7 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
             raise NonFiniteGradientError(
                 f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
                 "refusing to quantize")
-    s = levels_of(bits)
+    s = levels_for_bits(bits)
     sc = torch.from_numpy(scales)
     # The very expression of quantize_uniform, so inv (and so every code) is bit-identical.
     inv = torch.where(sc > 0, s / sc, torch.zeros_like(sc)).numpy()
@@ -103,7 +100,8 @@ def quantize_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     if n:
         run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
                   min_per_thread=MIN_CHUNKS_PER_THREAD)
-    return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape), norm)
+    return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape),
+                     norm, dtype=x.dtype)
 
 
 _PACKED = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED)  # codings the fused kernel packs itself
@@ -131,7 +129,8 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
         raise ValueError(f"shape {shape}: need ndim ≤ {_wire.MAX_NDIM} and every dim < 2^32")
 
     def header(body_len: int) -> bytes:
-        return write_header(Scheme.UNIFORM, bits, coding, norm, s, shape, layout, scales.numpy(), body_len)
+        return write_header(Scheme.UNIFORM, bits, coding, norm, s, shape, layout, scales.numpy(), body_len,
+                            dtype=x.dtype)
 
     width = _wire.body_width(bits, coding)
     body_len = packed_size(n, width)
@@ -162,20 +161,6 @@ def _pack(flat, starts, inv, s, bits, rng, width, body) -> None:
 # ------------------------------------------------------------------------------------ decode
 
 
-def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = 1 << 28) -> Header:
-    """Parse a payload's header and check its crc, exactly as :func:`dqsgd.codecs.decode` does."""
-    buf = memoryview(payload).cast("B")
-    h = parse_header(buf, max_numel)
-    if (err := _wire._scheme_error(h.scheme, h.bits, h.levels)) is not None:
-        raise PayloadError(f"{err} (header offset 4)")
-    if h.numel >= _wire.U32_MAX and h.coding == Coding.ELIAS:
-        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
-    stored, computed = int.from_bytes(buf[-4:], "little"), crc32(buf[:-4])
-    if computed != stored:
-        raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
-    return h
-
-
 def _out_array(out: torch.Tensor | np.ndarray, numel: int) -> np.ndarray:
     arr = out.numpy() if isinstance(out, torch.Tensor) else out
     if arr.dtype != np.float32 or not arr.flags.c_contiguous or not arr.flags.writeable or arr.size != numel:
@@ -185,7 +170,7 @@ def _out_array(out: torch.Tensor | np.ndarray, numel: int) -> np.ndarray:
 
 
 def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor | np.ndarray,
-                      weight: float = 1.0, *, header: Header | None = None, max_numel: int = 1 << 28) -> Header:
+                      weight: float = 1.0, *, header: Header | None = None, max_numel: int = MAX_NUMEL) -> Header:
     """``out += weight · dequantize(decode(payload))``, validating the payload like ``decode``.
 
     With ``weight = 1`` the sum is bit-identical to adding ``dequantize(decode(payload))``.

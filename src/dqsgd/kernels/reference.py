@@ -30,9 +30,9 @@ def quantize_uniform_hash(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     require_finite(scales, "hash-RNG uniform quantizer")
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int32)
-        return Quantized(Scheme.UNIFORM, 1, 1, empty, scales.cpu(), layout, tuple(x.shape), norm)
+        return Quantized(Scheme.UNIFORM, 1, 1, empty, scales.cpu(), layout, tuple(x.shape), norm, dtype=x.dtype)
     inv = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
     t = (flat * expand(inv, layout, n)).clamp_(-1.0, 1.0)
     up = rng.uniform(n, flat.device) < (t + 1.0) * 0.5
     codes = torch.where(up, 1, -1).to(torch.int32)
-    return Quantized(Scheme.UNIFORM, 1, 1, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm)
+    return Quantized(Scheme.UNIFORM, 1, 1, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm, dtype=x.dtype)

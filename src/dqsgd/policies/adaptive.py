@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from dqsgd.policies.base import GradStats
+from dqsgd.quantizers.uniform import levels_for_bits
 
 
 def _check_range(name: str, b0: int, lo: int, hi: int) -> None:
@@ -57,7 +58,7 @@ class AdaptiveRMS:
             rms_sum, count = state.rms_sum + stats.rms, state.count + 1
             eps = state.eps
             if count == self.calib_steps:
-                eps = (rms_sum / count) / ((1 << (self.initial_bits - 1)) - 1)
+                eps = (rms_sum / count) / levels_for_bits(self.initial_bits)
             return AdaptiveState(state.bits, eps, rms_sum, count)
         if not state.eps > 0:  # all calibration gradients were zero: keep the initial width
             return state

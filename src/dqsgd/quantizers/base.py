@@ -88,6 +88,8 @@ class Quantized:
       shape: the original tensor's shape.
       norm: which norm the scales are (informational).
       values: float32, 1-D raw values (IDENTITY only, else None).
+      dtype: the dtype of the tensor that was quantized; :func:`dequantize` returns it (the
+        arithmetic is float32 either way) and the payload header records it.
     """
 
     scheme: Scheme
@@ -99,6 +101,7 @@ class Quantized:
     shape: tuple[int, ...]
     norm: Norm = Norm.NONE
     values: torch.Tensor | None = None
+    dtype: torch.dtype = torch.float32
 
     @property
     def numel(self) -> int:
@@ -119,7 +122,12 @@ def segment_index(layout: Layout, numel: int, device: torch.device | None = None
 
 
 def dequantize(q: Quantized) -> torch.Tensor:
-    """``x̂_i = codes_i · scales[seg(i)] / levels`` (raw values for IDENTITY), in q.shape."""
+    """``x̂_i = codes_i · scales[seg(i)] / levels`` (raw values for IDENTITY), in q.shape and q.dtype
+    (computed in float32, then rounded once to q.dtype)."""
+    return _dequantize32(q).to(q.dtype)
+
+
+def _dequantize32(q: Quantized) -> torch.Tensor:
     if q.scheme == Scheme.IDENTITY:
         assert q.values is not None
         return q.values.reshape(q.shape)

@@ -14,4 +14,5 @@ def quantize_identity(x: torch.Tensor) -> Quantized:
         require_finite(flat.abs().amax().reshape(1), "identity")
     empty_i = torch.zeros(0, dtype=torch.int32)
     empty_f = torch.zeros(0, dtype=torch.float32)
-    return Quantized(Scheme.IDENTITY, 32, 1, empty_i, empty_f, Layout(), tuple(x.shape), values=flat.cpu().clone())
+    return Quantized(Scheme.IDENTITY, 32, 1, empty_i, empty_f, Layout(), tuple(x.shape),
+                     values=flat.cpu().clone(), dtype=x.dtype)

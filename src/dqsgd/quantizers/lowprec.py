@@ -15,6 +15,7 @@ import torch
 
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.uniform import levels_for_bits
 
 MIN_BITS, MAX_BITS = 2, 16
 
@@ -23,7 +24,7 @@ def default_delta(x: torch.Tensor, bits: int) -> float:
     """δ = ‖x‖_∞ / (2^(b-1) - 1): the smallest grid step that needs no clamping."""
     m = segment_reduce(flat_float(x), Layout(), "max_abs")
     require_finite(m, "low-precision quantizer")
-    return float(m[0]) / ((1 << (bits - 1)) - 1) if m.numel() else 0.0
+    return float(m[0]) / levels_for_bits(bits) if m.numel() else 0.0
 
 
 def quantize_lowprec(
@@ -42,9 +43,10 @@ def quantize_lowprec(
     scales = torch.tensor([delta] if n else [], dtype=torch.float32)  # an empty tensor has no segment
     if n == 0 or delta == 0.0:
         codes = torch.zeros(n, dtype=torch.int32)
-        return Quantized(Scheme.LOWPREC, bits, 1, codes, scales, Layout(), tuple(x.shape), Norm.MAX)
+        return Quantized(Scheme.LOWPREC, bits, 1, codes, scales, Layout(), tuple(x.shape), Norm.MAX, dtype=x.dtype)
     a = (flat / delta).clamp_(lo, hi)
     low = a.floor()
     u = torch.rand(n, generator=generator, device=flat.device, dtype=torch.float32)
     k = (low + (u < (a - low)).to(torch.float32)).clamp_(lo, hi)
-    return Quantized(Scheme.LOWPREC, bits, 1, k.to(torch.int32).cpu(), scales, Layout(), tuple(x.shape), Norm.MAX)
+    return Quantized(Scheme.LOWPREC, bits, 1, k.to(torch.int32).cpu(), scales, Layout(), tuple(x.shape),
+                     Norm.MAX, dtype=x.dtype)

@@ -24,7 +24,7 @@ def quantize_sign(x: torch.Tensor, *, scaled: bool = False, layout: Layout = Lay
     scales = l1 if scaled else torch.ones_like(l1)
     codes = torch.where(flat < 0, -1, 1).to(torch.int32)
     norm = Norm.L1_MEAN if scaled else Norm.NONE
-    return Quantized(Scheme.SIGN, 1, 1, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm)
+    return Quantized(Scheme.SIGN, 1, 1, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm, dtype=x.dtype)
 
 
 def majority_vote(codes: list[torch.Tensor]) -> torch.Tensor:

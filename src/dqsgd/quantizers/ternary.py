@@ -51,4 +51,4 @@ def quantize_ternary(
     u = torch.rand(n, generator=generator, device=flat.device, dtype=torch.float32)
     keep = (u * expand(scalers.to(flat.device), layout, n)) < flat.abs()
     codes = (torch.sign(flat) * keep).to(torch.int32)
-    return Quantized(Scheme.TERNARY, 2, 1, codes.cpu(), scalers.cpu(), layout, tuple(x.shape), Norm.NONE)
+    return Quantized(Scheme.TERNARY, 2, 1, codes.cpu(), scalers.cpu(), layout, tuple(x.shape), Norm.NONE, dtype=x.dtype)

@@ -34,8 +34,9 @@ class UniformSource(Protocol):
 
 
 def levels_for_bits(bits: int) -> int:
-    """s = 2^(B-1) - 1: one sign bit and B-1 level bits [text, DQSGD §3]."""
-    return (1 << (bits - 1)) - 1
+    """s = 2^(B-1) - 1: one sign bit and B-1 level bits [text, DQSGD §3]; B = 1 has one level
+    (the stochastic binary quantizer: codes ±1 times the norm). The one place this is written."""
+    return 1 if bits == 1 else (1 << (bits - 1)) - 1
 
 
 def quantize_uniform(
@@ -63,7 +64,7 @@ def quantize_uniform(
     require_finite(scales, "uniform quantizer")
     if n == 0:
         codes = torch.zeros(0, dtype=torch.int32)
-        return Quantized(Scheme.UNIFORM, bits, s, codes, scales.cpu(), layout, tuple(x.shape), norm)
+        return Quantized(Scheme.UNIFORM, bits, s, codes, scales.cpu(), layout, tuple(x.shape), norm, dtype=x.dtype)
     # Zero segments quantize to all-zero codes: divide by 1 instead of 0 (|v_i| = 0 there anyway).
     inv = torch.where(scales > 0, s / scales, torch.zeros_like(scales))
     if not bool(torch.isfinite(inv).all()):
@@ -81,4 +82,4 @@ def quantize_uniform(
     q = low + (u < (a - low)).to(torch.float32)
     q = q.clamp_(max=float(s))
     codes = (torch.where(flat < 0, -q, q)).to(torch.int32)
-    return Quantized(Scheme.UNIFORM, bits, s, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm)
+    return Quantized(Scheme.UNIFORM, bits, s, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm, dtype=x.dtype)

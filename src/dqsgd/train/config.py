@@ -16,7 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
+
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class ConfigError(ValueError):
@@ -48,6 +52,7 @@ class TrainConfig:
     vmap_workers: bool = False        # the local workers' gradients in one torch.func.vmap call: 1.1-1.2x
                                       # faster for LeNet/MLP at W = 8 (measured), equal to ~1e-7 relative,
                                       # not bitwise (so not equal to one worker per process); no BatchNorm
+    device: str = "auto"              # the simulation's device: "auto" (CUDA when available) | "cpu" | "cuda"
 
     def __post_init__(self) -> None:
         checks = [
@@ -57,12 +62,30 @@ class TrainConfig:
             (self.lr_schedule in ("constant", "cosine"), "lr_schedule must be 'constant' or 'cosine'"),
             (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
             (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
+            (self.device in DEVICES, f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}"),
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0,
              "counts must be >= 0"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"train: {msg}")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``train.device`` as the torch device a simulated run trains on: "auto" is the current CUDA
+    device when CUDA is available, else the CPU.
+
+    Raises:
+      ConfigError: an unknown name, or "cuda" where CUDA is not available.
+    """
+    if name not in DEVICES:
+        raise ConfigError(f"train: device must be 'auto', 'cpu' or 'cuda', got {name!r}")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("train.device = 'cuda', but CUDA is not available here (torch.cuda.is_available() is "
+                          "False); use 'auto' or 'cpu'")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,7 @@ class Trainer:
             side = 4 * scalers.numel()  # L float32 scalers up and down per worker [docs/algorithms.md §3]
         payloads = []
         for w, g in grads.items():
-            g = g if g.device.type == "cpu" else g.cpu()  # the quantization generators live on the CPU
+            g = codec_input(g, self.method)
             try:
                 key = HashRNG(self.quant_seed, n, w) if self.method.fused else None
                 msg, self.state.residuals[w] = self.method.encode(g, bits, self.qgen[w], self.state.residuals[w], scalers,
@@ -215,6 +215,16 @@ class Trainer:
 
     def flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
+
+
+def codec_input(g: torch.Tensor, method: Method) -> torch.Tensor:
+    """The gradient where ``method``'s encoder takes it. The fused kernel (no error feedback) takes
+    it on any device: its payload depends only on the values, and it moves to the host itself only
+    what host code needs. The torch-kernel quantizers draw from CPU generators and error-feedback
+    residuals live on the CPU, so those get a CPU copy."""
+    if g.device.type == "cpu" or (method.fused and not method.config.error_feedback):
+        return g
+    return g.cpu()
 
 
 @dataclass
