@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -53,6 +54,7 @@ class _Bucket:
     bounds: list[tuple[int, int]]
     policy: Any                          # the policy's state; .bits = this step's width
     generator: torch.Generator           # TernGrad's rounding (the other schemes draw hash uniforms)
+    sizes: tuple[int, ...]               # the bucket's parameter sizes, in DDP's order
     residuals: dict[int, torch.Tensor] = field(default_factory=dict)
     step: int = 0                        # compressed steps of this bucket (the HashRNG step)
     seeds: list[int] = field(default_factory=list)  # HashRNG seed of each uplink shard
@@ -90,7 +92,7 @@ class _Bucket:
     def state_dict(self) -> dict[str, Any]:
         from dqsgd.policies import state_to_dict
 
-        return {"numel": self.numel, "step": self.step, "policy": state_to_dict(self.policy),
+        return {"numel": self.numel, "sizes": self.sizes, "step": self.step, "policy": state_to_dict(self.policy),
                 "residuals": {j: r.cpu().clone() for j, r in self.residuals.items()},
                 "generator": self.generator.get_state(),
                 "pending": [(s, float(n), float(r), b, None if g is None else g.cpu(), bool(x))
@@ -102,8 +104,15 @@ class _Bucket:
         if d["numel"] != self.numel:
             raise ValueError(f"bucket {index}: the checkpoint holds {d['numel']} elements, the model's bucket "
                              f"{self.numel} (same model and bucket_cap_mb needed)")
+        if tuple(d["sizes"]) != self.sizes:
+            warnings.warn(f"bucket {index}: parameter order {self.sizes} differs from the checkpoint's {tuple(d['sizes'])} "
+                          "(DDP orders a new model's first buckets by registration): this step's roundings differ "
+                          "from an uninterrupted run's; the policy and its budget continue exactly", stacklevel=4)
+            self.residuals = {}
         self.policy = state_from_dict(type(self.policy), d["policy"])
-        self.step, self.residuals = int(d["step"]), dict(d["residuals"])
+        self.step = int(d["step"])
+        if tuple(d["sizes"]) == self.sizes:
+            self.residuals = dict(d["residuals"])
         self.generator.set_state(d["generator"])
         self.pending = [(s, torch.tensor(n), torch.tensor(r), b, g, x) for s, n, r, b, g, x in d["pending"]]
 
@@ -193,29 +202,40 @@ class HookState:
         return self._groups
 
     def bucket(self, index: int, grad: torch.Tensor, sizes: list[int], rank: int, world: int) -> _Bucket:
-        """The bucket's state, built on first use (and again if DDP rebuilt the bucket with another size)."""
+        """The bucket's state, built on first use. DDP rebuilds its buckets after the first iteration:
+        a bucket of another size starts afresh; the same elements in another parameter order keep
+        their policy and step (new layouts; error-feedback residuals restart, their positions moved)."""
         b, n = self._buckets.get(index), grad.numel()
+        sizes = sizes if sum(sizes) == n else [n]
         if b is not None and b.numel == n:
+            if b.sizes != tuple(sizes):
+                b.method, b.shards = self._methods(n, sizes, len(b.bounds))
+                b.sizes, b.residuals = tuple(sizes), {}
             return b
-        from dqsgd.pipeline import Method
         from dqsgd.sharding import DOWNLINK
         from dqsgd.train.sampling import QUANT, seed_for
 
-        sizes = sizes if sum(sizes) == n else [n]
-        cfg = self.config
-        if cfg.scheme == "uniform" and cfg.kernel != "fused":  # hash uniforms: the same bytes on every device
-            cfg = dataclasses.replace(cfg, kernel="fused")
-        m = Method(cfg, n, self.total_steps, sizes)
         bounds = shard_bounds(n, world) if self.topology == "sharded" else [(0, n)]
-        shards = [Method(cfg, hi - lo, self.total_steps, shard_sizes(sizes, lo, hi) or None) for lo, hi in bounds]
+        m, shards = self._methods(n, sizes, len(bounds))
         gen = torch.Generator().manual_seed(seed_for(self.seed, QUANT, rank, index))
         seeds = [seed_for(self.seed, QUANT, index, j) for j in range(len(bounds))] if len(bounds) > 1 \
             else [seed_for(self.seed, QUANT, index)]
-        b = self._buckets[index] = _Bucket(n, m, shards, bounds, m.policy.init(), gen, seeds=seeds,
+        b = self._buckets[index] = _Bucket(n, m, shards, bounds, m.policy.init(), gen, tuple(sizes), seeds=seeds,
                                            down_seed=seed_for(self.seed, DOWNLINK, index))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)
         return b
+
+    def _methods(self, n: int, sizes: list[int], world: int) -> tuple[Method, list[Method]]:
+        """The bucket's Method and its shards' (hash uniforms for uniform: the same bytes on any device)."""
+        from dqsgd.pipeline import Method
+
+        cfg = self.config
+        if cfg.scheme == "uniform" and cfg.kernel != "fused":
+            cfg = dataclasses.replace(cfg, kernel="fused")
+        bounds = shard_bounds(n, world)
+        shards = [Method(cfg, hi - lo, self.total_steps, shard_sizes(sizes, lo, hi) or None) for lo, hi in bounds]
+        return Method(cfg, n, self.total_steps, sizes), shards
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
