@@ -45,8 +45,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     b.catch_up(b.step - 1 - (0 if grad.device.type == "cpu" else 1))  # device: statistics one step late
     if not _worth_it(state, b, grad.element_size()):
         return _allreduce(state, grad, world)
-    flat, flags = _sanitize(grad, b.method.config.aggregate == "majority")
-    payloads = _encode(state, b, flat, rank)
+    payloads, flags = _encode_flagged(state, b, grad, rank)
     if state.topology == "sharded":
         return _sharded(state, b, grad, payloads, flags, rank, world)
     return _allgather(state, b, grad, payloads[0], flags, world)
@@ -74,24 +73,34 @@ def _worth_it(state: HookState, b: _Bucket, itemsize: int) -> bool:
     return b.numel * itemsize >= state.min_compression_rate * payload
 
 
-def _sanitize(grad: torch.Tensor, want_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flat float32 bucket with NaN/Inf replaced by 0 (encodable), and this rank's flag byte.
+def _encode_flagged(state: HookState, b: _Bucket, grad: torch.Tensor, rank: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Every shard's payload and this rank's flag byte; NaN/Inf entries are encoded as 0 and flagged.
 
-    On CPU the test is a host read (free there); on a device it stays a tensor (no sync).
+    CPU: the encoders refuse a non-finite input from the norms they compute anyway, so the
+    common case costs no extra pass; on a refusal the zeroed bucket is encoded again. Device (and
+    TernGrad, whose scalers are all-reduced before encoding): the bucket is zeroed where
+    non-finite first, and the flag stays a device tensor (no host sync).
     """
+    from dqsgd.quantizers import NonFiniteGradientError
+
     flat = grad.detach().reshape(-1).to(torch.float32)
-    if flat.device.type == "cpu":
-        bad = not bool(torch.isfinite(flat).all())
-        if bad:
-            flat = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
-        flag = (codec.FLAG_NONFINITE if bad else 0) | (codec.FLAG_ZERO if want_zero and not flat.any() else 0)
-        return flat, torch.tensor([flag], dtype=torch.uint8)
-    finite = torch.isfinite(flat)
-    flat = torch.where(finite, flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
-    flags = (~finite.all()).to(torch.uint8)
-    if want_zero:
-        flags = flags | ((flat == 0).all().to(torch.uint8) * codec.FLAG_ZERO)
-    return flat, flags.reshape(1)
+    majority = b.method.config.aggregate == "majority"
+    if flat.device.type != "cpu" or b.method.shares_scalers:
+        finite = torch.isfinite(flat)
+        flat = torch.where(finite, flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
+        flags = (~finite.all()).to(torch.uint8)
+        if majority:
+            flags = flags | ((flat == 0).all().to(torch.uint8) * codec.FLAG_ZERO)
+        return _encode(state, b, flat, rank), flags.reshape(1)
+    saved, bad = dict(b.residuals), 0
+    try:
+        payloads = _encode(state, b, flat, rank)
+    except NonFiniteGradientError:
+        b.residuals, bad = saved, codec.FLAG_NONFINITE
+        flat = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
+        payloads = _encode(state, b, flat, rank)
+    zero = codec.FLAG_ZERO if majority and not flat.any() else 0
+    return payloads, torch.tensor([bad | zero], dtype=torch.uint8)
 
 
 def _encode(state: HookState, b: _Bucket, flat: torch.Tensor, rank: int) -> list[torch.Tensor]:
