@@ -38,10 +38,10 @@ def train(rank: int, world: int) -> None:
         y = (x @ w_true).argmax(dim=1)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
-        loss.backward()  # the hook quantizes, all-gathers and averages each gradient bucket here
+        loss.backward()  # the hook quantizes, exchanges and averages each gradient bucket here
         opt.step()
         if rank == 0 and step % 20 == 0:
-            print(f"step {step:3d}  loss {loss.item():.3f}  next bits per bucket {state.current_bits()}")
+            print(f"step {step:3d}  loss {loss.item():.3f}  bits per bucket {state.current_bits()}")
     if rank == 0:
         s = state.compression_stats()
         print(f"sent {s.bytes_sent} B instead of {s.fp32_bytes} B of fp32: measured ratio {s.ratio:.2f} "

@@ -176,3 +176,19 @@ def single(rank: int, world: int, method: str) -> dict[str, Any]:
     local = copy.deepcopy(net())
     return {"hooked": grads(ddp_model(state), rank, 0), "local": grads(local, rank, 0),
             "stats": state.compression_stats()}
+
+
+def compiled(rank: int, world: int, backend: str) -> dict[str, Any]:
+    """A torch.compile'd DDP model with the hook against the same model run eagerly with the hook."""
+    import time
+
+    out: dict[str, Any] = {}
+    for name in ("eager", "compiled"):
+        state = dqsgd.ddp.HookState("qsgd-4bit", None, seed=3, timeout=60.0)
+        model = ddp_model(state)
+        run = torch.compile(model, backend=backend) if name == "compiled" else model
+        t = time.perf_counter()
+        out[name] = [grads(run, rank, s) for s in range(3)]
+        out[f"{name}_s"] = time.perf_counter() - t
+        out[f"{name}_stats"] = state.compression_stats()
+    return out
