@@ -45,7 +45,9 @@ def train(rank: int, world: int) -> None:
     if rank == 0:
         s = state.compression_stats()
         print(f"sent {s.bytes_sent} B instead of {s.fp32_bytes} B of fp32: measured ratio {s.ratio:.2f} "
-              f"(fp32 bytes / bytes sent), mean {s.mean_bits:.2f} bits per coordinate over {s.steps} steps")
+              f"(fp32 bytes / bytes sent), mean {s.mean_bits:.2f} bits per coordinate over {s.steps} steps; "
+              f"sent + received {s.bytes_sent + s.bytes_received} B against {s.allreduce_bytes} B for a ring "
+              f"all-reduce: {s.total_ratio:.2f}x less traffic")
 
 
 def _spawned(rank: int, world: int, port: int) -> None:

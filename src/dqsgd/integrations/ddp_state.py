@@ -179,7 +179,8 @@ class HookState:
                                 self.allreduce_bytes, total)
 
     def current_bits(self) -> dict[int, int]:
-        """The width each bucket index used last (dynamic policies: the one it will use next)."""
+        """The width each bucket index used in its last step (a dynamic policy applies its next choice
+        when the bucket next arrives)."""
         return {i: b.bits for i, b in sorted(self._buckets.items())}
 
     def count(self, sent: int, received: int, numel: int, itemsize: int, width: int, world: int) -> None:
