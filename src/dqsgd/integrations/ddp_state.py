@@ -59,7 +59,7 @@ class _Bucket:
     step: int = 0                        # compressed steps of this bucket (the HashRNG step)
     seeds: list[int] = field(default_factory=list)  # HashRNG seed of each uplink shard
     down_seed: int = 0                   # HashRNG seed of the downlink (seed_for(seed, DOWNLINK, index))
-    pending: list[tuple] = field(default_factory=list)  # (step, norm, rms, spent_bits, G, bad): not yet observed
+    pending: list[tuple] = field(default_factory=list)  # (step, [norm, rms, bad], spent_bits, G, event): unobserved
 
     @property
     def bits(self) -> int:
@@ -70,33 +70,49 @@ class _Bucket:
         return self.bits if c.scheme == "uniform" else c.nominal_bits()
 
     def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
-        """Keep the statistics of step ``step``'s averaged bucket as device tensors (no host sync);
-        ``bad``: the step's bucket was non-finite on some rank (the policy then skips the step)."""
+        """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
+        non-finite (the policy then skips the step). On a device they are reduced there and copied
+        to pinned host memory without blocking; an event marks when they have arrived."""
         m = self.method
         norm = avg.abs().amax() if math.isinf(m.p) else torch.linalg.vector_norm(avg, m.p)
-        keep = avg.clone() if m.policy.needs_grad else None
-        self.pending.append((step, norm, torch.linalg.vector_norm(avg, 2), spent_bits, keep, bad))
+        vals = torch.stack([norm, torch.linalg.vector_norm(avg, 2), bad.to(torch.float32).reshape(())])
+        keep = avg if m.policy.needs_grad else None
+        if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
+            self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
+            return
+        host = torch.empty(3, dtype=torch.float32, pin_memory=True).copy_(vals, non_blocking=True)
+        if keep is not None:
+            keep = torch.empty(keep.shape, dtype=keep.dtype, pin_memory=True).copy_(keep, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((step, host, spent_bits, keep, event))
+
+    def _take(self) -> tuple[int, list[float], int, torch.Tensor | None]:
+        step, vals, spent, g, event = self.pending.pop(0)
+        if event is not None:
+            event.synchronize()  # a step already done: no wait for the work queued since
+        return step, vals.tolist(), spent, g
 
     def catch_up(self, last_step: int) -> None:
-        """Feed the policy every recorded step ≤ ``last_step`` (reads the statistics on the host)."""
+        """Feed the policy every recorded step ≤ ``last_step``."""
         from dqsgd.policies import GradStats
 
         while self.pending and self.pending[0][0] <= last_step:
-            step, norm, rms, spent, g, bad = self.pending.pop(0)
-            if bool(bad):  # an overflow step (GradScaler skips it): no statistics to learn from
+            step, (norm, rms, bad), spent, g = self._take()
+            if bad:  # an overflow step (GradScaler skips it): no statistics to learn from
                 continue
-            stats = GradStats(step, float(norm), float(rms) / math.sqrt(self.numel), spent,
-                              None if g is None else g.cpu())
+            stats = GradStats(step, norm, rms / math.sqrt(self.numel), spent, g)
             self.policy = self.method.policy.update(self.policy, stats)
 
     def state_dict(self) -> dict[str, Any]:
         from dqsgd.policies import state_to_dict
 
+        pending = [self._take() for _ in range(len(self.pending))]
+        self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in pending]
         return {"numel": self.numel, "sizes": self.sizes, "step": self.step, "policy": state_to_dict(self.policy),
                 "residuals": {j: r.cpu().clone() for j, r in self.residuals.items()},
                 "generator": self.generator.get_state(),
-                "pending": [(s, float(n), float(r), b, None if g is None else g.cpu(), bool(x))
-                            for s, n, r, b, g, x in self.pending]}
+                "pending": [(s, v, b, None if g is None else g.clone()) for s, v, b, g in pending]}
 
     def load(self, d: dict[str, Any], index: int) -> None:
         from dqsgd.policies import state_from_dict
@@ -114,7 +130,7 @@ class _Bucket:
         if tuple(d["sizes"]) == self.sizes:
             self.residuals = dict(d["residuals"])
         self.generator.set_state(d["generator"])
-        self.pending = [(s, torch.tensor(n), torch.tensor(r), b, g, x) for s, n, r, b, g, x in d["pending"]]
+        self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in d["pending"]]
 
 
 _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps")
