@@ -192,7 +192,8 @@ def test_start_iter_sends_full_precision_first(w2: list[dict]) -> None:
 def test_signsgd_zero_bucket_stays_zero(w2: list[dict], case: str) -> None:
     for r in w2:
         assert torch.equal(r[case]["zero"], torch.zeros_like(r[case]["zero"]))
-        assert r[case]["after"].abs().min() >= 0 and r[case]["after"].abs().max() == 1
+        after = r[case]["after"]  # a normal step: the vote's signs (ties 0), not all zero
+        assert set(after.unique().tolist()) <= {-1.0, 0.0, 1.0} and after.abs().sum() > 0
 
 
 @pytest.mark.timeout(200)

@@ -73,7 +73,8 @@ def _worth_it(state: HookState, b: _Bucket, itemsize: int) -> bool:
     return b.numel * itemsize >= state.min_compression_rate * payload
 
 
-def _encode_flagged(state: HookState, b: _Bucket, grad: torch.Tensor, rank: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _encode_flagged(state: HookState, b: _Bucket, grad: torch.Tensor,
+                    rank: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Every shard's payload and this rank's flag byte; NaN/Inf entries are encoded as 0 and flagged.
 
     CPU: the encoders refuse a non-finite input from the norms they compute anyway, so the
@@ -193,7 +194,9 @@ def _sharded(state: HookState, b: _Bucket, grad: torch.Tensor, payloads: list[to
     send_sizes, recv_sizes = (mine + 1).tolist(), (table[:, rank] + 1).tolist()
     send = torch.cat([t for p in payloads for t in (p, flags.reshape(1))])
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=grad.device)
-    dbits = 2 if (b.method.config.aggregate == "majority" and state.downlink_bits != codec.FP32) else state.downlink_bits
+    dbits = state.downlink_bits
+    if b.method.config.aggregate == "majority" and dbits != codec.FP32:
+        dbits = 2  # the vote's values {-1, 0, 1} lie on the 2-bit grid: sent exactly
     dsizes = [codec.downlink_size(m, dbits) for m in b.shards]
     dmax = max(dsizes)
     state.count(sum(send_sizes) - send_sizes[rank] + (world - 1) * dmax,

@@ -121,7 +121,8 @@ class _Bucket:
             raise ValueError(f"bucket {index}: the checkpoint holds {d['numel']} elements, the model's bucket "
                              f"{self.numel} (same model and bucket_cap_mb needed)")
         if tuple(d["sizes"]) != self.sizes:
-            warnings.warn(f"bucket {index}: parameter order {self.sizes} differs from the checkpoint's {tuple(d['sizes'])} "
+            warnings.warn(f"bucket {index}: parameter order {self.sizes} differs from the checkpoint's "
+                          f"{tuple(d['sizes'])} "
                           "(DDP orders a new model's first buckets by registration): this step's roundings differ "
                           "from an uninterrupted run's; the policy and its budget continue exactly", stacklevel=4)
             self.residuals = {}
@@ -159,14 +160,16 @@ class HookState:
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
         if not isinstance(method, MethodConfig):
-            raise TypeError(f"method must be a method name or a dqsgd.methods.MethodConfig, got {type(method).__name__}")
+            raise TypeError("method must be a method name or a dqsgd.methods.MethodConfig, "
+                            f"got {type(method).__name__}")
         _check_int("seed", seed, 0)
         if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
             raise ValueError(f"timeout must be a finite number of seconds > 0 (or None), got {timeout!r}")
         _check_int("total_steps (the policy horizon N)", total_steps, 1)
         _check_int("start_iter", start_iter, 0)
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
-            raise TypeError(f"process_group must be a torch.distributed ProcessGroup or None, got {type(process_group).__name__}")
+            raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
+                            f"got {type(process_group).__name__}")
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
         if not (downlink_bits == "fp32" or (isinstance(downlink_bits, int) and not isinstance(downlink_bits, bool)
