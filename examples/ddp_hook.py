@@ -38,14 +38,16 @@ def train(rank: int, world: int) -> None:
         y = (x @ w_true).argmax(dim=1)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
-        loss.backward()  # the hook quantizes, all-gathers and averages each gradient bucket here
+        loss.backward()  # the hook quantizes, exchanges and averages each gradient bucket here
         opt.step()
         if rank == 0 and step % 20 == 0:
-            print(f"step {step:3d}  loss {loss.item():.3f}  next bits per bucket {state.current_bits()}")
+            print(f"step {step:3d}  loss {loss.item():.3f}  bits per bucket {state.current_bits()}")
     if rank == 0:
         s = state.compression_stats()
         print(f"sent {s.bytes_sent} B instead of {s.fp32_bytes} B of fp32: measured ratio {s.ratio:.2f} "
-              f"(fp32 bytes / bytes sent), mean {s.mean_bits:.2f} bits per coordinate over {s.steps} steps")
+              f"(fp32 bytes / bytes sent), mean {s.mean_bits:.2f} bits per coordinate over {s.steps} steps; "
+              f"sent + received {s.bytes_sent + s.bytes_received} B against {s.allreduce_bytes} B for a ring "
+              f"all-reduce: {s.total_ratio:.2f}x less traffic")
 
 
 def _spawned(rank: int, world: int, port: int) -> None:

@@ -436,6 +436,7 @@ def add_bench_parser(sub: Any) -> None:
     k.add_argument("--threads", type=int, default=1)
     k.add_argument("--out", default="bench/compressors.json")
     k.set_defaults(func=_command(bench_compressors))
+    __import__("dqsgd.bench_hook", fromlist=["add_hook_parser"]).add_hook_parser(bsub)  # dqsgd bench hook
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout)",
                         add_help=False)
     n.add_argument("rest", nargs=argparse.REMAINDER)

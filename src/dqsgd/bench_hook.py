@@ -1,0 +1,166 @@
+"""``dqsgd bench hook``: DDP step time with each communication hook, as a ratio to no hook.
+
+One DDP step (forward, backward with the hook, SGD step) of the same model and batch, for: no
+hook (DDP's own all-reduce), PyTorch's ``fp16_compress_hook``, PowerSGD rank 1, and
+``dqsgd.ddp.hook`` with qsgd-4bit and dqsgd in both topologies. On CPU: 2 gloo processes on
+127.0.0.1 (one thread each); with CUDA: world size 1 on NCCL (where ``dqsgd.ddp.hook`` passes the
+gradient through: there is nothing to send). The hooks run in interleaved rounds (every hook once
+per round, ``--steps`` steps each); each round's step times are divided by that round's no-hook
+time, and the median and range of those ratios over the rounds are reported, so a slow moment of
+a shared machine moves all hooks of a round alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+HOOKS = ("none", "fp16", "powersgd-1", "qsgd-4bit sharded", "qsgd-4bit allgather", "dqsgd sharded",
+         "dqsgd allgather")
+MODELS = ("mlp", "cnn", "resnet18")
+CIFAR = (3, 32, 32)
+
+
+def build(name: str) -> nn.Module:
+    """``mlp``: 3072-580-580-10 (2.13M parameters); ``cnn``, ``resnet18``: the shipped models at CIFAR shape."""
+    from dqsgd.models import MLP, DatasetInfo, build_model
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP(CIFAR, 10, hidden=(580, 580))
+    return build_model(name, DatasetInfo(num_classes=10, input_shape=CIFAR))
+
+
+def _register(model: Any, hook: str, total_steps: int) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    import dqsgd.ddp
+
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd-1":
+        st = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        model.register_comm_hook(st, powerSGD_hook.powerSGD_hook)
+    elif hook != "none":
+        method, topology = hook.split()
+        st = dqsgd.ddp.HookState(method, None, total_steps=total_steps, topology=topology)
+        model.register_comm_hook(st, dqsgd.ddp.hook)
+
+
+def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def rank_times(rank: int, world: int, models: list[str], hooks: list[str], steps: int, warmup: int,
+               rounds: int, batch: int) -> dict[str, dict[str, list[float]]]:
+    """Seconds per step, per model and hook, one entry per round (runs inside each rank)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cuda = torch.cuda.is_available() and torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out: dict[str, dict[str, list[float]]] = {}
+    for name in models:
+        net = build(name).to(device)
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(batch, *CIFAR, generator=g).to(device)
+        y = torch.randint(0, 10, (batch,), generator=g).to(device)
+        steppers = {}
+        for h in hooks:
+            # PowerSGD issues collectives from completion callbacks on DDP's group: on gloo, with
+            # several buckets, they get out of order across ranks (a size mismatch abort): one bucket.
+            cap = {"bucket_cap_mb": 1 << 12} if (h == "powersgd-1" and not cuda) else {}
+            model = DDP(copy.deepcopy(net), device_ids=[rank] if cuda else None, **cap)
+            _register(model, h, total_steps=warmup + rounds * steps + 1)
+            steppers[h] = _stepper(model, x, y)
+            for _ in range(warmup):
+                steppers[h]()
+        times: dict[str, list[float]] = {h: [] for h in hooks}
+        for _ in range(rounds):
+            for h in hooks:
+                sync()
+                t = time.perf_counter()
+                for _ in range(steps):
+                    steppers[h]()
+                sync()
+                times[h].append((time.perf_counter() - t) / steps)
+        out[name] = times
+    return out
+
+
+def summarize(times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Per hook: median step (ms) and the median, min and max over rounds of step / no-hook step."""
+    rows = []
+    for h, ts in times.items():
+        ratios = [t / base for t, base in zip(ts, times["none"])]
+        rows.append({"hook": h, "ms": 1e3 * statistics.median(ts), "ratio": statistics.median(ratios),
+                     "min": min(ratios), "max": max(ratios)})
+    if "fp16" in times and "qsgd-4bit sharded" in times:
+        for topo in ("sharded", "allgather"):
+            r = [a / b for a, b in zip(times[f"qsgd-4bit {topo}"], times["fp16"])]
+            rows.append({"hook": f"qsgd-4bit {topo} / fp16", "ms": float("nan"), "ratio": statistics.median(r),
+                         "min": min(r), "max": max(r)})
+    return rows
+
+
+def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
+    from dqsgd.transport.launch import spawn_local
+
+    models, hooks = args.model.split(","), ["none", *[h for h in args.hooks.split(",") if h and h != "none"]]
+    bad = [m for m in models if m not in MODELS] + [h for h in hooks if h not in HOOKS]
+    if bad:
+        raise SystemExit(f"dqsgd bench hook: unknown {bad}; models: {', '.join(MODELS)}; hooks: {', '.join(HOOKS)}")
+    cuda = torch.cuda.is_available()
+    world, backend = (1, "nccl") if cuda else (args.world, "gloo")
+    res = spawn_local(rank_times, world, (models, hooks, args.steps, args.warmup, args.rounds, args.batch),
+                      backend=backend, timeout=args.timeout, threads=args.threads, deadline=args.deadline)
+    failed = [r.describe() for r in res if not r.ok]
+    if failed:
+        raise SystemExit("dqsgd bench hook: " + "; ".join(failed))
+    result: dict[str, Any] = {"device": "cuda" if cuda else "cpu", "world": world, "backend": backend,
+                              "batch": args.batch, "steps": args.steps, "rounds": args.rounds, "models": {}}
+    for name in models:
+        rows = summarize(res[0].value[name])
+        result["models"][name] = rows
+        print(f"\n{name} ({sum(p.numel() for p in build(name).parameters()):,} parameters), {backend} W={world}, "
+              f"batch {args.batch}: step time / no-hook step, median [min, max] over {args.rounds} rounds")
+        for r in rows:
+            print(f"  {r['hook']:28s} {r['ms']:8.1f} ms   {r['ratio']:.2f}  [{r['min']:.2f}, {r['max']:.2f}]")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def add_hook_parser(bsub: Any) -> None:
+    """``bench hook`` under an argparse ``bench`` sub-parser set."""
+    h = bsub.add_parser("hook", help="DDP step time per comm hook (fp16, PowerSGD, dqsgd) / no hook")
+    h.add_argument("--model", default="mlp,cnn", help=f"comma-separated, from {', '.join(MODELS)} "
+                   "(resnet18 is slow on CPU)")
+    h.add_argument("--hooks", default=",".join(HOOKS[1:]), help=f"comma-separated, from {', '.join(HOOKS[1:])} "
+                   "(no hook always runs: it is the reference)")
+    h.add_argument("--batch", type=int, default=128, help="batch per rank (CIFAR-shaped synthetic data)")
+    h.add_argument("--steps", type=int, default=5, help="timed steps per hook per round")
+    h.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median and range reported)")
+    h.add_argument("--warmup", type=int, default=3, help="untimed steps per hook first")
+    h.add_argument("--world", type=int, default=2, help="gloo processes on CPU")
+    h.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    h.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take")
+    h.add_argument("--deadline", type=float, default=3600.0, help="seconds the whole benchmark may take")
+    h.add_argument("--out", default="bench/hook.json", help="JSON results ('' for none)")
+    h.set_defaults(func=lambda a: (bench_hook(a), 0)[1])

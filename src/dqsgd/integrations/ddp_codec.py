@@ -1,0 +1,136 @@
+"""The DDP hook's codec: payloads as ``uint8`` tensors on the bucket's device, and their decoding.
+
+Two functions choose where the codec runs (:func:`encode_uniform_payload`,
+:func:`decode_accumulate_payload`): on CPU the fused numba kernels of :mod:`dqsgd.kernels`; on any
+other device the torch-ops device codec ``dqsgd.kernels.device`` (imported only for non-CPU
+tensors), which writes the same wire bytes for the same ``HashRNG``. Every other scheme (sign,
+ternary, identity), error feedback and the entropy codings go through the host path
+(:meth:`dqsgd.pipeline.Method.encode`): the bucket is copied to the CPU, encoded there, and the
+payload copied back.
+
+A *message* is a payload followed by one flag byte (:data:`FLAG_NONFINITE`, :data:`FLAG_ZERO`), so
+the non-finite signal of AMP overflow and signSGD's "this rank abstains" travel inside the
+collective that carries the gradient: no extra collective, no host synchronization.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # the codec modules load numba: imported on first use only
+    from dqsgd.codecs.header import Header
+    from dqsgd.kernels import HashRNG
+    from dqsgd.pipeline import Method
+    from dqsgd.quantizers import Layout, Norm
+
+FLAG_NONFINITE = 1  # this rank's bucket had NaN or Inf (AMP overflow): every rank returns NaN
+FLAG_ZERO = 2       # this rank's bucket is all zeros: it abstains from a majority vote
+FP32 = 32           # downlink width meaning "no quantization" (identity payloads)
+
+
+def bytes_tensor(payload: bytes, device: torch.device) -> torch.Tensor:
+    """A read-only ``bytes`` payload as a ``uint8`` tensor on ``device`` (no copy on CPU)."""
+    with warnings.catch_warnings():  # torch warns that bytes are not writable; nobody writes to it
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.frombuffer(payload, dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
+    return t if device.type == "cpu" else t.to(device)
+
+
+def encode_uniform_payload(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm, layout: Layout) -> torch.Tensor:
+    """The FIXED payload of the hash-RNG stochastic uniform quantizer of ``x``, on ``x.device``.
+
+    CPU: :func:`dqsgd.kernels.encode_uniform_fast`; elsewhere the device codec, byte-identical.
+    """
+    if x.device.type != "cpu":
+        from dqsgd.kernels.device import encode_uniform_device  # type: ignore[import-not-found]
+
+        return encode_uniform_device(x, bits, rng, norm=norm, layout=layout)
+    from dqsgd.kernels import encode_uniform_fast
+
+    return bytes_tensor(encode_uniform_fast(x, bits, rng, norm=norm, layout=layout), x.device)
+
+
+def decode_accumulate_payload(payload: torch.Tensor, out: torch.Tensor, weight: float = 1.0, *,
+                              max_numel: int) -> Header:
+    """``out += weight · x̂`` for a payload tensor, on ``out``'s device, validating like ``decode``."""
+    if out.device.type != "cpu":
+        from dqsgd.kernels.device import decode_accumulate_device  # type: ignore[import-not-found]
+
+        return decode_accumulate_device(payload, out, weight, max_numel=max_numel)
+    from dqsgd.kernels import decode_accumulate
+
+    return decode_accumulate(payload.numpy(), out, weight, max_numel=max_numel)
+
+
+def fast_path(m: Method) -> bool:
+    """Uniform, FIXED, no error feedback: the payload size follows from (numel, bits)."""
+    from dqsgd.codecs import Coding
+
+    return m.config.scheme == "uniform" and m.coding == Coding.FIXED and not m.config.error_feedback
+
+
+def encode_shard(m: Method, x: torch.Tensor, bits: int, rng: HashRNG, generator: torch.Generator | None,
+                 residual: torch.Tensor | None, scalers: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+    """One shard's uplink payload (a ``uint8`` tensor on ``x.device``) and its new residual."""
+    if fast_path(m):
+        return encode_uniform_payload(x, bits, rng, norm=m.norm, layout=m.layout), None
+    payload, res = m.encode(x.cpu(), bits, generator, residual, scalers, hash_rng=rng if m.fused else None)
+    return bytes_tensor(payload, x.device), res
+
+
+def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor) -> None:
+    """``out += Σ_w x̂_w`` in rank order (bit-identical to summing ``dequantize(decode(p_w))``)."""
+    from dqsgd.codecs import PayloadError
+
+    for w, p in enumerate(payloads):
+        try:
+            h = decode_accumulate_payload(p, out, max_numel=max(m.numel, 1))
+        except PayloadError as e:
+            raise PayloadError(f"rank {w}: {e}") from None
+        m._check_uplink(h.scheme, h.numel, h.bits, bits, w)
+
+
+def vote(m: Method, payloads: list[torch.Tensor], bits: int, abstain: list[bool]) -> torch.Tensor:
+    """signSGD's majority vote with abstentions: ``sign(Σ_{w voting} c_w)``, a tie (or no vote) → 0.
+
+    Unlike :func:`dqsgd.quantizers.majority_vote` (ties → +1), a tie leaves the coordinate alone, and
+    a rank whose bucket is all zeros does not vote: a zero bucket on every rank stays zero.
+    """
+    total = torch.zeros(m.numel, dtype=torch.int32)
+    for w, p in enumerate(payloads):
+        q = m.decode_uplink(p.cpu().numpy().tobytes(), bits, w)  # validates every payload
+        if not abstain[w]:
+            total += q.codes.reshape(-1).to(torch.int32)
+    return torch.sign(total).to(torch.float32)
+
+
+def downlink_size(m: Method, dbits: int) -> int:
+    """Exact length of a shard's downlink payload at ``dbits`` (:data:`FP32`: identity)."""
+    from dqsgd.codecs import Coding, predicted_size
+    from dqsgd.quantizers import Layout
+
+    if dbits == FP32:
+        return predicted_size(m.numel, 32, 0, 1, Layout(), Coding.FIXED)
+    return m.message_bits(dbits) // 8
+
+
+def encode_downlink(m: Method, avg: torch.Tensor, dbits: int, rng: HashRNG) -> torch.Tensor:
+    """The averaged shard quantized for the all-gather: max-norm stochastic rounding, or fp32."""
+    from dqsgd.quantizers import Norm
+
+    if dbits == FP32:
+        from dqsgd.codecs import Coding, encode
+        from dqsgd.quantizers import quantize_identity
+
+        return bytes_tensor(encode(quantize_identity(avg.cpu()), Coding.FIXED), avg.device)
+    return encode_uniform_payload(avg, dbits, rng, norm=Norm.MAX, layout=m.layout)
+
+
+def pad(payload: torch.Tensor, size: int) -> torch.Tensor:
+    """``payload`` followed by zeros up to ``size`` bytes (all-gathers need equal sizes)."""
+    if size == payload.numel():
+        return payload
+    return torch.cat([payload, torch.zeros(size - payload.numel(), dtype=torch.uint8, device=payload.device)])

@@ -1,0 +1,265 @@
+"""The asynchronous DDP communication hook (topologies ``sharded`` and ``allgather``).
+
+The hook encodes the bucket, issues its collective with ``async_op=True`` and returns a future at
+once; decoding and averaging run when the collective completes, while autograd goes on with the
+backward of the next buckets. Collectives run on two process groups of the hook (with its
+timeout): the uplink group gets the collectives issued by the hook itself, in bucket order; the
+downlink group gets the sharded all-gathers, issued from completion callbacks in bucket order
+(each waits until the previous bucket's is issued): two groups, so both orders are the same on
+every rank whatever the order in which collectives complete.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations at run time
+# (bucket: dist.GradBucket, return: torch.futures.Future[torch.Tensor]).
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from dqsgd.integrations import ddp_codec as codec
+from dqsgd.integrations.ddp_state import HookState, _Bucket, ring_bytes
+
+Finish = Callable[[], torch.Tensor]
+
+
+def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Quantize, exchange, decode and average one gradient bucket (``register_comm_hook``)."""
+    grad = bucket.buffer()
+    try:
+        return _dispatch(state, bucket, grad)
+    finally:
+        if bucket.is_last():
+            state.iter += 1
+            state.steps += 1
+
+
+def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    pg = state.process_group or dist.group.WORLD
+    world = dist.get_world_size(pg)
+    if world == 1:  # nothing to send: the gradient as it is (no quantization noise, no traffic)
+        return _completed(grad)
+    if state.iter < state.start_iter or grad.numel() < world:
+        return _allreduce(state, grad, world)
+    rank = dist.get_rank(pg)
+    b = state.bucket(bucket.index(), grad, [p.numel() for p in bucket.parameters()], rank, world)
+    b.catch_up(b.step - 1 - (0 if grad.device.type == "cpu" else 1))  # device: statistics one step late
+    if not _worth_it(state, b, grad.element_size()):
+        return _allreduce(state, grad, world)
+    payloads, flags = _encode_flagged(state, b, grad, rank)
+    if state.topology == "sharded":
+        return _sharded(state, b, grad, payloads, flags, rank, world)
+    return _allgather(state, b, grad, payloads[0], flags, world)
+
+
+def _completed(t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(t)
+    return fut
+
+
+def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.futures.Future[torch.Tensor]:
+    """Plain mean all-reduce in the bucket's dtype (warm-up, small buckets), counted as a ring."""
+    up, _ = state.groups()
+    nbytes = grad.numel() * grad.element_size()
+    state.count(ring_bytes(nbytes, world), ring_bytes(nbytes, world), grad.numel(), grad.element_size(),
+                8 * grad.element_size(), world)
+    work = dist.all_reduce(grad.div_(world), group=up, async_op=True)
+    return work.get_future().then(lambda f: f.value()[0])
+
+
+def _worth_it(state: HookState, b: _Bucket, itemsize: int) -> bool:
+    """Predicted ratio (bytes in the bucket's dtype / uplink payload bytes) ≥ min_compression_rate."""
+    payload = sum(m.message_bits(b.width()) for m in b.shards) / 8
+    return b.numel * itemsize >= state.min_compression_rate * payload
+
+
+def _encode_flagged(state: HookState, b: _Bucket, grad: torch.Tensor,
+                    rank: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Every shard's payload and this rank's flag byte; NaN/Inf entries are encoded as 0 and flagged.
+
+    CPU: the encoders refuse a non-finite input from the norms they compute anyway, so the
+    common case costs no extra pass; on a refusal the zeroed bucket is encoded again. Device (and
+    TernGrad, whose scalers are all-reduced before encoding): the bucket is zeroed where
+    non-finite first, and the flag stays a device tensor (no host sync).
+    """
+    from dqsgd.quantizers import NonFiniteGradientError
+
+    flat = grad.detach().reshape(-1).to(torch.float32)
+    majority = b.method.config.aggregate == "majority"
+    if flat.device.type != "cpu" or b.method.shares_scalers:
+        finite = torch.isfinite(flat)
+        flat = torch.where(finite, flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
+        flags = (~finite.all()).to(torch.uint8)
+        if majority:
+            flags = flags | ((flat == 0).all().to(torch.uint8) * codec.FLAG_ZERO)
+        return _encode(state, b, flat, rank), flags.reshape(1)
+    saved, bad = dict(b.residuals), 0
+    try:
+        payloads = _encode(state, b, flat, rank)
+    except NonFiniteGradientError:
+        b.residuals, bad = saved, codec.FLAG_NONFINITE
+        flat = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
+        payloads = _encode(state, b, flat, rank)
+    zero = codec.FLAG_ZERO if majority and not flat.any() else 0
+    return payloads, torch.tensor([bad | zero], dtype=torch.uint8)
+
+
+def _encode(state: HookState, b: _Bucket, flat: torch.Tensor, rank: int) -> list[torch.Tensor]:
+    """This rank's payload for every shard (uniform: hash uniforms of (seeds[j], step, rank))."""
+    from dqsgd.kernels import HashRNG
+
+    scalers = _shared_scalers(state, b, flat) if b.method.shares_scalers else [None] * len(b.shards)
+    out = []
+    for j, ((lo, hi), m) in enumerate(zip(b.bounds, b.shards)):
+        p, res = codec.encode_shard(m, flat[lo:hi], b.bits, HashRNG(b.seeds[j], b.step, rank), b.generator,
+                                    b.residuals.get(j), scalers[j])
+        if res is not None:
+            b.residuals[j] = res
+        out.append(p)
+    return out
+
+
+def _shared_scalers(state: HookState, b: _Bucket, flat: torch.Tensor) -> list[torch.Tensor]:
+    """TernGrad: every shard's per-tensor scalers, max-reduced over ranks (one blocking all-reduce)."""
+    local = [m.local_scalers(flat[lo:hi].cpu()) for (lo, hi), m in zip(b.bounds, b.shards)]
+    joined = torch.cat(local)
+    dist.all_reduce(joined, op=dist.ReduceOp.MAX, group=state.groups()[0])
+    return list(joined.split([s.numel() for s in local]))
+
+
+def _finish(b: _Bucket, out: torch.Tensor, flags: torch.Tensor, step: int, spent: int,
+            grad: torch.Tensor) -> torch.Tensor:
+    """NaN everywhere if any rank overflowed, record the policy's statistics, cast to the bucket."""
+    bad = (flags & codec.FLAG_NONFINITE).any()
+    if b.method.config.dynamic:
+        b.record(out, step, spent, bad)
+    if out.device.type == "cpu":
+        if bool(bad):
+            out.fill_(float("nan"))
+    else:
+        out = torch.where(bad, torch.full((), float("nan"), device=out.device), out)
+    return out.to(grad.dtype).reshape(grad.shape)
+
+
+def _average(b: _Bucket, m: Any, payloads: list[torch.Tensor], flags: torch.Tensor, bits: int,
+             world: int, device: torch.device) -> torch.Tensor:
+    """The mean of the ranks' decoded payloads (or signSGD's vote), as float32 on ``device``."""
+    if m.config.aggregate == "majority":
+        abstain = [bool(f & codec.FLAG_ZERO) for f in flags.cpu().tolist()]
+        return codec.vote(m, payloads, bits, abstain).to(device)
+    out = torch.zeros(m.numel, dtype=torch.float32, device=device)
+    codec.accumulate(m, payloads, bits, out)
+    return out.div_(world)
+
+
+def _allgather(state: HookState, b: _Bucket, grad: torch.Tensor, payload: torch.Tensor, flags: torch.Tensor,
+               world: int) -> torch.futures.Future[torch.Tensor]:
+    """Topology ``allgather``: every rank receives all W messages and decodes them all."""
+    up, _ = state.groups()
+    sizes = _sizes(up, torch.tensor([payload.numel()]), codec.fast_path(b.method), world).reshape(-1).tolist()
+    size = max(sizes) + 1
+    msg = torch.cat([codec.pad(payload, size - 1), flags.reshape(1)])
+    gathered = [torch.empty_like(msg) for _ in range(world)]
+    state.count((world - 1) * size, (world - 1) * size, b.numel, grad.element_size(), b.width(), world)
+    bits, step, spent = b.bits, b.step, 8 * max(sizes)
+    b.step += 1
+    work = dist.all_gather(gathered, msg, group=up, async_op=True)
+
+    def decode_and_average(fut: torch.futures.Future) -> torch.Tensor:
+        fut.wait()
+        flg = torch.stack([g[-1] for g in gathered])
+        avg = _average(b, b.method, [g[:n] for g, n in zip(gathered, sizes)], flg, bits, world, grad.device)
+        return _finish(b, avg, flg, step, spent, grad)
+
+    return work.get_future().then(decode_and_average)
+
+
+def _sizes(group: dist.ProcessGroup, mine: torch.Tensor, fixed: bool, world: int) -> torch.Tensor:
+    """Every rank's payload sizes (W × len(mine)): known without a collective for fixed widths, where
+    every rank's are the same; else one small blocking all-gather (variable-length codings)."""
+    if fixed:
+        return mine.reshape(1, -1).expand(world, -1)
+    out = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(out, mine, group=group)
+    return torch.stack(out)
+
+
+def _sharded(state: HookState, b: _Bucket, grad: torch.Tensor, payloads: list[torch.Tensor], flags: torch.Tensor,
+             rank: int, world: int) -> torch.futures.Future[torch.Tensor]:
+    """Topology ``sharded``: all-to-all of shard payloads, rank j averages shard j, quantizes it
+    for the downlink and one all-gather delivers every averaged shard to every rank."""
+    up, down = state.groups()
+    mine = torch.tensor([p.numel() for p in payloads])
+    table = _sizes(up, mine, codec.fast_path(b.method), world)  # table[w, j]: rank w's payload for shard j
+    send_sizes, recv_sizes = (mine + 1).tolist(), (table[:, rank] + 1).tolist()
+    send = torch.cat([t for p in payloads for t in (p, flags.reshape(1))])
+    recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=grad.device)
+    dbits = state.downlink_bits
+    if b.method.config.aggregate == "majority" and dbits != codec.FP32:
+        dbits = 2  # the vote's values {-1, 0, 1} lie on the 2-bit grid: sent exactly
+    dsizes = [codec.downlink_size(m, dbits) for m in b.shards]
+    dmax = max(dsizes)
+    state.count(sum(send_sizes) - send_sizes[rank] + (world - 1) * dmax,
+                sum(recv_sizes) - recv_sizes[rank] + (world - 1) * dmax, b.numel, grad.element_size(), b.width(), world)
+    bits, step, spent = b.bits, b.step, 8 * int(table.sum(1).max())
+    b.step += 1
+    work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=up, async_op=True)
+
+    def reduce_shard() -> tuple[torch.futures.Future, Finish]:
+        from dqsgd.kernels import HashRNG
+
+        msgs = recv.split(recv_sizes)
+        flg = torch.stack([msg[-1] for msg in msgs])
+        avg = _average(b, b.shards[rank], [msg[:-1] for msg in msgs], flg, bits, world, grad.device)
+        pay = codec.encode_downlink(b.shards[rank], avg, dbits, HashRNG(b.down_seed, step, rank))
+        if pay.numel() != dsizes[rank]:
+            raise RuntimeError(f"downlink payload of {pay.numel()} bytes, predicted {dsizes[rank]}")
+        mine_down = codec.pad(pay, dmax)
+        gathered = [torch.empty_like(mine_down) for _ in range(world)]
+        return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
+            lambda: _assemble(b, gathered, dsizes, flg, step, spent, grad)
+
+    return _ordered(state, work.get_future(), reduce_shard)
+
+
+def _assemble(b: _Bucket, gathered: list[torch.Tensor], dsizes: list[int], flags: torch.Tensor, step: int,
+              spent: int, grad: torch.Tensor) -> torch.Tensor:
+    """Decode every rank's averaged shard into the bucket (the same bytes on every rank)."""
+    out = torch.zeros(b.numel, dtype=torch.float32, device=grad.device)
+    for j, ((lo, hi), g, n) in enumerate(zip(b.bounds, gathered, dsizes)):
+        h = codec.decode_accumulate_payload(g[:n], out[lo:hi], max_numel=max(hi - lo, 1))
+        if h.numel != hi - lo:
+            raise ValueError(f"rank {j}'s downlink payload holds {h.numel} values, its shard {hi - lo}")
+    return _finish(b, out, flags, step, spent, grad)
+
+
+def _ordered(state: HookState, first: torch.futures.Future,
+             stage2: Callable[[], tuple[torch.futures.Future, Finish]]) -> torch.futures.Future[torch.Tensor]:
+    """Run ``stage2`` once ``first`` is done and the previous bucket's stage 2 has issued its
+    collective; the returned future holds ``finish()`` after stage 2's collective completes."""
+    result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    prev, issued = state._issued, torch.futures.Future()
+    state._issued = issued
+    gate = torch.futures.collect_all([first] if prev is None else [first, prev])
+
+    def run(_: torch.futures.Future) -> None:
+        try:
+            first.value()  # a failed uplink fails this bucket
+            fut2, finish = stage2()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+            issued.set_result(None)
+            result.set_exception(e)
+            return
+        issued.set_result(None)
+
+        def done(f: torch.futures.Future) -> None:
+            try:
+                f.value()
+                result.set_result(finish())
+            except BaseException as e:  # noqa: BLE001
+                result.set_exception(e)
+
+        fut2.then(done)
+
+    gate.then(run)
+    return result

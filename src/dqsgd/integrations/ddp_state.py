@@ -1,0 +1,295 @@
+"""State of the DDP hook: per-bucket methods and policies, traffic counters, checkpointing.
+
+One :class:`HookState` per DDP model (like ``PowerSGDState``). A bucket index gets its own
+:class:`~dqsgd.pipeline.Method` (the policy of the whole bucket) and, under topology ``sharded``,
+one Method per shard (shard j of the bucket is a vector of its own: a per-tensor layout becomes the
+pieces of the tensors inside the shard, a bucket layout restarts at the shard's start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from dqsgd.methods import MethodConfig, method_config
+from dqsgd.sharding import shard_bounds, shard_sizes
+
+if TYPE_CHECKING:
+    from dqsgd.pipeline import Method
+
+TOPOLOGIES = ("sharded", "allgather")
+STATE_VERSION = 1
+
+
+class CompressionStats(NamedTuple):
+    bytes_sent: int         # this rank's bytes to other ranks, headers, flags and padding included
+    fp32_bytes: int         # 4 bytes per gradient element handled (the paper's reference)
+    ratio: float            # fp32_bytes / bytes_sent (the project's definition of compression ratio)
+    mean_bits: float        # uplink code width per coordinate, averaged over every element handled
+    steps: int              # backward passes (calls on the last bucket)
+    bytes_received: int = 0  # this rank's bytes from other ranks, padding included
+    allreduce_bytes: int = 0  # sent + received by a ring all-reduce of the buckets in their own dtype
+    total_ratio: float = math.nan  # allreduce_bytes / (bytes_sent + bytes_received)
+
+
+def ring_bytes(nbytes: int, world: int) -> int:
+    """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes``: 2·(W−1)/W·nbytes."""
+    return 2 * (world - 1) * nbytes // world
+
+
+@dataclass
+class _Bucket:
+    """One bucket index: its methods, policy state, error-feedback residuals and step counter."""
+
+    numel: int
+    method: Method                       # the whole bucket: its policy picks every shard's width
+    shards: list[Method]                 # one per shard (topology allgather: the bucket itself)
+    bounds: list[tuple[int, int]]
+    policy: Any                          # the policy's state; .bits = this step's width
+    generator: torch.Generator           # TernGrad's rounding (the other schemes draw hash uniforms)
+    sizes: tuple[int, ...]               # the bucket's parameter sizes, in DDP's order
+    residuals: dict[int, torch.Tensor] = field(default_factory=dict)
+    step: int = 0                        # compressed steps of this bucket (the HashRNG step)
+    seeds: list[int] = field(default_factory=list)  # HashRNG seed of each uplink shard
+    down_seed: int = 0                   # HashRNG seed of the downlink (seed_for(seed, DOWNLINK, index))
+    pending: list[tuple] = field(default_factory=list)  # (step, [norm, rms, bad], spent_bits, G, event): unobserved
+
+    @property
+    def bits(self) -> int:
+        return int(self.policy.bits)
+
+    def width(self) -> int:
+        c = self.method.config
+        return self.bits if c.scheme == "uniform" else c.nominal_bits()
+
+    def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
+        """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
+        non-finite (the policy then skips the step). On a device they are reduced there and copied
+        to pinned host memory without blocking; an event marks when they have arrived."""
+        m = self.method
+        norm = avg.abs().amax() if math.isinf(m.p) else torch.linalg.vector_norm(avg, m.p)
+        vals = torch.stack([norm, torch.linalg.vector_norm(avg, 2), bad.to(torch.float32).reshape(())])
+        keep = avg if m.policy.needs_grad else None
+        if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
+            self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
+            return
+        host = torch.empty(3, dtype=torch.float32, pin_memory=True).copy_(vals, non_blocking=True)
+        if keep is not None:
+            keep = torch.empty(keep.shape, dtype=keep.dtype, pin_memory=True).copy_(keep, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((step, host, spent_bits, keep, event))
+
+    def _take(self) -> tuple[int, list[float], int, torch.Tensor | None]:
+        step, vals, spent, g, event = self.pending.pop(0)
+        if event is not None:
+            event.synchronize()  # a step already done: no wait for the work queued since
+        return step, vals.tolist(), spent, g
+
+    def catch_up(self, last_step: int) -> None:
+        """Feed the policy every recorded step ≤ ``last_step``."""
+        from dqsgd.policies import GradStats
+
+        while self.pending and self.pending[0][0] <= last_step:
+            step, (norm, rms, bad), spent, g = self._take()
+            if bad:  # an overflow step (GradScaler skips it): no statistics to learn from
+                continue
+            stats = GradStats(step, norm, rms / math.sqrt(self.numel), spent, g)
+            self.policy = self.method.policy.update(self.policy, stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        from dqsgd.policies import state_to_dict
+
+        pending = [self._take() for _ in range(len(self.pending))]
+        self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in pending]
+        return {"numel": self.numel, "sizes": self.sizes, "step": self.step, "policy": state_to_dict(self.policy),
+                "residuals": {j: r.cpu().clone() for j, r in self.residuals.items()},
+                "generator": self.generator.get_state(),
+                "pending": [(s, v, b, None if g is None else g.clone()) for s, v, b, g in pending]}
+
+    def load(self, d: dict[str, Any], index: int) -> None:
+        from dqsgd.policies import state_from_dict
+
+        if d["numel"] != self.numel:
+            raise ValueError(f"bucket {index}: the checkpoint holds {d['numel']} elements, the model's bucket "
+                             f"{self.numel} (same model and bucket_cap_mb needed)")
+        if tuple(d["sizes"]) != self.sizes:
+            warnings.warn(f"bucket {index}: parameter order {self.sizes} differs from the checkpoint's "
+                          f"{tuple(d['sizes'])} "
+                          "(DDP orders a new model's first buckets by registration): this step's roundings differ "
+                          "from an uninterrupted run's; the policy and its budget continue exactly", stacklevel=4)
+            self.residuals = {}
+        self.policy = state_from_dict(type(self.policy), d["policy"])
+        self.step = int(d["step"])
+        if tuple(d["sizes"]) == self.sizes:
+            self.residuals = dict(d["residuals"])
+        self.generator.set_state(d["generator"])
+        self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in d["pending"]]
+
+
+_COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps")
+
+
+class HookState:
+    """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
+
+    __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
+                 "start_iter", "min_compression_rate", "iter", "_buckets", "_groups", "_loaded", "_issued",
+                 *_COUNTERS)
+
+    def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
+                 seed: int = 0, timeout: float | None = 300.0, total_steps: int = 1000, *,
+                 topology: str = "sharded", downlink_bits: int | str = 8, start_iter: int = 0,
+                 min_compression_rate: float = 1.0):
+        """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
+        ``process_group``: None = the default group; ``seed`` of the quantization randomness;
+        ``timeout``: seconds any collective of the hook may take (None: torch's default);
+        ``total_steps``: the horizon N of dynamic policies (budgeted DQSGD spreads its budget over N);
+        ``topology``: ``"sharded"`` (reduce-scatter of payloads + quantized all-gather) or ``"allgather"``;
+        ``downlink_bits``: width of the sharded downlink (2..16) or ``"fp32"``;
+        ``start_iter``: backward passes sent as a plain all-reduce first (``start_powerSGD_iter``);
+        ``min_compression_rate``: a bucket whose predicted ratio (bytes in its dtype / payload bytes)
+        is below this is all-reduced as is."""
+        if isinstance(method, str):
+            method = method_config(method)  # raises ValueError naming the registered methods
+        if not isinstance(method, MethodConfig):
+            raise TypeError("method must be a method name or a dqsgd.methods.MethodConfig, "
+                            f"got {type(method).__name__}")
+        _check_int("seed", seed, 0)
+        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"timeout must be a finite number of seconds > 0 (or None), got {timeout!r}")
+        _check_int("total_steps (the policy horizon N)", total_steps, 1)
+        _check_int("start_iter", start_iter, 0)
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
+                            f"got {type(process_group).__name__}")
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+        if not (downlink_bits == "fp32" or (isinstance(downlink_bits, int) and not isinstance(downlink_bits, bool)
+                                            and 2 <= downlink_bits <= 16)):
+            raise ValueError(f"downlink_bits must be an integer in 2..16 or 'fp32', got {downlink_bits!r}")
+        if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
+            raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
+        self.config, self.process_group, self.seed = method, process_group, seed
+        self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
+        self.downlink_bits = 32 if downlink_bits == "fp32" else downlink_bits
+        self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
+        self._buckets: dict[int, _Bucket] = {}
+        self._loaded: dict[int, dict[str, Any]] = {}
+        self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
+        self._issued: torch.futures.Future | None = None  # the last bucket's downlink collective is issued
+        for name in _COUNTERS:
+            setattr(self, name, 0)
+
+    # --- reporting ------------------------------------------------------------------------------
+    def compression_stats(self) -> CompressionStats:
+        ratio = self.fp32_bytes / self.bytes_sent if self.bytes_sent else math.nan
+        traffic = self.bytes_sent + self.bytes_received
+        total = self.allreduce_bytes / traffic if traffic else math.nan
+        mean = self.bit_coords / self.coords if self.coords else math.nan
+        return CompressionStats(self.bytes_sent, self.fp32_bytes, ratio, mean, self.steps, self.bytes_received,
+                                self.allreduce_bytes, total)
+
+    def current_bits(self) -> dict[int, int]:
+        """The width each bucket index used in its last step (a dynamic policy applies its next choice
+        when the bucket next arrives)."""
+        return {i: b.bits for i, b in sorted(self._buckets.items())}
+
+    def count(self, sent: int, received: int, numel: int, itemsize: int, width: int, world: int) -> None:
+        self.bytes_sent += sent
+        self.bytes_received += received
+        self.fp32_bytes += 4 * numel
+        self.allreduce_bytes += 2 * ring_bytes(numel * itemsize, world)
+        self.bit_coords += width * numel
+        self.coords += numel
+
+    # --- lazily built pieces --------------------------------------------------------------------
+    def groups(self) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+        """Two groups over the hook's ranks, with the hook's timeout: uplink (collectives issued by
+        the hook, in bucket order) and downlink (issued from completion callbacks, in bucket order)."""
+        if self._groups is None:
+            ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+            kw = {"timeout": timedelta(seconds=self.timeout)} if self.timeout is not None else {}
+            self._groups = (dist.new_group(ranks, use_local_synchronization=True, **kw),
+                            dist.new_group(ranks, use_local_synchronization=True, **kw))
+        return self._groups
+
+    def bucket(self, index: int, grad: torch.Tensor, sizes: list[int], rank: int, world: int) -> _Bucket:
+        """The bucket's state, built on first use. DDP rebuilds its buckets after the first iteration:
+        a bucket of another size starts afresh; the same elements in another parameter order keep
+        their policy and step (new layouts; error-feedback residuals restart, their positions moved)."""
+        b, n = self._buckets.get(index), grad.numel()
+        sizes = sizes if sum(sizes) == n else [n]
+        if b is not None and b.numel == n:
+            if b.sizes != tuple(sizes):
+                b.method, b.shards = self._methods(n, sizes, len(b.bounds))
+                b.sizes, b.residuals = tuple(sizes), {}
+            return b
+        from dqsgd.sharding import DOWNLINK
+        from dqsgd.train.sampling import QUANT, seed_for
+
+        bounds = shard_bounds(n, world) if self.topology == "sharded" else [(0, n)]
+        m, shards = self._methods(n, sizes, len(bounds))
+        gen = torch.Generator().manual_seed(seed_for(self.seed, QUANT, rank, index))
+        seeds = [seed_for(self.seed, QUANT, index, j) for j in range(len(bounds))] if len(bounds) > 1 \
+            else [seed_for(self.seed, QUANT, index)]
+        b = self._buckets[index] = _Bucket(n, m, shards, bounds, m.policy.init(), gen, tuple(sizes), seeds=seeds,
+                                           down_seed=seed_for(self.seed, DOWNLINK, index))
+        if index in self._loaded:
+            b.load(self._loaded.pop(index), index)
+        return b
+
+    def _methods(self, n: int, sizes: list[int], world: int) -> tuple[Method, list[Method]]:
+        """The bucket's Method and its shards' (hash uniforms for uniform: the same bytes on any device)."""
+        from dqsgd.pipeline import Method
+
+        cfg = self.config
+        if cfg.scheme == "uniform" and cfg.kernel != "fused":
+            cfg = dataclasses.replace(cfg, kernel="fused")
+        bounds = shard_bounds(n, world)
+        shards = [Method(cfg, hi - lo, self.total_steps, shard_sizes(sizes, lo, hi) or None) for lo, hi in bounds]
+        return Method(cfg, n, self.total_steps, sizes), shards
+
+    # --- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed job needs to continue exactly: per-bucket policy states (the budget
+        ledger of budgeted DQSGD), residuals, generator states, step counters; traffic counters."""
+        buckets = {i: b.state_dict() for i, b in self._buckets.items()}
+        return {"version": STATE_VERSION, "method": self.config.name, "iter": self.iter,
+                "counters": {k: getattr(self, k) for k in _COUNTERS}, "buckets": {**self._loaded, **buckets}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
+        if state["method"] != self.config.name:
+            raise ValueError(f"state_dict is for method {state['method']!r}, this HookState runs {self.config.name!r}")
+        self.iter = int(state["iter"])
+        for k in _COUNTERS:
+            setattr(self, k, state["counters"][k])
+        self._buckets, self._loaded = {}, dict(state["buckets"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
+        init = {k: getattr(self, k) for k in ("config", "seed", "timeout", "total_steps", "topology",
+                                              "start_iter", "min_compression_rate")}
+        init["downlink_bits"] = "fp32" if self.downlink_bits == 32 else self.downlink_bits
+        return {"init": init, "state": self.state_dict()}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        init = dict(d["init"])
+        config = init.pop("config")
+        self.__init__(config, None, **{k: init.pop(k) for k in ("seed", "timeout", "total_steps")}, **init)
+        self.load_state_dict(d["state"])
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

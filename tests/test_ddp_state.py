@@ -1,0 +1,77 @@
+"""dqsgd.ddp.HookState without processes: bucket bookkeeping, checkpoints, predicted sizes."""
+
+import io
+import pickle
+
+import pytest
+import torch
+
+from dqsgd.ddp import HookState
+from dqsgd.integrations import ddp_codec as codec
+from dqsgd.kernels import HashRNG
+from dqsgd.sharding import shard_bounds
+
+SIZES = [4064, 127, 1270, 10]  # 5471 elements
+N = sum(SIZES)
+
+
+def test_shards_follow_shard_bounds_and_sizes_are_predicted() -> None:
+    s = HookState("qsgd-4bit", topology="sharded")
+    b = s.bucket(0, torch.zeros(N), SIZES, rank=1, world=3)
+    assert b.bounds == shard_bounds(N, 3) and [m.numel for m in b.shards] == [1824, 1824, 1823]
+    assert [m.layout.sizes for m in b.shards] == [None] * 3  # qsgd: one scale per shard (bucket layout)
+    g = torch.randn(N, generator=torch.Generator().manual_seed(0))
+    for j, ((lo, hi), m) in enumerate(zip(b.bounds, b.shards)):
+        p, _ = codec.encode_shard(m, g[lo:hi], 4, HashRNG(b.seeds[j], 0, 1), b.generator, None, None)
+        assert p.dtype == torch.uint8 and p.numel() == m.message_bits(4) // 8
+        d = codec.encode_downlink(m, g[lo:hi], 8, HashRNG(b.down_seed, 0, j))
+        assert d.numel() == codec.downlink_size(m, 8)
+        assert codec.encode_downlink(m, g[lo:hi], codec.FP32, HashRNG(1, 0, 0)).numel() == codec.downlink_size(m, 32)
+
+
+def test_per_tensor_layout_restarts_in_each_shard() -> None:
+    b = HookState("terngrad").bucket(0, torch.zeros(N), SIZES, rank=0, world=2)
+    assert [m.layout.sizes for m in b.shards] == [(2736,), (1328, 127, 1270, 10)]
+
+
+def test_reordered_bucket_keeps_policy_and_step() -> None:
+    s = HookState("dqsgd")
+    b = s.bucket(0, torch.zeros(N), SIZES, 0, 2)
+    b.step, policy = 5, b.policy
+    b2 = s.bucket(0, torch.zeros(N), SIZES[::-1], 0, 2)  # DDP's rebuilt order
+    assert b2 is b and b.step == 5 and b.policy is policy and b.method.numel == N
+    assert s.bucket(0, torch.zeros(N + 1), [N + 1], 0, 2).step == 0  # another size: a fresh bucket
+
+
+def test_state_dict_round_trip_and_pickle() -> None:
+    s = HookState("dqsgd", seed=4, total_steps=50, downlink_bits="fp32", start_iter=2)
+    b = s.bucket(0, torch.zeros(N), SIZES, 0, 2)
+    b.step = 3
+    b.record(torch.randn(N), 2, 1000, torch.tensor(False))
+    s.bytes_sent, s.iter = 123, 7
+    buf = io.BytesIO()
+    torch.save(s, buf)  # no process group is pickled
+    buf.seek(0)
+    t = torch.load(buf, weights_only=False)
+    assert t.downlink_bits == 32 and t.start_iter == 2 and t.iter == 7 and t.bytes_sent == 123
+    u = pickle.loads(pickle.dumps(s))
+    for x in (t, u):
+        c = x.bucket(0, torch.zeros(N), SIZES, 0, 2)
+        assert c.step == 3 and len(c.pending) == 1
+        c.catch_up(2)
+        b.catch_up(2)
+        assert c.policy == b.policy and c.bits == b.bits
+    with pytest.raises(ValueError, match="elements"):
+        v = HookState("dqsgd", seed=4, total_steps=50)
+        v.load_state_dict(s.state_dict())
+        v.bucket(0, torch.zeros(N + 3), [N + 3], 0, 2)
+
+
+def test_resume_into_a_permuted_first_bucket_warns() -> None:
+    s = HookState("dqsgd")
+    s.bucket(0, torch.zeros(N), SIZES[::-1], 0, 2).step = 4
+    t = HookState("dqsgd")
+    t.load_state_dict(s.state_dict())
+    with pytest.warns(UserWarning, match="parameter order"):
+        b = t.bucket(0, torch.zeros(N), SIZES, 0, 2)
+    assert b.step == 4
