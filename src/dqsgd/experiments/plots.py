@@ -13,14 +13,18 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
+from dqsgd._extras import require
 from dqsgd.experiments.summary import _ordered, aggregate, method_order, run_dirs, summarize_run
 from dqsgd.train.metrics import read_jsonl
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+Figure = require("matplotlib.figure", "the report's figures").Figure  # the [plots] extra
 
 FIG1_MAX_METHODS = 9  # above this, Figure 1 keeps only SGD, QSGD-* and DQSGD-* (as in the paper)
 

@@ -45,6 +45,8 @@ class TrainConfig:
     max_len: int = 200                # text datasets: tokens per document
     threads: int = 0                  # torch intra-op threads; 0 = PyTorch's default. 1 is much faster
                                       # for small models when other processes share the cores (measured)
+    tensorboard: bool = False         # also log to TensorBoard, in RUN_DIR/tensorboard (JSONL stays the record)
+    tensorboard_dir: str = ""         # ... or under this folder, as DIR/LABEL/seedK (--tensorboard DIR)
     vmap_workers: bool = False        # the local workers' gradients in one torch.func.vmap call: 1.1-1.2x
                                       # faster for LeNet/MLP at W = 8 (measured), equal to ~1e-7 relative,
                                       # not bitwise (so not equal to one worker per process); no BatchNorm
