@@ -49,3 +49,30 @@ def test_tensorboard_dir_puts_runs_under_label_and_seed(tmp_path: Path) -> None:
             progress=False)
     assert [st for st, _ in _scalars(tmp_path / "tb" / "sgd" / "seed1")["train/loss"]] == [0, 1]
     assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_resumed_run_hides_what_the_interrupted_process_logged_after_its_checkpoint(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from dqsgd.train.checkpoint import save_checkpoint
+    from dqsgd.train.trainer import Trainer
+
+    cfg = TrainConfig(name="t", dataset="synthetic", model="mlp", workers=2, steps=6, batch_size=8, lr=0.1,
+                      eval_every=3, checkpoint_every=3, tensorboard=True)
+    entry, data = MethodEntry("dqsgd", method_config("dqsgd")), load_dataset("synthetic")
+    full = run_one(cfg, entry, data, 0, tmp_path / "full", progress=False)
+    part = tmp_path / "part"
+    tr = Trainer(cfg, entry, data, 0)
+    for _ in range(3):
+        tr.step()
+    save_checkpoint(tr, part / "checkpoint.pt")
+    stale = SummaryWriter(log_dir=str(part / "tensorboard"))  # the killed process got to step 4
+    for step in range(5):
+        stale.add_scalar("train/loss", 999.0, step)
+    stale.close()
+    run_one(cfg, entry, data, 0, part, resume=True, progress=False)
+    want, got = _scalars(tmp_path / "full" / "tensorboard"), _scalars(part / "tensorboard")
+    assert [st for st, _ in got["train/loss"]] == [0, 1, 2, 3, 4, 5]
+    assert [v for _, v in got["train/loss"][3:]] == [v for _, v in want["train/loss"][3:]]
+    assert got["comm/up_MB_total"][-1] == want["comm/up_MB_total"][-1]
+    assert math.isclose(got["comm/up_MB_total"][-1][1], full["ledger_up_bytes"] / 1e6, rel_tol=1e-6)

@@ -43,7 +43,8 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
         (out / "config.json").write_text(json.dumps(run_facts(cfg, entry, data, seed, tr), indent=2))
     writer = JsonlWriter(out / "metrics.jsonl", append=resume) if writes else None
     board_dir = tensorboard_dir(cfg, out, entry.label, seed) if writes and out is not None else None
-    board = TensorBoardLogger(board_dir, tr.ledger.up_bytes) if board_dir is not None else None
+    board = (TensorBoardLogger(board_dir, tr.ledger.up_bytes, tr.next_step if resume else None)
+             if board_dir is not None else None)
     start = time.perf_counter()
     bar = step_bar(cfg.steps, tr.next_step, f"{entry.label} seed {seed}", progress)
     acc = loss = float("nan")

@@ -35,12 +35,14 @@ def tensorboard_dir(cfg: Any, run_out: Path, label: str, seed: int) -> Path | No
 class TensorBoardLogger:
     """Mirrors the JSONL records of one run into a TensorBoard event file."""
 
-    def __init__(self, logdir: Path, up_bytes_before: int = 0) -> None:
+    def __init__(self, logdir: Path, up_bytes_before: int = 0, resume_step: int | None = None) -> None:
+        """``resume_step``: a resumed run restarts at this step; events the interrupted process logged at
+        steps >= it are hidden (TensorBoard's ``purge_step``), as the JSONL file is truncated there."""
         require("tensorboard", "train.tensorboard (the TensorBoard logger)")
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(logdir)
-        self.writer = SummaryWriter(log_dir=str(self.logdir))
+        self.writer = SummaryWriter(log_dir=str(self.logdir), purge_step=resume_step)
         self.up_total = up_bytes_before  # a resumed run continues the cumulative curve
 
     def write(self, rec: dict[str, Any]) -> None:
