@@ -14,7 +14,7 @@ from dqsgd.train.checkpoint import checkpoint_path, resume as resume_from, save_
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.metrics import JsonlWriter, truncate_jsonl
 from dqsgd.train.progress import eval_line, step_bar, write
-from dqsgd.train.tensorboard import TensorBoardLogger, tensorboard_dir
+from dqsgd.train.tensorboard import open_logger
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
 
@@ -42,9 +42,8 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
         (out / "summary.json").unlink(missing_ok=True)  # written again at the end: present = finished
         (out / "config.json").write_text(json.dumps(run_facts(cfg, entry, data, seed, tr), indent=2))
     writer = JsonlWriter(out / "metrics.jsonl", append=resume) if writes else None
-    board_dir = tensorboard_dir(cfg, out, entry.label, seed) if writes and out is not None else None
-    board = (TensorBoardLogger(board_dir, tr.ledger.up_bytes, tr.next_step if resume else None)
-             if board_dir is not None else None)
+    board = open_logger(cfg, out, entry.label, seed, tr.ledger.up_bytes, tr.next_step if resume else None) \
+        if writes and out is not None else None  # TensorBoard (train.tensorboard*), a mirror of the JSONL
     start = time.perf_counter()
     bar = step_bar(cfg.steps, tr.next_step, f"{entry.label} seed {seed}", progress)
     acc = loss = float("nan")
@@ -72,7 +71,7 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
         if board is not None:
             board.close()
     if math.isnan(acc) and tr.transport.rank == 0:  # resumed at the very end: no step ran, evaluate once
-        acc, loss = tr.evaluate()
+        acc, loss = _evaluate(tr, bar, entry.label, progress)
     summary = summarize(cfg, entry, data, seed, tr, acc, loss, time.perf_counter() - start)
     if writes:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))

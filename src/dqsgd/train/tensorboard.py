@@ -32,6 +32,13 @@ def tensorboard_dir(cfg: Any, run_out: Path, label: str, seed: int) -> Path | No
     return run_out / "tensorboard" if cfg.tensorboard else None
 
 
+def open_logger(cfg: Any, run_out: Path, label: str, seed: int, up_bytes_before: int,
+                resume_step: int | None) -> TensorBoardLogger | None:
+    """The run's logger if its config asks for one (see :func:`tensorboard_dir`), else None."""
+    where = tensorboard_dir(cfg, run_out, label, seed)
+    return None if where is None else TensorBoardLogger(where, up_bytes_before, resume_step)
+
+
 class TensorBoardLogger:
     """Mirrors the JSONL records of one run into a TensorBoard event file."""
 
