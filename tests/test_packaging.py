@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -31,9 +32,13 @@ ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    out, tree = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("tree")
+    # build from a copy: setuptools writes build/ and src/*.egg-info next to the sources it builds
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, tree / name)
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                          "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=240, env=ENV)
+                          "-w", str(out), str(tree)], capture_output=True, text=True, timeout=240, env=ENV)
     assert res.returncode == 0, res.stdout + res.stderr
     (whl,) = out.glob("dqsgd-*.whl")
     return whl
