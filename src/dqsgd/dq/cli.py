@@ -24,7 +24,7 @@ def build_parser(prog: str = "python -m dqsgd.dq") -> argparse.ArgumentParser:
 
 def add_dq_arguments(ap: argparse.ArgumentParser) -> None:
     """The ``run`` and ``list`` sub-commands, on ``ap`` (its own parser, or ``dqsgd dq``'s)."""
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="run|list")  # the metavar names it in errors
     run = sub.add_parser("run", help="run experiment config(s); writes runs/<name>/report.md")
     run.add_argument("--config", action="append", default=None,
                      help=f"shipped name or path (repeatable); default: {' + '.join(DEFAULT_CONFIGS)}")
