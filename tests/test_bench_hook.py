@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from dqsgd.bench_hook import HOOKS, add_hook_parser, summarize
+from dqsgd.bench_cli import HOOKS, add_hook_parser
+from dqsgd.bench_hook import summarize
 
 
 def test_ratios_are_per_round_then_median() -> None:

@@ -3,7 +3,7 @@
 Speeds are measured as ratios within one process (other jobs share the cores): every timed
 operation is interleaved with ``out.copy_(g)`` into a preallocated buffer, repeated, and the best
 of the repeats is kept for each. GB/s are of fp32 *input* bytes (4 per coordinate). Each command
-prints a table and writes JSON (``--out``). Wire-up: :func:`add_bench_parser` adds the three
+prints a table and writes JSON (``--out``). Wire-up: :func:`dqsgd.bench_cli.add_bench_parser` adds the
 sub-commands to an argparse sub-parser set (``benchmarks/bench_*.py`` call :func:`main`).
 """
 
@@ -30,6 +30,7 @@ from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quant
 from dqsgd.kernels import fused
 from dqsgd.kernels.codec import MIN_CHUNKS_PER_THREAD, read_header
 from dqsgd.kernels.hashrng import fill_hashes
+from dqsgd.bench_cli import add_bench_parser, main  # noqa: F401  (the argparse wiring; kept importable here)
 from dqsgd.quantizers import Norm, dequantize, quantize_uniform
 
 __all__ = ["add_bench_parser", "bench_codec", "bench_compressors", "bench_step", "main", "best_of"]
@@ -394,53 +395,7 @@ def bench_compressors(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-# ------------------------------------------------------------------------------------ parsers
-
-
-def _ints(text: str) -> list[int]:
-    return [int(float(v)) for v in text.split(",") if v]
-
-
-def _command(fn: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[argparse.Namespace], int]:
-    """A bench as a CLI command: run it, exit status 0 (the CLI takes ``func``'s return as the status)."""
-    def run(args: argparse.Namespace) -> int:
-        fn(args)
-        return 0
-    return run
-
-
-def add_bench_parser(sub: Any) -> None:
-    """Add ``bench codec|step|compressors`` to an argparse sub-parsers object."""
-    bench = sub.add_parser("bench", help="benchmarks: codec throughput, step overhead, compressors")
-    bsub = bench.add_subparsers(dest="bench", required=True)
-    c = bsub.add_parser("codec", help="encode/decode GB/s vs copy_, coded bits vs entropy")
-    c.add_argument("--sizes", type=_ints, default=[1_000_000, 25_000_000])
-    c.add_argument("--bits", type=_ints, default=[1, 2, 4, 6, 8, 16])
-    c.add_argument("--repeats", type=int, default=5)
-    c.add_argument("--torch-repeats", type=int, default=2)
-    c.add_argument("--threads", type=int, default=2)
-    c.add_argument("--out", default="bench/codec.json")
-    c.set_defaults(func=_command(bench_codec))
-    s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD")
-    s.add_argument("--config", default="table1-mnist")
-    s.add_argument("--steps", type=int, default=20)
-    s.add_argument("--warmup", type=int, default=3)
-    s.add_argument("--threads", type=int, default=1)
-    s.add_argument("--out", default="bench/step.json")
-    s.set_defaults(func=_command(bench_step))
-    k = bsub.add_parser("compressors", help="dqsgd's methods vs PyTorch's DDP compression hooks")
-    k.add_argument("--model", default="cnn")
-    k.add_argument("--dataset", default="mnist")
-    k.add_argument("--batch", type=int, default=32)
-    k.add_argument("--repeats", type=int, default=5)
-    k.add_argument("--threads", type=int, default=1)
-    k.add_argument("--out", default="bench/compressors.json")
-    k.set_defaults(func=_command(bench_compressors))
-    __import__("dqsgd.bench_hook", fromlist=["add_hook_parser"]).add_hook_parser(bsub)  # dqsgd bench hook
-    n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout)",
-                        add_help=False)
-    n.add_argument("rest", nargs=argparse.REMAINDER)
-    n.set_defaults(func=bench_network)
+# ------------------------------------------------------------------------------------ network
 
 
 def bench_network(args: argparse.Namespace) -> int:
@@ -457,11 +412,3 @@ def bench_network(args: argparse.Namespace) -> int:
     assert spec.loader is not None
     spec.loader.exec_module(mod)
     return int(mod.main(args.rest) or 0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dqsgd")
-    add_bench_parser(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    args.func(args)
-    return 0

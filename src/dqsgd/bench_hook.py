@@ -23,9 +23,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-HOOKS = ("none", "fp16", "powersgd-1", "qsgd-4bit sharded", "qsgd-4bit allgather", "dqsgd sharded",
-         "dqsgd allgather")
-MODELS = ("mlp", "cnn", "resnet18")
+from dqsgd.bench_cli import HOOKS, MODELS  # the parser's choices (torch-free module)
+
 CIFAR = (3, 32, 32)
 
 
@@ -145,22 +144,3 @@ def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result
-
-
-def add_hook_parser(bsub: Any) -> None:
-    """``bench hook`` under an argparse ``bench`` sub-parser set."""
-    h = bsub.add_parser("hook", help="DDP step time per comm hook (fp16, PowerSGD, dqsgd) / no hook")
-    h.add_argument("--model", default="mlp,cnn", help=f"comma-separated, from {', '.join(MODELS)} "
-                   "(resnet18 is slow on CPU)")
-    h.add_argument("--hooks", default=",".join(HOOKS[1:]), help=f"comma-separated, from {', '.join(HOOKS[1:])} "
-                   "(no hook always runs: it is the reference)")
-    h.add_argument("--batch", type=int, default=128, help="batch per rank (CIFAR-shaped synthetic data)")
-    h.add_argument("--steps", type=int, default=5, help="timed steps per hook per round")
-    h.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median and range reported)")
-    h.add_argument("--warmup", type=int, default=3, help="untimed steps per hook first")
-    h.add_argument("--world", type=int, default=2, help="gloo processes on CPU")
-    h.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    h.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take")
-    h.add_argument("--deadline", type=float, default=3600.0, help="seconds the whole benchmark may take")
-    h.add_argument("--out", default="bench/hook.json", help="JSON results ('' for none)")
-    h.set_defaults(func=lambda a: (bench_hook(a), 0)[1])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
+from dqsgd import __version__
 from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, resolve_device, shipped_configs
 
 
@@ -15,7 +17,8 @@ def _experiment(args: argparse.Namespace, method: str | None = None):
     if method is not None:
         tables = raw.get("methods", {})
         raw = {**raw, "methods": {method: dict(tables.get(method, {}))}}
-    exp = build_experiment(apply_overrides(raw, args.set or []), source)
+    board = [f"train.tensorboard_dir={json.dumps(args.tensorboard)}"] if getattr(args, "tensorboard", None) else []
+    exp = build_experiment(apply_overrides(raw, [*(args.set or []), *board]), source)
     return exp
 
 
@@ -88,6 +91,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dqsgd", description="Dynamic Quantized SGD and its baselines, with measured bytes.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def add_cfg(sp: argparse.ArgumentParser) -> None:
@@ -96,6 +100,8 @@ def parser() -> argparse.ArgumentParser:
                         help="dotted override, e.g. train.steps=200 or methods.dqsgd.target_bits=4 (repeatable)")
         sp.add_argument("--out", help="output directory (default: runs/<train.name>)")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
+        sp.add_argument("--tensorboard", metavar="DIR",
+                        help="also log each run to TensorBoard under DIR/LABEL/seedK (= --set train.tensorboard_dir=DIR)")
 
     sp = sub.add_parser("train", help="train one method")
     add_cfg(sp)
@@ -119,10 +125,13 @@ def parser() -> argparse.ArgumentParser:
                          "start the rest")
     sp.set_defaults(func=cmd_compare)
 
-    sp = sub.add_parser("dq", help="Double Quantization (AsyLPG family): `dqsgd dq run|list ...`", add_help=False)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=lambda a: __import__("dqsgd.dq.cli", fromlist=["main"]).main(a.rest))
-    from dqsgd.bench import add_bench_parser
+    from dqsgd.dq import cli as dq_cli
+
+    sp = sub.add_parser("dq", help="Double Quantization (AsyLPG family): `dqsgd dq run|list ...`",
+                        description=dq_cli.DESCRIPTION)
+    dq_cli.add_dq_arguments(sp)
+    sp.set_defaults(func=dq_cli.run_command)
+    from dqsgd.bench_cli import add_bench_parser
 
     add_bench_parser(sub)
     sub.add_parser("methods", help="list the registered methods").set_defaults(func=cmd_methods)

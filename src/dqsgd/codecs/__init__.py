@@ -4,28 +4,15 @@
 payload layout is documented in :mod:`dqsgd.codecs.header` and :mod:`dqsgd.codecs.wire`.
 """
 
-from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
-from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_length
-from dqsgd.codecs.header import Coding, PayloadError, header_size
-from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
-from dqsgd.codecs.wire import decode, encode, predicted_size
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "Coding",
-    "EliasError",
-    "PayloadError",
-    "RansError",
-    "decode",
-    "elias_bit_length",
-    "elias_decode",
-    "elias_encode",
-    "encode",
-    "header_size",
-    "omega_length",
-    "pack_bits",
-    "packed_size",
-    "predicted_size",
-    "rans_decode",
-    "rans_encode",
-    "unpack_bits",
-]
+from dqsgd._lazy import attach
+
+if TYPE_CHECKING:
+    from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
+    from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_length
+    from dqsgd.codecs.header import Coding, PayloadError, header_size
+    from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
+    from dqsgd.codecs.wire import decode, encode, predicted_size
+
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

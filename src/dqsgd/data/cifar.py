@@ -131,7 +131,8 @@ def load_cifar(name: str, root: str | Path | None) -> Dataset:
     Images become float32 ``(N, 3, 32, 32)`` normalised with :data:`CIFAR_STATS`.
     """
     folder_name, train_files, test_files, label_key, classes, archive, archive_md5 = _LAYOUT[name]
-    hint = (f"put {folder_name} under ROOT and call load_dataset({name!r}, root=ROOT): download "
+    hint = (f"put {folder_name} under ROOT and pass ROOT (command line: --set train.data_root=ROOT; "
+            f"Python: load_dataset({name!r}, root=ROOT)): download "
             f"https://www.cs.toronto.edu/~kriz/{archive} (MD5 {archive_md5}) and extract it in ROOT")
     if root is None:
         raise DatasetNotFoundError(f"{name}: no data folder given (it cannot be installed from a package "

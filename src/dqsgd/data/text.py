@@ -139,7 +139,8 @@ def _read_agnews_csv(path: Path) -> tuple[list[list[str]], torch.Tensor]:
 def load_agnews(root: str | Path | None, *, max_len: int = 200, max_vocab: int = 20_000) -> Dataset:
     """AG-News from ``root/train.csv`` and ``root/test.csv`` (or ``root/ag_news_csv/``); labels 0..3."""
     hint = ("put the AG-News CSV files (train.csv, test.csv from ag_news_csv.tar.gz, Zhang et al. 2015) "
-            "under ROOT and call load_dataset('agnews', root=ROOT)")
+            "under ROOT and pass ROOT (command line: --set train.data_root=ROOT; Python: "
+            "load_dataset('agnews', root=ROOT))")
     if root is None:
         raise DatasetNotFoundError(f"agnews: no data folder given (it cannot be installed from a package "
                                    f"registry). To use it, {hint}.")

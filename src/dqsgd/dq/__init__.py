@@ -15,34 +15,23 @@ Pieces (each one idea, composable; docs/algorithms.md §9 is the specification, 
 ['acc-asyfpg', 'acc-asylpg', 'asyfpg', 'asylpg', 'qsvrg', 'sparse-asylpg']
 """
 
-from dqsgd.dq.algorithms import ALGORITHMS, Algorithm, RunConfig, make_codecs
-from dqsgd.dq.engine import EvalRecord, Master, MsgRecord, Worker
-from dqsgd.dq.gradq import Fp32Grad, GradCodec, LowPrecGrad, SparseLowPrecGrad
-from dqsgd.dq.modelq import (
-    FP32_MODEL, SNAPSHOT_FLAG, ModelChoice, ModelKind, ModelPrecision, choose_model_precision, decode_model,
-    encode_model, mu_rule_bits,
-)
-from dqsgd.dq.problem import Problem, ProblemSpec, lbfgs_minimum
-from dqsgd.dq.result import RunResult
-from dqsgd.dq.sim import DelayModel, run_sim
-from dqsgd.dq.sparse import SparseLP, keep_probabilities, sparse_dequantize, sparse_quantize, sparsify
-from dqsgd.dq.sparse_wire import IndexCoding, decode_sparse, encode_sparse, sparse_size
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ALGORITHMS", "Algorithm", "RunConfig", "make_codecs",
-    "Master", "Worker", "MsgRecord", "EvalRecord", "RunResult", "run_sim", "DelayModel", "run_dist",
-    "Fp32Grad", "GradCodec", "LowPrecGrad", "SparseLowPrecGrad",
-    "FP32_MODEL", "SNAPSHOT_FLAG", "ModelChoice", "ModelKind", "ModelPrecision", "choose_model_precision",
-    "decode_model", "encode_model", "mu_rule_bits",
-    "Problem", "ProblemSpec", "lbfgs_minimum",
-    "SparseLP", "keep_probabilities", "sparse_dequantize", "sparse_quantize", "sparsify",
-    "IndexCoding", "decode_sparse", "encode_sparse", "sparse_size",
-]
+from dqsgd._lazy import attach
 
+if TYPE_CHECKING:
+    from dqsgd.dq.algorithms import ALGORITHMS, Algorithm, RunConfig, make_codecs
+    from dqsgd.dq.engine import EvalRecord, Master, MsgRecord, Worker
+    from dqsgd.dq.gradq import Fp32Grad, GradCodec, LowPrecGrad, SparseLowPrecGrad
+    from dqsgd.dq.modelq import (
+        FP32_MODEL, SNAPSHOT_FLAG, ModelChoice, ModelKind, ModelPrecision, choose_model_precision, decode_model,
+        encode_model, mu_rule_bits,
+    )
+    from dqsgd.dq.problem import Problem, ProblemSpec, lbfgs_minimum
+    from dqsgd.dq.result import RunResult
+    from dqsgd.dq.sim import DelayModel, run_sim
+    from dqsgd.dq.sparse import SparseLP, keep_probabilities, sparse_dequantize, sparse_quantize, sparsify
+    from dqsgd.dq.sparse_wire import IndexCoding, decode_sparse, encode_sparse, sparse_size
+    from dqsgd.dq.dist import run_dist  # torch.distributed only when asked for
 
-def __getattr__(name: str):
-    if name == "run_dist":  # torch.distributed only when asked for
-        from dqsgd.dq.dist import run_dist
-
-        return run_dist
-    raise AttributeError(name)
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

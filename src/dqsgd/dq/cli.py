@@ -1,4 +1,7 @@
-"""``python -m dqsgd.dq run|list`` (the lead wires it into the main CLI as ``dqsgd dq ...``)."""
+"""``dqsgd dq run|list`` (also ``python -m dqsgd.dq run|list``).
+
+Parsing imports nothing heavy: the algorithms (torch) load once a command runs.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +9,43 @@ import argparse
 import sys
 from pathlib import Path
 
-from dqsgd.dq.algorithms import ALGORITHMS
-from dqsgd.dq.config import DQConfigError, load, shipped
+__all__ = ["main", "DEFAULT_CONFIGS", "build_parser", "add_dq_arguments", "run_command"]
 
-__all__ = ["main", "DEFAULT_CONFIGS", "build_parser"]
+DESCRIPTION = "Double Quantization (AsyLPG family) on an asynchronous parameter server: run the shipped experiments."
 
 DEFAULT_CONFIGS = ("dq-mnist-logreg", "dq-mnist-mlp")  # the default full experiment
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m dqsgd.dq", description="Double Quantization (AsyLPG family) "
-                                 "on an asynchronous parameter server: run the shipped experiments.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def build_parser(prog: str = "python -m dqsgd.dq") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_dq_arguments(ap)
+    return ap
+
+
+def add_dq_arguments(ap: argparse.ArgumentParser) -> None:
+    """The ``run`` and ``list`` sub-commands, on ``ap`` (its own parser, or ``dqsgd dq``'s)."""
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="run|list")  # the metavar names it in errors
     run = sub.add_parser("run", help="run experiment config(s); writes runs/<name>/report.md")
     run.add_argument("--config", action="append", default=None,
                      help=f"shipped name or path (repeatable); default: {' + '.join(DEFAULT_CONFIGS)}")
     run.add_argument("--quick", action="store_true", help="tiny setting for tests: ≤800 samples, ≤4 workers, 2 epochs")
     run.add_argument("--out", default="runs", help="output root (default runs/)")
-    run.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                     help="override, e.g. -o run.lr=0.1 -o problem.subset=2000 -o methods.asylpg.mu=1.0")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                     help="dotted override, e.g. --set run.lr=0.1 --set problem.subset=2000 "
+                          "--set methods.asylpg.mu=1.0 (repeatable)")
+    run.add_argument("-o", dest="overrides", action="append", help=argparse.SUPPRESS)  # the old spelling of --set
     sub.add_parser("list", help="list the algorithms and the shipped dq-* configs")
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed ``run``/``list`` command; exit status 2 for a configuration error."""
+    from dqsgd.dq.algorithms import ALGORITHMS
+    from dqsgd.dq.config import DQConfigError, load, shipped
+
     if args.cmd == "list":
         print("algorithms:")
         for a in ALGORITHMS.values():

@@ -12,7 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from matplotlib.figure import Figure
+from dqsgd._extras import require
+
+Figure = require("matplotlib.figure", "the dq report's figures").Figure  # the [plots] extra
 
 __all__ = ["write_report", "bits_table"]
 

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dqsgd._extras import require
 from dqsgd.data import load_dataset
 from dqsgd.experiments.summary import write_tables
 from dqsgd.train.config import ExperimentConfig, resolve_device
+from dqsgd.train.progress import CompareProgress
 from dqsgd.train.runner import run_dir, run_one
 
 
@@ -36,16 +38,21 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     if missing:
         raise ValueError(f"--methods {missing} not in the config; it has {[e.label for e in exp.methods]}")
     device = resolve_device(exp.train.device)  # refused before any data is loaded or any run starts
+    require("matplotlib", "the comparison's report")  # fail now, not after the last run
     data = load_data_for(exp)
     out.mkdir(parents=True, exist_ok=True)
     if exp.source:
         (out / "experiment.toml").write_text(Path(exp.source).read_text())
+    overall = CompareProgress(len(exp.train.seeds) * len(entries), enabled=progress)
     for seed in exp.train.seeds:
         for entry in entries:
             where = run_dir(out, entry.label, seed)
             if resume and finished(where, exp.train.steps, entry.label, seed):
+                overall.kept(entry.label, seed)
                 continue  # kept as it is: a resumed comparison only runs what is missing
-            run_one(exp.train, entry, data, seed, where, resume=resume, progress=progress, device=device)
+            overall.finished(run_one(exp.train, entry, data, seed, where, resume=resume, progress=progress,
+                                     device=device))
+    overall.close()
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report
 

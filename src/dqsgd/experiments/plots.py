@@ -13,14 +13,18 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
+from dqsgd._extras import require
 from dqsgd.experiments.summary import _ordered, aggregate, method_order, run_dirs, summarize_run
 from dqsgd.train.metrics import read_jsonl
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+Figure = require("matplotlib.figure", "the report's figures").Figure  # the [plots] extra
 
 FIG1_MAX_METHODS = 9  # above this, Figure 1 keeps only SGD, QSGD-* and DQSGD-* (as in the paper)
 
@@ -167,7 +171,12 @@ def _footer(fig: Figure, lines: list[str]) -> None:
 
 def figure1(src: Path | list[Run], out: Path) -> Path:
     """DQSGD Figure 1: (a) test accuracy, (b) smoothed training loss, (c) bits per iteration, (d) cumulative MB up."""
-    runs = [r for r in _runs(src) if r.step.size]
+    return _save(draw_figure1(_runs(src)), out)
+
+
+def draw_figure1(all_runs: list[Run]) -> Figure:
+    """The Figure 1 object (see :func:`figure1`)."""
+    runs = [r for r in all_runs if r.step.size]
     labels = fig1_methods(methods_of(runs))
     color = _colors(methods_of(runs))
     n_steps = max((int(r.step.max()) + 1 for r in runs), default=1)
@@ -186,22 +195,28 @@ def figure1(src: Path | list[Run], out: Path) -> Path:
         if min((float(np.nanmin(r.bits)) for r in rs if np.isfinite(r.bits).any()), default=math.inf) >= 32:
             wide.append(m)
         else:
-            _curve(c, rs, [r.bits for r in rs], [r.step for r in rs], **st)
+            _curve(c, rs, [moving_average(r.bits, window) for r in rs], [r.step for r in rs], **st)
         _curve(d, rs, [np.cumsum(r.up_bytes) / 1e6 for r in rs], [r.step for r in rs], **st)
     a.set(title="(a) test accuracy", xlabel="step", ylabel="test accuracy (%)")
-    b.set(title=f"(b) training loss (trailing mean over {window} step{'s' if window > 1 else ''})",
+    b.set(title=f"(b) training loss{_smoothed(window)}",
           xlabel="step", ylabel="mean minibatch loss of the W workers")
-    c.set(title="(c) bits per iteration" + (f" (not shown, fp32: {', '.join(wide)})" if wide else ""),
-          xlabel="step", ylabel="nominal uplink bits / coordinate")
+    c.set(title=f"(c) bits per iteration{_smoothed(window)}", xlabel="step", ylabel="nominal uplink bits / coordinate")
+    if wide:  # full precision would squash the quantized widths (2..8) against the bottom of the axis
+        c.text(0.99, 0.98, f"not drawn (32-bit floats, no quantization): {', '.join(wide)}", transform=c.transAxes,
+               ha="right", va="top", fontsize=7, color="0.3")
     d.set(title="(d) cumulative uplink communication (measured)", xlabel="step",
           ylabel="uplink MB, all W workers (payload lengths)")
     for ax in (a, b, c, d):
         ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=7)
+    if b.has_data():  # one legend for the four panels (every method has a loss curve), outside them
+        fig.legend(*b.get_legend_handles_labels(), loc="outside right upper", fontsize=8)
     fig.suptitle(_title(runs, "Figure 1: QSGD vs DQSGD") + "; mean over seeds, band = ± std")
-    _footer(fig, notes(_runs(src)))
-    return _save(fig, out)
+    _footer(fig, notes(all_runs))
+    return fig
+
+
+def _smoothed(window: int) -> str:
+    return f" (trailing mean over {window} steps)" if window > 1 else ""
 
 
 def _label(method: str, seeds: int) -> str:
@@ -249,7 +264,6 @@ def draw_figure2(runs: list[Run]) -> Figure:
         if m in low:
             continue
         ax.errorbar([x], [y], yerr=[e if row["seeds"] > 1 else 0.0], fmt="o", color=color[m], capsize=3, zorder=2)
-        ax.annotate(m, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if low:
         kept = [100 * (row["test_acc_mean"] - row["test_acc_std"]) for m, row in pts.items() if m not in low]
         bottom = min(kept) - 0.3
@@ -260,6 +274,8 @@ def draw_figure2(runs: list[Run]) -> Figure:
             ax.annotate(f"{m}: {100 * row['test_acc_mean']:.2f}% (below the axis)", (row["measured_ratio"], bottom),
                         textcoords="offset points", xytext=(-10, 6), fontsize=7, ha="right")
     ax.set_xscale("log")
+    _ratio_ticks(ax, [row["measured_ratio"] for row in pts.values()])
+    _name_points(ax, [(m, row["measured_ratio"], 100 * row["test_acc_mean"]) for m, row in pts.items() if m not in low])
     ax.set(xlabel="measured compression ratio = fp32 uplink bytes (4·d·W·steps) / uplink bytes sent (log scale)",
            ylabel="test accuracy (%), mean ± std over seeds",
            title=_title(runs, "Figure 2: test accuracy vs compression ratio"))
@@ -270,23 +286,81 @@ def draw_figure2(runs: list[Run]) -> Figure:
     return fig
 
 
+def _ratio_ticks(ax: Axes, ratios: list[float]) -> None:
+    """Plain numbers at the powers of two that span the ratios (a log axis alone labels only 10^0, 10^1)."""
+    from matplotlib.ticker import NullFormatter
+
+    if not ratios:
+        return
+    # a 1% slack: fp32 SGD's measured ratio is just below 1 (headers), and needs no 0.5 tick
+    lo, hi = math.floor(math.log2(min(ratios)) + 0.01), math.ceil(math.log2(max(ratios)) - 0.01)
+    ticks = [2.0**k for k in range(lo, hi + 1)]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+_LABEL_OFFSETS = tuple((dx, dy, ha) for dy in (4, -10, 14, -20, 24, -30, 34, -40)
+                       for dx, ha in ((4, "left"), (-4, "right")))  # points, tried in this order
+
+
+def _name_points(ax: Axes, points: list[tuple[str, float, float]], char_pt: float = 4.2, line_pt: float = 8.0) -> None:
+    """Name each point next to it, moving a name to another place (with a thin leader line) where it would
+    cover an earlier name or another point: greedy, first free place in ``_LABEL_OFFSETS``, else the least
+    covered one; sizes are estimated from the axes' size in points at fontsize 7."""
+    if not points:
+        return
+    ax.autoscale_view()
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    bbox = ax.get_position()
+    w_pt, h_pt = bbox.width * ax.figure.get_figwidth() * 72, bbox.height * ax.figure.get_figheight() * 72
+    lx0, lx1 = math.log10(x0), math.log10(x1)
+    at = {m: ((math.log10(x) - lx0) / (lx1 - lx0) * w_pt, (y - y0) / (y1 - y0) * h_pt) for m, x, y in points}
+    markers = {m: (px - 4, py - 4, px + 4, py + 4) for m, (px, py) in at.items()}
+    taken: list[tuple[float, float, float, float]] = []
+    for m, x, y in sorted(points, key=lambda p: -p[2]):
+        px, py = at[m]
+        others = taken + [b for k, b in markers.items() if k != m]
+
+        def box(dx: float, dy: float, ha: str) -> tuple[float, float, float, float]:
+            left = px + dx if ha == "left" else px + dx - char_pt * len(m)
+            return left, py + dy, left + char_pt * len(m), py + dy + line_pt
+
+        dx, dy, ha = min(_LABEL_OFFSETS, key=lambda o: (sum(_overlap(box(*o), t) for t in others), _LABEL_OFFSETS.index(o)))
+        taken.append(box(dx, dy, ha))
+        lead = dict(arrowprops=dict(arrowstyle="-", color="0.6", lw=0.5)) if abs(dy) > 10 else {}
+        ax.annotate(m, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7, ha=ha, **lead)
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+    """Area shared by two boxes (x0, y0, x1, y1); 0 when they do not meet."""
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+
 def figure3(src: Path | list[Run], out: Path) -> Path:
     """(a) how often each width was chosen, per method with varying widths; (b) time per method, split."""
-    runs = _runs(src)
+    return _save(draw_figure3(_runs(src)), out)
+
+
+def draw_figure3(runs: list[Run]) -> Figure:
+    """The Figure 3 object (see :func:`figure3`)."""
     labels = methods_of(runs)
     color = _colors(labels)
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     a, b = fig.subplots(1, 2)
     varying = [m for m in labels if len({x for r in runs if r.method == m for x in r.bits[np.isfinite(r.bits)]}) > 1]
     width = 0.8 / max(1, len(varying))
+    chosen: set[int] = set()
     for i, m in enumerate(varying):
         vals = np.concatenate([r.bits[np.isfinite(r.bits)] for r in runs if r.method == m]).astype(int)
         ks, cnt = np.unique(vals, return_counts=True)
         a.bar(ks + (i - (len(varying) - 1) / 2) * width, 100 * cnt / cnt.sum(), width=width, color=color[m], label=m)
+        chosen.update(int(k) for k in ks)
     if not varying:
         a.text(0.5, 0.5, "no method changed its width during training", ha="center", va="center", transform=a.transAxes)
     else:
         a.legend(fontsize=7)
+        a.set_xticks(sorted(chosen))  # widths are integers: one tick under each group of bars, none between
     a.set(title="(a) widths chosen (all seeds' steps)", xlabel="nominal uplink bits / coordinate", ylabel="% of steps")
     parts = (("compute_s", "compute (gradients)"), ("encode_s", "encode"), ("decode_s", "aggregate + decode + update"))
     y = np.arange(len(labels))
@@ -298,9 +372,9 @@ def figure3(src: Path | list[Run], out: Path) -> Path:
     b.set_yticks(y, labels)
     b.invert_yaxis()
     b.set(title="(b) time per run by phase, mean over seeds", xlabel="seconds (all W simulated workers, one process)")
-    b.legend(fontsize=7)
-    fig.suptitle(_title(runs, "Widths and time"))
-    return _save(fig, out)
+    b.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)  # below the axis: bars start at 0
+    fig.suptitle(_title(runs, "Figure 3: widths chosen and time per phase"))
+    return fig
 
 
 def _save(fig: Figure, out: Path) -> Path:

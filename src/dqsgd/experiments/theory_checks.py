@@ -617,9 +617,9 @@ def proposition1_check(S: Settings, grads: torch.Tensor) -> dict[str, Any]:
 # ---------------------------------------------------------------- plots
 
 def _fig(w: float, h: float):
-    from matplotlib.figure import Figure
+    from dqsgd._extras import require
 
-    return Figure(figsize=(w, h), layout="constrained")
+    return require("matplotlib.figure", "the theory checks' figures").Figure(figsize=(w, h), layout="constrained")
 
 
 def _caption(fig, text: str) -> None:

@@ -6,13 +6,15 @@
 * :func:`quantize_uniform_hash` — the torch-ops reference (any device) they are tested against.
 """
 
-from dqsgd.kernels.codec import (
-    decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header, segment_starts,
-)
-from dqsgd.kernels.hashrng import HashRNG, hash_uniform_numpy
-from dqsgd.kernels.reference import quantize_uniform_hash
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "HashRNG", "decode_accumulate", "encode_uniform_fast", "hash_uniform_numpy",
-    "quantize_uniform_fast", "quantize_uniform_hash", "read_header", "segment_starts",
-]
+from dqsgd._lazy import attach
+
+if TYPE_CHECKING:
+    from dqsgd.kernels.codec import (
+        decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header, segment_starts,
+    )
+    from dqsgd.kernels.hashrng import HashRNG, hash_uniform_numpy
+    from dqsgd.kernels.reference import quantize_uniform_hash
+
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

@@ -1,11 +1,13 @@
 """Bit policies: fixed, DQSGD (convex / non-convex / budgeted / error target), Adaptive, AdaQS."""
 
-from dqsgd.policies.adaptive import AdaptiveRMS, AdaQS
-from dqsgd.policies.base import BitPolicy, GradStats, Rounding, grad_stats, integerize, state_from_dict, state_to_dict
-from dqsgd.policies.budgeted import BudgetedDQSGD
-from dqsgd.policies.rules import DQSGDRule, FixedBits
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "AdaptiveRMS", "AdaQS", "BitPolicy", "GradStats", "Rounding", "grad_stats", "integerize",
-    "state_from_dict", "state_to_dict", "BudgetedDQSGD", "DQSGDRule", "FixedBits",
-]
+from dqsgd._lazy import attach
+
+if TYPE_CHECKING:
+    from dqsgd.policies.adaptive import AdaptiveRMS, AdaQS
+    from dqsgd.policies.base import BitPolicy, GradStats, Rounding, grad_stats, integerize, state_from_dict, state_to_dict
+    from dqsgd.policies.budgeted import BudgetedDQSGD
+    from dqsgd.policies.rules import DQSGDRule, FixedBits
+
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

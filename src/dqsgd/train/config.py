@@ -14,9 +14,10 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
 
@@ -49,6 +50,8 @@ class TrainConfig:
     max_len: int = 200                # text datasets: tokens per document
     threads: int = 0                  # torch intra-op threads; 0 = PyTorch's default. 1 is much faster
                                       # for small models when other processes share the cores (measured)
+    tensorboard: bool = False         # also log to TensorBoard, in RUN_DIR/tensorboard (JSONL stays the record)
+    tensorboard_dir: str = ""         # ... or under this folder, as DIR/LABEL/seedK (--tensorboard DIR)
     vmap_workers: bool = False        # the local workers' gradients in one torch.func.vmap call: 1.1-1.2x
                                       # faster for LeNet/MLP at W = 8 (measured), equal to ~1e-7 relative,
                                       # not bitwise (so not equal to one worker per process); no BatchNorm
@@ -71,7 +74,7 @@ class TrainConfig:
                 raise ConfigError(f"train: {msg}")
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str) -> "torch.device":
     """``train.device`` as the torch device a simulated run trains on: "auto" is the current CUDA
     device when CUDA is available, else the CPU.
 
@@ -80,6 +83,8 @@ def resolve_device(name: str) -> torch.device:
     """
     if name not in DEVICES:
         raise ConfigError(f"train: device must be 'auto', 'cpu' or 'cuda', got {name!r}")
+    import torch  # here, not at the top: `dqsgd --help` and `methods` read configs without torch
+
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -239,6 +239,8 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
         raise ConfigError(f"--timeout must be > 0 seconds, got {timeout}")
     if (restarts or args.resume) and not exp.train.checkpoint_every:
         raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
+    if under_torchrun():
+        exp = workers_from_world_size(exp, getattr(args, "set", None) or [])
     job = _RankJob(exp, entry, seed, args.topology, out, not args.quiet, bool(args.resume))
     if under_torchrun():
         if restarts:
@@ -262,6 +264,19 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
                   f"(restart {attempt + 1} of {restarts})", file=sys.stderr)
             job = dataclasses.replace(job, resume=True)
     return 1
+
+
+def workers_from_world_size(exp: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
+    """Under torchrun, ``train.workers`` is WORLD_SIZE (one worker per process) unless the command line
+    sets it (``--set train.workers=W``); an explicit value that disagrees is refused by :func:`_check_world`.
+    The config file's value describes the simulation, so it gives way (rank 0 says so when they differ)."""
+    if any(o.split("=", 1)[0].strip() == "train.workers" for o in overrides):
+        return exp
+    world = int(os.environ["WORLD_SIZE"])
+    if world != exp.train.workers and os.environ.get("RANK") == "0":
+        print(f"dqsgd: train.workers = {world} from torchrun's WORLD_SIZE (the config says {exp.train.workers})",
+              file=sys.stderr)
+    return dataclasses.replace(exp, train=dataclasses.replace(exp.train, workers=world))
 
 
 def _check_world(exp: ExperimentConfig, world: int, source: str) -> None:

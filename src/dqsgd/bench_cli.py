@@ -1,0 +1,106 @@
+"""The ``dqsgd bench`` sub-commands' argparse wiring, importable without torch or numba.
+
+The benchmarks themselves live in :mod:`dqsgd.bench` and load only when one runs: ``dqsgd --help`` and
+``dqsgd bench --help`` parse without importing the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+
+HOOKS = ("none", "fp16", "powersgd-1", "qsgd-4bit sharded", "qsgd-4bit allgather", "dqsgd sharded",
+         "dqsgd allgather")
+MODELS = ("mlp", "cnn", "resnet18")
+
+def _ints(text: str) -> list[int]:
+    return [int(float(v)) for v in text.split(",") if v]
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The bench function ``dqsgd.bench.<name>`` as a CLI command (exit status 0), imported when it runs."""
+    def run(args: argparse.Namespace) -> int:
+        from dqsgd import bench
+
+        getattr(bench, name)(args)
+        return 0
+    return run
+
+
+def _common(p: argparse.ArgumentParser, repeats: int, threads: int, out: str) -> None:
+    p.add_argument("--repeats", type=int, default=repeats,
+                   help=f"interleaved timing rounds; the best round of each is kept (default: {repeats})")
+    p.add_argument("--threads", type=int, default=threads,
+                   help=f"torch and codec threads (torch.set_num_threads) (default: {threads})")
+    p.add_argument("--out", default=out, help=f"JSON file for the results (default: {out})")
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Add ``bench codec|step|compressors|network`` to an argparse sub-parsers object."""
+    bench = sub.add_parser("bench", help="benchmarks: codec throughput, step overhead, compressors",
+                           description="Benchmarks. Speeds are ratios against out.copy_(g) (or plain SGD) in the "
+                                       "same process, so other jobs on the machine cancel out.")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    c = bsub.add_parser("codec", help="encode/decode GB/s vs copy_, coded bits vs entropy",
+                        description="Codec throughput (GB/s of fp32 input) against a copy in the same run, "
+                                    "and the coded bits per coordinate against the levels' entropy.")
+    c.add_argument("--sizes", type=_ints, default=[1_000_000, 25_000_000],
+                   help="gradient sizes (coordinates), comma-separated, e.g. 1e6,25e6 (default: 1000000,25000000)")
+    c.add_argument("--bits", type=_ints, default=[1, 2, 4, 6, 8, 16],
+                   help="bit widths to time, comma-separated (default: 1,2,4,6,8,16)")
+    c.add_argument("--torch-repeats", type=int, default=2,
+                   help="timing rounds of the slower torch-ops reference path (default: 2)")
+    _common(c, 5, 2, "bench/codec.json")
+    c.set_defaults(func=_command("bench_codec"))
+    s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD",
+                        description="One simulated training step (all W workers) of dqsgd, torch and fused "
+                                    "kernels, against plain SGD on the same config.")
+    s.add_argument("--config", default="table1-mnist",
+                   help="shipped config name or TOML path: model, data and W (default: table1-mnist)")
+    s.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
+    s.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, caches) (default: 3)")
+    s.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+    s.add_argument("--out", default="bench/step.json", help="JSON file for the results (default: bench/step.json)")
+    s.set_defaults(func=_command("bench_step"))
+    k = bsub.add_parser("compressors", help="dqsgd's methods vs PyTorch's DDP compression hooks",
+                        description="Compress one real gradient with dqsgd's methods and PyTorch's DDP "
+                                    "compression hooks: time, bytes and relative error.")
+    k.add_argument("--model", default="cnn", help="model whose gradient is compressed (default: cnn)")
+    k.add_argument("--dataset", default="mnist", help="dataset of the batch that gives the gradient (default: mnist)")
+    k.add_argument("--batch", type=int, default=32, help="batch size of that gradient (default: 32)")
+    _common(k, 5, 1, "bench/compressors.json")
+    k.set_defaults(func=_command("bench_compressors"))
+    add_hook_parser(bsub)  # dqsgd bench hook
+    n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout); "
+                                        "`dqsgd bench network --help` lists its own options", add_help=False)
+    n.add_argument("rest", nargs=argparse.REMAINDER, help="options of benchmarks/network/bench_network.py")
+    n.set_defaults(func=lambda a: __import__("dqsgd.bench", fromlist=["bench_network"]).bench_network(a))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``benchmarks/bench_*.py``: the same sub-commands under a bare ``dqsgd`` parser."""
+    parser = argparse.ArgumentParser(prog="dqsgd")
+    add_bench_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(argv)
+    args.func(args)
+    return 0
+
+
+def add_hook_parser(bsub: Any) -> None:
+    """``bench hook`` under an argparse ``bench`` sub-parser set."""
+    h = bsub.add_parser("hook", help="DDP step time per comm hook (fp16, PowerSGD, dqsgd) / no hook")
+    h.add_argument("--model", default="mlp,cnn", help=f"comma-separated, from {', '.join(MODELS)} "
+                   "(resnet18 is slow on CPU)")
+    h.add_argument("--hooks", default=",".join(HOOKS[1:]), help=f"comma-separated, from {', '.join(HOOKS[1:])} "
+                   "(no hook always runs: it is the reference)")
+    h.add_argument("--batch", type=int, default=128, help="batch per rank (CIFAR-shaped synthetic data)")
+    h.add_argument("--steps", type=int, default=5, help="timed steps per hook per round")
+    h.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median and range reported)")
+    h.add_argument("--warmup", type=int, default=3, help="untimed steps per hook first")
+    h.add_argument("--world", type=int, default=2, help="gloo processes on CPU")
+    h.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    h.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take")
+    h.add_argument("--deadline", type=float, default=3600.0, help="seconds the whole benchmark may take")
+    h.add_argument("--out", default="bench/hook.json", help="JSON results ('' for none)")
+    h.set_defaults(func=lambda a: (__import__("dqsgd.bench_hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])
