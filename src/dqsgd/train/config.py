@@ -48,6 +48,9 @@ class TrainConfig:
     vmap_workers: bool = False        # the local workers' gradients in one torch.func.vmap call: 1.1-1.2x
                                       # faster for LeNet/MLP at W = 8 (measured), equal to ~1e-7 relative,
                                       # not bitwise (so not equal to one worker per process); no BatchNorm
+    topology: str = ""                # "ps" | "allgather" | "sharded"; "" = the transport's default
+                                      # (simulation: ps; torch: sharded)
+    downlink_bits: int = 8            # sharded: width of the downlink's stochastic rounding (2..16; 32 = fp32)
 
     def __post_init__(self) -> None:
         checks = [
@@ -57,6 +60,8 @@ class TrainConfig:
             (self.lr_schedule in ("constant", "cosine"), "lr_schedule must be 'constant' or 'cosine'"),
             (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
             (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
+            (self.topology in ("", "ps", "allgather", "sharded"), "topology must be 'ps', 'allgather' or 'sharded'"),
+            (2 <= self.downlink_bits <= 16 or self.downlink_bits == 32, "downlink_bits must be in [2, 16] or 32 (fp32)"),
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0,
              "counts must be >= 0"),
         ]
