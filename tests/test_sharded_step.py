@@ -141,3 +141,26 @@ def test_sharded_needs_a_coordinate_per_shard() -> None:
         ShardedStep(Method(method_config("qsgd"), 3, 10), [3], 4, seed=0)
     with pytest.raises(ValueError, match="downlink_bits"):
         ShardedStep(Method(method_config("qsgd"), 30, 10), [30], 4, seed=0, downlink_bits=1)
+
+
+def test_sharded_run_resumes_from_a_checkpoint_bitwise(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
+
+    data = load_dataset("synthetic")
+    cfg = TrainConfig(name="ck", dataset="synthetic", model="mlp", workers=3, steps=6, batch_size=8, momentum=0.9,
+                      topology="sharded")
+    entry = MethodEntry("dqsgd", method_config("dqsgd"))
+    full = Trainer(cfg, entry, data, 0)
+    for _ in range(6):
+        full.step()
+    first = Trainer(cfg, entry, data, 0)
+    for _ in range(3):
+        first.step()
+    save_checkpoint(first, tmp_path / "ck.pt")
+    second = Trainer(cfg, entry, data, 0)
+    load_checkpoint(second, tmp_path / "ck.pt")
+    for _ in range(3):
+        second.step()
+    assert torch.equal(second.flat_params(), full.flat_params())
+    assert [r.bits for r in second.ledger.records] == [r.bits for r in full.ledger.records]
+    assert second.ledger == full.ledger

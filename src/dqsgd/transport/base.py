@@ -81,9 +81,13 @@ class ShardedTransport(Protocol):
 
 
 def check_sizes(sizes: Sequence[int], caps: Sequence[int | None], who: str) -> None:
-    """Refuse (PayloadError) an announced payload size above its cap, before anything is allocated."""
+    """Refuse (PayloadError) an announced payload size above its cap, before anything is allocated.
+
+    ``caps[j]`` caps ``sizes[j]``; one cap applies to every size; None: no cap.
+    """
+    caps = list(caps) * len(sizes) if len(caps) == 1 else list(caps)
     if len(caps) != len(sizes):
-        caps = list(caps) * len(sizes) if len(caps) == 1 else caps
+        raise ValueError(f"{len(caps)} caps for {len(sizes)} sizes")
     for j, (n, cap) in enumerate(zip(sizes, caps)):
         if n < 0 or (cap is not None and n > cap):
             piece = f" (shard {j})" if len(sizes) > 1 else ""

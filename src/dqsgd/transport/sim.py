@@ -50,7 +50,8 @@ class SimTransport:
     def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
         if len(payloads) != self.workers:
             raise ValueError(f"sim transport: {len(payloads)} payloads for {self.workers} workers")
-        check_sizes([len(p) for p in payloads], [max_bytes], "sim: a worker")
+        for w, p in enumerate(payloads):
+            check_sizes([len(p)], [max_bytes], f"sim: worker {w}")
         return list(payloads)
 
     @property
@@ -69,7 +70,8 @@ class SimTransport:
     def share(self, shards: dict[int, bytes], max_bytes: int | None = None) -> list[bytes]:
         if set(shards) != set(range(self.workers)):
             raise ValueError(f"sim transport: need the downlink of all {self.workers} shards, got {sorted(shards)}")
-        check_sizes([len(shards[j]) for j in range(self.workers)], [max_bytes], "sim: a shard server")
+        for j in range(self.workers):
+            check_sizes([len(shards[j])], [max_bytes], f"sim: the server of shard {j}")
         return [shards[j] for j in range(self.workers)]
 
     def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
