@@ -164,3 +164,21 @@ def test_sharded_run_resumes_from_a_checkpoint_bitwise(tmp_path) -> None:  # typ
     assert torch.equal(second.flat_params(), full.flat_params())
     assert [r.bits for r in second.ledger.records] == [r.bits for r in full.ledger.records]
     assert second.ledger == full.ledger
+
+
+def test_cli_topology_flag_reaches_the_run(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`dqsgd train --topology sharded` (simulation): config.json and the metrics carry it."""
+    import json
+
+    from dqsgd.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--config", "table1-mnist", "--method", "qsgd-4bit", "--quiet", "--topology", "sharded",
+            "--set", 'train.dataset="synthetic"', "--set", 'train.model="mlp"', "--set", "train.steps=2",
+            "--set", "train.workers=3", "--set", "train.batch_size=8", "--out", str(out)]
+    assert main(args) == 0
+    assert "uplink ratio" in capsys.readouterr().out
+    facts = json.loads((out / "config.json").read_text())
+    assert facts["train_config"]["topology"] == "sharded"
+    rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["rank_total_bytes"] == rec["rank_up_bytes"] + rec["rank_down_bytes"] > 0

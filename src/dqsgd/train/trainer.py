@@ -208,7 +208,8 @@ class Trainer:
         t3 = time.perf_counter()
         self.next_step += 1
         loss = t.mean_loss(losses)
-        return StepResult(n, loss, lr, bits, False, up, len(down), side, t1 - t0, t2 - t1, t3 - t2)
+        down_bytes = 0 if self.topology == "allgather" else len(down)
+        return StepResult(n, loss, lr, bits, False, up, down_bytes, side, t1 - t0, t2 - t1, t3 - t2)
 
     def _sharded_step(self, n: int, bits: int, grads: dict[int, torch.Tensor], losses: list[float],
                       compute_s: float) -> StepResult:
