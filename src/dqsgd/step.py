@@ -26,6 +26,7 @@ Per rank and step the links carry ≈ 2·(W−1)/W·d·b/8 bytes plus headers, i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -57,6 +58,7 @@ class ShardedResult:
     down: list[int]                   # down[j]: bytes of shard j's downlink payload
     side: int                         # per-worker side traffic (TernGrad scalers), bytes
     residuals: dict[int, torch.Tensor | None]  # new error-feedback memory of the local workers
+    encode_s: float = 0.0             # seconds spent quantizing and encoding the local uplinks
 
     def wire(self) -> tuple[list[int], list[int]]:
         return wire_traffic("sharded", self.up, self.down)
@@ -129,15 +131,16 @@ class ShardedStep:
             local = [self.local_scalers(g) for g in grads.values()]
             scalers = t.max_reduce(local)
             side = 4 * scalers.numel()  # the scalers go up and come back once per worker, float32
-        rows, new_res = [], {}
+        rows, new_res, t0 = [], {}, time.perf_counter()
         for w, g in grads.items():
             g = g if g.device.type == "cpu" else g.cpu()
             row, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], residuals[w], scalers)
             rows.append(row)
+        encode_s = time.perf_counter() - t0
         served, up = t.exchange(rows, [m.max_payload_bytes(bits) for m in self.shards])
         down = {}
         for j, payloads in served.items():
             avg = self.shards[j].aggregate(payloads, bits)
             down[j] = self.encode_downlink(j, avg, step)
         shared = t.share(down, max(self.down_cap(j) for j in range(self.workers)))
-        return ShardedResult(self.decode_update(shared), up, [len(p) for p in shared], side, new_res)
+        return ShardedResult(self.decode_update(shared), up, [len(p) for p in shared], side, new_res, encode_s)

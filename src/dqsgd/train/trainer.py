@@ -227,7 +227,7 @@ class Trainer:
         t3 = time.perf_counter()
         self.next_step += 1
         return StepResult(n, self.transport.mean_loss(losses), lr, bits, False, up, down, r.side, compute_s,
-                          0.0, t3 - t2)
+                          r.encode_s, t3 - t2 - r.encode_s)
 
     # --- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
