@@ -75,3 +75,18 @@ def test_announced_400MB_payload_is_refused_before_allocating(topology: str) -> 
         assert "rank 1 announced a payload of 400000000 bytes" in v["error"], v["error"]
         assert f"at most {v['cap']} bytes" in v["error"]
         assert v["grew_kib"] < 50_000, f"rank {r.rank}: peak memory grew by {v['grew_kib']} KiB"
+
+
+@pytest.mark.timeout(90)
+def test_malformed_shard_payload_stops_every_rank_naming_the_worker() -> None:
+    """Rank 1 sends zero bytes from its 4th shard payload on: the server of that shard refuses it, the
+    others stop at once and name the worker from the error board (not at the timeout)."""
+    start = time.time()
+    qsgd = MethodEntry("qsgd", method_config("qsgd"))
+    results = spawn_local(_ranks.train_with_fault, 3, ("sharded", CFG, qsgd, "garbage", 1, 3, ""), timeout=15.0,
+                          deadline=80)
+    for r in results:
+        assert r.exitcode == 1, r.describe()
+        assert r.error is not None and "worker 1: not a dqsgd payload" in r.error, r.error
+    assert results[0].error.startswith("PayloadError: rank 0:")  # type: ignore[union-attr]  # serves shard 0
+    assert time.time() - start < 60
