@@ -90,7 +90,7 @@ def test_cli_compare_end_to_end_and_report_rebuild(tmp_path: Path) -> None:
            "--methods", "sgd,qsgd-4bit,dqsgd"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    assert "qsgd-4bit" in res.stdout and "measured ratio" in res.stdout
+    assert "qsgd-4bit" in res.stdout and "uplink ratio" in res.stdout and "total ratio" in res.stdout
     for f in ["summary.csv", "summary.json", "report.md", "experiment.toml"]:
         assert (out / f).exists()
     before = (out / "summary.csv").read_text()

@@ -8,7 +8,10 @@ W ranks (default 4), each in its own network namespace, joined by veth pairs to 
 is shaped with tc/tbf to ``rate`` each way (see netns.py: only addresses 10.99.0.x inside the
 namespaces are used). The same model, data shards, seed and optimizer are trained with plain DDP
 (fp32 all-reduce), PyTorch's fp16_compress_hook and powerSGD_hook (rank 1), and dqsgd's DDP hook
-with QSGD 4-bit and DQSGD (budgeted, 4.5 bits on average). Reported per (rate, method):
+with QSGD 4-bit and DQSGD (budgeted, 4.5 bits on average); ``qsgd-4bit-sharded`` and
+``dqsgd-sharded`` run the same methods through dqsgd's own trainer on the ``sharded`` topology
+(every rank serves 1/W of the gradient: an all-to-all of 4-bit shards up, an all-gather of 8-bit
+averaged shards down; same data order, init and optimizer). Reported per (rate, method):
 
 * time to target — training wall time on rank 0 until the test accuracy (evaluated every
   ``--eval-every`` steps on ``--eval-samples`` test images; evaluation time excluded) first reaches
@@ -40,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd")
+METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd", "qsgd-4bit-sharded", "dqsgd-sharded")
+SHARDED = "-sharded"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,47 +102,75 @@ def register_hook(model: Any, method: str, steps: int, seed: int, kernel: str) -
     return state
 
 
+def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
+    """(one training step of rank ``a.rank`` at step n, the model to evaluate, the hook's state) under DDP."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dqsgd.models import build_model
+    from dqsgd.train.sampling import MODEL_INIT, WorkerBatches, seed_for
+
+    torch.manual_seed(seed_for(a.seed, MODEL_INIT))
+    model = DDP(build_model(a.model, data))
+    state = register_hook(model, a.method, a.steps, a.seed, a.kernel)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+    batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
+
+    def step(n: int) -> None:
+        idx = batches.indices(a.rank, n)
+        loss = F.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step, model.module, state
+
+
+def _sharded_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
+    """The same for dqsgd's trainer on the sharded topology (same init, batches and optimizer)."""
+    from dqsgd.methods import method_config
+    from dqsgd.train.config import MethodEntry, TrainConfig
+    from dqsgd.train.trainer import Trainer
+    from dqsgd.transport.torch_dist import make_transport
+
+    base = a.method.removesuffix(SHARDED)
+    cfg = TrainConfig(name="bench-network", dataset=a.dataset, model=a.model, workers=a.workers, steps=a.steps,
+                      batch_size=a.batch_size, lr=a.lr, momentum=a.momentum, topology="sharded", threads=a.threads)
+    tr = Trainer(cfg, MethodEntry(base, method_config(base, kernel=a.kernel)), data, a.seed,
+                 make_transport("sharded", timeout=a.timeout))
+    return lambda n: tr.step(), tr.model, tr
+
+
 def run_rank(a: argparse.Namespace) -> None:
     import datetime
 
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dqsgd.data import load_dataset
-    from dqsgd.models import build_model
-    from dqsgd.train.sampling import MODEL_INIT, WorkerBatches, seed_for
     from netns import tx_bytes
 
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo", init_method=f"tcp://{a.master}:29500", rank=a.rank, world_size=a.workers,
                             timeout=datetime.timedelta(seconds=a.timeout))
     data = load_dataset(a.dataset)
-    torch.manual_seed(seed_for(a.seed, MODEL_INIT))
-    model = DDP(build_model(a.model, data))
-    state = register_hook(model, a.method, a.steps, a.seed, a.kernel)
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
-    batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
+    train_step, model, state = (_sharded_stepper if a.method.endswith(SHARDED) else _ddp_stepper)(a, data)
     tx_x, tx_y = data.test.x[: a.eval_samples], data.test.y[: a.eval_samples]
     train_s, curve, reached, acc, step = 0.0, [], None, float("nan"), 0
     dist.barrier()
     tx0 = tx_bytes()
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()
-        idx = batches.indices(a.rank, step - 1)
-        loss = F.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(step - 1)
         train_s += time.perf_counter() - t0
         if step % a.eval_every == 0 or step == a.steps:
             stop = torch.zeros(1)
             if a.rank == 0:
                 with torch.no_grad():
-                    model.module.eval()
-                    acc = float((model.module(tx_x).argmax(1) == tx_y).float().mean())
-                    model.module.train()
+                    model.eval()
+                    acc = float((model(tx_x).argmax(1) == tx_y).float().mean())
+                    model.train()
                 curve.append({"step": step, "train_s": train_s, "acc": acc, "tx_bytes": tx_bytes() - tx0})
                 if reached is None and acc >= a.target:
                     reached = {"step": step, "train_s": train_s}
@@ -150,16 +182,25 @@ def run_rank(a: argparse.Namespace) -> None:
     every = [torch.zeros_like(sent) for _ in range(a.workers)]
     dist.all_gather(every, sent)
     if a.rank == 0:
-        import dqsgd.ddp
-
-        stats = state.compression_stats() if isinstance(state, dqsgd.ddp.HookState) else None
-        per_rank = [int(t) for t in every]
-        out = {"method": a.method, "steps": step, "final_acc": acc, "train_s": train_s, "reached": reached,
-               "wire_bytes": sum(per_rank), "wire_bytes_per_rank": per_rank, "curve": curve,
-               "payload_ratio": None if stats is None else stats.ratio,
-               "mean_bits": None if stats is None else stats.mean_bits}
-        Path(a.result).write_text(json.dumps(out))
+        Path(a.result).write_text(json.dumps(_result(a, step, acc, train_s, reached, curve, every, state)))
     dist.destroy_process_group()
+
+
+def _result(a: argparse.Namespace, step: int, acc: float, train_s: float, reached: Any, curve: list[Any],
+            every: list[Any], state: Any) -> dict[str, Any]:
+    import dqsgd.ddp
+    from dqsgd.train.trainer import Trainer
+
+    ratio = bits = None
+    if isinstance(state, dqsgd.ddp.HookState):
+        stats = state.compression_stats()
+        ratio, bits = stats.ratio, stats.mean_bits
+    elif isinstance(state, Trainer):
+        ratio, bits = state.ledger.compression_ratio(), state.ledger.mean_bits()
+    per_rank = [int(t) for t in every]
+    return {"method": a.method, "steps": step, "final_acc": acc, "train_s": train_s, "reached": reached,
+            "wire_bytes": sum(per_rank), "wire_bytes_per_rank": per_rank, "curve": curve,
+            "payload_ratio": ratio, "mean_bits": bits}
 
 
 # --- the orchestrator -------------------------------------------------------------------------------
@@ -204,13 +245,13 @@ def link_s(row: dict[str, Any]) -> float:
 
 
 def table(rows: list[dict[str, Any]], target: float) -> str:
-    head = (f"{'rate':>8} {'method':>10} {'time to ' + format(target, '.0%'):>13} {'steps':>6} {'final acc':>9} "
+    head = (f"{'rate':>8} {'method':>17} {'time to ' + format(target, '.0%'):>13} {'steps':>6} {'final acc':>9} "
             f"{'wire MB':>8} {'MB/step':>8} {'link s':>7} {'ms/step':>8} {'payload ratio':>13}")
     lines = [head, "-" * len(head)]
     for r in rows:
         t = f"{r['reached']['train_s']:.1f} s" if r["reached"] else "—"
         ratio = f"{r['payload_ratio']:.2f}" if r.get("payload_ratio") else "—"
-        lines.append(f"{r['rate']:>8} {r['method']:>10} {t:>13} {r['steps']:>6} {r['final_acc']:>9.4f} "
+        lines.append(f"{r['rate']:>8} {r['method']:>17} {t:>13} {r['steps']:>6} {r['final_acc']:>9.4f} "
                      f"{r['wire_bytes'] / 1e6:>8.2f} {r['wire_bytes'] / 1e6 / r['steps']:>8.3f} {link_s(r):>7.1f} "
                      f"{1000 * r['train_s'] / r['steps']:>8.1f} {ratio:>13}")
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -60,6 +61,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dqsgd.train.runner import run_dir, run_one
 
     exp = _experiment(args, method=args.method)
+    topology = args.topology or exp.train.topology or ("sharded" if args.transport == "torch" else "ps")
+    exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, topology=topology))
     entry = exp.methods[0]
     seed = args.seed if args.seed is not None else exp.train.seeds[0]
     if args.transport == "torch":
@@ -72,8 +75,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     device = resolve_device(exp.train.device)
     s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet,
                 device=device)
-    print(f"{entry.label}: test acc {100 * s['test_acc']:.2f}%, measured ratio {s['ledger_compression_ratio']:.2f} "
-          f"(fp32 bytes / bytes sent), mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
+    print(f"{entry.label}: test acc {100 * s['test_acc']:.2f}%, uplink ratio {s['ledger_compression_ratio']:.2f} "
+          f"(paper's convention), total-traffic ratio {s['ledger_total_ratio']:.2f}, mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
           f"metrics in {out}")
     return 0
 
@@ -112,7 +115,8 @@ def parser() -> argparse.ArgumentParser:
                     help="--transport torch without torchrun: restart the processes from the last checkpoints "
                          "this many times after a failure (under torchrun: torchrun's own --max-restarts)")
     sp.add_argument("--transport", choices=["sim", "torch"], default="sim")
-    sp.add_argument("--topology", choices=["ps", "allgather"], default="ps")
+    sp.add_argument("--topology", choices=["ps", "allgather", "sharded"],
+                    help="default: train.topology, else sharded (--transport torch) or ps (sim)")
     sp.add_argument("--workers", type=int, help="with --transport torch outside torchrun: processes to start")
     sp.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up (torch transport)")
     sp.set_defaults(func=cmd_train)

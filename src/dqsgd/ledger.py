@@ -6,12 +6,48 @@ and every report says which one it prints:
 
 * measured ratio  = uncompressed fp32 uplink bytes (4·d per worker per step) / uplink bytes sent;
 * paper ratio     = 32 / mean nominal uplink bits per coordinate (DQSGD Table 1's convention,
-  which ignores norms, headers and the downlink [text]).
+  which ignores norms, headers and the downlink [text]);
+* total-traffic ratio = fp32 bytes of every message (uplink and downlink, 4·d each per worker and
+  step; the all-gather topology has no downlink) / bytes of every message really sent (+ side).
+
+Per rank, the ledger also keeps the bytes that cross the network links (:func:`wire_traffic`):
+for each rank and phase, the larger of what it sends and what it receives (a full-duplex link
+carries both at once, so the larger one sets the time), padding included, a rank's message to
+itself excluded. The busiest rank's figure is what limits a step on a network.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
+
+TOPOLOGIES = ("ps", "allgather", "sharded")
+
+
+def wire_traffic(topology: str, up: Sequence[Sequence[int]], down: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Bytes per rank on the links in the uplink and the downlink phase of one step.
+
+    ``up[w][j]``: worker w's uplink payload for shard j (one shard for ps and allgather);
+    ``down[j]``: the downlink payload of shard j (ps: the server's one message; allgather: none).
+    Rank w runs worker w; ps's server is rank 0. Per rank and phase: max(bytes sent, bytes received).
+
+    * ps: the torch gather pads every payload to the longest, so the server receives (W−1)·max_w up;
+      it sends the downlink to W−1 ranks, each receiving one copy.
+    * allgather: every rank receives the W−1 other payloads, padded to the longest; no downlink.
+    * sharded: rank r sends Σ_{j≠r} up[r][j] and receives Σ_{w≠r} up[w][r] (an all-to-all with
+      exact sizes); the downlink all-gather pads each shard to the longest, (W−1)·max_j down both ways.
+    """
+    W = len(up)
+    if topology == "ps":
+        top = max(row[0] for row in up)
+        return [(W - 1) * top] + [row[0] for row in up[1:]], [(W - 1) * down[0]] + [down[0]] * (W - 1)
+    if topology == "allgather":
+        return [(W - 1) * max(row[0] for row in up)] * W, [0] * W
+    if topology == "sharded":
+        sent = [sum(up[r][j] for j in range(W) if j != r) for r in range(W)]
+        recv = [sum(up[w][r] for w in range(W) if w != r) for r in range(W)]
+        return [max(a, b) for a, b in zip(sent, recv)], [(W - 1) * max(down)] * W
+    raise ValueError(f"unknown topology {topology!r}: use one of {TOPOLOGIES}")
 
 
 @dataclass
@@ -21,6 +57,8 @@ class StepRecord:
     up_bytes: list[int]       # per worker, measured
     down_bytes: int           # server -> each worker, measured (one broadcast message)
     side_bytes: int = 0       # extra per-worker traffic (e.g. TernGrad scaler sharing), both ways
+    rank_up: list[int] = field(default_factory=list)    # per rank, uplink phase (wire_traffic)
+    rank_down: list[int] = field(default_factory=list)  # per rank, downlink phase
 
 
 @dataclass
@@ -31,13 +69,18 @@ class Ledger:
     workers: int
     budget_bits: int | None = None   # per-worker uplink budget C, if the method has one
     records: list[StepRecord] = field(default_factory=list)
+    topology: str = "ps"
 
-    def record(self, step: int, bits: int, up_bytes: list[int], down_bytes: int, side_bytes: int = 0) -> StepRecord:
+    def record(self, step: int, bits: int, up_bytes: list[int], down_bytes: int, side_bytes: int = 0,
+               rank_up: Sequence[int] = (), rank_down: Sequence[int] = ()) -> StepRecord:
+        """``down_bytes``: the downlink bytes each worker receives (sharded: all W shards' messages)."""
         if len(up_bytes) != self.workers:
             raise ValueError(f"ledger: {len(up_bytes)} uplink sizes for {self.workers} workers")
-        if any(b < 0 for b in up_bytes) or down_bytes < 0 or side_bytes < 0:
+        if any(len(r) not in (0, self.workers) for r in (rank_up, rank_down)):
+            raise ValueError(f"ledger: per-rank byte counts need {self.workers} entries")
+        if any(b < 0 for b in [*up_bytes, down_bytes, side_bytes, *rank_up, *rank_down]):
             raise ValueError("ledger: byte counts must be >= 0")
-        rec = StepRecord(step, bits, list(up_bytes), down_bytes, side_bytes)
+        rec = StepRecord(step, bits, list(up_bytes), down_bytes, side_bytes, list(rank_up), list(rank_down))
         self.records.append(rec)
         return rec
 
@@ -73,6 +116,23 @@ class Ledger:
         sent = self.up_bytes + self.side_bytes // 2
         return self.fp32_up_bytes() / sent if sent else float("inf")
 
+    def fp32_total_bytes(self) -> int:
+        """Every message in fp32: the uplink, and as much again downlink unless the topology has none."""
+        return self.fp32_up_bytes() * (1 if self.topology == "allgather" else 2)
+
+    def total_ratio(self) -> float:
+        """Measured over all traffic: fp32 bytes of every message / bytes of every message sent."""
+        sent = self.up_bytes + self.down_bytes + self.side_bytes
+        return self.fp32_total_bytes() / sent if sent else float("inf")
+
+    def busiest_rank_bytes(self) -> dict[str, float]:
+        """Mean per step of the busiest rank's link bytes: uplink, downlink, and total (each maximised alone)."""
+        recs = [r for r in self.records if r.rank_up]
+        n = len(recs) or 1
+        return {"rank_up_bytes": sum(max(r.rank_up) for r in recs) / n,
+                "rank_down_bytes": sum(max(r.rank_down) for r in recs) / n,
+                "rank_total_bytes": sum(max(a + b for a, b in zip(r.rank_up, r.rank_down)) for r in recs) / n}
+
     def mean_bits(self) -> float:
         return sum(r.bits for r in self.records) / self.steps if self.steps else 0.0
 
@@ -89,7 +149,10 @@ class Ledger:
             "side_bytes": self.side_bytes,
             "fp32_up_bytes": self.fp32_up_bytes(),
             "compression_ratio": self.compression_ratio(),
+            "total_ratio": self.total_ratio(),
             "paper_ratio": self.paper_ratio(),
+            "topology": self.topology,
+            **self.busiest_rank_bytes(),
             "mean_bits": self.mean_bits(),
             "budget_bits": self.budget_bits,
             "budget_left": self.budget_left(),
@@ -98,13 +161,17 @@ class Ledger:
     # --- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:
         return {
-            "numel": self.numel, "workers": self.workers, "budget_bits": self.budget_bits,
-            "records": [[r.step, r.bits, list(r.up_bytes), r.down_bytes, r.side_bytes] for r in self.records],
+            "numel": self.numel, "workers": self.workers, "budget_bits": self.budget_bits, "topology": self.topology,
+            "records": [[r.step, r.bits, list(r.up_bytes), r.down_bytes, r.side_bytes, list(r.rank_up), list(r.rank_down)]
+                        for r in self.records],
         }
 
     @classmethod
     def from_state_dict(cls, d: dict[str, object]) -> "Ledger":
-        led = cls(int(d["numel"]), int(d["workers"]), d["budget_bits"])  # type: ignore[arg-type]
-        for step, bits, up, down, side in d["records"]:  # type: ignore[union-attr]
-            led.records.append(StepRecord(int(step), int(bits), [int(b) for b in up], int(down), int(side)))
+        led = cls(int(d["numel"]), int(d["workers"]), d["budget_bits"],  # type: ignore[arg-type]
+                  topology=str(d.get("topology", "ps")))
+        for step, bits, up, down, side, *ranks in d["records"]:  # type: ignore[union-attr]
+            ru, rd = ranks if ranks else ([], [])  # checkpoints from before per-rank accounting
+            led.records.append(StepRecord(int(step), int(bits), [int(b) for b in up], int(down), int(side),
+                                          [int(b) for b in ru], [int(b) for b in rd]))
         return led

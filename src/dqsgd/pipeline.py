@@ -66,6 +66,20 @@ class Method:
         nseg = self.layout.num_segments(self.numel)
         return 8 * predicted_size(self.numel, bits, nseg, 1, self.layout, Coding.FIXED)
 
+    def max_payload_bytes(self, bits: int) -> int:
+        """The largest uplink payload this method can produce at width ``bits``: a receiver refuses a
+        larger announced size before it allocates anything.
+
+        FIXED coding: the exact size. Entropy codings (Elias ω, rANS, zstd): the FIXED size + 8 bytes
+        per coordinate + a table allowance — an upper bound (an Elias ω code of a 16-bit level takes
+        < 32 bits, a rANS symbol < bits + 1 bits, zstd expands incompressible data by < 1%), not a
+        tight one; it keeps the allocation linear in the model, which is what the cap is for.
+        """
+        b = bits if self.config.scheme == "uniform" else self.config.nominal_bits()
+        nseg = 0 if self.config.scheme == "identity" else self.layout.num_segments(self.numel)
+        fixed = predicted_size(self.numel, b, nseg, 1, self.layout, Coding.FIXED)
+        return fixed if self.coding == Coding.FIXED else fixed + 8 * self.numel + 8 * (1 << min(b, 16)) + 4096
+
     def budget_bits(self) -> int | None:
         c = self.config
         if c.policy != "dqsgd-budget":

@@ -99,6 +99,53 @@ def exact_quantization_variance(g: torch.Tensor, s: float, p: float = 2.0) -> fl
     return float((r / s) ** 2 * (f * (1.0 - f)).sum())
 
 
+def two_stage_variance_bound(worker_norms: Floats, d: int, up_bits: float, down_bits: float | None, *,
+                             cell_factor: float = 0.25) -> float:
+    """E‖G − ḡ‖² for the two-stage (sharded) estimator of one shard of ``d`` coordinates.
+
+    G = Q_d(Ĝ), Ĝ = (1/W) Σ_w Q_up(g_w), ḡ = (1/W) Σ_w g_w; ``worker_norms`` are ‖g_w‖_p over the
+    shard (the norm the uplink quantizer scales by), W = len(worker_norms). Both stages are
+    unbiased and draw independent uniforms, so the cross terms vanish and
+
+        E‖G − ḡ‖² = (1/W²) Σ_w E‖Q_up(g_w) − g_w‖² + E‖Q_d(Ĝ) − Ĝ‖²
+                  ≤ c·d/s_up² · (1/W²) Σ_w ‖g_w‖_p²  +  c·d/s_d² · ((1/W) Σ_w ‖g_w‖_p)²,
+
+    each stage by the quantizer variance formula c·d‖x‖²/s² (Proposition 1's form; c = 1/4 holds for
+    every x, c = 1/6 is the paper's average). The downlink scales by ‖Ĝ‖_∞, and every decoded
+    coordinate of Q_up(g_w) has magnitude ≤ ‖g_w‖_p, so ‖Ĝ‖_∞ ≤ (1/W) Σ_w ‖g_w‖_p for sure.
+    With equal norms ‖g_w‖ = ‖g‖ this is c·d‖g‖²·(1/(W s_up²) + 1/s_d²): the uplink variance over
+    W plus the downlink's. ``down_bits=None``: an fp32 downlink (no second term). Sum over shards
+    for the whole vector.
+    """
+    g = _vec(worker_norms)
+    if g.numel() < 1:
+        raise ValueError("need at least one worker norm")
+    W = g.numel()
+    up = cell_factor * d * float((g**2).sum()) / (W**2 * levels_for_bits(up_bits) ** 2)
+    if down_bits is None:
+        return up
+    return up + cell_factor * d * float(g.mean()) ** 2 / levels_for_bits(down_bits) ** 2
+
+
+def two_stage_quantization_term(norms: Floats, bits: Floats, weights: Floats, workers: int,
+                                down_bits: float | None) -> float:
+    """Theorems 1/3's quantization term for the sharded topology: Σ_n w_n‖g_n‖²·(1/(W s_n²) + 1/s_d²).
+
+    The single-stage term (:func:`quantization_term`) charges w_n‖g_n‖²/s_n² for one quantized
+    gradient; averaging W independent uplinks divides that by W, and the downlink's re-quantization
+    of the average adds w_n‖g_n‖²/s_d² (:func:`two_stage_variance_bound` with equal worker norms).
+    ``down_bits=None`` (fp32 downlink) leaves the uplink part alone.
+    """
+    if workers < 1:
+        raise ValueError(f"need workers >= 1, got {workers}")
+    g, _ = _pair(norms, bits, "norms/bits")
+    up = quantization_term(norms, bits, weights) / workers
+    if down_bits is None:
+        return up
+    _, w = _pair(norms, weights, "norms/weights")
+    return up + float((w * g**2).sum()) / levels_for_bits(down_bits) ** 2
+
+
 # ---------------------------------------------------------------- Theorems 1 and 3
 
 class BoundTerms(NamedTuple):

@@ -5,6 +5,7 @@ They live in an importable module (not in the test files) so that spawned proces
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -23,13 +24,16 @@ from dqsgd.transport.torch_dist import RankDisagreement, make_transport
 def train(cfg: TrainConfig, entry: MethodEntry, seed: int, transport: Any) -> dict[str, Any]:
     """Every step of a run on ``transport``: chosen widths, uplink bytes (server), final parameters."""
     tr = Trainer(cfg, entry, load_dataset("synthetic"), seed, transport)
-    bits, up, loss = [], [], []
+    bits, up, down, loss = [], [], [], []
     while tr.next_step < cfg.steps:
         r = tr.step()
         bits.append(r.bits)
         up.append(list(r.up_bytes))
+        down.append(r.down_bytes)
         loss.append(r.loss)
-    return {"bits": bits, "up": up, "loss": loss, "params": tr.flat_params(), "next_bits": tr.state.bits}
+    wire = [(rec.rank_up, rec.rank_down) for rec in tr.ledger.records]
+    return {"bits": bits, "up": up, "down": down, "wire": wire, "loss": loss, "params": tr.flat_params(),
+            "next_bits": tr.state.bits}
 
 
 def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, MethodEntry, int]]) -> dict[str, Any]:
@@ -41,7 +45,7 @@ def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, Metho
         with t.guard():
             out[f"{topology}/{entry.label}"] = train(cfg, entry, seed, t)
     t = make_transport("allgather")
-    tr = Trainer(cases[0][1], cases[0][2], load_dataset("synthetic"), 0, t)
+    tr = Trainer(dataclasses.replace(cases[0][1], topology="allgather"), cases[0][2], load_dataset("synthetic"), 0, t)
     honest = t.broadcast
     t.broadcast = lambda payload, bits: honest(payload, bits + int(rank == 1))  # type: ignore[method-assign]
     try:
@@ -115,3 +119,42 @@ def ddp_gradients(rank: int, world: int, reps: int) -> dict[str, Any]:
         runs = torch.stack([grads(model) for _ in range(n)])
         out[method] = {"runs": runs, "stats": state.compression_stats(), "bits": state.current_bits()}
     return out
+
+
+class _Announced(bytes):
+    """A payload that announces ``size`` bytes: what a forged or broken peer would put in the size exchange."""
+
+    size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def oversized_payload(rank: int, world: int, topology: str) -> dict[str, Any]:
+    """Rank 1 announces a 400 MB uplink payload; every rank must refuse it before allocating.
+
+    Returns the error text and how much this process's peak memory grew (KiB, ru_maxrss).
+    """
+    import resource
+
+    from dqsgd.codecs import PayloadError
+    from dqsgd.methods import method_config
+
+    method = Method(method_config("qsgd-4bit"), 5000, 10)
+    cap = method.max_payload_bytes(4)
+    honest = bytes(100)
+    payload: bytes = honest
+    if rank == 1:
+        payload = _Announced(honest)
+        payload.size = 400_000_000  # type: ignore[attr-defined]
+    t = make_transport(topology, timeout=20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        if topology == "sharded":
+            t.exchange([[payload if j == 0 else honest for j in range(world)]], [cap] * world)
+        else:
+            t.gather([payload], cap)
+        error = None
+    except PayloadError as e:
+        error = str(e)
+    return {"error": error, "grew_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, "cap": cap}

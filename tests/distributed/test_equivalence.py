@@ -22,7 +22,10 @@ pytestmark = pytest.mark.distributed
 CFG = TrainConfig(name="eq", dataset="synthetic", model="mlp", workers=4, steps=15, batch_size=16, lr=0.1,
                   momentum=0.9, eval_every=100)
 ENTRIES = [MethodEntry("dqsgd", method_config("dqsgd")), MethodEntry("terngrad", method_config("terngrad"))]
-CASES = [(topo, CFG, e, 0) for topo in ("ps", "allgather") for e in ENTRIES]
+# sharded: the MLP's 55,210 parameters are not divisible by W = 4; signSGD's majority vote runs per shard.
+SHARDED = [MethodEntry("dqsgd", method_config("dqsgd")), MethodEntry("signsgd", method_config("signsgd"))]
+CASES = [(topo, CFG, e, 0) for topo in ("ps", "allgather") for e in ENTRIES] + [
+    ("sharded", CFG, e, 0) for e in SHARDED]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def results() -> list:
 def test_processes_match_simulation_bitwise(results: list) -> None:
     assert torch.get_num_threads() == 1  # the ranks run 1 thread each; see the module docstring
     for topology, cfg, entry, seed in CASES:
-        sim = _ranks.train(cfg, entry, seed, SimTransport(cfg.workers))
+        sim = _ranks.train(cfg, entry, seed, SimTransport(cfg.workers, "sharded" if topology == "sharded" else "ps"))
         if entry.label == "dqsgd":
             assert len(set(sim["bits"])) > 1, "the dynamic policy should change the width in this run"
         for r in results:
@@ -47,8 +50,10 @@ def test_processes_match_simulation_bitwise(results: list) -> None:
             assert torch.equal(run["params"], sim["params"]), where
             # every rank logs the mean loss of all W workers (an all-reduce: the sum order may differ)
             assert run["loss"] == pytest.approx(sim["loss"], rel=1e-12, abs=0), where
-            if r.rank == 0 or topology == "allgather":  # the aggregating ranks measured the same bytes
+            if r.rank == 0 or topology != "ps":  # the aggregating ranks measured the same bytes
                 assert run["up"] == sim["up"], where
+            if topology == "sharded":  # every rank holds the whole size matrix: same per-rank bytes
+                assert (run["down"], run["wire"]) == (sim["down"], sim["wire"]), where
 
 
 def test_peer_ranks_that_disagree_all_stop(results: list) -> None:

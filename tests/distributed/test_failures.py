@@ -19,7 +19,7 @@ QSGD = MethodEntry("qsgd", method_config("qsgd"))
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("topology", ["ps", "allgather"])
+@pytest.mark.parametrize("topology", ["ps", "allgather"])  # sharded: test_sharded.py
 def test_dead_worker_stops_every_rank(topology: str, tmp_path: Path) -> None:
     stamp = tmp_path / "killed_at"
     args = (topology, CFG, QSGD, "kill", 2, 3, str(stamp))

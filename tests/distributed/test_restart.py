@@ -24,7 +24,7 @@ STEPS = 300
 ARGS = ["--config", "table1-mnist", "--method", "dqsgd", "--quiet", "--set", 'train.dataset="synthetic"',
         "--set", 'train.model="mlp"', "--set", f"train.steps={STEPS}", "--set", "train.workers=2",
         "--set", "train.batch_size=16", "--set", "train.checkpoint_every=10", "--set", "train.eval_every=50",
-        "--set", "train.threads=1"]
+        "--set", "train.threads=1", "--set", 'train.topology="sharded"']  # the torch transport's default, simulated too
 DQSGD = [sys.executable, "-m", "dqsgd", "train"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 

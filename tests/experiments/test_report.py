@@ -30,8 +30,10 @@ def test_report_has_table_commands_paper_table_and_pngs(root: Path) -> None:
     assert "| 90.50 ± 0.71 | baseline |" in sgd
     assert "| 90.35 ± 0.21 | -0.15 ± 0.49 |" in q4          # deltas +0.2 and -0.5 pt
     assert "| 87.50 ± 0.71 | -3.00 ± 1.41 |" in dq          # deltas -2.0 and -4.0 pt
-    assert f"| {4 * 1000 / 516:.2f} | 8.00 | 4.00 |" in q4
-    assert "measured ratio** = fp32 uplink bytes (4·d·W·steps)" in text and "paper ratio** = 32 / mean" in text
+    # uplink ratio, then total-traffic ratio: fp32 up and down (2·4·d per worker) / (516 up + 4·d fp32 down)
+    assert f"| {4 * 1000 / 516:.2f} | {2 * 4 * 1000 / (516 + 4000):.2f} | 8.00 | 4.00 |" in q4
+    assert "uplink ratio (paper's convention)** = fp32 uplink bytes (4·d·W·steps)" in text
+    assert "**total-traffic ratio** = the same over every message" in text and "paper ratio** = 32 / mean" in text
     # Reproduce: the config's own first comment line, the exact command, the rebuild.
     assert "dqsgd compare --config fake-table1   # the config file's own command" in text
     assert f"dqsgd compare --config fake-table1 --out {root}   # exactly these runs" in text

@@ -26,8 +26,9 @@ from dqsgd.methods import METHODS
 CLOSE_PT = 0.5  # "within 0.5 pt of SGD" in the reading of the results
 
 RATIO_DEFINITIONS = (
-    "**measured ratio** = fp32 uplink bytes (4·d·W·steps) / uplink bytes really sent (payload lengths: "
-    "headers, norms, scalers and coding included); **paper ratio** = 32 / mean nominal bits per coordinate "
+    "**uplink ratio (paper's convention)** = fp32 uplink bytes (4·d·W·steps) / uplink bytes really sent (payload "
+    "lengths: headers, norms, scalers and coding included); **total-traffic ratio** = the same over every message, "
+    "uplink and downlink (fp32 reference: 4·d per message; the all-gather topology has no downlink); **paper ratio** = 32 / mean nominal bits per coordinate "
     "(the convention of DQSGD Table 1, which ignores headers, norms and the downlink).")
 
 # DQSGD (ICLR 2021 submission) Table 1, copied from the paper: (method, then accuracy and compression
@@ -195,8 +196,8 @@ def _num(x: float, fmt: str = ".2f") -> str:
 
 
 def results_table(rows: list[dict[str, Any]], runs: list[Run]) -> str:
-    head = ["method", "seeds", "test acc (%)", "Δ vs SGD (pt, paired)", "measured ratio", "paper ratio",
-            "mean bits", "MB up"]
+    head = ["method", "seeds", "test acc (%)", "Δ vs SGD (pt, paired)", "uplink ratio (paper's convention)",
+            "total-traffic ratio", "paper ratio", "mean bits", "MB up", "MB down"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
         n_eval = sum(1 for x in runs if x.method == r["method"] and x.has_eval)
@@ -204,7 +205,8 @@ def results_table(rows: list[dict[str, Any]], runs: list[Run]) -> str:
         n_pair = len(_paired(runs, r["method"], "sgd"))
         delta = "baseline" if r["method"] == "sgd" else _pm(r["delta_vs_sgd_mean"], r["delta_vs_sgd_std"], n_pair, sign=True)
         cells = [f"`{r['method']}`", seeds, _pm(r["test_acc_mean"], r["test_acc_std"], n_eval), delta, _num(r["measured_ratio"]),
-                 _num(r["paper_ratio"]), _num(r["mean_bits"]), _num(r["up_bytes"] / 1e6)]
+                 _num(r.get("total_ratio", float("nan"))), _num(r["paper_ratio"]), _num(r["mean_bits"]),
+                 _num(r["up_bytes"] / 1e6), _num(r.get("down_bytes", float("nan")) / 1e6)]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + ("\n\nMean ± std over the evaluated seeds (the mean alone for one seed); Δ = this "
                               "method's test accuracy minus SGD's on the same seed, in points.")

@@ -4,9 +4,14 @@ A run directory holds ``config.json`` (static facts) and ``metrics.jsonl`` (one 
 Everything printed or plotted is computed here from those two files — never from logs — so
 ``dqsgd report RUN_DIR`` rebuilds the same tables after the fact.
 
-Two compression ratios are given and labelled everywhere:
-``measured ratio`` = fp32 uplink bytes (4·d·W·steps) / uplink bytes really sent (+ side traffic);
+Compression ratios, labelled everywhere:
+``measured ratio`` (uplink ratio, the paper's convention: the uplink alone) = fp32 uplink bytes
+(4·d·W·steps) / uplink bytes really sent (+ side traffic);
+``total ratio`` (total-traffic ratio) = fp32 bytes of every message, uplink and downlink (the
+all-gather topology has no downlink) / bytes of every message really sent (+ side traffic);
 ``paper ratio`` = 32 / mean nominal bits per coordinate (DQSGD Table 1's convention).
+Runs written before the topology and the per-rank bytes were recorded read as ``ps`` with no
+per-rank figures.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 from dqsgd.train.metrics import read_jsonl
 
 COLUMNS = ["method", "dataset", "stand_in_for", "model", "workers", "steps", "seeds", "test_acc_mean", "test_acc_std",
-           "delta_vs_sgd_mean", "delta_vs_sgd_std", "measured_ratio", "paper_ratio", "mean_bits", "up_bytes", "wall_s"]
+           "delta_vs_sgd_mean", "delta_vs_sgd_std", "measured_ratio", "total_ratio", "paper_ratio", "mean_bits", "up_bytes", "down_bytes", "rank_bytes",
+           "topology", "wall_s"]
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -52,6 +58,11 @@ def summarize_run(run: Path) -> dict[str, Any]:
     up = sum(int(r["up_bytes"]) for r in steps)
     side = sum(int(r.get("side_bytes", 0)) for r in steps) * facts["workers"]
     fp32 = 4 * facts["numel"] * facts["workers"] * len(steps)
+    topology = facts["train_config"].get("topology") or "ps"
+    down = sum(int(r["down_bytes"]) for r in steps)
+    sent = up + down + side
+    fp32_all = fp32 * (1 if topology == "allgather" else 2)
+    ranked = [r["rank_total_bytes"] for r in steps if r.get("rank_total_bytes") is not None]
     mean_bits = statistics.fmean(r["bits"] for r in steps) if steps else float("nan")
     tail = [r["loss"] for r in steps[-20:] if r.get("loss") is not None]
     return {
@@ -59,8 +70,10 @@ def summarize_run(run: Path) -> dict[str, Any]:
         "model": facts["train_config"]["model"], "workers": facts["workers"], "seed": facts["seed"],
         "steps": len(recs), "test_acc": evals[-1]["test_acc"] if evals else float("nan"),
         "train_loss": statistics.fmean(tail) if tail else float("nan"),
-        "up_bytes": up, "down_bytes": sum(int(r["down_bytes"]) for r in steps), "side_bytes": side,
+        "up_bytes": up, "down_bytes": down, "side_bytes": side, "topology": topology,
         "measured_ratio": fp32 / (up + side // 2) if up else (float("inf") if steps else float("nan")),
+        "total_ratio": fp32_all / sent if sent else (float("inf") if steps else float("nan")),
+        "rank_bytes": statistics.fmean(ranked) if ranked else float("nan"),  # busiest rank, per step
         "paper_ratio": 32.0 / mean_bits if mean_bits else float("inf"), "mean_bits": mean_bits,
         "wall_s": sum(r["compute_s"] + r["encode_s"] + r["decode_s"] for r in recs),
         "budget_bits": facts.get("budget_bits"),
@@ -91,7 +104,10 @@ def aggregate(runs: list[dict[str, Any]], baseline: str = "sgd", order: list[str
             "workers": rs[0]["workers"], "steps": rs[0]["steps"], "seeds": len(rs),
             "test_acc_mean": acc_m, "test_acc_std": acc_s, "delta_vs_sgd_mean": d_m, "delta_vs_sgd_std": d_s,
             "measured_ratio": _mean_std([r["measured_ratio"] for r in rs])[0],  # runs with no steps yet: NaN, left out
+            "total_ratio": _mean_std([r["total_ratio"] for r in rs])[0],
             "paper_ratio": _mean_std([r["paper_ratio"] for r in rs])[0],
+            "down_bytes": int(statistics.fmean(r["down_bytes"] for r in rs)),
+            "rank_bytes": _mean_std([r["rank_bytes"] for r in rs])[0], "topology": rs[0]["topology"],
             "mean_bits": _mean_std([r["mean_bits"] for r in rs])[0],
             "up_bytes": int(statistics.fmean(r["up_bytes"] for r in rs)),
             "wall_s": statistics.fmean(r["wall_s"] for r in rs),
@@ -117,14 +133,17 @@ def write_tables(root: Path) -> list[dict[str, Any]]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A Table 1-style text table (accuracy mean ± std over seeds, both ratios labelled)."""
-    head = f"{'method':<16}{'test acc':>17}{'Δ vs SGD (pt)':>15}{'measured ratio':>16}{'paper ratio':>13}{'mean bits':>11}{'MB up':>9}"
+    head = (f"{'method':<16}{'test acc':>17}{'Δ vs SGD (pt)':>15}{'uplink ratio':>14}{'total ratio':>13}{'paper ratio':>13}"
+            f"{'mean bits':>11}{'MB up':>9}{'MB down':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = f"{100 * r['test_acc_mean']:.2f} ± {100 * r['test_acc_std']:.2f}"
         d = r["delta_vs_sgd_mean"]
         ds = "" if math.isnan(d) else f"{100 * d:+.2f}"
-        lines.append(f"{r['method']:<16}{acc:>17}{ds:>15}{r['measured_ratio']:>16.2f}{r['paper_ratio']:>13.2f}"
-                     f"{r['mean_bits']:>11.2f}{r['up_bytes'] / 1e6:>9.2f}")
-    lines.append("measured ratio = fp32 uplink bytes / bytes really sent (headers, norms, scalers included); "
+        lines.append(f"{r['method']:<16}{acc:>17}{ds:>15}{r['measured_ratio']:>14.2f}{r['total_ratio']:>13.2f}"
+                     f"{r['paper_ratio']:>13.2f}{r['mean_bits']:>11.2f}{r['up_bytes'] / 1e6:>9.2f}"
+                     f"{r['down_bytes'] / 1e6:>9.2f}")
+    lines.append("uplink ratio (paper's convention) = fp32 uplink bytes / uplink bytes really sent (headers, norms, "
+                 "scalers included); total-traffic ratio = the same over uplink and downlink; "
                  "paper ratio = 32 / mean nominal bits (DQSGD Table 1's convention).")
     return "\n".join(lines)

@@ -56,6 +56,9 @@ class TrainConfig:
                                       # faster for LeNet/MLP at W = 8 (measured), equal to ~1e-7 relative,
                                       # not bitwise (so not equal to one worker per process); no BatchNorm
     device: str = "auto"              # the simulation's device: "auto" (CUDA when available) | "cpu" | "cuda"
+    topology: str = ""                # "ps" | "allgather" | "sharded"; "" = the transport's default
+                                      # (simulation: ps; torch: sharded)
+    downlink_bits: int = 8            # sharded: width of the downlink's stochastic rounding (2..16; 32 = fp32)
 
     def __post_init__(self) -> None:
         checks = [
@@ -66,6 +69,8 @@ class TrainConfig:
             (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
             (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
             (self.device in DEVICES, f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}"),
+            (self.topology in ("", "ps", "allgather", "sharded"), "topology must be 'ps', 'allgather' or 'sharded'"),
+            (2 <= self.downlink_bits <= 16 or self.downlink_bits == 32, "downlink_bits must be in [2, 16] or 32 (fp32)"),
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0,
              "counts must be >= 0"),
         ]

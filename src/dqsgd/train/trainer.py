@@ -8,6 +8,9 @@ One step, written once for every transport:
 4. the server gathers the W payloads, decodes and averages them into G, encodes the downlink,
    records the measured bytes in the ledger and lets the policy pick B_{n+1} from ‖G‖;
 5. every process decodes the downlink and applies the same optimizer step.
+
+Topology ``sharded`` replaces 3–5 with :class:`dqsgd.step.ShardedStep` (every rank the server of
+one shard, both ways quantized); the trainer records its bytes and runs the policy on every rank.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import torch.nn.functional as F
 
 from dqsgd.data import Dataset
 from dqsgd.kernels import HashRNG
-from dqsgd.ledger import Ledger
+from dqsgd.ledger import Ledger, wire_traffic
 from dqsgd.models import build_model
 from dqsgd.pipeline import Method, MethodState
 from dqsgd.quantizers import NonFiniteGradientError
+from dqsgd.step import ShardedStep
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, seed_for
 from dqsgd.transport import SimTransport, Transport
@@ -52,9 +56,12 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int,
                  transport: Transport | None = None, device: torch.device | str = "cpu"):
         self.cfg, self.entry, self.data, self.seed = cfg, entry, data, seed
-        self.transport = transport or SimTransport(cfg.workers)
+        self.transport = transport or SimTransport(cfg.workers, cfg.topology or "ps")
         if self.transport.workers != cfg.workers:
             raise ValueError(f"transport has {self.transport.workers} workers, config says {cfg.workers}")
+        self.topology = str(getattr(self.transport, "topology", "ps"))
+        if cfg.topology and cfg.topology != self.topology:
+            raise ValueError(f"train.topology = {cfg.topology!r} but the transport is {self.topology!r}")
         self.device = torch.device(device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -75,7 +82,9 @@ class Trainer:
         self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
-        self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits())
+        self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
+        self.sharded = (ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits)
+                        if self.topology == "sharded" else None)
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         self.next_step = 0
         self.skipped = 0
@@ -163,6 +172,8 @@ class Trainer:
             self.skipped += 1
             self.next_step += 1
             return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
+        if self.sharded is not None:
+            return self._sharded_step(n, bits, grads, losses, t1 - t0)
         scalers, side = None, 0
         if self.method.shares_scalers:
             scalers = t.max_reduce([self.method.local_scalers(g) for g in grads.values()])
@@ -178,13 +189,14 @@ class Trainer:
                 raise NonFiniteGradientError(f"step {n}, worker {w}: {e}") from None
             payloads.append(msg)
         t2 = time.perf_counter()
-        gathered = t.gather(payloads)
+        gathered = t.gather(payloads, self.method.max_payload_bytes(bits))
         down, next_bits, up = None, None, []
         if t.is_server and gathered is not None:
             agg = self.method.aggregate(gathered, bits)
             down = self.method.encode_downlink(agg)
             up = [len(p) for p in gathered]
-            self.ledger.record(n, bits, up, len(down), side)
+            sent_down = 0 if self.topology == "allgather" else len(down)  # all-gather: no downlink crosses a link
+            self.ledger.record(n, bits, up, sent_down, side, *wire_traffic(self.topology, [[b] for b in up], [sent_down]))
             self.state = self.method.observe(self.state, agg, n, 8 * max(up))
             next_bits = self.state.bits
         down, next_bits = t.broadcast(down, next_bits)
@@ -196,7 +208,26 @@ class Trainer:
         t3 = time.perf_counter()
         self.next_step += 1
         loss = t.mean_loss(losses)
-        return StepResult(n, loss, lr, bits, False, up, len(down), side, t1 - t0, t2 - t1, t3 - t2)
+        down_bytes = 0 if self.topology == "allgather" else len(down)
+        return StepResult(n, loss, lr, bits, False, up, down_bytes, side, t1 - t0, t2 - t1, t3 - t2)
+
+    def _sharded_step(self, n: int, bits: int, grads: dict[int, torch.Tensor], losses: list[float],
+                      compute_s: float) -> StepResult:
+        """Every rank: the sharded exchange, then the same ledger entry, policy step and update."""
+        assert self.sharded is not None
+        t2 = time.perf_counter()
+        r = self.sharded.run(self.transport, grads, bits, n, self.qgen, self.state.residuals)  # type: ignore[arg-type]
+        for w, res in r.residuals.items():
+            self.state.residuals[w] = res
+        up, down = [sum(row) for row in r.up], sum(r.down)
+        self.ledger.record(n, bits, up, down, r.side, *r.wire())
+        self.state = self.method.observe(self.state, r.update, n, 8 * max(up))
+        lr = self.lr_at(n)
+        self.apply_update(r.update.to(self.device), lr)
+        t3 = time.perf_counter()
+        self.next_step += 1
+        return StepResult(n, self.transport.mean_loss(losses), lr, bits, False, up, down, r.side, compute_s,
+                          r.encode_s, t3 - t2 - r.encode_s)
 
     # --- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -235,8 +266,13 @@ class _RemoteBits:
 
 
 def record_of(r: StepResult, ledger: Ledger) -> dict[str, Any]:
+    """One metrics.jsonl line. ``rank_*_bytes``: the busiest rank's link bytes this step (Ledger)."""
+    last = ledger.records[-1] if ledger.records and ledger.records[-1].step == r.step and not r.skipped else None
+    ranks = {} if last is None or not last.rank_up else {
+        "rank_up_bytes": max(last.rank_up), "rank_down_bytes": max(last.rank_down),
+        "rank_total_bytes": max(a + b for a, b in zip(last.rank_up, last.rank_down))}
     return {
         "step": r.step, "loss": r.loss, "lr": r.lr, "bits": r.bits, "skipped": r.skipped,
-        "up_bytes": sum(r.up_bytes), "down_bytes": r.down_bytes * len(r.up_bytes), "side_bytes": r.side_bytes,
+        "up_bytes": sum(r.up_bytes), "down_bytes": r.down_bytes * len(r.up_bytes), "side_bytes": r.side_bytes, **ranks,
         "budget_left": ledger.budget_left(), "compute_s": r.compute_s, "encode_s": r.encode_s, "decode_s": r.decode_s,
     }

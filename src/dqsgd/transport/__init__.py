@@ -1,14 +1,14 @@
-"""Transports: in-process simulation and torch.distributed (parameter server / peer all-gather)."""
+"""Transports: in-process simulation and torch.distributed (parameter server / peer all-gather / sharded server)."""
 
 from typing import Any
 
 from dqsgd.transport.base import Transport
 from dqsgd.transport.sim import SimTransport
 
-__all__ = ["Transport", "SimTransport", "TorchPSTransport", "TorchAllGatherTransport", "TransportError",
+__all__ = ["Transport", "SimTransport", "TorchPSTransport", "TorchAllGatherTransport", "TorchShardedTransport", "TransportError",
            "RankDisagreement", "make_transport"]
 
-_TORCH = {"TorchPSTransport", "TorchAllGatherTransport", "TransportError", "RankDisagreement", "make_transport"}
+_TORCH = {"TorchPSTransport", "TorchAllGatherTransport", "TorchShardedTransport", "TorchShardedTransport", "TransportError", "RankDisagreement", "make_transport"}
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from dqsgd.codecs import PayloadError
+
 
 class Transport(Protocol):
     workers: int
@@ -49,3 +51,45 @@ class Transport(Protocol):
     def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
         """The server's downlink payload and B_{n+1}, delivered to every process."""
         ...
+
+
+class ShardedTransport(Protocol):
+    """Topology ``sharded``: every rank serves one shard; a process may run several workers (sim)."""
+
+    workers: int
+    topology: str
+
+    @property
+    def served_shards(self) -> Sequence[int]:
+        """Shards this process averages and re-quantizes (sim: all of them; rank r: shard r)."""
+        ...
+
+    def exchange(self, rows: Sequence[Sequence[bytes]],
+                 max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
+        """Uplink all-to-all. ``rows[i][j]``: local worker i's payload for shard j. Returns, for each
+        served shard j, the W workers' payloads for j in worker order, and the W×W size matrix
+        ``sizes[w][j]`` (known to every process). ``max_bytes[j]`` caps a shard-j payload."""
+        ...
+
+    def share(self, shards: dict[int, bytes], max_bytes: int | None = None) -> list[bytes]:
+        """Downlink all-gather: the W shards' payloads, in shard order, on every process."""
+        ...
+
+    def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Element-wise max over all workers' tensors (TernGrad scaler sharing)."""
+        ...
+
+
+def check_sizes(sizes: Sequence[int], caps: Sequence[int | None], who: str) -> None:
+    """Refuse (PayloadError) an announced payload size above its cap, before anything is allocated.
+
+    ``caps[j]`` caps ``sizes[j]``; one cap applies to every size; None: no cap.
+    """
+    caps = list(caps) * len(sizes) if len(caps) == 1 else list(caps)
+    if len(caps) != len(sizes):
+        raise ValueError(f"{len(caps)} caps for {len(sizes)} sizes")
+    for j, (n, cap) in enumerate(zip(sizes, caps)):
+        if n < 0 or (cap is not None and n > cap):
+            piece = f" (shard {j})" if len(sizes) > 1 else ""
+            raise PayloadError(f"{who} announced a payload of {n} bytes{piece}; the method produces at most "
+                               f"{cap} bytes here: refused before allocating")

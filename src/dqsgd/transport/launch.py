@@ -15,8 +15,9 @@ Two hosts with 4 processes each (W = 8; run the same command on both, HOST:PORT 
 
 Without torchrun, ``dqsgd train --transport torch --workers 4 --set train.workers=4 ...`` starts the
 4 processes itself on 127.0.0.1 (a free port; the rendezvous store lives in the launching process,
-so it outlives any worker and carries their error messages). ``--topology allgather`` selects the
-peer topology, ``--timeout S`` the limit of every collective. ``train.workers`` must equal the
+so it outlives any worker and carries their error messages). ``--topology`` selects the collective:
+``sharded`` (the default: every rank serves 1/W of the vector, quantized both ways), ``ps`` (rank 0
+serves everything) or ``allgather`` (peers); ``--timeout S`` is the limit of every collective. ``train.workers`` must equal the
 number of processes (the world size). Only rank 0 writes ``metrics.jsonl``/``summary.json``.
 Set GLOO_SOCKET_IFNAME (torch's variable) if gloo picks the wrong network interface on a multi-host run.
 """
@@ -216,8 +217,8 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
 
 
 def _print_summary(s: dict[str, Any], out: str | None, topology: str) -> None:
-    print(f"{s['method']}: test acc {100 * s['test_acc']:.2f}%, measured ratio {s['ledger_compression_ratio']:.2f} "
-          f"(fp32 bytes / bytes sent), mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
+    print(f"{s['method']}: test acc {100 * s['test_acc']:.2f}%, uplink ratio {s['ledger_compression_ratio']:.2f} "
+          f"(paper's convention), total-traffic ratio {s['ledger_total_ratio']:.2f}, mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
           f"W = {s['workers']} processes, {topology} topology; metrics in {out}")
 
 
@@ -241,7 +242,7 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
         raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
     if under_torchrun():
         exp = workers_from_world_size(exp, getattr(args, "set", None) or [])
-    job = _RankJob(exp, entry, seed, args.topology, out, not args.quiet, bool(args.resume))
+    job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume))
     if under_torchrun():
         if restarts:
             raise ConfigError("under torchrun, give --max-restarts to torchrun itself (it restarts the ranks)")
@@ -256,7 +257,7 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     for attempt in range(restarts + 1):
         results = spawn_local(run_rank, world, (job,), timeout=timeout, threads=threads)
         if all(r.ok for r in results):
-            _print_summary(results[0].value, out, args.topology)
+            _print_summary(results[0].value, out, job.topology)
             return 0
         print("dqsgd: error: distributed run failed:\n  " + "\n  ".join(r.describe() for r in results), file=sys.stderr)
         if attempt < restarts:

@@ -10,12 +10,21 @@ from typing import Sequence
 
 import torch
 
+from dqsgd.ledger import TOPOLOGIES
+from dqsgd.transport.base import check_sizes
+
 
 class SimTransport:
-    def __init__(self, workers: int):
+    """``topology``: which network the ledger accounts for (ps, allgather or sharded); for ``sharded``
+    the trainer also runs the sharded step (each shard averaged and re-quantized on its own)."""
+
+    def __init__(self, workers: int, topology: str = "ps"):
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {topology!r}: use one of {', '.join(TOPOLOGIES)}")
         self.workers = workers
+        self.topology = topology
 
     @property
     def local_workers(self) -> Sequence[int]:
@@ -38,10 +47,32 @@ class SimTransport:
     def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(list(local)).amax(dim=0)
 
-    def gather(self, payloads: Sequence[bytes]) -> list[bytes]:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
         if len(payloads) != self.workers:
             raise ValueError(f"sim transport: {len(payloads)} payloads for {self.workers} workers")
+        for w, p in enumerate(payloads):
+            check_sizes([len(p)], [max_bytes], f"sim: worker {w}")
         return list(payloads)
+
+    @property
+    def served_shards(self) -> Sequence[int]:
+        return range(self.workers)
+
+    def exchange(self, rows: Sequence[Sequence[bytes]],
+                 max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
+        if len(rows) != self.workers or any(len(r) != self.workers for r in rows):
+            raise ValueError(f"sim transport: need {self.workers} rows of {self.workers} shard payloads")
+        sizes = [[len(p) for p in r] for r in rows]
+        for w, r in enumerate(sizes):
+            check_sizes(r, max_bytes, f"sim: worker {w}")
+        return {j: [r[j] for r in rows] for j in range(self.workers)}, sizes
+
+    def share(self, shards: dict[int, bytes], max_bytes: int | None = None) -> list[bytes]:
+        if set(shards) != set(range(self.workers)):
+            raise ValueError(f"sim transport: need the downlink of all {self.workers} shards, got {sorted(shards)}")
+        for j in range(self.workers):
+            check_sizes([len(shards[j])], [max_bytes], f"sim: the server of shard {j}")
+        return [shards[j] for j in range(self.workers)]
 
     def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
         if payload is None or next_bits is None:

@@ -9,6 +9,13 @@ One worker per process: rank r computes worker r's gradient (``local_workers == 
   decodes them in worker order and runs the same policy on the same bytes, so all ranks reach the
   same B_{n+1} without a downlink (``is_server`` is True everywhere). ``broadcast`` only checks,
   with one tiny all-reduce, that the ranks really agree (same B_{n+1}, same downlink CRC-32).
+* :class:`TorchShardedTransport` — every rank is the server of one shard (``dqsgd.sharding``):
+  ``exchange`` is the uplink all-to-all (rank j receives every worker's payload for shard j),
+  ``share`` the downlink all-gather of the W averaged, re-quantized shards.
+
+Received sizes are capped: every rank checks every announced size against the largest payload the
+method can produce (``max_bytes``) and raises :class:`~dqsgd.codecs.PayloadError` before it
+allocates a receive buffer. All ranks see the same sizes, so all of them refuse together.
 
 Variable-length byte payloads cross the wire as uint8 tensors: the sizes go first (an int64
 all-gather, so every rank knows the longest), then the payloads padded to that length. On gloo the
@@ -37,6 +44,7 @@ import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
 from dqsgd.pipeline import ProtocolError
+from dqsgd.transport.base import check_sizes
 
 OK, FAILED = 0, 1
 _ERROR_KEY = "dqsgd/error/{}"
@@ -125,15 +133,22 @@ class _TorchTransport:
             raise ValueError(f"{self.topology} transport: rank {self.rank} sends one payload, got {len(payloads)}")
         return payloads[0]
 
-    def _all_sizes(self, n: int, op: str) -> list[int]:
-        mine = torch.tensor([n], dtype=torch.int64, device=self.device)
-        sizes = [torch.zeros_like(mine) for _ in range(self.workers)]
-        self._collective(f"{op} (size exchange)", dist.all_gather, sizes, mine)
-        return [int(v) for v in torch.cat(sizes).tolist()]
+    def _size_rows(self, row: Sequence[int], op: str, caps: Sequence[int | None]) -> list[list[int]]:
+        """Every rank's ``row`` of sizes (an int64 all-gather), each entry checked against ``caps``."""
+        mine = torch.tensor([int(v) for v in row], dtype=torch.int64, device=self.device)
+        rows = [torch.zeros_like(mine) for _ in range(self.workers)]
+        self._collective(f"{op} (size exchange)", dist.all_gather, rows, mine)
+        out = [[int(v) for v in r.tolist()] for r in rows]
+        for w, r in enumerate(out):
+            check_sizes(r, caps, f"rank {self.rank}: {op}: rank {w}")
+        return out
 
-    def all_gather_bytes(self, payload: bytes, op: str = "all_gather") -> list[bytes]:
+    def _all_sizes(self, n: int, op: str, max_bytes: int | None = None) -> list[int]:
+        return [r[0] for r in self._size_rows([n], op, [max_bytes])]
+
+    def all_gather_bytes(self, payload: bytes, op: str = "all_gather", max_bytes: int | None = None) -> list[bytes]:
         """Every rank's payload, in rank order, on every rank."""
-        sizes = self._all_sizes(len(payload), op)
+        sizes = self._all_sizes(len(payload), op, max_bytes)
         width = max(sizes)
         mine = bytes_to_tensor(payload, width, self.device)
         bufs = [torch.empty_like(mine) for _ in range(self.workers)]
@@ -219,9 +234,9 @@ class TorchPSTransport(_TorchTransport):
     def is_server(self) -> bool:
         return self.rank == 0
 
-    def gather(self, payloads: Sequence[bytes]) -> list[bytes] | None:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes] | None:
         payload = self._one_payload(payloads)
-        sizes = self._all_sizes(len(payload), "gather")
+        sizes = self._all_sizes(len(payload), "gather", max_bytes)
         width = max(sizes)
         mine = bytes_to_tensor(payload, width, self.device)
         bufs = [torch.empty_like(mine) for _ in range(self.workers)] if self.is_server else None
@@ -279,8 +294,8 @@ class TorchAllGatherTransport(_TorchTransport):
     def is_server(self) -> bool:
         return True
 
-    def gather(self, payloads: Sequence[bytes]) -> list[bytes]:
-        return self.all_gather_bytes(self._one_payload(payloads), "gather")
+    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
+        return self.all_gather_bytes(self._one_payload(payloads), "gather", max_bytes)
 
     def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
         if payload is None or next_bits is None:
@@ -303,11 +318,55 @@ class TorchAllGatherTransport(_TorchTransport):
                 f"decoding on every rank (use the ps topology on mixed hardware)")
 
 
+class TorchShardedTransport(_TorchTransport):
+    """Every rank serves shard ``rank``: an all-to-all of payloads up, an all-gather of shards down.
+
+    The sizes go first (one int64 all-gather of each rank's W sizes, so every rank knows the whole
+    W×W matrix: the ledger's per-rank bytes and the all-to-all's split sizes); the payloads then
+    travel with their exact sizes (``all_to_all_single``), no padding. Ranks hold bitwise the same
+    downlink shards afterwards, so they all derive the same update and B_{n+1} without a check.
+    """
+
+    topology = "sharded"
+
+    @property
+    def is_server(self) -> bool:
+        return True
+
+    @property
+    def served_shards(self) -> Sequence[int]:
+        return (self.rank,)
+
+    def exchange(self, rows: Sequence[Sequence[bytes]],
+                 max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
+        if len(rows) != 1 or len(rows[0]) != self.workers:
+            raise ValueError(f"sharded transport: rank {self.rank} sends one row of {self.workers} shard payloads")
+        row = rows[0]
+        sizes = self._size_rows([len(p) for p in row], "exchange", max_bytes)
+        incoming = [sizes[w][self.rank] for w in range(self.workers)]
+        send = torch.frombuffer(bytearray(b"".join(row)), dtype=torch.uint8) if sum(sizes[self.rank]) else \
+            torch.zeros(0, dtype=torch.uint8)
+        recv = torch.empty(sum(incoming), dtype=torch.uint8, device=self.device)
+        self._collective("exchange", dist.all_to_all_single, recv, send.to(self.device), incoming, sizes[self.rank])
+        data, out, at = recv.cpu().numpy().tobytes(), [], 0
+        for n in incoming:
+            out.append(data[at : at + n])
+            at += n
+        return {self.rank: out}, sizes
+
+    def share(self, shards: dict[int, bytes], max_bytes: int | None = None) -> list[bytes]:
+        if set(shards) != {self.rank}:
+            raise ValueError(f"sharded transport: rank {self.rank} shares shard {self.rank} only, got {sorted(shards)}")
+        out = self.all_gather_bytes(shards[self.rank], "share", max_bytes)
+        self.steps += 1
+        return out
+
+
 def make_transport(topology: str, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
-                   timeout: float | None = None) -> TorchPSTransport | TorchAllGatherTransport:
-    """``"ps"`` or ``"allgather"`` over ``group`` (default: the whole world); ``timeout`` per collective
-    in seconds (default: the one given to ``init_process_group``)."""
-    kinds = {"ps": TorchPSTransport, "allgather": TorchAllGatherTransport}
+                   timeout: float | None = None) -> TorchPSTransport | TorchAllGatherTransport | TorchShardedTransport:
+    """``"ps"``, ``"allgather"`` or ``"sharded"`` over ``group`` (default: the whole world); ``timeout``
+    per collective in seconds (default: the one given to ``init_process_group``)."""
+    kinds = {"ps": TorchPSTransport, "allgather": TorchAllGatherTransport, "sharded": TorchShardedTransport}
     if topology not in kinds:
-        raise ValueError(f"unknown topology {topology!r}: use 'ps' or 'allgather'")
+        raise ValueError(f"unknown topology {topology!r}: use 'ps', 'allgather' or 'sharded'")
     return kinds[topology](group, device, timeout)
