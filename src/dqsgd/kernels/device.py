@@ -40,7 +40,7 @@ import torch
 from dqsgd.codecs import wire as _wire
 from dqsgd.kernels.codec import levels_of
 from dqsgd.kernels.device_common import expected_header, kernel, per_element, seg_ids_of, set_compile, template
-from dqsgd.kernels.device_crc import crc32_device
+from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
 from dqsgd.kernels.device_pack import pack_device
 from dqsgd.kernels.hashrng import HashRNG, _signed, hash_uniform_torch
@@ -93,9 +93,9 @@ def _quantize_pack(flat: torch.Tensor, inv: torch.Tensor, seg_ids: torch.Tensor 
     return pack_device(val, bits)
 
 
-def _crc_bytes(data: torch.Tensor) -> torch.Tensor:
-    """zlib.crc32(data) as 4 little-endian uint8 on data's device."""
-    crc = crc32_device(data)
+def _crc_bytes(data: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.Tensor:
+    """zlib.crc32(data) as 4 little-endian uint8 on data's device (``device_crc``)."""
+    crc = crc32_with(data, tabs, constant)
     return ((crc >> torch.arange(0, 32, 8, device=data.device)) & 0xFF).to(torch.uint8)
 
 
@@ -160,5 +160,6 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     payload[: len(tpl.head)] = head
     payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = scales.contiguous().view(torch.uint8)
     payload[len(tpl.head) : -4] = body
-    payload[-4:] = kernel(_crc_bytes, dev)(payload[:-4])
+    m = payload.numel() - 4
+    payload[-4:] = kernel(_crc_bytes, dev)(payload[:-4], crc_tables(dev, m), crc32_length_constant(m))
     return payload

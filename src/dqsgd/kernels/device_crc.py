@@ -34,7 +34,7 @@ import torch
 
 from dqsgd.codecs.threads import _X2N, _multmodp
 
-__all__ = ["crc32_device", "crc32_raw_device", "crc32_length_constant"]
+__all__ = ["crc32_device", "crc32_length_constant", "crc32_with", "crc_tables"]
 
 _ALL_ONES = 0xFFFFFFFF
 
@@ -105,26 +105,28 @@ def _levels(words: int) -> int:
     return max(words - 1, 0).bit_length()
 
 
-def crc32_raw_device(data: torch.Tensor) -> torch.Tensor:
-    """``raw(data)`` (module docstring) of a 1-D uint8 tensor, as a 0-dim int64 tensor on its device."""
-    if data.dtype != torch.uint8 or data.dim() != 1:
-        raise ValueError(f"crc32 needs a 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
+def crc_tables(device: torch.device, nbytes: int) -> torch.Tensor:
+    """The lookup tables :func:`crc32_with` needs for ``nbytes`` bytes, on ``device`` (cached)."""
+    return _tables(device, _levels(-(-nbytes // 4)))
+
+
+def crc32_with(data: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.Tensor:
+    """``raw(data) ⊕ constant`` of a 1-D uint8 tensor with the tables of :func:`crc_tables` (pure
+    tensor ops: what a compiled caller traces; ``constant = crc32_length_constant(n)`` gives zlib's crc)."""
     n = data.numel()
-    words = -(-n // 4)
-    levels = _levels(words)
-    tabs = _tables(data.device, levels)
     if n == 0:
-        return torch.zeros((), dtype=torch.int64, device=data.device)
+        return torch.full((), constant, dtype=torch.int64, device=data.device)
+    words = -(-n // 4)
     padded = torch.nn.functional.pad(data, (4 * words - n, 0)).view(words, 4).to(torch.int64)
     c = tabs[0][0][padded[:, 0]]
     for k in range(1, 4):
         c = c ^ tabs[0][k][padded[:, k]]
-    for level in range(levels):
+    for level in range(_levels(words)):
         if c.numel() % 2:
             c = torch.nn.functional.pad(c, (1, 0))
         pairs = c.view(-1, 2)
         c = _apply(tabs[level + 1], pairs[:, 0]) ^ pairs[:, 1]
-    return c.reshape(())
+    return c.reshape(()) ^ constant
 
 
 @lru_cache(maxsize=1024)
@@ -135,4 +137,7 @@ def crc32_length_constant(nbytes: int) -> int:
 
 def crc32_device(data: torch.Tensor) -> torch.Tensor:
     """``zlib.crc32(data)`` of a 1-D uint8 tensor: a 0-dim int64 tensor on ``data.device`` (no sync)."""
-    return crc32_raw_device(data) ^ crc32_length_constant(data.numel())
+    if data.dtype != torch.uint8 or data.dim() != 1:
+        raise ValueError(f"crc32 needs a 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
+    n = data.numel()
+    return crc32_with(data, crc_tables(data.device, n), crc32_length_constant(n))

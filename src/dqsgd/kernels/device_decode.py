@@ -14,7 +14,7 @@ from dqsgd.codecs import wire as _wire
 from dqsgd.codecs.header import Header, parse_header
 from dqsgd.kernels.codec import decode_accumulate
 from dqsgd.kernels.device_common import LazyBytes, kernel, per_element, seg_ids_of, template
-from dqsgd.kernels.device_crc import crc32_device
+from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
 from dqsgd.quantizers import Scheme
 
@@ -53,10 +53,10 @@ def _dequantize(body: torch.Tensor, steps: torch.Tensor, seg_ids: torch.Tensor |
     return dx, stats
 
 
-def _crc_pair(payload: torch.Tensor) -> torch.Tensor:
-    """[computed crc, stored crc] of a payload (int64, on its device)."""
+def _crc_pair(payload: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.Tensor:
+    """[computed crc, stored crc] of a payload (int64, on its device; ``device_crc``)."""
     stored = (payload[-4:].to(torch.int64) << torch.arange(0, 32, 8, device=payload.device)).sum()
-    return torch.stack([crc32_device(payload[:-4]), stored])
+    return torch.stack([crc32_with(payload[:-4], tabs, constant), stored])
 
 
 def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +147,8 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
     bucket = h.layout.bucket if h.layout.sizes is None else 0
     dx, code_stats = kernel(_dequantize, dev)(body, steps, seg_ids_of(h.layout, dev), w, h.bits, bucket, h.numel)
     pad = padding_bits(body, h.bits, h.numel).to(torch.int64).reshape(1)
-    stats = torch.cat([head_flags, kernel(_crc_pair, dev)(payload), pad, code_stats])
+    stats = torch.cat([head_flags, kernel(_crc_pair, dev)(payload, crc_tables(dev, payload.numel() - 4),
+                                                   crc32_length_constant(payload.numel() - 4)), pad, code_stats])
     if check == "sync":
         _raise_first(stats.tolist(), h)  # the one sync: 8 integers
     else:

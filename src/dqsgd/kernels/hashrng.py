@@ -108,7 +108,10 @@ class HashRNG:
 def hash_uniform_torch(key: torch.Tensor, n: int) -> torch.Tensor:
     """u_0 … u_{n-1} of the stream whose key is the 0-dim int64 tensor ``key`` (the uint64 key's
     bits), on ``key.device``: the key is a tensor so that compiled callers do not specialise on it."""
-    j = torch.arange(1, (n + 3) // 4 + 1, dtype=torch.int64, device=key.device)
+    # Hashes for a multiple of 64 counters (sliced to n below): inductor's CPU code (torch 2.13)
+    # got the vector-loop tail of this int64 arithmetic wrong; with no tail it is exact (tested).
+    m = -(-((n + 3) // 4) // 64) * 64
+    j = torch.arange(1, m + 1, dtype=torch.int64, device=key.device)
     h = _mix64_torch(j * _signed(GAMMA) + key)
     # (h >> 16k) & 0xFFFF: the mask keeps bits an arithmetic shift would have filled, for every k.
     fields = torch.stack([(h >> (16 * k)) & 0xFFFF for k in range(4)], dim=1).reshape(-1)[:n]
