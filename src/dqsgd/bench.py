@@ -151,7 +151,8 @@ def device_codec_rows(n: int, bits_list: list[int], repeats: int, device: torch.
         best = best_of({k: (lambda f=f: (f(), sync())) for k, f in fns.items()}, repeats)
         enc, dec, cp = best["enc"], best["dec"], best["copy"]
         rows.append({"n": n, "bits": bits, "path": f"device-{device.type}", "enc_GBs": 4 * n / enc / 1e9,
-                     "dec_GBs": 4 * n / dec / 1e9, "encdec_GBs": 4 * n / (enc + dec) / 1e9, "copy_GBs": 4 * n / cp / 1e9,
+                     "dec_GBs": 4 * n / dec / 1e9, "encdec_GBs": 4 * n / (enc + dec) / 1e9,
+                     "copy_GBs": 4 * n / cp / 1e9,
                      "enc_vs_copy": cp / enc, "dec_vs_copy": cp / dec, "encdec_vs_copy": cp / (enc + dec),
                      "enc_ms": 1e3 * enc, "dec_ms": 1e3 * dec, "copy_ms": 1e3 * cp, "payload_bytes": p.numel()})
     return rows

@@ -95,7 +95,8 @@ def _acc(p: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
 def test_other_schemes_and_codings_decode_like_the_host() -> None:
     x = torch.randn(5001, generator=torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(1)
-    payloads = [encode(quantize_sign(x)), encode(quantize_ternary(x, gen)), encode(quantize_sign(x, scaled=True, layout=Layout(sizes=(1000, 4001)))),
+    payloads = [encode(quantize_sign(x)), encode(quantize_ternary(x, gen)),
+                encode(quantize_sign(x, scaled=True, layout=Layout(sizes=(1000, 4001)))),
                 encode_uniform_fast(x, 4, RNG, coding=Coding.ZSTD), encode_uniform_fast(x, 5, RNG, coding=Coding.ELIAS)]
     for b in payloads:
         p = torch.frombuffer(bytearray(b), dtype=torch.uint8)

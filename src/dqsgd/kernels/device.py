@@ -39,7 +39,7 @@ import torch
 
 from dqsgd.codecs import wire as _wire
 from dqsgd.kernels.codec import levels_of
-from dqsgd.kernels.device_common import expected_header, kernel, per_element, seg_ids_of, set_compile, template
+from dqsgd.kernels.device_common import expected_header, head_on, kernel, per_element, seg_ids_of, set_compile, template
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
 from dqsgd.kernels.device_pack import pack_device
@@ -152,10 +152,10 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
         _refuse(scales, inv, levels)
     else:
         scales = torch.where(torch.isfinite(inv), scales, torch.full_like(scales, float("nan")))
-    key = torch.tensor(_signed(rng.key), dtype=torch.int64, device=dev)
+    key = torch.full((), _signed(rng.key), dtype=torch.int64, device=dev)  # a fill: no host copy
     bucket = layout.bucket if layout.sizes is None else 0
     body = kernel(_quantize_pack, dev)(flat, inv, seg_ids, key, bits, levels, bucket)
-    head = torch.frombuffer(bytearray(tpl.head), dtype=torch.uint8).to(dev, non_blocking=True)
+    head, _ = head_on(tpl, dev)
     payload = torch.empty(len(tpl.head) + tpl.body_len + 4, dtype=torch.uint8, device=dev)
     payload[: len(tpl.head)] = head
     payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = scales.contiguous().view(torch.uint8)

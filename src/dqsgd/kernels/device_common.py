@@ -19,7 +19,8 @@ from dqsgd.codecs.header import Header, parse_header, write_header
 from dqsgd.kernels.codec import levels_of
 from dqsgd.quantizers import Layout, Norm, Scheme
 
-__all__ = ["LazyBytes", "Template", "expected_header", "kernel", "per_element", "seg_ids_of", "set_compile", "template"]
+__all__ = ["LazyBytes", "Template", "expected_header", "head_on", "kernel", "per_element", "seg_ids_of", "set_compile",
+           "template"]
 
 
 # ------------------------------------------------------------------------------ compilation
@@ -125,6 +126,23 @@ def template(shape: tuple[int, ...], bits: int, norm: Norm, layout: Layout) -> T
         _TEMPLATES.clear()
     _TEMPLATES[key] = Template(h0, at, nseg, body_len, header)
     return _TEMPLATES[key]
+
+
+_HEADS: dict[tuple[bytes, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def head_on(tpl: Template, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the template's header bytes, a mask that is False on the scales) as device tensors, copied
+    once per device: a copy from pageable host memory would wait for the device on every call."""
+    key = (tpl.head, str(device))
+    if key not in _HEADS:
+        if len(_HEADS) > 256:
+            _HEADS.clear()
+        care = np.ones(len(tpl.head), dtype=bool)
+        care[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = False
+        _HEADS[key] = (torch.from_numpy(np.frombuffer(tpl.head, np.uint8).copy()).to(device),
+                       torch.from_numpy(care).to(device))
+    return _HEADS[key]
 
 
 def expected_header(shape: tuple[int, ...], bits: int, *, norm: Norm = Norm.MAX, layout: Layout = Layout()) -> Header:

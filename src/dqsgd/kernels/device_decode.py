@@ -13,7 +13,7 @@ from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire as _wire
 from dqsgd.codecs.header import Header, parse_header
 from dqsgd.kernels.codec import decode_accumulate
-from dqsgd.kernels.device_common import LazyBytes, kernel, per_element, seg_ids_of, template
+from dqsgd.kernels.device_common import LazyBytes, head_on, kernel, per_element, seg_ids_of, template
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
 from dqsgd.quantizers import Scheme
@@ -66,9 +66,7 @@ def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, tor
     if tpl.header.levels != h.levels or h.scheme != Scheme.UNIFORM or h.coding != Coding.FIXED:
         raise ValueError("header= must come from expected_header (a UNIFORM FIXED payload's header)")
     dev, k = payload.device, len(tpl.head)
-    head = torch.frombuffer(bytearray(tpl.head), dtype=torch.uint8).to(dev)
-    care = torch.ones(k, dtype=torch.bool, device=dev)
-    care[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = False
+    head, care = head_on(tpl, dev)
     scales = payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg].clone().view(torch.float32)
     differs = ((payload[:k] != head) & care).any()
     return scales, torch.stack([differs, ~torch.isfinite(scales).all()]).to(torch.int64)
@@ -88,9 +86,11 @@ def _raise_first(stats: list[int], h: Header) -> None:
     if pad:
         raise PayloadError(f"non-zero padding bits in the last body byte (offset {h.body_start + h.body_len - 1})")
     if h.numel and (lo < rng.lo or hi > rng.hi):
-        raise PayloadError(f"body at offset {h.body_start}: codes span [{lo}, {hi}], the scheme allows [{rng.lo}, {rng.hi}]")
+        raise PayloadError(f"body at offset {h.body_start}: codes span [{lo}, {hi}], "
+                           f"the scheme allows [{rng.lo}, {rng.hi}]")
     if zeros and not rng.zero_ok:
-        raise PayloadError(f"body at offset {h.body_start}: {zeros} zero codes, which this scheme and width cannot carry")
+        raise PayloadError(f"body at offset {h.body_start}: {zeros} zero codes, "
+                           "which this scheme and width cannot carry")
 
 
 def _flagged(stats: torch.Tensor, h: Header) -> torch.Tensor:

@@ -97,7 +97,7 @@ class HashRNG:
         """u_0 … u_{n-1} as float32 on ``device``, computed with torch integer ops."""
         if n < 0:
             raise ValueError(f"need n >= 0, got {n}")
-        key = torch.tensor(_signed(self.key), dtype=torch.int64, device=device)
+        key = torch.full((), _signed(self.key), dtype=torch.int64, device=device)
         return hash_uniform_torch(key, n)
 
     def uniform_numpy(self, n: int) -> np.ndarray:
