@@ -138,8 +138,8 @@ def _device(name: str) -> torch.device:
 def device_codec_rows(n: int, bits_list: list[int], repeats: int, device: torch.device,
                       compiled: bool | None = None) -> list[dict[str, Any]]:
     """The device codec (:mod:`dqsgd.kernels.device`: compiled on CUDA, eager torch ops on CPU, or as
-    ``compiled`` says) against ``out.copy_(g)`` on the same device; decode uses the expected header and
-    deferred checks (no sync)."""
+    ``compiled`` says) against ``out.copy_(g)`` on the same device; encode and decode run with deferred
+    checks and decode with the expected header: no host sync, as in a DDP hook."""
     set_compile(compiled)
     try:
         label = "" if compiled is None else "-compiled" if compiled else "-eager"
@@ -153,7 +153,7 @@ def _device_row(n: int, bits: int, repeats: int, device: torch.device, label: st
     out, buf, bad = torch.zeros_like(g), torch.empty_like(g), torch.zeros((), dtype=torch.bool, device=device)
     rng, sync = HashRNG(0, 0, 0), (torch.cuda.synchronize if device.type == "cuda" else lambda: None)
     hdr, p = expected_header((n,), bits), encode_uniform_device(g, bits, rng)
-    fns = {"copy": lambda: buf.copy_(g), "enc": lambda: encode_uniform_device(g, bits, rng),
+    fns = {"copy": lambda: buf.copy_(g), "enc": lambda: encode_uniform_device(g, bits, rng, check="defer"),
            "dec": lambda: decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)}
     for f in fns.values():  # warm-up (and compilation)
         f()

@@ -23,8 +23,8 @@ Header. It depends only on (shape, bits, norm, layout): a host template is writt
 place (so nothing here hard-codes header offsets), and the device-computed float32 scales are
 spliced in there as bytes.
 
-Compilation. On CUDA the two n-sized kernels (quantize + pack, and the crc tree) and the decode
-kernel run under ``torch.compile(dynamic=False)``: inductor fuses the hash, rounding and packing of
+Compilation. On CUDA the n-sized kernels (max norm, quantize + pack, the crc tree, and decoding)
+run under ``torch.compile(dynamic=False)``: inductor fuses the hash, rounding and packing of
 each element into one pass, which eager ops (one kernel and one full-size temporary per op) cannot;
 Triton is only reached through it, so there is no new dependency. On CPU the eager ops run by
 default (the numba kernels are the CPU fast path); :func:`set_compile` forces either. GPU speed:
