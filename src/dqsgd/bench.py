@@ -29,6 +29,7 @@ from dqsgd.codecs.wire import body_width, zstd_compress
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, quantize_uniform_hash
 from dqsgd.kernels import fused
 from dqsgd.kernels.codec import MIN_CHUNKS_PER_THREAD, read_header
+from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header, set_compile
 from dqsgd.kernels.hashrng import fill_hashes
 from dqsgd.bench_cli import add_bench_parser, main  # noqa: F401  (the argparse wiring; kept importable here)
 from dqsgd.quantizers import Norm, dequantize, quantize_uniform
@@ -127,6 +128,44 @@ def codec_speed_rows(n: int, bits_list: list[int], repeats: int, torch_repeats: 
     return rows
 
 
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def device_codec_rows(n: int, bits_list: list[int], repeats: int, device: torch.device,
+                      compiled: bool | None = None) -> list[dict[str, Any]]:
+    """The device codec (:mod:`dqsgd.kernels.device`: compiled on CUDA, eager torch ops on CPU, or as
+    ``compiled`` says) against ``out.copy_(g)`` on the same device; encode and decode run with deferred
+    checks and decode with the expected header: no host sync, as in a DDP hook."""
+    set_compile(compiled)
+    try:
+        label = "" if compiled is None else "-compiled" if compiled else "-eager"
+        return [_device_row(n, bits, repeats, device, label) for bits in bits_list]
+    finally:
+        set_compile(None)
+
+
+def _device_row(n: int, bits: int, repeats: int, device: torch.device, label: str) -> dict[str, Any]:
+    g = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(device)
+    out, buf, bad = torch.zeros_like(g), torch.empty_like(g), torch.zeros((), dtype=torch.bool, device=device)
+    rng, sync = HashRNG(0, 0, 0), (torch.cuda.synchronize if device.type == "cuda" else lambda: None)
+    hdr, p = expected_header((n,), bits), encode_uniform_device(g, bits, rng)
+    fns = {"copy": lambda: buf.copy_(g), "enc": lambda: encode_uniform_device(g, bits, rng, check="defer"),
+           "dec": lambda: decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)}
+    for f in fns.values():  # warm-up (and compilation)
+        f()
+    best = best_of({k: (lambda f=f: (f(), sync())) for k, f in fns.items()}, repeats)
+    enc, dec, cp = best["enc"], best["dec"], best["copy"]
+    return {"n": n, "bits": bits, "path": f"device-{device.type}{label}", "enc_GBs": 4 * n / enc / 1e9,
+            "dec_GBs": 4 * n / dec / 1e9, "encdec_GBs": 4 * n / (enc + dec) / 1e9, "copy_GBs": 4 * n / cp / 1e9,
+            "enc_vs_copy": cp / enc, "dec_vs_copy": cp / dec, "encdec_vs_copy": cp / (enc + dec),
+            "enc_ms": 1e3 * enc, "dec_ms": 1e3 * dec, "copy_ms": 1e3 * cp, "payload_bytes": p.numel()}
+
+
 def level_entropy(codes: np.ndarray) -> float:
     """Empirical (order-0) entropy of the integer levels, bits per coordinate."""
     counts = np.bincount(codes.astype(np.int64) - int(codes.min())) if codes.size else np.zeros(0)
@@ -217,8 +256,10 @@ def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for n in args.sizes:
         rows += codec_speed_rows(n, args.bits, args.repeats, args.torch_repeats)
+        rows += device_codec_rows(n, args.bits, args.repeats, _device(args.device), args.device_compile)
     print(f"codec throughput, GB/s of fp32 input; copy = out.copy_(g) in the same run; {args.threads} threads")
     _print_table(rows, ["n", "bits", "path", "enc_GBs", "dec_GBs", "encdec_GBs", "copy_GBs", "encdec_vs_copy"])
+    print("(device-* rows: dqsgd.kernels.device on that device, copy = copy_ on the same device)")
     pieces = piece_rows(max(args.sizes), 4, args.repeats)
     print(f"\nthe pieces of the fused 4-bit path, each alone (vs_copy = copy time / piece time); {args.threads} threads")
     _print_table(pieces, ["n", "bits", "piece", "ms", "GBs", "vs_copy"])

@@ -51,6 +51,10 @@ def add_bench_parser(sub: Any) -> None:
                    help="bit widths to time, comma-separated (default: 1,2,4,6,8,16)")
     c.add_argument("--torch-repeats", type=int, default=2,
                    help="timing rounds of the slower torch-ops reference path (default: 2)")
+    c.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the device codec rows run (auto: CUDA if available, else the CPU)")
+    c.add_argument("--device-compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="force torch.compile on (or off) for the device rows (default: on for CUDA only)")
     _common(c, 5, 2, "bench/codec.json")
     c.set_defaults(func=_command("bench_codec"))
     s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD",

@@ -4,6 +4,8 @@
 * :func:`encode_uniform_fast` — gradient → wire payload in two passes (norm; round + pack).
 * :func:`decode_accumulate` — payload → ``out += w·x̂`` without temporaries.
 * :func:`quantize_uniform_hash` — the torch-ops reference (any device) they are tested against.
+* :func:`encode_uniform_device`, :func:`decode_accumulate_device`, :func:`decode_device` — the same
+  codec in torch ops on the tensor's device (:mod:`dqsgd.kernels.device`).
 """
 
 from typing import TYPE_CHECKING
@@ -14,6 +16,7 @@ if TYPE_CHECKING:
     from dqsgd.kernels.codec import (
         decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header, segment_starts,
     )
+    from dqsgd.kernels.device import decode_accumulate_device, decode_device, encode_uniform_device
     from dqsgd.kernels.hashrng import HashRNG, hash_uniform_numpy
     from dqsgd.kernels.reference import quantize_uniform_hash
 

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from numba import njit
 
-__all__ = ["HashRNG", "hash_uniform_numpy", "mix64"]
+__all__ = ["HashRNG", "hash_uniform_numpy", "hash_uniform_torch", "mix64"]
 
 GAMMA = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -97,15 +97,25 @@ class HashRNG:
         """u_0 … u_{n-1} as float32 on ``device``, computed with torch integer ops."""
         if n < 0:
             raise ValueError(f"need n >= 0, got {n}")
-        j = torch.arange(1, (n + 3) // 4 + 1, dtype=torch.int64, device=device)
-        h = _mix64_torch(j * _signed(GAMMA) + _signed(self.key))
-        # (h >> 16k) & 0xFFFF: the mask keeps bits an arithmetic shift would have filled, for every k.
-        fields = torch.stack([(h >> (16 * k)) & 0xFFFF for k in range(4)], dim=1).reshape(-1)[:n]
-        return (fields.to(torch.float32) + 0.5) * INV16
+        key = torch.full((), _signed(self.key), dtype=torch.int64, device=device)
+        return hash_uniform_torch(key, n)
 
     def uniform_numpy(self, n: int) -> np.ndarray:
         """The same numbers from the compiled kernel (float32 numpy array)."""
         return hash_uniform_numpy(self.key, n)
+
+
+def hash_uniform_torch(key: torch.Tensor, n: int) -> torch.Tensor:
+    """u_0 … u_{n-1} of the stream whose key is the 0-dim int64 tensor ``key`` (the uint64 key's
+    bits), on ``key.device``: the key is a tensor so that compiled callers do not specialise on it."""
+    # Hashes for a multiple of 64 counters (sliced to n below): inductor's CPU code (torch 2.13)
+    # got the vector-loop tail of this int64 arithmetic wrong; with no tail it is exact (tested).
+    m = -(-((n + 3) // 4) // 64) * 64
+    j = torch.arange(1, m + 1, dtype=torch.int64, device=key.device)
+    h = _mix64_torch(j * _signed(GAMMA) + key)
+    # (h >> 16k) & 0xFFFF: the mask keeps bits an arithmetic shift would have filled, for every k.
+    fields = torch.stack([(h >> (16 * k)) & 0xFFFF for k in range(4)], dim=1).reshape(-1)[:n]
+    return (fields.to(torch.float32) + 0.5) * INV16
 
 
 def _lsr(z: torch.Tensor, k: int) -> torch.Tensor:

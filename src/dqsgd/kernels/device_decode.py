@@ -1,0 +1,199 @@
+"""Decoding a payload tensor on its own device: ``out += w·dequantize(decode(payload))``.
+
+See :func:`decode_accumulate_device`; the arithmetic and why it is bit-identical to the host
+kernel are in :mod:`dqsgd.kernels.device`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dqsgd.codecs import Coding, PayloadError
+from dqsgd.codecs import wire as _wire
+from dqsgd.codecs.header import Header, parse_header
+from dqsgd.kernels.codec import decode_accumulate
+from dqsgd.kernels.device_common import LazyBytes, head_on, kernel, per_element, seg_ids_of, template
+from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
+from dqsgd.kernels.device_pack import padding_bits, unpack_device
+from dqsgd.quantizers import Scheme
+
+__all__ = ["decode_accumulate_device", "decode_device"]
+
+_CHECKS = ("sync", "defer")
+_PREFETCH = 4096  # header bytes read to the host in one copy (more only for long layouts or many scales)
+_ON_DEVICE = (Scheme.UNIFORM, Scheme.SIGN, Scheme.TERNARY)  # with FIXED coding; others take the host path
+
+
+def _host_header(payload: torch.Tensor, max_numel: int) -> Header:
+    """``read_header``'s structural checks, reading only the header bytes to the host (a sync)."""
+    n = payload.numel()
+    first = bytes(payload[: min(n, _PREFETCH)].cpu().numpy())
+
+    def fetch(lo: int, hi: int) -> bytes:
+        return first[lo:hi] if hi <= len(first) else bytes(payload[lo:hi].cpu().numpy())
+
+    h = parse_header(LazyBytes(n, fetch), max_numel)
+    if (err := _wire._scheme_error(h.scheme, h.bits, h.levels)) is not None:
+        raise PayloadError(f"{err} (header offset 4)")
+    if h.numel >= _wire.U32_MAX and h.coding == Coding.ELIAS:
+        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
+    return h
+
+
+def _dequantize(body: torch.Tensor, steps: torch.Tensor, seg_ids: torch.Tensor | None, w: torch.Tensor,
+                bits: int, bucket: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w·(c·step) per coordinate, [min c, max c, zero count]) of a FIXED body of n codes."""
+    u = unpack_device(body, bits, n)
+    codes = 2 * u - 1 if bits == 1 else u - (1 << (bits - 1))
+    dx = w * (codes.to(torch.float32) * per_element(steps, seg_ids, bucket, n))
+    if n == 0:
+        return dx, torch.zeros(3, dtype=torch.int64, device=body.device)
+    stats = torch.stack([codes.min().to(torch.int64), codes.max().to(torch.int64), (codes == 0).sum()])
+    return dx, stats
+
+
+def _crc_pair(payload: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.Tensor:
+    """[computed crc, stored crc] of a payload (int64, on its device; ``device_crc``)."""
+    stored = (payload[-4:].to(torch.int64) << torch.arange(0, 32, 8, device=payload.device)).sum()
+    return torch.stack([crc32_with(payload[:-4], tabs, constant), stored])
+
+
+def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales read from the payload on device, [header bytes differ, non-finite scale]) for a
+    payload expected to have the header ``h`` (from :func:`expected_header`)."""
+    tpl = template(h.shape, h.bits, h.norm, h.layout)
+    if tpl.header.levels != h.levels or h.scheme != Scheme.UNIFORM or h.coding != Coding.FIXED:
+        raise ValueError("header= must come from expected_header (a UNIFORM FIXED payload's header)")
+    dev, k = payload.device, len(tpl.head)
+    head, care = head_on(tpl, dev)
+    scales = payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg].clone().view(torch.float32)
+    differs = ((payload[:k] != head) & care).any()
+    return scales, torch.stack([differs, ~torch.isfinite(scales).all()]).to(torch.int64)
+
+
+def _raise_first(stats: list[int], h: Header) -> None:
+    """The host decoder's message for the first failed check, in its order."""
+    head_bad, scale_bad, computed, stored, pad, lo, hi, zeros = stats
+    rng = _wire._code_range(h.scheme, h.bits, h.levels)
+    if head_bad:
+        raise PayloadError(f"header differs from the expected header {h.shape} bits={h.bits} (outside the scales)")
+    if scale_bad:
+        raise PayloadError("non-finite scale in the scales")
+    if computed != stored:
+        raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {h.body_start + h.body_len}, "
+                           f"computed {computed:#010x}")
+    if pad:
+        raise PayloadError(f"non-zero padding bits in the last body byte (offset {h.body_start + h.body_len - 1})")
+    if h.numel and (lo < rng.lo or hi > rng.hi):
+        raise PayloadError(f"body at offset {h.body_start}: codes span [{lo}, {hi}], "
+                           f"the scheme allows [{rng.lo}, {rng.hi}]")
+    if zeros and not rng.zero_ok:
+        raise PayloadError(f"body at offset {h.body_start}: {zeros} zero codes, "
+                           "which this scheme and width cannot carry")
+
+
+def _flagged(stats: torch.Tensor, h: Header) -> torch.Tensor:
+    """Whether any check failed, as a device bool (the no-sync form of :func:`_raise_first`)."""
+    rng = _wire._code_range(h.scheme, h.bits, h.levels)
+    bad = (stats[0] != 0) | (stats[1] != 0) | (stats[2] != stats[3]) | (stats[4] != 0)
+    if h.numel:
+        bad = bad | (stats[5] < rng.lo) | (stats[6] > rng.hi) | ((stats[7] > 0) & (not rng.zero_ok))
+    return bad
+
+
+def _check_args(payload: torch.Tensor, check: str, bad: torch.Tensor | None) -> None:
+    if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
+        got = f"{payload.dtype} {tuple(payload.shape)}" if isinstance(payload, torch.Tensor) else type(payload).__name__
+        raise ValueError(f"payload must be a 1-D uint8 tensor, got {got}")
+    if check not in _CHECKS:
+        raise ValueError(f"check must be one of {_CHECKS}, got {check!r}")
+    if check == "defer" and (not isinstance(bad, torch.Tensor) or bad.dtype != torch.bool or bad.dim() != 0
+                             or bad.device != payload.device):
+        raise ValueError("check='defer' needs bad=, a 0-dim bool tensor on the payload's device")
+
+
+def _resolve(payload: torch.Tensor, header: Header | None, max_numel: int) -> tuple[Header, bool]:
+    """(header, whether it is a caller's expected header) after the host-side length checks."""
+    if header is None:
+        return _host_header(payload, max_numel), False
+    if header.numel > max_numel:
+        raise PayloadError(f"expected header declares {header.numel} elements, more than max_numel={max_numel}")
+    if payload.numel() != header.body_start + header.body_len + 4:
+        raise PayloadError(f"payload has {payload.numel()} bytes, the expected header says "
+                           f"{header.body_start + header.body_len + 4}")
+    return header, True
+
+
+def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Header, expected: bool,
+                check: str, bad: torch.Tensor | None) -> None:
+    dev = payload.device
+    if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() != h.numel or out.device != dev:
+        raise ValueError(f"out must be a contiguous float32 tensor of {h.numel} elements on {dev}, "
+                         f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+    if h.coding != Coding.FIXED or h.scheme not in _ON_DEVICE:  # other codings: the host decoder (a copy)
+        tmp = np.zeros(h.numel, dtype=np.float32)
+        decode_accumulate(bytes(payload.cpu().numpy()), tmp, weight, max_numel=max(h.numel, 1))
+        out.view(-1).add_(torch.from_numpy(tmp).to(dev))
+        return
+    if expected:
+        scales, head_flags = _template_flags(payload, h)
+    else:
+        scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
+        head_flags = torch.zeros(2, dtype=torch.int64, device=dev)
+    steps = scales / torch.full_like(scales, float(h.levels))  # a tensor divisor: correctly rounded everywhere
+    body = payload[h.body_start : h.body_start + h.body_len]
+    w = torch.full((), weight, dtype=torch.float32, device=dev)
+    bucket = h.layout.bucket if h.layout.sizes is None else 0
+    dx, code_stats = kernel(_dequantize, dev)(body, steps, seg_ids_of(h.layout, dev), w, h.bits, bucket, h.numel)
+    pad = padding_bits(body, h.bits, h.numel).to(torch.int64).reshape(1)
+    stats = torch.cat([head_flags, kernel(_crc_pair, dev)(payload, crc_tables(dev, payload.numel() - 4),
+                                                   crc32_length_constant(payload.numel() - 4)), pad, code_stats])
+    if check == "sync":
+        _raise_first(stats.tolist(), h)  # the one sync: 8 integers
+    else:
+        bad |= _flagged(stats, h)
+    out.view(-1).add_(dx)  # eager and separate: never contracted into an FMA (module docstring)
+
+
+def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: float = 1.0, *,
+                             max_numel: int = 1 << 28, header: Header | None = None, check: str = "sync",
+                             bad: torch.Tensor | None = None) -> Header:
+    """``out += weight · dequantize(decode(payload))`` on the payload's device; returns the header.
+
+    ``payload`` is a 1-D uint8 tensor, ``out`` a contiguous float32 tensor of numel elements on the
+    same device. With ``weight = 1`` the result is bit-identical to the host
+    :func:`dqsgd.kernels.decode_accumulate` (any weight: the same float32 operations).
+
+    Host syncs. ``header=None``: the header is read to the host (one copy of its first 4 KiB)
+    and checked there like ``read_header``. ``header=expected_header(shape, bits, norm=,
+    layout=)``: nothing is read; the payload's length is checked on the host (it is a tensor
+    shape), its header bytes outside the scales are compared with the expected ones on the device,
+    and the scales are read on the device (the returned header is the caller's, with its
+    placeholder scales). Then the crc (``device_crc``), the padding bits and the code range are
+    device flags: ``check="sync"`` reads them (8 integers) and raises on a bad payload, leaving
+    ``out`` untouched; ``check="defer"`` ORs them into ``bad`` (a 0-dim bool tensor on the device)
+    without a sync, and adds into ``out`` anyway: the caller must check ``bad`` before trusting
+    ``out``. Payloads the device kernel does not decode (codings other than FIXED, IDENTITY and
+    LOWPREC schemes) are copied to the host and decoded there (a sync, and errors are raised).
+
+    Raises:
+      PayloadError: whatever ``decode`` refuses (truncated, corrupted, forged), and a header that
+        differs from ``header``.
+      ValueError: a bad ``payload``/``out`` tensor, ``check`` or ``bad``.
+    """
+    _check_args(payload, check, bad)
+    h, expected = _resolve(payload, header, max_numel)
+    _accumulate(payload, out, weight, h, expected, check, bad)
+    return h
+
+
+def decode_device(payload: torch.Tensor, *, max_numel: int = 1 << 28, header: Header | None = None,
+                  check: str = "sync", bad: torch.Tensor | None = None) -> torch.Tensor:
+    """``dequantize(decode(payload))`` as float32 of the payload's shape on the payload's device
+    (syncs and checks as in :func:`decode_accumulate_device`)."""
+    _check_args(payload, check, bad)
+    h, expected = _resolve(payload, header, max_numel)
+    out = torch.zeros(h.numel, dtype=torch.float32, device=payload.device)
+    _accumulate(payload, out, 1.0, h, expected, check, bad)
+    return out.reshape(h.shape)
