@@ -266,3 +266,19 @@ def test_bench_device_rows_measure_the_real_payload() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA"):
             _device("cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_device_payload_records_the_dtype_like_the_host(dtype: torch.dtype) -> None:
+    """Version-2 payloads carry the input dtype: the device encoder writes the host's bytes, and
+    the device decoder restores that dtype with the host decoder's values."""
+    import dqsgd
+    from dqsgd.kernels import HashRNG, encode_uniform_fast
+    from dqsgd.kernels.device import decode_device, encode_uniform_device
+
+    x = torch.randn(1001).to(dtype)
+    host = encode_uniform_fast(x, 4, HashRNG(1, 2, 3))
+    dev = encode_uniform_device(x, 4, HashRNG(1, 2, 3))
+    assert bytes(dev.numpy()) == host
+    got, want = decode_device(dev), dqsgd.decode(host)
+    assert got.dtype == want.dtype == dtype and torch.equal(got, want)

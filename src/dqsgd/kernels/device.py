@@ -143,7 +143,7 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     shape, n = tuple(int(d) for d in x.shape), flat.numel()
     if n >= 1 << 32 or len(shape) > _wire.MAX_NDIM or any(d > _wire.U32_MAX for d in shape):
         raise ValueError(f"shape {shape}: need ndim ≤ {_wire.MAX_NDIM}, every dim < 2^32 and < 2^32 elements")
-    tpl = template(shape, bits, Norm(norm), layout)
+    tpl = template(shape, bits, Norm(norm), layout, x.dtype)
     dev, levels = flat.device, levels_of(bits)
     seg_ids = seg_ids_of(layout, dev)
     scales = _scales(flat, norm, layout, seg_ids, tpl.nseg)

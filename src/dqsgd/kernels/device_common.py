@@ -103,8 +103,9 @@ class LazyBytes:
 _TEMPLATES: dict[tuple, Template] = {}
 
 
-def template(shape: tuple[int, ...], bits: int, norm: Norm, layout: Layout) -> Template:
-    key = (shape, bits, int(norm), layout)
+def template(shape: tuple[int, ...], bits: int, norm: Norm, layout: Layout,
+             dtype: torch.dtype = torch.float32) -> Template:
+    key = (shape, bits, int(norm), layout, dtype)
     if key in _TEMPLATES:
         return _TEMPLATES[key]
     n = math.prod(shape)
@@ -112,7 +113,8 @@ def template(shape: tuple[int, ...], bits: int, norm: Norm, layout: Layout) -> T
     body_len = packed_size(n, bits)
 
     def head(fill: np.ndarray) -> bytes:
-        return write_header(Scheme.UNIFORM, bits, Coding.FIXED, norm, levels_of(bits), shape, layout, fill, body_len)
+        return write_header(Scheme.UNIFORM, bits, Coding.FIXED, norm, levels_of(bits), shape, layout, fill, body_len,
+                            dtype=dtype)
 
     h0, h1 = head(np.zeros(nseg, np.float32)), head(np.full(nseg, 0xFFFFFFFF, np.uint32).view(np.float32))
     diff = np.flatnonzero(np.frombuffer(h0, np.uint8) != np.frombuffer(h1, np.uint8))
@@ -145,7 +147,8 @@ def head_on(tpl: Template, device: torch.device) -> tuple[torch.Tensor, torch.Te
     return _HEADS[key]
 
 
-def expected_header(shape: tuple[int, ...], bits: int, *, norm: Norm = Norm.MAX, layout: Layout = Layout()) -> Header:
+def expected_header(shape: tuple[int, ...], bits: int, *, norm: Norm = Norm.MAX, layout: Layout = Layout(),
+                    dtype: torch.dtype = torch.float32) -> Header:
     """The header of an :func:`encode_uniform_device` payload of this shape, with zero placeholder
     scales: pass it as ``header=`` to :func:`decode_accumulate_device` to decode with no sync."""
-    return template(tuple(int(d) for d in shape), bits, Norm(norm), layout).header
+    return template(tuple(int(d) for d in shape), bits, Norm(norm), layout, dtype).header

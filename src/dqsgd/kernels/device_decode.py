@@ -62,7 +62,7 @@ def _crc_pair(payload: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch
 def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, torch.Tensor]:
     """(scales read from the payload on device, [header bytes differ, non-finite scale]) for a
     payload expected to have the header ``h`` (from :func:`expected_header`)."""
-    tpl = template(h.shape, h.bits, h.norm, h.layout)
+    tpl = template(h.shape, h.bits, h.norm, h.layout, h.dtype)
     if tpl.header.levels != h.levels or h.scheme != Scheme.UNIFORM or h.coding != Coding.FIXED:
         raise ValueError("header= must come from expected_header (a UNIFORM FIXED payload's header)")
     dev, k = payload.device, len(tpl.head)
@@ -190,10 +190,11 @@ def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: f
 
 def decode_device(payload: torch.Tensor, *, max_numel: int = 1 << 28, header: Header | None = None,
                   check: str = "sync", bad: torch.Tensor | None = None) -> torch.Tensor:
-    """``dequantize(decode(payload))`` as float32 of the payload's shape on the payload's device
-    (syncs and checks as in :func:`decode_accumulate_device`)."""
+    """``dequantize(decode(payload))`` on the payload's device, in the payload's shape and recorded
+    dtype (float32 sums, rounded once to that dtype, as the host decoder does; syncs and checks as
+    in :func:`decode_accumulate_device`)."""
     _check_args(payload, check, bad)
     h, expected = _resolve(payload, header, max_numel)
     out = torch.zeros(h.numel, dtype=torch.float32, device=payload.device)
     _accumulate(payload, out, 1.0, h, expected, check, bad)
-    return out.reshape(h.shape)
+    return out.reshape(h.shape).to(h.dtype)
