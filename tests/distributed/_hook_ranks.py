@@ -192,3 +192,17 @@ def compiled(rank: int, world: int, backend: str) -> dict[str, Any]:
         out[f"{name}_s"] = time.perf_counter() - t
         out[f"{name}_stats"] = state.compression_stats()
     return out
+
+
+def device_path_runs(rank: int, world: int, cases: list[tuple[str, dict]]) -> dict[str, Any]:
+    """The same cases through the numba kernels and through the torch-ops device codec (the GPU
+    code path, forced on CPU)."""
+    from dqsgd.integrations import ddp_codec
+
+    host = hooked_runs(rank, world, cases)
+    ddp_codec.route_cpu_through_device_codec(True)
+    try:
+        device = hooked_runs(rank, world, cases)
+    finally:
+        ddp_codec.route_cpu_through_device_codec(False)
+    return {"host": host, "device": device}

@@ -30,6 +30,21 @@ FLAG_NONFINITE = 1  # this rank's bucket had NaN or Inf (AMP overflow): every ra
 FLAG_ZERO = 2       # this rank's bucket is all zeros: it abstains from a majority vote
 FP32 = 32           # downlink width meaning "no quantization" (identity payloads)
 
+_DEVICE_CODEC_ON_CPU = False
+
+
+def route_cpu_through_device_codec(on: bool) -> None:
+    """Send CPU buckets through the torch-ops device codec (the GPU code path) instead of the numba
+    kernels. The payloads are byte-identical either way; this exists so that the GPU code path of
+    the hook runs, and is tested, on machines without a GPU."""
+    global _DEVICE_CODEC_ON_CPU
+    _DEVICE_CODEC_ON_CPU = bool(on)
+
+
+def device_path(t: torch.Tensor) -> bool:
+    """Whether ``t``'s payloads go through the torch-ops device codec (non-CPU tensors, or forced)."""
+    return t.device.type != "cpu" or _DEVICE_CODEC_ON_CPU
+
 
 def bytes_tensor(payload: bytes, device: torch.device) -> torch.Tensor:
     """A read-only ``bytes`` payload as a ``uint8`` tensor on ``device`` (no copy on CPU)."""
@@ -44,22 +59,35 @@ def encode_uniform_payload(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: No
 
     CPU: :func:`dqsgd.kernels.encode_uniform_fast`; elsewhere the device codec, byte-identical.
     """
-    if x.device.type != "cpu":
-        from dqsgd.kernels.device import encode_uniform_device  # type: ignore[import-not-found]
+    if device_path(x):
+        from dqsgd.kernels.device import encode_uniform_device
 
-        return encode_uniform_device(x, bits, rng, norm=norm, layout=layout)
+        # No sync: the hook zeroes non-finite entries before encoding; a norm too small for
+        # float32 writes a NaN scale, which the receiving rank's decoder flags.
+        return encode_uniform_device(x, bits, rng, norm=norm, layout=layout, check="defer")
     from dqsgd.kernels import encode_uniform_fast
 
     return bytes_tensor(encode_uniform_fast(x, bits, rng, norm=norm, layout=layout), x.device)
 
 
 def decode_accumulate_payload(payload: torch.Tensor, out: torch.Tensor, weight: float = 1.0, *,
-                              max_numel: int) -> Header:
-    """``out += weight · x̂`` for a payload tensor, on ``out``'s device, validating like ``decode``."""
-    if out.device.type != "cpu":
-        from dqsgd.kernels.device import decode_accumulate_device  # type: ignore[import-not-found]
+                              max_numel: int, expect: tuple[int, Norm, Layout] | None = None,
+                              bad: torch.Tensor | None = None) -> Header:
+    """``out += weight · x̂`` for a payload tensor, on ``out``'s device, validating like ``decode``.
 
-        return decode_accumulate_device(payload, out, weight, max_numel=max_numel)
+    Device path: ``expect = (bits, norm, layout)`` of a uniform FIXED payload lets the decoder
+    compare the header on the device instead of reading it to the host; with ``bad`` (a 0-dim bool
+    tensor) the crc, padding and code-range checks are ORed into it instead of raising, so nothing
+    waits for the device (the hook reads ``bad`` a step later, see ``_Bucket.check_payloads``).
+    """
+    if device_path(out):
+        from dqsgd.kernels.device import decode_accumulate_device, expected_header
+
+        header = None if expect is None else expected_header((out.numel(),), expect[0], norm=expect[1],
+                                                             layout=expect[2])
+        check = "sync" if bad is None or header is None else "defer"
+        return decode_accumulate_device(payload, out, weight, max_numel=max_numel, header=header, check=check,
+                                        bad=bad if check == "defer" else None)
     from dqsgd.kernels import decode_accumulate
 
     return decode_accumulate(payload.numpy(), out, weight, max_numel=max_numel)
@@ -81,13 +109,16 @@ def encode_shard(m: Method, x: torch.Tensor, bits: int, rng: HashRNG, generator:
     return bytes_tensor(payload, x.device), res
 
 
-def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor) -> None:
-    """``out += Σ_w x̂_w`` in rank order (bit-identical to summing ``dequantize(decode(p_w))``)."""
+def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor,
+               bad: torch.Tensor | None = None) -> None:
+    """``out += Σ_w x̂_w`` in rank order (bit-identical to summing ``dequantize(decode(p_w))``);
+    ``bad``: deferred validation on the device path (:func:`decode_accumulate_payload`)."""
     from dqsgd.codecs import PayloadError
 
+    expect = (bits, m.norm, m.layout) if fast_path(m) else None
     for w, p in enumerate(payloads):
         try:
-            h = decode_accumulate_payload(p, out, max_numel=max(m.numel, 1))
+            h = decode_accumulate_payload(p, out, max_numel=max(m.numel, 1), expect=expect, bad=bad)
         except PayloadError as e:
             raise PayloadError(f"rank {w}: {e}") from None
         m._check_uplink(h.scheme, h.numel, h.bits, bits, w)

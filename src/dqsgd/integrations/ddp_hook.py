@@ -42,6 +42,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
         return _allreduce(state, grad, world)
     rank = dist.get_rank(pg)
     b = state.bucket(bucket.index(), grad, [p.numel() for p in bucket.parameters()], rank, world)
+    b.check_payloads(bucket.index())  # deferred validation of what this rank decoded earlier
     b.catch_up(b.step - 1 - (0 if grad.device.type == "cpu" else 1))  # device: statistics one step late
     if not _worth_it(state, b, grad.element_size()):
         return _allreduce(state, grad, world)
@@ -148,7 +149,7 @@ def _average(b: _Bucket, m: Any, payloads: list[torch.Tensor], flags: torch.Tens
         abstain = [bool(f & codec.FLAG_ZERO) for f in flags.cpu().tolist()]
         return codec.vote(m, payloads, bits, abstain).to(device)
     out = torch.zeros(m.numel, dtype=torch.float32, device=device)
-    codec.accumulate(m, payloads, bits, out)
+    codec.accumulate(m, payloads, bits, out, b.payload_flag(out))
     return out.div_(world)
 
 
@@ -217,17 +218,21 @@ def _sharded(state: HookState, b: _Bucket, grad: torch.Tensor, payloads: list[to
         mine_down = codec.pad(pay, dmax)
         gathered = [torch.empty_like(mine_down) for _ in range(world)]
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
-            lambda: _assemble(b, gathered, dsizes, flg, step, spent, grad)
+            lambda: _assemble(b, gathered, dsizes, dbits, flg, step, spent, grad)
 
     return _ordered(state, work.get_future(), reduce_shard)
 
 
-def _assemble(b: _Bucket, gathered: list[torch.Tensor], dsizes: list[int], flags: torch.Tensor, step: int,
-              spent: int, grad: torch.Tensor) -> torch.Tensor:
+def _assemble(b: _Bucket, gathered: list[torch.Tensor], dsizes: list[int], dbits: int, flags: torch.Tensor,
+              step: int, spent: int, grad: torch.Tensor) -> torch.Tensor:
     """Decode every rank's averaged shard into the bucket (the same bytes on every rank)."""
+    from dqsgd.quantizers import Norm
+
     out = torch.zeros(b.numel, dtype=torch.float32, device=grad.device)
+    flag = b.payload_flag(out)
     for j, ((lo, hi), g, n) in enumerate(zip(b.bounds, gathered, dsizes)):
-        h = codec.decode_accumulate_payload(g[:n], out[lo:hi], max_numel=max(hi - lo, 1))
+        expect = None if dbits == codec.FP32 else (dbits, Norm.MAX, b.shards[j].layout)
+        h = codec.decode_accumulate_payload(g[:n], out[lo:hi], max_numel=max(hi - lo, 1), expect=expect, bad=flag)
         if h.numel != hi - lo:
             raise ValueError(f"rank {j}'s downlink payload holds {h.numel} values, its shard {hi - lo}")
     return _finish(b, out, flags, step, spent, grad)

@@ -60,6 +60,8 @@ class _Bucket:
     seeds: list[int] = field(default_factory=list)  # HashRNG seed of each uplink shard
     down_seed: int = 0                   # HashRNG seed of the downlink (seed_for(seed, DOWNLINK, index))
     pending: list[tuple] = field(default_factory=list)  # (step, [norm, rms, bad], spent_bits, G, event): unobserved
+    bad: torch.Tensor | None = None      # device path: payloads that failed validation (read a step late)
+    _bad_event: Any = field(default=None, repr=False)  # CUDA: recorded after ``bad`` was last written
 
     @property
     def bits(self) -> int:
@@ -92,6 +94,36 @@ class _Bucket:
         if event is not None:
             event.synchronize()  # a step already done: no wait for the work queued since
         return step, vals.tolist(), spent, g
+
+    def payload_flag(self, out: torch.Tensor) -> torch.Tensor | None:
+        """The bucket's deferred-validation flag on ``out``'s device (None: the host codec, which raises)."""
+        from dqsgd.integrations.ddp_codec import device_path
+
+        if not device_path(out):
+            return None
+        if self.bad is None or self.bad.device != out.device:
+            self.bad = torch.zeros((), dtype=torch.bool, device=out.device)
+        return self.bad
+
+    def check_payloads(self, index: int) -> None:
+        """Raise if a payload this rank decoded on the device path failed validation. The flag is
+        read only once the work that set it has finished (CUDA: ``query`` of an event recorded after
+        it), so the check never waits for the device; on CPU it is read at once."""
+        from dqsgd.codecs import PayloadError
+
+        if self.bad is None:
+            return
+        if self.bad.device.type == "cuda":
+            if self._bad_event is None:
+                self._bad_event = torch.cuda.Event()
+                self._bad_event.record()
+                return
+            if not self._bad_event.query():
+                return
+            self._bad_event = None
+        if bool(self.bad):
+            raise PayloadError(f"bucket {index}: a payload this rank received at step {self.step - 1} or earlier "
+                               "failed validation (crc, padding or code range): refusing to continue")
 
     def catch_up(self, last_step: int) -> None:
         """Feed the policy every recorded step ≤ ``last_step``."""
