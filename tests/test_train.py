@@ -120,6 +120,7 @@ def test_nonfinite_gradients_refused_or_skipped(tmp_path: Path) -> None:
     assert s["skipped_steps"] >= 1
 
 
+@pytest.mark.timeout(900)  # about 60 s on an idle 2-core machine; several times that under load
 def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     """Kill a real `dqsgd train` process with SIGKILL, resume it, compare with an uninterrupted run."""
     args = ["--config", "table1-mnist", "--method", "dqsgd", "--quiet", "--set", 'train.dataset="synthetic"',
