@@ -10,9 +10,7 @@ from __future__ import annotations
 
 __all__ = ["DOWNLINK", "shard_bounds", "shard_sizes"]
 
-# Seed stream of the sharded downlink's stochastic rounding (seed_for(seed, DOWNLINK, ...)); the
-# streams 1-4 are the data and uplink streams of dqsgd.train.sampling.
-DOWNLINK = 5
+from dqsgd.rng import DOWNLINK  # the seed stream of the downlink's stochastic rounding (re-exported)
 
 
 def shard_bounds(numel: int, world: int) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -38,8 +38,10 @@ from dqsgd.ledger import wire_traffic
 from dqsgd.pipeline import Method
 from dqsgd.quantizers import Norm, NonFiniteGradientError, quantize_identity
 from dqsgd.sharding import DOWNLINK, shard_bounds, shard_sizes
-from dqsgd.train.sampling import QUANT, seed_for
-from dqsgd.transport.base import ShardedTransport
+from dqsgd.rng import QUANT, seed_for
+
+if TYPE_CHECKING:
+    from dqsgd.transport.base import ShardedTransport
 
 FP32 = 32  # downlink width that means "send the averaged shard in fp32"
 

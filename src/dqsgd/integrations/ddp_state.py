@@ -265,7 +265,7 @@ class HookState:
                 b.sizes, b.residuals = tuple(sizes), {}
             return b
         from dqsgd.sharding import DOWNLINK
-        from dqsgd.train.sampling import QUANT, seed_for
+        from dqsgd.rng import QUANT, seed_for
 
         bounds = shard_bounds(n, world) if self.topology == "sharded" else [(0, n)]
         m, shards = self._methods(n, sizes, len(bounds))

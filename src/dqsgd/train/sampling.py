@@ -1,11 +1,8 @@
-"""Seeds and per-worker minibatches as pure functions of (seed, worker, step).
+"""Per-worker minibatches as pure functions of (seed, worker, step).
 
-Common random numbers: for a given seed every method sees the same initial model and the same
-minibatch sequence, because data and quantization draw from separate streams:
-  stream 1 — the global shard permutation; stream 2 — worker w's order in epoch e;
-  stream 3 — worker w's quantization generator; stream 4 — model initialization.
-A worker's batch at step n depends only on (seed, w, n), so a resumed run and a run on real
-processes draw exactly the same data.
+A worker's batch at step n depends only on (seed, w, n) (the streams of :mod:`dqsgd.rng`), so a
+resumed run and a run on real processes draw exactly the same data. ``seed_for``, ``generator``
+and the stream numbers live in :mod:`dqsgd.rng` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,17 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-DATA_SHARDS, DATA_EPOCH, QUANT, MODEL_INIT = 1, 2, 3, 4
+from dqsgd.rng import DATA_EPOCH, DATA_SHARDS, MODEL_INIT, QUANT, generator, seed_for
 
-
-def seed_for(*parts: int) -> int:
-    """A 63-bit seed mixed from integers (numpy's SeedSequence: well-spread, deterministic)."""
-    state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2, dtype=np.uint32)
-    return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
-
-
-def generator(*parts: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed_for(*parts))
+__all__ = ["DATA_EPOCH", "DATA_SHARDS", "MODEL_INIT", "QUANT", "WorkerBatches", "generator", "seed_for"]
 
 
 class WorkerBatches:

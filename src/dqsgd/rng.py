@@ -1,0 +1,32 @@
+"""Seed streams: every random draw of a run is a pure function of (seed, stream, ...).
+
+Common random numbers: for a given seed every method sees the same initial model and the same
+minibatch sequence, because data, quantization and model initialization draw from separate
+streams. The simulation, the torch.distributed transports and the DDP hook all take their seeds
+from here, so they draw the same numbers.
+
+Streams: 1 — the global shard permutation of the training set; 2 — worker w's order in epoch e;
+3 — worker w's uplink quantization (a ``torch.Generator`` for the torch kernel, the key of the
+counter-based hash uniforms for the fused kernel); 4 — model initialization; 5 — the sharded
+topology's downlink rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["DATA_EPOCH", "DATA_SHARDS", "DOWNLINK", "MODEL_INIT", "QUANT", "generator", "seed_for"]
+
+DATA_SHARDS, DATA_EPOCH, QUANT, MODEL_INIT, DOWNLINK = 1, 2, 3, 4, 5
+
+
+def seed_for(*parts: int) -> int:
+    """A 63-bit seed mixed from integers (numpy's SeedSequence: well-spread, deterministic)."""
+    state = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2, dtype=np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
+
+
+def generator(*parts: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed_for(*parts)``."""
+    return torch.Generator().manual_seed(seed_for(*parts))
