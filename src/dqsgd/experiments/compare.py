@@ -9,6 +9,7 @@ from typing import Any
 from dqsgd.data import load_dataset
 from dqsgd.experiments.summary import write_tables
 from dqsgd.train.config import ExperimentConfig
+from dqsgd.train.rundir import RunDirError, check_same_run, data_fingerprint, holds_run, resolved_of_run
 from dqsgd.train.runner import run_dir, run_one
 
 
@@ -27,8 +28,13 @@ def finished(where: Path, steps: int, label: str, seed: int) -> bool:
 
 
 def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
-                   only: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots."""
+                   only: list[str] | None = None, overwrite: bool = False) -> list[dict[str, Any]]:
+    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots.
+
+    ``resume``: finished runs are kept and unfinished ones continued, each only if its recorded
+    config equals this experiment's (else refused, naming the keys). Without ``resume`` a run
+    directory that holds a run is refused unless ``overwrite``.
+    """
     if not exp.methods:
         raise ValueError(f"{exp.source or 'config'}: no [methods.NAME] tables: nothing to compare")
     entries = [e for e in exp.methods if not only or e.label in only]
@@ -36,15 +42,21 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     if missing:
         raise ValueError(f"--methods {missing} not in the config; it has {[e.label for e in exp.methods]}")
     data = load_data_for(exp)
+    fingerprint = data_fingerprint(data)
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     if exp.source:
         (out / "experiment.toml").write_text(Path(exp.source).read_text())
     for seed in exp.train.seeds:
         for entry in entries:
             where = run_dir(out, entry.label, seed)
-            if resume and finished(where, exp.train.steps, entry.label, seed):
+            again = resume and holds_run(where)
+            if again:
+                check_same_run(where, resolved_of_run(exp.train, entry, seed, fingerprint))
+            if again and finished(where, exp.train.steps, entry.label, seed):
                 continue  # kept as it is: a resumed comparison only runs what is missing
-            run_one(exp.train, entry, data, seed, where, resume=resume, progress=progress)
+            run_one(exp.train, entry, data, seed, where, resume=again, progress=progress, overwrite=overwrite)
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report
 

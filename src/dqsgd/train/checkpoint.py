@@ -7,6 +7,11 @@ function of (seed, worker, step). Files are written to a temporary name, fsynced
 so a crash leaves either the old or the new checkpoint, never half of one. Loading uses
 ``torch.load(weights_only=True)``: plain containers and tensors only, never arbitrary objects.
 
+Integrity: a file is ``MAGIC`` + the sha256 of the payload + the payload (``torch.save`` bytes). A
+file whose payload does not hash to its stored digest (a flipped bit, a torn copy) is refused with
+:class:`CorruptCheckpoint`; :func:`resume` then falls back to the intact ``*.prev.pt`` and says so
+on stderr. Files of the older format 2 (no digest) still load.
+
 Distributed runs: every rank keeps its own file (``checkpoint-rank{r}.pt``: its worker's generator
 and residual; the server's also holds the policy and the ledger) and the one before it
 (``*.prev.pt``). Ranks save at the same steps, but a crash can strike between two ranks' saves, so
@@ -17,7 +22,10 @@ restart does.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +34,19 @@ import torch
 from dqsgd.ledger import Ledger
 from dqsgd.pipeline import MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
+from dqsgd.train.rundir import atomic_write
 
 FORMAT = 2
 CHECKPOINT = "checkpoint.pt"
+MAGIC = b"DQSGD-CK3\n"  # then 32 bytes of sha256(payload), then the payload
 
 
 class CheckpointError(ValueError):
     """A checkpoint that does not belong to this run or cannot be read."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint file whose bytes are damaged (checksum mismatch, truncated, unreadable)."""
 
 
 def trainer_state(tr: Any) -> dict[str, Any]:
@@ -69,11 +83,11 @@ def previous_path(path: Path) -> Path:
 def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
     """Write ``path`` atomically; the checkpoint it replaces becomes ``*.prev.pt`` (``keep_previous``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(trainer_state(tr), buf)
+    payload = buf.getvalue()
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(trainer_state(tr), f)
-        f.flush()
-        os.fsync(f.fileno())
+    atomic_write(tmp, MAGIC + hashlib.sha256(payload).digest() + payload)  # complete and synced, or absent
     if keep_previous and path.exists():
         os.replace(path, previous_path(path))  # a crash right here leaves *.prev.pt: still resumable
     os.replace(tmp, path)
@@ -87,9 +101,18 @@ def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
 def read_checkpoint(tr: Any, path: Path) -> dict[str, Any]:
     """The checkpoint at ``path``, checked to belong to ``tr``'s run and rank (never unpickles objects)."""
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({e})") from None
+    if raw.startswith(MAGIC):
+        digest, raw = raw[len(MAGIC) : len(MAGIC) + 32], raw[len(MAGIC) + 32 :]
+        if hashlib.sha256(raw).digest() != digest:
+            raise CorruptCheckpoint(f"{path}: checksum mismatch (sha256 of the stored payload differs from the one "
+                                    f"written with it): the file is damaged")
+    try:
+        ck = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for unsafe or corrupt files
-        raise CheckpointError(f"{path}: cannot load checkpoint safely ({type(e).__name__}: {e})") from None
+        raise CorruptCheckpoint(f"{path}: cannot load checkpoint safely ({type(e).__name__}: {e})") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dqsgd checkpoint of format {FORMAT}")
     meta, want = ck["meta"], _meta(tr)
@@ -110,13 +133,13 @@ def resume(tr: Any, out: Path) -> int:
     were lost): continuing would silently break the run's exactness.
     """
     path = checkpoint_path(out, tr.transport)
-    held: dict[int, dict[str, Any]] = {}
-    for p in (path, previous_path(path)):
-        if p.exists():
-            ck = read_checkpoint(tr, p)
-            held[int(ck["next_step"])] = ck
+    held, corrupt = _intact(tr, (path, previous_path(path)))
     mine = sorted(held, reverse=True)[:2]
-    everyone = tr.transport.all_gather_ints(mine + [-1] * (2 - len(mine)))
+    everyone = tr.transport.all_gather_ints(mine + [-2 if corrupt and not held else -1] * (2 - len(mine)))
+    lost = [r for r, steps in enumerate(everyone) if steps == [-2, -2]]
+    if lost:
+        raise CorruptCheckpoint(f"{out}: every checkpoint of rank(s) {lost} is damaged; cannot resume "
+                                f"(start over with --overwrite)")
     common = set.intersection(*({s for s in steps if s >= 0} for steps in everyone))
     if not common:
         if any(s >= 0 for steps in everyone for s in steps):
@@ -128,6 +151,23 @@ def resume(tr: Any, out: Path) -> int:
     if hasattr(tr.transport, "steps"):
         tr.transport.steps = step  # error messages count completed steps
     return step
+
+
+def _intact(tr: Any, paths: tuple[Path, ...]) -> tuple[dict[int, dict[str, Any]], list[Path]]:
+    """The readable checkpoints among ``paths`` by step, and the damaged ones (each named on stderr)."""
+    held: dict[int, dict[str, Any]] = {}
+    corrupt: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            continue
+        try:
+            ck = read_checkpoint(tr, p)
+        except CorruptCheckpoint as e:
+            corrupt.append(p)
+            print(f"dqsgd: warning: {e}; skipping it (falling back to the previous checkpoint)", file=sys.stderr, flush=True)
+            continue
+        held[int(ck["next_step"])] = ck
+    return held, corrupt
 
 
 def _apply(tr: Any, ck: dict[str, Any]) -> None:
