@@ -138,7 +138,8 @@ def test_compare_resume_after_a_config_change_is_refused(tmp_path: Path, capsys)
     out = tmp_path / "out"
     args = ["compare", "--config", str(toml), "--out", str(out), "--quiet"]
     assert main(args) == 0
-    assert main(args) == 2 and "already holds a run" in err_line(capsys)
+    assert main(args) == 2 and "already holds runs" in err_line(capsys)
+    assert (out / "experiment.toml").read_text() == toml.read_text()
     assert main([*args, "--resume"]) == 0  # unchanged: finished runs kept
     assert main([*args, "--resume", "--set", "train.lr=0.3", "--set", "train.workers=4"]) == 2
     line = err_line(capsys)
@@ -162,7 +163,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Pa
     run = tmp_path / "run"
     run_one(cfg(), qsgd(), DATA, 0, run, progress=False)
     raw = bytearray((run / "checkpoint.pt").read_bytes())
-    raw[-100] ^= 0x01
+    raw[len(raw) // 2] ^= 0x01
     (run / "checkpoint.pt").write_bytes(bytes(raw))  # newest (step 8) damaged; .prev.pt holds step 6
     (run / "summary.json").unlink()
     s = run_one(cfg(), qsgd(), DATA, 0, run, resume=True, progress=False)
@@ -201,8 +202,8 @@ def test_report_keeps_every_record_before_a_torn_last_line(tmp_path: Path, capsy
 
 # --- one-line errors, exit code 2 -----------------------------------------------------------------
 @pytest.mark.parametrize("extra,msg", [
-    (["--timeout", "inf"], "--timeout must be a finite number"),
-    (["--timeout", "nan"], "--timeout must be a finite number"),
+    (["--timeout", "inf"], "--timeout must be > 0 seconds and finite"),
+    (["--timeout", "nan"], "--timeout must be > 0 seconds and finite"),
     (["--set", "train.lr=inf"], "train.lr must be a finite number"),
     (["--set", "train.lr=nan"], "train.lr must be a finite number"),
     (["--set", "methods.qsgd.lr=inf"], "methods.qsgd.lr must be a finite number"),

@@ -64,7 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     exp, seed = _train_experiment(args)
     entry = exp.methods[0]
     if not math.isfinite(args.timeout) or args.timeout <= 0:
-        raise ConfigError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
+        raise ConfigError(f"--timeout must be > 0 seconds and finite, got {args.timeout}")
     if args.transport == "torch":
         from dqsgd.transport.launch import train_distributed
 

@@ -46,3 +46,12 @@ def nan_on_one_rank(rank: int, world: int, mode: str, bad_rank: int, at_step: in
     with t.guard():
         s = run_one(cfg(on_nonfinite=mode), entry, load_dataset("synthetic"), 0, None, transport=t, progress=False)
     return {"params": s["final_params"], "skipped": s["skipped_steps"]}
+
+
+def run_into(rank: int, world: int, out: str) -> dict[str, Any]:
+    """A plain 2-rank run into ``out`` (the test holds ``out``'s lock: rank 0 must refuse, rank 1 follow)."""
+    t = make_transport("ps")
+    entry = MethodEntry("qsgd", method_config("qsgd"))
+    with t.guard():
+        run_one(cfg(), entry, load_dataset("synthetic"), 0, Path(out), transport=t, progress=False)
+    return {}

@@ -45,6 +45,7 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     fingerprint = data_fingerprint(data)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    _check_existing(exp, entries, out, fingerprint, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     if exp.source:
         (out / "experiment.toml").write_text(Path(exp.source).read_text())
@@ -52,8 +53,6 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
         for entry in entries:
             where = run_dir(out, entry.label, seed)
             again = resume and holds_run(where)
-            if again:
-                check_same_run(where, resolved_of_run(exp.train, entry, seed, fingerprint))
             if again and finished(where, exp.train.steps, entry.label, seed):
                 continue  # kept as it is: a resumed comparison only runs what is missing
             run_one(exp.train, entry, data, seed, where, resume=again, progress=progress, overwrite=overwrite)
@@ -62,3 +61,16 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
 
     build_report(out)
     return rows
+
+
+def _check_existing(exp: ExperimentConfig, entries: list, out: Path, fingerprint: str, resume: bool,
+                    overwrite: bool) -> None:
+    """Before anything is written: refuse run directories that hold runs (unless ``resume`` or
+    ``overwrite``), and with ``resume`` every kept run whose recorded config differs from ``exp``."""
+    taken = [(e, s, run_dir(out, e.label, s)) for s in exp.train.seeds for e in entries if holds_run(run_dir(out, e.label, s))]
+    if taken and not resume and not overwrite:
+        names = ", ".join(str(w) for _, _, w in taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+        raise RunDirError(f"{out} already holds runs ({names}); continue them with --resume, replace them with "
+                          f"--overwrite, or choose another --out")
+    for entry, seed, where in taken if resume else []:
+        check_same_run(where, resolved_of_run(exp.train, entry, seed, fingerprint))

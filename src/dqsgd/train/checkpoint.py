@@ -7,17 +7,11 @@ function of (seed, worker, step). Files are written to a temporary name, fsynced
 so a crash leaves either the old or the new checkpoint, never half of one. Loading uses
 ``torch.load(weights_only=True)``: plain containers and tensors only, never arbitrary objects.
 
-Integrity: a file is ``MAGIC`` + the sha256 of the payload + the payload (``torch.save`` bytes). A
-file whose payload does not hash to its stored digest (a flipped bit, a torn copy) is refused with
+Integrity: a checkpoint carries ``sha256``, a digest of every other entry (tensor bytes, dtypes,
+shapes, and every number and string), written by :func:`seal` and verified on load. A file that
+does not match it (a flipped bit in a weight, a torn copy) is refused with
 :class:`CorruptCheckpoint`; :func:`resume` then falls back to the intact ``*.prev.pt`` and says so
-on stderr. Files of the older format 2 (no digest) still load.
-
-Distributed runs: every rank keeps its own file (``checkpoint-rank{r}.pt``: its worker's generator
-and residual; the server's also holds the policy and the ledger) and the one before it
-(``*.prev.pt``). Ranks save at the same steps, but a crash can strike between two ranks' saves, so
-:func:`resume` gathers the steps each rank holds and loads the newest step that *every* rank has —
-the run continues exactly as if it had never stopped. That is what a ``torchrun --max-restarts``
-restart does.
+on stderr. The file stays a plain ``torch.save`` archive; older files without a digest still load.
 """
 
 from __future__ import annotations
@@ -34,11 +28,10 @@ import torch
 from dqsgd.ledger import Ledger
 from dqsgd.pipeline import MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.train.rundir import atomic_write
+from dqsgd.train.rundir import atomic_write, update_hash
 
 FORMAT = 2
 CHECKPOINT = "checkpoint.pt"
-MAGIC = b"DQSGD-CK3\n"  # then 32 bytes of sha256(payload), then the payload
 
 
 class CheckpointError(ValueError):
@@ -70,6 +63,19 @@ def _meta(tr: Any) -> dict[str, Any]:
             "workers": tr.cfg.workers, "rank": tr.transport.rank}
 
 
+def digest(ck: dict[str, Any]) -> str:
+    """sha256 of every entry but ``sha256``: tensors by dtype, shape and bytes; other leaves by ``repr``
+    (exact for floats); dict keys in a fixed order. Equal contents, equal digest."""
+    h = hashlib.sha256()
+    update_hash(h, {k: v for k, v in ck.items() if k != "sha256"})
+    return h.hexdigest()
+
+
+def seal(ck: dict[str, Any]) -> dict[str, Any]:
+    """``ck`` with its digest stored under ``sha256`` (what :func:`read_checkpoint` verifies)."""
+    return {**ck, "sha256": digest(ck)}
+
+
 def checkpoint_path(out: Path, transport: Any) -> Path:
     """``checkpoint.pt`` when this process runs every worker (simulation), else one file per rank."""
     whole = len(transport.local_workers) == transport.workers
@@ -84,10 +90,9 @@ def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
     """Write ``path`` atomically; the checkpoint it replaces becomes ``*.prev.pt`` (``keep_previous``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    torch.save(trainer_state(tr), buf)
-    payload = buf.getvalue()
+    torch.save(seal(trainer_state(tr)), buf)
     tmp = path.with_name(path.name + ".tmp")
-    atomic_write(tmp, MAGIC + hashlib.sha256(payload).digest() + payload)  # complete and synced, or absent
+    atomic_write(tmp, buf.getvalue())  # complete and synced, or absent
     if keep_previous and path.exists():
         os.replace(path, previous_path(path))  # a crash right here leaves *.prev.pt: still resumable
     os.replace(tmp, path)
@@ -101,18 +106,12 @@ def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
 def read_checkpoint(tr: Any, path: Path) -> dict[str, Any]:
     """The checkpoint at ``path``, checked to belong to ``tr``'s run and rank (never unpickles objects)."""
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read checkpoint ({e})") from None
-    if raw.startswith(MAGIC):
-        digest, raw = raw[len(MAGIC) : len(MAGIC) + 32], raw[len(MAGIC) + 32 :]
-        if hashlib.sha256(raw).digest() != digest:
-            raise CorruptCheckpoint(f"{path}: checksum mismatch (sha256 of the stored payload differs from the one "
-                                    f"written with it): the file is damaged")
-    try:
-        ck = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for unsafe or corrupt files
         raise CorruptCheckpoint(f"{path}: cannot load checkpoint safely ({type(e).__name__}: {e})") from None
+    if isinstance(ck, dict) and "sha256" in ck and ck["sha256"] != digest(ck):
+        raise CorruptCheckpoint(f"{path}: checksum mismatch (the stored sha256 differs from the digest of the "
+                                f"loaded contents): the file is damaged")
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dqsgd checkpoint of format {FORMAT}")
     meta, want = ck["meta"], _meta(tr)

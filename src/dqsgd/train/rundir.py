@@ -122,14 +122,30 @@ def clear_run(out: Path) -> None:
 
 
 # --- the resolved config -------------------------------------------------------------------------
+def update_hash(h: Any, obj: Any) -> None:
+    """Feed ``obj`` into hashlib object ``h``: tensors by dtype, shape and bytes; dicts (keys in a fixed
+    order), lists and tuples recursively; any other leaf by ``repr`` (exact for floats)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(obj.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k in sorted(obj, key=repr):
+            update_hash(h, k)
+            update_hash(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            update_hash(h, v)
+    else:
+        h.update(f"S{obj!r}\0".encode())
+
+
 def data_fingerprint(data: Any) -> str:
-    """sha256 of the data's name, shapes, dtypes and bytes (train and test): equal data, equal hash."""
-    h = hashlib.sha256(str(data.name).encode())
-    for split in (data.train, data.test):
-        for t in (split.x, split.y):
-            t = t.detach().cpu().contiguous()
-            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    """sha256 of the data's name and of its train and test tensors (dtypes, shapes, bytes): equal data, equal hash."""
+    h = hashlib.sha256()
+    update_hash(h, [str(data.name), data.train.x, data.train.y, data.test.x, data.test.y])
     return h.hexdigest()[:32]
 
 

@@ -45,13 +45,16 @@ import torch.multiprocessing as mp
 
 from dqsgd.codecs import PayloadError
 from dqsgd.pipeline import ProtocolError
+from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import CheckpointError
+from dqsgd.train.rundir import RunDirError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
 from dqsgd.transport.torch_dist import RankDisagreement, TransportError, make_transport
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 # Errors whose one-line message says everything; anything else also prints its traceback.
-CLEAR_ERRORS = (TransportError, RankDisagreement, PayloadError, ProtocolError, ConfigError, CheckpointError)
+CLEAR_ERRORS = (TransportError, RankDisagreement, PayloadError, ProtocolError, ConfigError, CheckpointError, RunDirError,
+                NonFiniteGradientError)
 
 
 def under_torchrun() -> bool:
