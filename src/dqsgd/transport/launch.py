@@ -47,8 +47,8 @@ from dqsgd.codecs import PayloadError
 from dqsgd.pipeline import ProtocolError
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import CheckpointError
-from dqsgd.train.rundir import RunDirError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
+from dqsgd.train.rundir import RunDirError
 from dqsgd.transport.torch_dist import RankDisagreement, TransportError, make_transport
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
