@@ -155,8 +155,7 @@ def _result(rank: int, proc, tmp: Path, stopped: bool) -> RankResult:
 def _bootstrap(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
                fn: Callable[..., Any], args: tuple, tmp: str, launcher: int | None = None) -> None:
     """Child process: join the group, run ``fn``, leave the result or the error in ``tmp``."""
-    if launcher is not None:
-        exit_with_launcher(launcher)
+    stop_watching = exit_with_launcher(launcher) if launcher is not None else (lambda: None)
     torch.set_num_threads(threads)
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torch's variable: keep gloo on loopback
@@ -169,16 +168,21 @@ def _bootstrap(rank: int, world: int, port: int, backend: str, timeout: float, t
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 — report anything, then leave without running destructors
         _fail(rank, e, Path(tmp, f"{rank}.err"))
+    stop_watching()
     sys.stdout.flush()
     sys.stderr.flush()
+    # The result is on disk and the group destroyed: leave without the interpreter's teardown, in which
+    # gloo's C++ threads could abort the process ("terminate called ...") while a slower peer still works.
+    os._exit(0)
 
 
-def exit_with_launcher(launcher: int, poll: float = 0.5) -> None:
+def exit_with_launcher(launcher: int, poll: float = 0.5) -> Callable[[], None]:
     """Make this rank die with the process that launched it (a SIGKILLed launcher cannot clean up).
 
     Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` asks the kernel to kill us when our parent exits.
     Everywhere (and for the race where the parent died before the prctl): a daemon thread that
     exits the process once the parent pid is no longer ``launcher`` (we were re-parented).
+    Returns the function that stops and joins the watchdog.
     """
     if sys.platform.startswith("linux"):
         try:
@@ -191,13 +195,22 @@ def exit_with_launcher(launcher: int, poll: float = 0.5) -> None:
     if os.getppid() != launcher:
         os._exit(1)
 
-    def watch() -> None:
-        while os.getppid() == launcher:
-            time.sleep(poll)
-        print("dqsgd: error: the launching process died; this rank stops", file=sys.stderr, flush=True)
-        os._exit(1)
+    done = threading.Event()
 
-    threading.Thread(target=watch, name="dqsgd-launcher-watchdog", daemon=True).start()
+    def watch() -> None:
+        while not done.wait(poll):
+            if os.getppid() != launcher:
+                print("dqsgd: error: the launching process died; this rank stops", file=sys.stderr, flush=True)
+                os._exit(1)
+
+    thread = threading.Thread(target=watch, name="dqsgd-launcher-watchdog", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        done.set()
+        thread.join()
+
+    return stop
 
 
 def _fail(rank: int, e: BaseException, err_file: Path | None) -> None:
