@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,8 +16,8 @@ from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, l
 
 
 def _experiment(args: argparse.Namespace, method: str | None = None):
-    raw, source = load_raw(args.config)
-    if method is not None:
+    raw, source = load_raw(args.config or "table1-mnist")
+    if method is not None and isinstance(raw.get("methods", {}), dict):  # (not a table: refused below)
         tables = raw.get("methods", {})
         raw = {**raw, "methods": {method: dict(tables.get(method, {}))}}
     board = [f"train.tensorboard_dir={json.dumps(args.tensorboard)}"] if getattr(args, "tensorboard", None) else []
@@ -47,8 +49,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     exp = _experiment(args)
     out = Path(args.out or f"runs/{exp.train.name}")
     start = time.perf_counter()
+    sets = "".join(f" --set {shlex.quote(x)}" for x in args.set or [])
+    args.resume_hint = (f"dqsgd compare --config {shlex.quote(args.config or 'table1-mnist')}{sets} "
+                        f"--out {shlex.quote(str(out))} --resume")
     rows = run_experiment(exp, out, progress=not args.quiet, resume=args.resume,
-                          only=args.methods.split(",") if args.methods else None)
+                          only=args.methods.split(",") if args.methods else None, overwrite=args.overwrite)
     t = exp.train
     print(f"\n{t.name}: {t.dataset} / {t.model}, W = {t.workers}, {t.steps} steps, seeds {list(t.seeds)}")
     print(format_table(rows))
@@ -58,27 +63,47 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from dqsgd.experiments.compare import load_data_for
-    from dqsgd.train.runner import run_dir, run_one
+    from dqsgd.train.runner import default_train_dir, run_one
 
-    exp = _experiment(args, method=args.method)
+    exp, seed = _train_experiment(args)
     topology = args.topology or exp.train.topology or ("sharded" if args.transport == "torch" else "ps")
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, topology=topology))
     entry = exp.methods[0]
-    seed = args.seed if args.seed is not None else exp.train.seeds[0]
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise ConfigError(f"--timeout must be > 0 seconds and finite, got {args.timeout}")
     if args.transport == "torch":
         from dqsgd.transport.launch import train_distributed
 
         return train_distributed(exp, entry, seed, args)
     if args.max_restarts:
         raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
-    out = Path(args.resume or args.out or run_dir(Path(f"runs/{exp.train.name}"), entry.label, seed))
+    out = Path(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
+    args.resume_hint = f"dqsgd train --resume {shlex.quote(str(out))}"
     device = resolve_device(exp.train.device)
     s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet,
-                device=device)
+                overwrite=args.overwrite, device=device)
     print(f"{entry.label}: test acc {100 * s['test_acc']:.2f}%, uplink ratio {s['ledger_compression_ratio']:.2f} "
           f"(paper's convention), total-traffic ratio {s['ledger_total_ratio']:.2f}, mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
           f"metrics in {out}")
     return 0
+
+
+def _train_experiment(args: argparse.Namespace):
+    """The experiment and seed of ``dqsgd train``: from --config/--method, or with ``--resume RUN_DIR``
+    and no --config, from the run's own ``config.json`` (with any --set applied on top; the run
+    refuses to continue if they change a compared key)."""
+    if args.resume and args.config is None:
+        from dqsgd.train.rundir import experiment_of_run
+
+        raw, label, seed = experiment_of_run(Path(args.resume))
+        if args.method not in (None, label):
+            raise ConfigError(f"--resume {args.resume} is a run of method {label!r}, not {args.method!r}")
+        exp = build_experiment(apply_overrides(raw, args.set or []), str(Path(args.resume) / "config.json"))
+        return exp, args.seed if args.seed is not None else seed
+    if args.method is None:
+        raise ConfigError("--method is required (except with --resume RUN_DIR, which reads the run's config.json)")
+    exp = _experiment(args, method=args.method)
+    return exp, args.seed if args.seed is not None else exp.train.seeds[0]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -98,17 +123,22 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def add_cfg(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--config", default="table1-mnist", help="shipped config name or a TOML path (default: table1-mnist)")
+        sp.add_argument("--config", help="shipped config name or a TOML path (default: table1-mnist; "
+                        "with train --resume: the run's own config.json)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="dotted override, e.g. train.steps=200 or methods.dqsgd.target_bits=4 (repeatable)")
-        sp.add_argument("--out", help="output directory (default: runs/<train.name>)")
+        sp.add_argument("--out", help="output directory (default: compare: runs/<train.name>; "
+                        "train: runs/train/<train.name>/<method>/seed<k>)")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
         sp.add_argument("--tensorboard", metavar="DIR",
                         help="also log each run to TensorBoard under DIR/LABEL/seedK (= --set train.tensorboard_dir=DIR)")
+        sp.add_argument("--overwrite", action="store_true",
+                        help="replace the run(s) already in the output directory (default: refuse)")
 
     sp = sub.add_parser("train", help="train one method")
     add_cfg(sp)
-    sp.add_argument("--method", required=True, help="method name (see `dqsgd methods`) or a label in the config")
+    sp.add_argument("--method", help="method name (see `dqsgd methods`) or a label in the config (required "
+                    "unless --resume)")
     sp.add_argument("--seed", type=int)
     sp.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     sp.add_argument("--max-restarts", type=int, default=0,
@@ -147,10 +177,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dqsgd.errors import Interrupted
+
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError, TypeError) as e:
+    except Interrupted as e:  # the run stopped cleanly between two steps
+        hint = getattr(args, "resume_hint", None)
+        print(f"dqsgd: {e}" + (f"; continue with: {hint}" if e.saved and hint else ""), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("dqsgd: interrupted", file=sys.stderr)
+        return 130
+    # Expected user and environment errors get one line; anything else (a bug) keeps its traceback.
+    except (ConfigError, ValueError, OSError) as e:
         print(f"dqsgd: error: {e}", file=sys.stderr)
         return 2
 

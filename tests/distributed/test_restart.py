@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dqsgd.train.checkpoint import seal
 from dqsgd.train.metrics import read_jsonl
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")]
@@ -139,7 +140,7 @@ def test_resume_picks_the_newest_step_every_rank_holds(reference: Path, tmp_path
     assert ck["next_step"] == STEPS
     # Roll rank 1 back one save: its previous file becomes current; an older step becomes previous.
     prev = torch.load(run / "checkpoint-rank1.prev.pt", weights_only=True)
-    older = {**prev, "next_step": STEPS - 20}
+    older = seal({**prev, "next_step": STEPS - 20})  # a valid (sealed) checkpoint of an older step
     torch.save(prev, r1)
     torch.save(older, run / "checkpoint-rank1.prev.pt")
     subprocess.run(DQSGD + ["--transport", "torch", "--workers", "2", "--timeout", "20", *ARGS, "--resume", str(run)],
@@ -149,7 +150,7 @@ def test_resume_picks_the_newest_step_every_rank_holds(reference: Path, tmp_path
     # Ranks with no step in common cannot resume exactly: a clear error, no training.
     for name in ("checkpoint-rank1.pt", "checkpoint-rank1.prev.pt"):
         c = torch.load(run / name, weights_only=True)
-        torch.save({**c, "next_step": c["next_step"] - 100}, run / name)
+        torch.save(seal({**c, "next_step": c["next_step"] - 100}), run / name)
     p = subprocess.run(DQSGD + ["--transport", "torch", "--workers", "2", "--timeout", "20", *ARGS, "--resume", str(run)],
                        env=ENV, timeout=150, capture_output=True, text=True)
     assert p.returncode != 0 and "no step in common; cannot resume exactly" in p.stderr, p.stderr[-2000:]

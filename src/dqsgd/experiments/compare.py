@@ -11,6 +11,7 @@ from dqsgd.data import load_dataset
 from dqsgd.experiments.summary import write_tables
 from dqsgd.train.config import ExperimentConfig, resolve_device
 from dqsgd.train.progress import CompareProgress
+from dqsgd.train.rundir import RunDirError, check_same_run, data_fingerprint, holds_run, resolved_of_run
 from dqsgd.train.runner import run_dir, run_one
 
 
@@ -29,8 +30,13 @@ def finished(where: Path, steps: int, label: str, seed: int) -> bool:
 
 
 def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
-                   only: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots."""
+                   only: list[str] | None = None, overwrite: bool = False) -> list[dict[str, Any]]:
+    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots.
+
+    ``resume``: finished runs are kept and unfinished ones continued, each only if its recorded
+    config equals this experiment's (else refused, naming the keys). Without ``resume`` a run
+    directory that holds a run is refused unless ``overwrite``.
+    """
     if not exp.methods:
         raise ValueError(f"{exp.source or 'config'}: no [methods.NAME] tables: nothing to compare")
     entries = [e for e in exp.methods if not only or e.label in only]
@@ -40,6 +46,10 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     device = resolve_device(exp.train.device)  # refused before any data is loaded or any run starts
     require("matplotlib", "the comparison's report")  # fail now, not after the last run
     data = load_data_for(exp)
+    fingerprint = data_fingerprint(data)
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    _check_existing(exp, entries, out, fingerprint, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     if exp.source:
         (out / "experiment.toml").write_text(Path(exp.source).read_text())
@@ -47,14 +57,28 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     for seed in exp.train.seeds:
         for entry in entries:
             where = run_dir(out, entry.label, seed)
-            if resume and finished(where, exp.train.steps, entry.label, seed):
+            again = resume and holds_run(where)
+            if again and finished(where, exp.train.steps, entry.label, seed):
                 overall.kept(entry.label, seed)
                 continue  # kept as it is: a resumed comparison only runs what is missing
-            overall.finished(run_one(exp.train, entry, data, seed, where, resume=resume, progress=progress,
-                                     device=device))
+            overall.finished(run_one(exp.train, entry, data, seed, where, resume=again, progress=progress,
+                                     overwrite=overwrite, device=device))
     overall.close()
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report
 
     build_report(out)
     return rows
+
+
+def _check_existing(exp: ExperimentConfig, entries: list, out: Path, fingerprint: str, resume: bool,
+                    overwrite: bool) -> None:
+    """Before anything is written: refuse run directories that hold runs (unless ``resume`` or
+    ``overwrite``), and with ``resume`` every kept run whose recorded config differs from ``exp``."""
+    taken = [(e, s, run_dir(out, e.label, s)) for s in exp.train.seeds for e in entries if holds_run(run_dir(out, e.label, s))]
+    if taken and not resume and not overwrite:
+        names = ", ".join(str(w) for _, _, w in taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+        raise RunDirError(f"{out} already holds runs ({names}); continue them with --resume, replace them with "
+                          f"--overwrite, or choose another --out")
+    for entry, seed, where in taken if resume else []:
+        check_same_run(where, resolved_of_run(exp.train, entry, seed, fingerprint))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dqsgd.train.metrics import read_jsonl
+from dqsgd.train.rundir import differing, explain, resolved_of_facts
 
 COLUMNS = ["method", "dataset", "stand_in_for", "model", "workers", "steps", "seeds", "test_acc_mean", "test_acc_std",
            "delta_vs_sgd_mean", "delta_vs_sgd_std", "measured_ratio", "total_ratio", "paper_ratio", "mean_bits", "up_bytes", "down_bytes", "rank_bytes",
@@ -115,7 +116,22 @@ def aggregate(runs: list[dict[str, Any]], baseline: str = "sgd", order: list[str
     return rows
 
 
+def check_comparable(dirs: list[Path]) -> None:
+    """Refuse to put runs into one table unless they share every train key and the data, and runs of
+    one method share everything but the seed (a quick ``train`` into a compare tree, a changed config)."""
+    facts = {d: resolved_of_facts(json.loads((d / "config.json").read_text())) for d in dirs}
+    first: dict[str, Path] = {}
+    for d, res in facts.items():
+        shared = tuple(k for k in res if not (k.startswith("train.") or k == "data"))
+        for ref, ignore in ((dirs[0], shared), (first.setdefault(str(res.get("method")), d), ("seed",))):
+            keys = differing(res, facts[ref], ignore)
+            if keys:
+                raise ValueError(f"runs {ref} and {d} differ in {explain(keys, res, facts[ref])}: they do not belong in "
+                                 f"one table; report them separately (move one out of this directory)")
+
+
 def write_tables(root: Path) -> list[dict[str, Any]]:
+    check_comparable(run_dirs(root))
     runs = [summarize_run(d) for d in run_dirs(root)]
     if not runs:
         raise FileNotFoundError(f"{root}: no runs (no */seed*/metrics.jsonl with config.json)")

@@ -7,6 +7,9 @@ import torch
 from dqsgd.quantizers.base import Layout
 
 
+F32_MAX = float(torch.finfo(torch.float32).max)
+
+
 class NonFiniteGradientError(ValueError):
     """A gradient (or model) tensor contains NaN or Inf; nothing was quantized or sent."""
 
@@ -17,7 +20,13 @@ def flat_float(x: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
     if x.is_complex() or not (x.is_floating_point()):
         raise TypeError(f"expected a real floating-point tensor, got dtype {x.dtype}")
-    return x.detach().reshape(-1).to(torch.float32)
+    flat = x.detach().reshape(-1)
+    if flat.dtype == torch.float64 and flat.numel():  # values finite in fp64 may not be in fp32 (the wire's type)
+        big = flat.abs().amax()
+        if bool(torch.isfinite(big)) and float(big) > F32_MAX:
+            raise ValueError(f"input has finite values up to {float(big):.3e}, beyond the float32 range "
+                             f"(±{F32_MAX:.3e}) the payload carries; rescale the input")
+    return flat.to(torch.float32)
 
 
 def check_bits(bits: int, lo: int, hi: int, what: str) -> int:
@@ -37,7 +46,24 @@ def require_finite(scales: torch.Tensor, what: str) -> None:
 
 
 def segment_reduce(flat: torch.Tensor, layout: Layout, op: str) -> torch.Tensor:
-    """Per-segment 'max_abs' | 'l2' | 'l1_mean' | 'mean' | 'std' of a flat tensor (float32)."""
+    """Per-segment 'max_abs' | 'l2' | 'l1_mean' | 'std' of a flat tensor (float32).
+
+    Sums of squares (or of |x|) of finite float32 inputs can overflow float32 although the norm
+    itself is representable (‖x‖₂ of 1e20s: Σx² = 1e40 > 3.4e38). Such a result is recomputed in
+    float64; a norm that really exceeds the float32 range is refused as such, so "NaN or Inf" is
+    only ever said of inputs that hold NaN or Inf.
+    """
+    out = _segment_reduce(flat, layout, op)
+    if op == "max_abs" or not out.numel() or bool(torch.isfinite(out).all()) or not bool(torch.isfinite(flat).all()):
+        return out
+    wide = _segment_reduce(flat.to(torch.float64), layout, op)
+    if float(wide.amax()) > F32_MAX:
+        raise ValueError(f"the {op} norm {float(wide.amax()):.3e} of a finite input exceeds the float32 range "
+                         f"(±{F32_MAX:.3e}) of the payload's scales; rescale the input")
+    return wide.to(torch.float32)
+
+
+def _segment_reduce(flat: torch.Tensor, layout: Layout, op: str) -> torch.Tensor:
     n = flat.numel()
     sizes = layout.segment_sizes(n)
     if not sizes:
@@ -46,7 +72,7 @@ def segment_reduce(flat: torch.Tensor, layout: Layout, op: str) -> torch.Tensor:
         return _reduce(flat, op).reshape(1)
     if layout.sizes is None and sizes[-1] == sizes[0]:
         return _reduce(flat.view(len(sizes), sizes[0]), op, dim=1)
-    zero = torch.zeros((), dtype=torch.float32, device=flat.device)  # an empty segment reduces to 0
+    zero = torch.zeros((), dtype=flat.dtype, device=flat.device)  # an empty segment reduces to 0
     return torch.stack([_reduce(part, op) if part.numel() else zero for part in torch.split(flat, sizes)])
 
 

@@ -133,8 +133,15 @@ def _dequantize32(q: Quantized) -> torch.Tensor:
         return q.values.reshape(q.shape)
     numel = q.numel
     if numel == 0:
-        return torch.zeros(q.shape, dtype=torch.float32)
+        try:
+            return torch.zeros(q.shape, dtype=torch.float32)
+        except RuntimeError as e:  # forged dims such as (0, 2^32-1, 2^32-1, 2^32-1): torch's strides overflow
+            raise ValueError(f"shape {tuple(q.shape)} cannot be represented ({e})") from None
     step = q.scales.to(torch.float32) / float(q.levels)
+    peak = float(step.abs().amax()) * float(q.codes.abs().amax()) if q.codes.numel() else 0.0
+    if not peak <= torch.finfo(torch.float32).max:  # finite scales, but code × step overflows (a forged scale)
+        raise ValueError(f"{q.scheme.name} payload decodes to values beyond float32 (scale step "
+                         f"{float(step.abs().amax()):.3e} × code {int(q.codes.abs().amax())}); refusing it")
     sizes = q.layout.segment_sizes(numel)
     if len(sizes) == 1:
         out = q.codes.to(torch.float32) * step[0]

@@ -7,17 +7,19 @@ function of (seed, worker, step). Files are written to a temporary name, fsynced
 so a crash leaves either the old or the new checkpoint, never half of one. Loading uses
 ``torch.load(weights_only=True)``: plain containers and tensors only, never arbitrary objects.
 
-Distributed runs: every rank keeps its own file (``checkpoint-rank{r}.pt``: its worker's generator
-and residual; the server's also holds the policy and the ledger) and the one before it
-(``*.prev.pt``). Ranks save at the same steps, but a crash can strike between two ranks' saves, so
-:func:`resume` gathers the steps each rank holds and loads the newest step that *every* rank has —
-the run continues exactly as if it had never stopped. That is what a ``torchrun --max-restarts``
-restart does.
+Integrity: a checkpoint carries ``sha256``, a digest of every other entry (tensor bytes, dtypes,
+shapes, and every number and string), written by :func:`seal` and verified on load. A file that
+does not match it (a flipped bit in a weight, a torn copy) is refused with
+:class:`CorruptCheckpoint`; :func:`resume` then falls back to the intact ``*.prev.pt`` and says so
+on stderr. The file stays a plain ``torch.save`` archive; older files without a digest still load.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import torch
 from dqsgd.ledger import Ledger
 from dqsgd.pipeline import MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
+from dqsgd.train.rundir import atomic_write, update_hash
 
 FORMAT = 2
 CHECKPOINT = "checkpoint.pt"
@@ -33,6 +36,10 @@ CHECKPOINT = "checkpoint.pt"
 
 class CheckpointError(ValueError):
     """A checkpoint that does not belong to this run or cannot be read."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint file whose bytes are damaged (checksum mismatch, truncated, unreadable)."""
 
 
 def trainer_state(tr: Any) -> dict[str, Any]:
@@ -56,6 +63,19 @@ def _meta(tr: Any) -> dict[str, Any]:
             "workers": tr.cfg.workers, "rank": tr.transport.rank}
 
 
+def digest(ck: dict[str, Any]) -> str:
+    """sha256 of every entry but ``sha256``: tensors by dtype, shape and bytes; other leaves by ``repr``
+    (exact for floats); dict keys in a fixed order. Equal contents, equal digest."""
+    h = hashlib.sha256()
+    update_hash(h, {k: v for k, v in ck.items() if k != "sha256"})
+    return h.hexdigest()
+
+
+def seal(ck: dict[str, Any]) -> dict[str, Any]:
+    """``ck`` with its digest stored under ``sha256`` (what :func:`read_checkpoint` verifies)."""
+    return {**ck, "sha256": digest(ck)}
+
+
 def checkpoint_path(out: Path, transport: Any) -> Path:
     """``checkpoint.pt`` when this process runs every worker (simulation), else one file per rank."""
     whole = len(transport.local_workers) == transport.workers
@@ -69,11 +89,10 @@ def previous_path(path: Path) -> Path:
 def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
     """Write ``path`` atomically; the checkpoint it replaces becomes ``*.prev.pt`` (``keep_previous``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(seal(trainer_state(tr)), buf)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(trainer_state(tr), f)
-        f.flush()
-        os.fsync(f.fileno())
+    atomic_write(tmp, buf.getvalue())  # complete and synced, or absent
     if keep_previous and path.exists():
         os.replace(path, previous_path(path))  # a crash right here leaves *.prev.pt: still resumable
     os.replace(tmp, path)
@@ -89,7 +108,10 @@ def read_checkpoint(tr: Any, path: Path) -> dict[str, Any]:
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for unsafe or corrupt files
-        raise CheckpointError(f"{path}: cannot load checkpoint safely ({type(e).__name__}: {e})") from None
+        raise CorruptCheckpoint(f"{path}: cannot load checkpoint safely ({type(e).__name__}: {e})") from None
+    if isinstance(ck, dict) and "sha256" in ck and ck["sha256"] != digest(ck):
+        raise CorruptCheckpoint(f"{path}: checksum mismatch (the stored sha256 differs from the digest of the "
+                                f"loaded contents): the file is damaged")
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dqsgd checkpoint of format {FORMAT}")
     meta, want = ck["meta"], _meta(tr)
@@ -110,13 +132,13 @@ def resume(tr: Any, out: Path) -> int:
     were lost): continuing would silently break the run's exactness.
     """
     path = checkpoint_path(out, tr.transport)
-    held: dict[int, dict[str, Any]] = {}
-    for p in (path, previous_path(path)):
-        if p.exists():
-            ck = read_checkpoint(tr, p)
-            held[int(ck["next_step"])] = ck
+    held, corrupt = _intact(tr, (path, previous_path(path)))
     mine = sorted(held, reverse=True)[:2]
-    everyone = tr.transport.all_gather_ints(mine + [-1] * (2 - len(mine)))
+    everyone = tr.transport.all_gather_ints(mine + [-2 if corrupt and not held else -1] * (2 - len(mine)))
+    lost = [r for r, steps in enumerate(everyone) if steps == [-2, -2]]
+    if lost:
+        raise CorruptCheckpoint(f"{out}: every checkpoint of rank(s) {lost} is damaged; cannot resume "
+                                f"(start over with --overwrite)")
     common = set.intersection(*({s for s in steps if s >= 0} for steps in everyone))
     if not common:
         if any(s >= 0 for steps in everyone for s in steps):
@@ -128,6 +150,23 @@ def resume(tr: Any, out: Path) -> int:
     if hasattr(tr.transport, "steps"):
         tr.transport.steps = step  # error messages count completed steps
     return step
+
+
+def _intact(tr: Any, paths: tuple[Path, ...]) -> tuple[dict[int, dict[str, Any]], list[Path]]:
+    """The readable checkpoints among ``paths`` by step, and the damaged ones (each named on stderr)."""
+    held: dict[int, dict[str, Any]] = {}
+    corrupt: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            continue
+        try:
+            ck = read_checkpoint(tr, p)
+        except CorruptCheckpoint as e:
+            corrupt.append(p)
+            print(f"dqsgd: warning: {e}; skipping it (falling back to the previous checkpoint)", file=sys.stderr, flush=True)
+            continue
+        held[int(ck["next_step"])] = ck
+    return held, corrupt
 
 
 def _apply(tr: Any, ck: dict[str, Any]) -> None:

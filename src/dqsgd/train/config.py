@@ -10,6 +10,7 @@ and keys, and values of the wrong type, are refused with a message naming them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -63,8 +64,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.workers >= 1, "workers must be >= 1"), (self.steps >= 1, "steps must be >= 1"),
-            (self.batch_size >= 1, "batch_size must be >= 1"), (self.lr > 0, "lr must be > 0"),
-            (0 <= self.momentum < 1, "momentum must be in [0, 1)"), (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (self.batch_size >= 1, "batch_size must be >= 1"), (0 < self.lr < math.inf, "lr must be finite and > 0"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"), (0 <= self.weight_decay < math.inf, "weight_decay must be finite and >= 0"),
             (self.lr_schedule in ("constant", "cosine"), "lr_schedule must be 'constant' or 'cosine'"),
             (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
             (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
@@ -125,6 +126,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         return tuple(value)
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if isinstance(default, float) and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{section}.{key} must be a finite number, got {value!r}")
     if type(value) is not type(default):
         raise ConfigError(f"{section}.{key} must be {type(default).__name__}, got {value!r}")
     return value
@@ -134,6 +137,10 @@ def build_experiment(raw: dict[str, Any], source: str = "") -> ExperimentConfig:
     unknown = sorted(set(raw) - {"train", "methods"})
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown}; allowed: [train], [methods.NAME]")
+    for name in ("train", "methods"):
+        if not isinstance(raw.get(name, {}), dict):
+            raise ConfigError(f"{name} must be a table ([{name}]{'.NAME' if name == 'methods' else ''}), "
+                              f"got {raw[name]!r}")
     tr = dict(raw.get("train", {}))
     bad = sorted(set(tr) - set(TRAIN_FIELDS))
     if bad:
@@ -168,7 +175,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], sections: tuple[s
     Errors are raised as ``error`` (the caller's config error type).
     """
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    out["methods"] = {k: dict(v) for k, v in raw.get("methods", {}).items()}
+    methods = raw.get("methods", {})
+    if not isinstance(methods, dict) or not all(isinstance(v, dict) for v in methods.values()):
+        raise error(f"methods must hold tables ([methods.NAME]), got {methods!r}")
+    out["methods"] = {k: dict(v) for k, v in methods.items()}
     for item in overrides:
         if "=" not in item:
             raise error(f"override {item!r} is not of the form section.key=value")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Iterator
+
+from dqsgd.train.rundir import atomic_write
 
 
 def _clean(v: Any) -> Any:
@@ -28,32 +31,51 @@ class JsonlWriter:
         self._f.close()
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
+def _parsed(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
+    """(line number, line, record or None when the line is not a JSON object) for every non-blank line."""
+    with open(path, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
+            text = line.strip().strip("\x00")
+            if not text:
                 continue
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                # A run killed mid-write leaves at most one partial last line; anything else is corrupt.
-                raise ValueError(f"{path}:{n}: not a JSON line ({e})") from None
+                rec = json.loads(text)
+            except json.JSONDecodeError:
+                rec = None
+            yield n, line, rec if isinstance(rec, dict) else None
+
+
+def _warn_skipped(path: Path, skipped: list[int], why: str) -> None:
+    if skipped:
+        shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        print(f"dqsgd: warning: {path}: skipped line(s) {shown}: not a JSON record ({why})", file=sys.stderr, flush=True)
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Every valid record of ``path``. A line that is not a JSON object (a torn last line after a
+    crash, a damaged line) is skipped and named on stderr: the valid records around it are kept."""
+    skipped: list[int] = []
+    for n, _, rec in _parsed(path):
+        if rec is None:
+            skipped.append(n)
+        else:
+            yield rec
+    _warn_skipped(path, skipped, "a torn or damaged line")
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep only records with step <= last_step (used when resuming from a checkpoint)."""
+    """Keep only records with step <= last_step (used when resuming from a checkpoint).
+
+    Damaged lines are dropped (and named on stderr); every valid record up to ``last_step`` is kept,
+    also those after a damaged line. The file is replaced atomically.
+    """
     if not path.exists():
         return
-    keep = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if int(rec.get("step", -1)) <= last_step:
-                keep.append(line if line.endswith("\n") else line + "\n")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(keep), encoding="utf-8")
-    tmp.replace(path)
+    keep, skipped = [], []
+    for n, line, rec in _parsed(path):
+        if rec is None or not isinstance(rec.get("step", -1), int):
+            skipped.append(n)
+        elif rec.get("step", -1) <= last_step:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    _warn_skipped(path, skipped, "dropped on resume")
+    atomic_write(path, "".join(keep))

@@ -2,68 +2,129 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import math
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from dqsgd.data import Dataset
+from dqsgd.errors import Interrupted  # re-exported: raised by the training loop
 from dqsgd.train.checkpoint import checkpoint_path, resume as resume_from, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.metrics import JsonlWriter, truncate_jsonl
 from dqsgd.train.progress import eval_line, step_bar, write
 from dqsgd.train.tensorboard import open_logger
+from dqsgd.train.rundir import (RunDirError, atomic_write, check_same_run, data_fingerprint, environment, open_run,
+                                resolved_of_run)
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
+from dqsgd.transport.torch_dist import RankDisagreement
 
 def run_dir(root: Path, label: str, seed: int) -> Path:
     return root / label / f"seed{seed}"
 
 
+def default_train_dir(exp_name: str, label: str, seed: int) -> Path:
+    """``dqsgd train``'s default ``--out``: ``runs/train/<config>/<method>/seed<k>``, apart from the
+    ``runs/<config>/...`` tree of ``dqsgd compare`` (a quick train never replaces a compared run)."""
+    return run_dir(Path("runs") / "train" / exp_name, label, seed)
+
+
 def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None,
             transport: Transport | None = None, resume: bool = False, progress: bool = True,
-            device: str = "cpu") -> dict[str, Any]:
+            device: str = "cpu", overwrite: bool = False) -> dict[str, Any]:
     """Train ``entry`` with ``seed``; write ``metrics.jsonl``/``summary.json`` under ``out`` (if given).
 
-    Every process keeps its checkpoints under ``out``; only rank 0 writes metrics and the summary.
-    ``resume``: continue from the newest checkpoint step all ranks hold (a fresh start if none).
+    Every process keeps its checkpoints under ``out``; only rank 0 writes metrics and the summary, and
+    holds the run directory's lock (:func:`dqsgd.train.rundir.open_run`). ``resume``: continue from
+    the newest checkpoint step all ranks hold (a fresh start if none), only under the same resolved
+    config. Before the first step all ranks agree on the config and data (:func:`agree_across_ranks`).
     """
     tr = Trainer(cfg, entry, data, seed, transport, device)
     writes = out is not None and tr.transport.is_server and tr.transport.rank == 0
+    mine = resolved_of_run(cfg, entry, seed, data_fingerprint(data))
+    with contextlib.ExitStack() as held:
+        error: Exception | None = None
+        try:
+            if writes:
+                held.enter_context(open_run(out, resume, overwrite))
+                if resume:
+                    check_same_run(out, mine)
+        except (RunDirError, OSError) as e:
+            error = e
+        agree_across_ranks(tr.transport, mine, error)
+        return _train(cfg, entry, data, seed, out, tr, resume, progress, writes, mine)
+
+
+def agree_across_ranks(transport: Transport, mine: dict[str, Any], error: Exception | None = None) -> None:
+    """All-gather a 56-bit hash of every resolved key (and whether rank 0 refused the run directory);
+    refuse on any difference, naming the keys, on every rank at once (nobody is left waiting)."""
+    if len(transport.local_workers) == transport.workers:  # one process runs every worker
+        if error is not None:
+            raise error
+        return
+    keys = sorted(mine)
+    hashes = [int.from_bytes(hashlib.sha256(json.dumps(mine[k], sort_keys=True).encode()).digest()[:7], "big")
+              for k in keys]
+    everyone = transport.all_gather_ints([len(keys), int(error is not None)] + hashes)
+    if error is not None:
+        raise error
+    refused = [r for r, v in enumerate(everyone) if v[1]]
+    if refused:
+        raise RankDisagreement(f"rank {transport.rank}: rank(s) {refused} refused the run directory (see their message)")
+    if any(v[0] != len(keys) for v in everyone):
+        raise RankDisagreement(f"rank {transport.rank}: the ranks resolve different sets of config keys (dqsgd versions differ?)")
+    bad = {k: [r for r, v in enumerate(everyone) if v[2 + i] != everyone[0][2 + i]] for i, k in enumerate(keys)}
+    bad = {k: ranks for k, ranks in bad.items() if ranks}
+    if bad:
+        shown = "; ".join(f"{k} (rank(s) {ranks} differ from rank 0; here {mine[k]!r})" for k, ranks in list(bad.items())[:6])
+        raise RankDisagreement(f"rank {transport.rank}: the ranks were started with different configs or data: {shown}")
+
+
+def _train(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None, tr: Trainer,
+           resume: bool, progress: bool, writes: bool, mine: dict[str, Any]) -> dict[str, Any]:
     ck_path = checkpoint_path(out, tr.transport) if out is not None else None
     if resume and out is not None:
         resume_from(tr, out)
         if writes:
             truncate_jsonl(out / "metrics.jsonl", tr.next_step - 1)
     if writes:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").unlink(missing_ok=True)  # written again at the end: present = finished
-        (out / "config.json").write_text(json.dumps(run_facts(cfg, entry, data, seed, tr), indent=2))
+        atomic_write(out / "config.json", json.dumps(run_facts(cfg, entry, data, seed, tr, mine), indent=2))
     writer = JsonlWriter(out / "metrics.jsonl", append=resume) if writes else None
     board = open_logger(cfg, out, entry.label, seed, tr.ledger.up_bytes, tr.next_step if resume else None) \
         if writes and out is not None else None  # TensorBoard (train.tensorboard*), a mirror of the JSONL
     start = time.perf_counter()
     bar = step_bar(cfg.steps, tr.next_step, f"{entry.label} seed {seed}", progress)
     acc = loss = float("nan")
+    local = len(tr.transport.local_workers) == tr.transport.workers
     try:
-        while tr.next_step < cfg.steps:
-            res = tr.step()
-            rec = record_of(res, tr.ledger)
-            last = tr.next_step == cfg.steps
-            # Only rank 0 evaluates: every rank holds the same model, and rank 0 writes the metrics.
-            if (last or tr.next_step % cfg.eval_every == 0) and tr.transport.rank == 0:
-                acc, loss = _evaluate(tr, bar, entry.label, progress)
-                rec.update(test_acc=acc, test_loss=loss)
-                bar.set_postfix_str(f"acc={acc:.4f}, bits={res.bits}")
-            if writer is not None:
-                writer.write(rec)
-            if board is not None:
-                board.write(rec)
-            if ck_path is not None and cfg.checkpoint_every and (tr.next_step % cfg.checkpoint_every == 0 or last):
-                save_checkpoint(tr, ck_path)
-            bar.update(1)
+        with deferred_signals(local) as caught:
+            while tr.next_step < cfg.steps:
+                res = tr.step()
+                rec = record_of(res, tr.ledger)
+                last = tr.next_step == cfg.steps
+                # Only rank 0 evaluates: every rank holds the same model, and rank 0 writes the metrics.
+                if (last or tr.next_step % cfg.eval_every == 0) and tr.transport.rank == 0:
+                    acc, loss = _evaluate(tr, bar, entry.label, progress)
+                    rec.update(test_acc=acc, test_loss=loss)
+                    bar.set_postfix_str(f"acc={acc:.4f}, bits={res.bits}")
+                if writer is not None:
+                    writer.write(rec)
+                if board is not None:
+                    board.write(rec)
+                saving = ck_path is not None and cfg.checkpoint_every > 0
+                if saving and (tr.next_step % cfg.checkpoint_every == 0 or last or caught):
+                    save_checkpoint(tr, ck_path)
+                if caught and not last:
+                    raise Interrupted(caught[0], tr.next_step, out, saving)
+                bar.update(1)
     finally:
         bar.close()
         if writer is not None:
@@ -74,7 +135,7 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
         acc, loss = _evaluate(tr, bar, entry.label, progress)
     summary = summarize(cfg, entry, data, seed, tr, acc, loss, time.perf_counter() - start)
     if writes:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        atomic_write(out / "summary.json", json.dumps(summary, indent=2))
     summary["final_params"] = tr.flat_params()
     return summary
 
@@ -89,8 +150,34 @@ def _evaluate(tr: Trainer, bar: Any, label: str, progress: bool) -> tuple[float,
     return acc, loss
 
 
-def run_facts(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr: Trainer) -> dict[str, Any]:
-    """The static facts of a run (``config.json``); with ``metrics.jsonl`` they rebuild every table."""
+@contextlib.contextmanager
+def deferred_signals(enabled: bool) -> Iterator[list[int]]:
+    """SIGINT/SIGTERM only note themselves in the yielded list; the loop stops after the step in
+    progress (a checkpoint taken mid-step would not resume exactly). A second signal stops at once."""
+    caught: list[int] = []
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        if caught:
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def run_facts(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr: Trainer,
+              mine: dict[str, Any]) -> dict[str, Any]:
+    """The static facts of a run (``config.json``); with ``metrics.jsonl`` they rebuild every table.
+
+    ``resolved``: the keys compared on resume and by ``report``; ``environment``: where it ran (not compared).
+    """
     return {
         "method": entry.label,
         "method_config": dataclasses.asdict(entry.config),
@@ -102,6 +189,10 @@ def run_facts(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr
         "workers": cfg.workers,
         "lr": tr.lr,
         "budget_bits": tr.ledger.budget_bits,
+        "method_lr": entry.lr,
+        "method_momentum": entry.momentum,
+        "resolved": mine,
+        "environment": environment(),
     }
 
 

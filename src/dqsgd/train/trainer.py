@@ -168,7 +168,11 @@ class Trainer:
         t0 = time.perf_counter()
         grads, losses = self.local_gradients(n)
         t1 = time.perf_counter()
-        if self.cfg.on_nonfinite == "skip" and not self._all_finite(grads):
+        shared = len(t.local_workers) < t.workers  # several processes: all must take the same branch
+        if (self.cfg.on_nonfinite == "skip" or shared) and not self._all_finite(grads):
+            if self.cfg.on_nonfinite == "raise":
+                raise NonFiniteGradientError(f"step {n}: a worker's gradient has NaN or Inf on some rank "
+                                             f"(on_nonfinite = 'raise': every rank stops)")
             self.skipped += 1
             self.next_step += 1
             return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)

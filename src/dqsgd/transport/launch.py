@@ -33,6 +33,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -45,13 +46,16 @@ import torch.multiprocessing as mp
 
 from dqsgd.codecs import PayloadError
 from dqsgd.pipeline import ProtocolError
+from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import CheckpointError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
+from dqsgd.train.rundir import RunDirError
 from dqsgd.transport.torch_dist import RankDisagreement, TransportError, make_transport
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 # Errors whose one-line message says everything; anything else also prints its traceback.
-CLEAR_ERRORS = (TransportError, RankDisagreement, PayloadError, ProtocolError, ConfigError, CheckpointError)
+CLEAR_ERRORS = (TransportError, RankDisagreement, PayloadError, ProtocolError, ConfigError, CheckpointError, RunDirError,
+                NonFiniteGradientError)
 
 
 def under_torchrun() -> bool:
@@ -103,7 +107,7 @@ def spawn_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, ba
     tmp = Path(tempfile.mkdtemp(prefix="dqsgd-ranks-"))
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_bootstrap, name=f"dqsgd-rank{r}",
-                         args=(r, world_size, store.port, backend, timeout, threads, fn, args, str(tmp)))
+                         args=(r, world_size, store.port, backend, timeout, threads, fn, args, str(tmp), os.getpid()))
              for r in range(world_size)]
     try:
         for p in procs:
@@ -150,8 +154,9 @@ def _result(rank: int, proc, tmp: Path, stopped: bool) -> RankResult:
 
 
 def _bootstrap(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
-               fn: Callable[..., Any], args: tuple, tmp: str) -> None:
+               fn: Callable[..., Any], args: tuple, tmp: str, launcher: int | None = None) -> None:
     """Child process: join the group, run ``fn``, leave the result or the error in ``tmp``."""
+    stop_watching = exit_with_launcher(launcher) if launcher is not None else (lambda: None)
     torch.set_num_threads(threads)
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # torch's variable: keep gloo on loopback
@@ -164,8 +169,49 @@ def _bootstrap(rank: int, world: int, port: int, backend: str, timeout: float, t
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 — report anything, then leave without running destructors
         _fail(rank, e, Path(tmp, f"{rank}.err"))
+    stop_watching()
     sys.stdout.flush()
     sys.stderr.flush()
+    # The result is on disk and the group destroyed: leave without the interpreter's teardown, in which
+    # gloo's C++ threads could abort the process ("terminate called ...") while a slower peer still works.
+    os._exit(0)
+
+
+def exit_with_launcher(launcher: int, poll: float = 0.5) -> Callable[[], None]:
+    """Make this rank die with the process that launched it (a SIGKILLed launcher cannot clean up).
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` asks the kernel to kill us when our parent exits.
+    Everywhere (and for the race where the parent died before the prctl): a daemon thread that
+    exits the process once the parent pid is no longer ``launcher`` (we were re-parented).
+    Returns the function that stops and joins the watchdog.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass  # the watchdog below still works
+    if os.getppid() != launcher:
+        os._exit(1)
+
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(poll):
+            if os.getppid() != launcher:
+                print("dqsgd: error: the launching process died; this rank stops", file=sys.stderr, flush=True)
+                os._exit(1)
+
+    thread = threading.Thread(target=watch, name="dqsgd-launcher-watchdog", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        done.set()
+        thread.join()
+
+    return stop
 
 
 def _fail(rank: int, e: BaseException, err_file: Path | None) -> None:
@@ -197,6 +243,7 @@ class _RankJob:
     out: str | None
     progress: bool
     resume: bool = False
+    overwrite: bool = False
 
 
 def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
@@ -211,7 +258,8 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
     out = Path(job.out) if job.out is not None else None
     with transport.guard():
         summary = run_one(job.exp.train, job.entry, load_data_for(job.exp), job.seed, out, transport=transport,
-                          resume=job.resume, progress=job.progress and rank == 0, device=device)
+                          resume=job.resume, progress=job.progress and rank == 0, device=device,
+                          overwrite=job.overwrite and not job.resume)
     summary.pop("final_params", None)
     return summary
 
@@ -229,9 +277,9 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     resumes from the run directory's checkpoints; without torchrun, ``--max-restarts N`` restarts the
     W local processes the same way. ``--resume RUN_DIR`` resumes explicitly.
     """
-    from dqsgd.train.runner import run_dir
+    from dqsgd.train.runner import default_train_dir
 
-    out = str(args.resume or args.out or run_dir(Path(f"runs/{exp.train.name}"), entry.label, seed))
+    out = str(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
     restarts = int(getattr(args, "max_restarts", 0) or 0)
     if restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
@@ -242,7 +290,8 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
         raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
     if under_torchrun():
         exp = workers_from_world_size(exp, getattr(args, "set", None) or [])
-    job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume))
+    job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume),
+                   bool(getattr(args, "overwrite", False)))
     if under_torchrun():
         if restarts:
             raise ConfigError("under torchrun, give --max-restarts to torchrun itself (it restarts the ranks)")
@@ -263,7 +312,7 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
         if attempt < restarts:
             print(f"dqsgd: restarting all {world} processes from the last checkpoints in {out} "
                   f"(restart {attempt + 1} of {restarts})", file=sys.stderr)
-            job = dataclasses.replace(job, resume=True)
+            job = dataclasses.replace(job, resume=True)  # (the next attempt continues this run: no overwrite)
     return 1
 
 

@@ -1,0 +1,236 @@
+"""Run directories: one writer at a time, no silent overwrite, and the resolved config of a run.
+
+A run directory (``config.json``, ``metrics.jsonl``, ``summary.json``, checkpoints) belongs to one
+run. :func:`open_run` takes an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock`` for as long as the run
+writes (a second writer is refused at once, naming the holder's pid; the kernel drops the lock when
+the holder dies, so a crashed run never leaves a stale lock), and refuses a directory that already
+holds a run unless the caller resumes it or asked to overwrite it.
+
+:func:`resolved` is the flat dict of every setting that changes a run's numbers: the train keys
+except those in :data:`NOT_COMPARED`, the method's config, the effective lr/momentum, the seed and a
+fingerprint of the data. Resume (:func:`check_same_run`), ``compare --resume``, ``report`` and the
+rank agreement at start (:func:`dqsgd.train.runner.agree_across_ranks`) all compare this dict and name
+the keys that differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+import torch
+
+# Train keys that do not change the trained model or its measured bytes, so resume ignores them:
+NOT_COMPARED = {
+    "name": "names the output folder only",
+    "data_root": "where the data is read from; its content is compared through the data fingerprint",
+    "seeds": "a run has one seed, compared as `seed` (adding seeds to a comparison keeps the finished ones)",
+    "eval_every": "when the test set is evaluated: evaluation never changes the model",
+    "eval_samples": "how much of the test set is evaluated (same reason)",
+    "checkpoint_every": "when checkpoints are written: resuming from one is exact",
+    "threads": "CPU threads of one process: a speed setting",
+}
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used as asked (in use, holds another run, not a directory)."""
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write ``path`` via ``path.tmp`` + fsync + rename; on any error (full or read-only disk) the
+    temporary file is removed, so a failed write leaves the old file and no ``.tmp`` behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _lock(out: Path) -> IO[str]:
+    f = open(out / ".lock", "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            f.close()
+            raise
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise RunDirError(f"{out} is in use by another dqsgd process (pid {holder}); "
+                          f"wait for it to finish or choose another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def holds_run(out: Path) -> bool:
+    return any((out / name).exists() for name in RUN_FILES) or any(out.glob("checkpoint*.pt"))
+
+
+@contextlib.contextmanager
+def open_run(out: Path, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
+    """Hold ``out`` exclusively while the block runs (see the module docstring for what is refused)."""
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    if resume and not out.is_dir():
+        raise RunDirError(f"--resume {out}: no such run directory")
+    out.mkdir(parents=True, exist_ok=True)
+    f = _lock(out)
+    try:
+        if not resume and holds_run(out):
+            if not overwrite:
+                raise RunDirError(f"{out} already holds a run ({describe(out)}); continue it with --resume "
+                                  f"{out}, replace it with --overwrite, or choose another --out")
+            clear_run(out)
+        yield out
+    finally:
+        f.close()  # closing the file drops the lock
+
+
+def describe(out: Path) -> str:
+    try:
+        facts = json.loads((out / "config.json").read_text())
+        return f"method {facts.get('method')}, seed {facts.get('seed')}"
+    except (OSError, ValueError):
+        return "files " + ", ".join(sorted(p.name for p in out.iterdir() if p.name != ".lock"))
+
+
+def clear_run(out: Path) -> None:
+    """Remove the files of the run in ``out`` (``--overwrite``); other files are left alone."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for p in out.glob("checkpoint*.pt"):
+        p.unlink()
+
+
+# --- the resolved config -------------------------------------------------------------------------
+def update_hash(h: Any, obj: Any) -> None:
+    """Feed ``obj`` into hashlib object ``h``: tensors by dtype, shape and bytes; dicts (keys in a fixed
+    order), lists and tuples recursively; any other leaf by ``repr`` (exact for floats)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(obj.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}".encode())
+        for k in sorted(obj, key=repr):
+            update_hash(h, k)
+            update_hash(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            update_hash(h, v)
+    else:
+        h.update(f"S{obj!r}\0".encode())
+
+
+def data_fingerprint(data: Any) -> str:
+    """sha256 of the data's name and of its train and test tensors (dtypes, shapes, bytes): equal data, equal hash."""
+    h = hashlib.sha256()
+    update_hash(h, [str(data.name), data.train.x, data.train.y, data.test.x, data.test.y])
+    return h.hexdigest()[:32]
+
+
+def resolved(train: dict[str, Any], method: str, method_config: dict[str, Any], seed: int,
+             lr: float, momentum: float | None, data: str | None) -> dict[str, Any]:
+    """The flat, JSON-normal dict of everything that decides a run's numbers (see the module docstring)."""
+    out: dict[str, Any] = {f"train.{k}": v for k, v in train.items() if k not in NOT_COMPARED}
+    out.update({f"method.{k}": v for k, v in method_config.items() if k != "description"})
+    out.update(method=method, seed=seed, lr=lr, momentum=momentum, data=data)
+    return json.loads(json.dumps(out))
+
+
+def resolved_of_run(cfg: Any, entry: Any, seed: int, data_fp: str) -> dict[str, Any]:
+    momentum = entry.momentum if entry.momentum is not None else cfg.momentum
+    lr = entry.lr if entry.lr is not None else cfg.lr
+    return resolved(dataclasses.asdict(cfg), entry.label, dataclasses.asdict(entry.config), seed, lr, momentum, data_fp)
+
+
+def resolved_of_facts(facts: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config a ``config.json`` records (older files: rebuilt from their fields)."""
+    if "resolved" in facts:
+        return facts["resolved"]
+    return resolved(facts.get("train_config", {}), facts.get("method"), facts.get("method_config", {}),
+                    facts.get("seed"), facts.get("lr"), None, None)
+
+
+def differing(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+    """Keys whose values differ; a key one side lacks (an older ``config.json``) is not compared."""
+    return sorted(k for k in set(a) & set(b) if k not in ignore and a[k] is not None and b[k] is not None and a[k] != b[k])
+
+
+def explain(keys: list[str], ours: dict[str, Any], theirs: dict[str, Any], limit: int = 6) -> str:
+    shown = [f"{k}: {theirs[k]!r} -> {ours[k]!r}" for k in keys[:limit]]
+    return "; ".join(shown) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def check_same_run(out: Path, mine: dict[str, Any]) -> None:
+    """Refuse to continue the run in ``out`` with a config that differs in any compared key."""
+    try:
+        facts = json.loads((out / "config.json").read_text())
+    except FileNotFoundError:
+        return  # nothing recorded yet (a run stopped before its first write): the checkpoint meta still guards
+    except ValueError as e:
+        raise RunDirError(f"{out}/config.json: unreadable ({e}); cannot check that the resumed run is the same") from None
+    theirs = resolved_of_facts(facts)
+    keys = differing(mine, theirs)
+    if keys:
+        raise RunDirError(f"{out} holds a run with another configuration ({explain(keys, mine, theirs)}); "
+                          f"resume it unchanged, or start a new run with another --out (or --overwrite)")
+
+
+def environment() -> dict[str, Any]:
+    """Where a run ran (recorded, never compared): CPU model, versions, threads."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    try:
+        import numba
+
+        numba_version = numba.__version__
+    except ImportError:
+        numba_version = None
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "numba": numba_version, "python": platform.python_version(), "platform": platform.platform()}
+
+
+def experiment_of_run(out: Path) -> tuple[dict[str, Any], str, int]:
+    """(raw config, method label, seed) of the run in ``out``, rebuilt from its ``config.json``, so
+    ``dqsgd train --resume RUN_DIR`` needs neither --config nor the original --set options."""
+    try:
+        facts = json.loads((out / "config.json").read_text())
+    except FileNotFoundError:
+        kind = "no such run directory" if not out.exists() else "no config.json (not a dqsgd run directory)"
+        raise RunDirError(f"--resume {out}: {kind}") from None
+    except ValueError as e:
+        raise RunDirError(f"{out}/config.json: unreadable ({e})") from None
+    mc, train = dict(facts["method_config"]), dict(facts["train_config"])
+    mc.pop("lr", None)  # a config's methods.LABEL.lr is the optimizer's lr (method_lr below), never this field
+    table = {"method": mc.pop("name"), **mc}
+    lr, momentum = facts.get("method_lr"), facts.get("method_momentum")
+    if "method_lr" not in facts and facts.get("lr") != train.get("lr"):  # older config.json: the effective lr
+        lr = facts.get("lr")
+    table.update({k: v for k, v in (("lr", lr), ("momentum", momentum)) if v is not None})
+    train["seeds"] = list(train.get("seeds", [facts["seed"]]))
+    return {"train": train, "methods": {facts["method"]: table}}, facts["method"], int(facts["seed"])
