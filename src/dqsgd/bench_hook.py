@@ -118,7 +118,7 @@ def summarize(times: dict[str, list[float]]) -> list[dict[str, Any]]:
 
 
 def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
-    from dqsgd.transport.launch import spawn_local
+    from dqsgd.launch import spawn_local
 
     models, hooks = args.model.split(","), ["none", *[h for h in args.hooks.split(",") if h and h != "none"]]
     bad = [m for m in models if m not in MODELS] + [h for h in hooks if h not in HOOKS]

@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise ConfigError(f"--timeout must be > 0 seconds and finite, got {args.timeout}")
     if args.transport == "torch":
-        from dqsgd.transport.launch import train_distributed
+        from dqsgd.launch import train_distributed
 
         return train_distributed(exp, entry, seed, args)
     if args.max_restarts:

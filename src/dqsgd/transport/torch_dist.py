@@ -90,7 +90,7 @@ class _TorchTransport:
             raise ValueError(f"timeout must be > 0 seconds (or None: the process group's), got {timeout}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
-                               "(dqsgd.transport.launch does it for `dqsgd train --transport torch`)")
+                               "(dqsgd.launch does it for `dqsgd train --transport torch`)")
         self.group = group
         self.rank = dist.get_rank(group)
         self.workers = dist.get_world_size(group)
