@@ -91,36 +91,6 @@ def train_with_fault(rank: int, world: int, topology: str, cfg: TrainConfig, ent
         return train(cfg, entry, 0, t)
 
 
-def ddp_gradients(rank: int, world: int, reps: int) -> dict[str, Any]:
-    """Gradients of one batch under plain DDP (fp32 all-reduce) and under dqsgd.ddp.hook with several methods."""
-    import copy
-
-    from torch import nn
-    from torch.nn import functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import dqsgd.ddp
-
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 10))  # 5514 parameters: one bucket
-    gen = torch.Generator().manual_seed(100 + rank)
-    x, y = torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen)
-
-    def grads(model: nn.Module) -> torch.Tensor:
-        model.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
-
-    out: dict[str, Any] = {"local": grads(copy.deepcopy(net)), "plain": grads(DDP(copy.deepcopy(net)))}
-    for method, n in (("sgd", 2), ("qsgd-4bit", reps), ("dqsgd", 4), ("terngrad", 2)):
-        model = DDP(copy.deepcopy(net))
-        state = dqsgd.ddp.HookState(method=method, process_group=None, seed=1, timeout=30.0, total_steps=10)
-        model.register_comm_hook(state, dqsgd.ddp.hook)
-        runs = torch.stack([grads(model) for _ in range(n)])
-        out[method] = {"runs": runs, "stats": state.compression_stats(), "bits": state.current_bits()}
-    return out
-
-
 class _Announced(bytes):
     """A payload that announces ``size`` bytes: what a forged or broken peer would put in the size exchange."""
 
