@@ -29,8 +29,10 @@ data-fashion:
 	  || echo "Fashion-MNIST: apt-get failed; table1-fashion will not run (MNIST runs are unaffected)"; \
 	else echo "Fashion-MNIST: not installed and not root; run 'sudo apt-get install dataset-fashion-mnist' for table1-fashion"; fi
 
+# --resume: a second `make run` keeps the finished runs (and refuses them if the config changed)
+# and prints the table again, instead of refusing a directory that already holds runs.
 run: $(STAMP)
-	$(VENV)/bin/dqsgd compare --config $(RUN_CONFIG)
+	$(VENV)/bin/dqsgd compare --config $(RUN_CONFIG) --resume
 
 test: $(STAMP)
 	$(PY) -m pytest
