@@ -13,8 +13,11 @@ Labels are int64. Which datasets install offline, and from where, is in ``docs/d
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 from .base import (
     CHECKSUMS,
@@ -45,6 +48,7 @@ __all__ = [
     "build_vocab",
     "encode",
     "load_dataset",
+    "pad_images",
     "read_idx",
     "stratified_sample",
     "stratified_split",
@@ -78,7 +82,7 @@ _LOADERS: dict[str, _Loader] = {
 
 
 def load_dataset(name: str, root: str | Path | None = None, *, seed: int = 0, max_len: int = 200,
-                 subset: int | None = None, max_vocab: int = 20_000) -> Dataset:
+                 subset: int | None = None, max_vocab: int = 20_000, pad_to: int | None = None) -> Dataset:
     """Load dataset ``name`` (one of :data:`DATASETS`) from local files.
 
     Args:
@@ -90,6 +94,8 @@ def load_dataset(name: str, root: str | Path | None = None, *, seed: int = 0, ma
         subset: keep a seeded stratified subset of this many training samples (test set unchanged;
             for text the vocabulary is still built on the full training split).
         max_vocab: text only: vocabulary size cap, PAD and UNK included.
+        pad_to: images only: zero-pad every image (centred) to ``pad_to x pad_to`` pixels, e.g. 32 to
+            give Fashion-MNIST the CIFAR shape that the CIFAR ResNets were designed for.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
@@ -99,6 +105,8 @@ def load_dataset(name: str, root: str | Path | None = None, *, seed: int = 0, ma
     if name not in _LOADERS:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
     dataset = _LOADERS[name](Path(root) if root is not None else None, seed, max_len, max_vocab)
+    if pad_to:
+        dataset = pad_images(dataset, pad_to)
     if subset is None:
         return dataset
     return Dataset(name=dataset.name, train=subset_split(dataset.train, subset, seed), test=dataset.test,
@@ -106,3 +114,21 @@ def load_dataset(name: str, root: str | Path | None = None, *, seed: int = 0, ma
                    vocab_size=dataset.vocab_size, stand_in_for=dataset.stand_in_for,
                    note=f"{dataset.note}; stratified training subset of {subset} (seed {seed})",
                    vocab=dataset.vocab)
+
+
+def pad_images(dataset: Dataset, size: int) -> Dataset:
+    """``dataset`` with every image zero-padded, centred, to ``size x size`` (the extra pixel of an
+    odd margin goes to the bottom/right). Zero is the images' background after loading."""
+    if dataset.kind != "image":
+        raise ValueError(f"pad_to applies to image datasets; {dataset.name} holds {dataset.kind}")
+    c, h, w = dataset.input_shape
+    if size < max(h, w):
+        raise ValueError(f"pad_to = {size} is smaller than {dataset.name}'s {h}x{w} images")
+    top, left = (size - h) // 2, (size - w) // 2
+    margins = (left, size - w - left, top, size - h - top)
+
+    def pad(split: Split) -> Split:
+        return Split(torch.nn.functional.pad(split.x, margins), split.y)
+
+    return dataclasses.replace(dataset, train=pad(dataset.train), test=pad(dataset.test), input_shape=(c, size, size),
+                               note=f"{dataset.note}; zero-padded to {size}x{size}")

@@ -17,7 +17,8 @@ from dqsgd.train.runner import run_dir, run_one
 
 def load_data_for(exp: ExperimentConfig):
     t = exp.train
-    return load_dataset(t.dataset, t.data_root or None, seed=0, max_len=t.max_len, subset=t.subset or None)
+    return load_dataset(t.dataset, t.data_root or None, seed=0, max_len=t.max_len, subset=t.subset or None,
+                        pad_to=t.pad_to or None)
 
 
 def finished(where: Path, steps: int, label: str, seed: int) -> bool:

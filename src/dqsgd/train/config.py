@@ -35,6 +35,7 @@ class TrainConfig:
     dataset: str = "mnist"
     data_root: str = ""               # "" = the dataset's default location
     subset: int = 0                   # >0: seeded stratified subset of the training set
+    pad_to: int = 0                   # >0: images zero-padded (centred) to pad_to x pad_to (e.g. 32: CIFAR shape)
     model: str = "cnn"
     workers: int = 8                  # W
     steps: int = 500                  # N
@@ -72,7 +73,8 @@ class TrainConfig:
             (self.device in DEVICES, f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}"),
             (self.topology in ("", "ps", "allgather", "sharded"), "topology must be 'ps', 'allgather' or 'sharded'"),
             (2 <= self.downlink_bits <= 16 or self.downlink_bits == 32, "downlink_bits must be in [2, 16] or 32 (fp32)"),
-            (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0,
+            (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0
+             and self.pad_to >= 0,
              "counts must be >= 0"),
         ]
         for ok, msg in checks:
