@@ -11,8 +11,6 @@ gradient-domain form is what is implemented [OC]. The state is an explicit tenso
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 
@@ -29,12 +27,3 @@ def compensate(grad: torch.Tensor, residual: torch.Tensor | None) -> torch.Tenso
 def update(p: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
     """e_new = p − Δ, where Δ is the decoded value of what was sent."""
     return p - sent.reshape(-1).to(torch.float32)
-
-
-def with_memory(
-    grad: torch.Tensor, residual: torch.Tensor | None, compress: Callable[[torch.Tensor], tuple[object, torch.Tensor]]
-) -> tuple[object, torch.Tensor]:
-    """Run ``compress(p) -> (message, decoded Δ)`` on the compensated gradient; return (message, e_new)."""
-    p = compensate(grad, residual)
-    message, decoded = compress(p)
-    return message, update(p, decoded)

@@ -111,16 +111,6 @@ class Quantized:
         return n
 
 
-def segment_index(layout: Layout, numel: int, device: torch.device | None = None) -> torch.Tensor:
-    """Segment id of every coordinate (int64, length numel)."""
-    sizes = layout.segment_sizes(numel)
-    if not sizes:
-        return torch.zeros(0, dtype=torch.int64, device=device)
-    return torch.repeat_interleave(
-        torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)
-    )
-
-
 def dequantize(q: Quantized) -> torch.Tensor:
     """``x̂_i = codes_i · scales[seg(i)] / levels`` (raw values for IDENTITY), in q.shape and q.dtype
     (computed in float32, then rounded once to q.dtype)."""
