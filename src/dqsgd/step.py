@@ -41,6 +41,7 @@ from dqsgd.sharding import DOWNLINK, shard_bounds, shard_sizes
 from dqsgd.rng import QUANT, seed_for
 
 if TYPE_CHECKING:
+    from dqsgd.methods import MethodConfig
     from dqsgd.transport.base import ShardedTransport
 
 FP32 = 32  # downlink width that means "send the averaged shard in fp32"
@@ -66,6 +67,15 @@ class ShardedResult:
         return wire_traffic("sharded", self.up, self.down)
 
 
+def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_sizes: Sequence[int],
+                  workers: int) -> tuple[list[tuple[int, int]], list[Method]]:
+    """The ``workers`` contiguous shards of a vector of ``numel`` coordinates and the method each is
+    quantized with: a shard is a vector of its own (a bucket layout restarts at its start, a
+    per-tensor layout is cut at its edges). The trainer's sharded step and the DDP hook share it."""
+    bounds = shard_bounds(numel, workers)
+    return bounds, [Method(config, hi - lo, total_steps, shard_sizes(param_sizes, lo, hi)) for lo, hi in bounds]
+
+
 class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
@@ -75,9 +85,8 @@ class ShardedStep:
                              f"coordinates for {workers} workers")
         self.method, self.workers = method, workers
         self.downlink_bits = check_downlink_bits(downlink_bits)
-        self.bounds = shard_bounds(method.numel, workers)
-        self.shards = [Method(method.config, hi - lo, method.total_steps, shard_sizes(param_sizes, lo, hi))
-                       for lo, hi in self.bounds]
+        self.bounds, self.shards = shard_methods(method.config, method.numel, method.total_steps, param_sizes,
+                                                 workers)
         self.quant_seed, self.down_seed = seed_for(seed, QUANT), seed_for(seed, DOWNLINK)
 
     # --- worker side ----------------------------------------------------------------------------

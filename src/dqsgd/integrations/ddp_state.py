@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.methods import MethodConfig, method_config
-from dqsgd.sharding import shard_bounds, shard_sizes
+from dqsgd.sharding import shard_bounds
 
 if TYPE_CHECKING:
     from dqsgd.pipeline import Method
@@ -264,8 +264,7 @@ class HookState:
                 b.method, b.shards = self._methods(n, sizes, len(b.bounds))
                 b.sizes, b.residuals = tuple(sizes), {}
             return b
-        from dqsgd.sharding import DOWNLINK
-        from dqsgd.rng import QUANT, seed_for
+        from dqsgd.rng import DOWNLINK, QUANT, seed_for
 
         bounds = shard_bounds(n, world) if self.topology == "sharded" else [(0, n)]
         m, shards = self._methods(n, sizes, len(bounds))
@@ -281,12 +280,12 @@ class HookState:
     def _methods(self, n: int, sizes: list[int], world: int) -> tuple[Method, list[Method]]:
         """The bucket's Method and its shards' (hash uniforms for uniform: the same bytes on any device)."""
         from dqsgd.pipeline import Method
+        from dqsgd.step import shard_methods
 
         cfg = self.config
         if cfg.scheme == "uniform" and cfg.kernel != "fused":
             cfg = dataclasses.replace(cfg, kernel="fused")
-        bounds = shard_bounds(n, world)
-        shards = [Method(cfg, hi - lo, self.total_steps, shard_sizes(sizes, lo, hi) or None) for lo, hi in bounds]
+        _, shards = shard_methods(cfg, n, self.total_steps, sizes, world)
         return Method(cfg, n, self.total_steps, sizes), shards
 
     # --- checkpointing --------------------------------------------------------------------------
