@@ -1,6 +1,7 @@
 """The wire codec: fixed-width bit packing, Elias-omega and rANS coding and the versioned payload format.
 
-``encode(q, coding) -> bytes`` and ``decode(payload) -> Quantized`` are the entry points; the
+``encode(q, coding) -> bytes`` and ``decode(payload) -> Quantized`` are the entry points
+(``coded_size(payload)``: the length the payload's levels take with the best coding); the
 payload layout is documented in :mod:`dqsgd.codecs.header` and :mod:`dqsgd.codecs.wire`.
 """
 
@@ -13,6 +14,6 @@ if TYPE_CHECKING:
     from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_length
     from dqsgd.codecs.header import Coding, PayloadError, header_size
     from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
-    from dqsgd.codecs.wire import decode, encode, predicted_size
+    from dqsgd.codecs.wire import coded_size, decode, encode, predicted_size
 
 __getattr__, __dir__, __all__ = attach(__name__, __file__)

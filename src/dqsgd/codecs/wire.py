@@ -56,7 +56,7 @@ from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
 from dqsgd.codecs.threads import crc32
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
 
-__all__ = ["Coding", "PayloadError", "body_width", "decode", "encode", "header_size", "predicted_size"]
+__all__ = ["Coding", "PayloadError", "body_width", "coded_size", "decode", "encode", "header_size", "predicted_size"]
 
 MAX_CODE_BITS = 16
 _ZSTD_LEVEL = 3
@@ -390,3 +390,25 @@ def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUME
                          h.dtype)
     return Quantized(h.scheme, h.bits, h.levels, torch.from_numpy(data), scales, h.layout, h.shape, h.norm,
                      dtype=h.dtype)
+
+
+def coded_size(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUMEL) -> int:
+    """Length of ``payload`` re-encoded with :attr:`Coding.AUTO`: the bytes its levels need with the
+    best coding dqsgd has (the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS).
+
+    Equal to ``len(encode(decode(payload), Coding.AUTO))``: the payload is validated and decoded
+    like :func:`decode` (``max_numel`` caps the elements it may declare), and its levels, scales
+    and layout are encoded again. The header has the same length under every coding, so the
+    result is at most ``len(payload)`` whenever the payload's own coding is one AUTO chooses from
+    (FIXED, ELIAS, ZSTD_ALIGNED, RANS or AUTO itself); only a ZSTD payload may be shorter.
+
+    IDENTITY (fp32) payloads carry no levels to entropy-code: their coded size is the payload's own
+    length (only the header and CRC are checked, the floats are not decoded).
+
+    Raises:
+      PayloadError: a payload :func:`decode` refuses.
+    """
+    buf = memoryview(payload).cast("B")
+    if read_header(buf, max_numel=max_numel).scheme == Scheme.IDENTITY:
+        return len(buf)
+    return len(encode(decode(buf, max_numel=max_numel), Coding.AUTO))
