@@ -8,7 +8,14 @@ and every report says which one it prints:
 * paper ratio     = 32 / mean nominal uplink bits per coordinate (DQSGD Table 1's convention,
   which ignores norms, headers and the downlink [text]);
 * total-traffic ratio = fp32 bytes of every message (uplink and downlink, 4·d each per worker and
-  step; the all-gather topology has no downlink) / bytes of every message really sent (+ side).
+  step; the all-gather topology has no downlink) / bytes of every message really sent (+ side);
+* entropy-coded uplink ratio (``coded_ratio``) = fp32 uplink bytes of the measured steps / the
+  uplink bytes of the same steps had every payload been coded with ``Coding.AUTO`` (the smallest
+  of FIXED, Elias-ω, zstd-aligned and rANS; :func:`dqsgd.codecs.coded_size`, measured by really
+  encoding the same levels), side traffic counted as in the measured ratio. Only the steps the
+  trainer measured count (``train.coded_every = k``: the steps n with n % k == 0); beside it,
+  ``sent_ratio_coded_steps`` is the measured ratio over those same steps. fp32 payloads count
+  their own length.
 
 Per rank, the ledger also keeps the bytes that cross the network links (:func:`wire_traffic`):
 for each rank and phase, the larger of what it sends and what it receives (a full-duplex link
@@ -59,6 +66,7 @@ class StepRecord:
     side_bytes: int = 0       # extra per-worker traffic (e.g. TernGrad scaler sharing), both ways
     rank_up: list[int] = field(default_factory=list)    # per rank, uplink phase (wire_traffic)
     rank_down: list[int] = field(default_factory=list)  # per rank, downlink phase
+    coded_up: list[int] | None = None  # per worker, the uplink with the best coding (None: not measured)
 
 
 @dataclass
@@ -72,17 +80,32 @@ class Ledger:
     topology: str = "ps"
 
     def record(self, step: int, bits: int, up_bytes: list[int], down_bytes: int, side_bytes: int = 0,
-               rank_up: Sequence[int] = (), rank_down: Sequence[int] = ()) -> StepRecord:
-        """``down_bytes``: the downlink bytes each worker receives (sharded: all W shards' messages)."""
+               rank_up: Sequence[int] = (), rank_down: Sequence[int] = (),
+               coded_up: Sequence[int] | None = None) -> StepRecord:
+        """``down_bytes``: the downlink bytes each worker receives (sharded: all W shards' messages);
+        ``coded_up``: per worker, the uplink's coded size (:func:`dqsgd.codecs.coded_size`; sharded:
+        summed over the worker's W shard payloads), on the steps where it was measured."""
         if len(up_bytes) != self.workers:
             raise ValueError(f"ledger: {len(up_bytes)} uplink sizes for {self.workers} workers")
         if any(len(r) not in (0, self.workers) for r in (rank_up, rank_down)):
             raise ValueError(f"ledger: per-rank byte counts need {self.workers} entries")
-        if any(b < 0 for b in [*up_bytes, down_bytes, side_bytes, *rank_up, *rank_down]):
+        if coded_up is not None and len(coded_up) != self.workers:
+            raise ValueError(f"ledger: {len(coded_up)} coded uplink sizes for {self.workers} workers")
+        if any(b < 0 for b in [*up_bytes, down_bytes, side_bytes, *rank_up, *rank_down, *(coded_up or ())]):
             raise ValueError("ledger: byte counts must be >= 0")
-        rec = StepRecord(step, bits, list(up_bytes), down_bytes, side_bytes, list(rank_up), list(rank_down))
+        rec = StepRecord(step, bits, list(up_bytes), down_bytes, side_bytes, list(rank_up), list(rank_down),
+                         None if coded_up is None else [int(b) for b in coded_up])
         self.records.append(rec)
         return rec
+
+    def record_coded(self, step: int, coded_up: Sequence[int]) -> None:
+        """Add the coded uplink sizes of ``step`` (per worker) to its record, the last one."""
+        last = self.records[-1] if self.records else None
+        if last is None or last.step != step:
+            raise ValueError(f"ledger: no record of step {step} to add coded sizes to")
+        if len(coded_up) != self.workers or any(b < 0 for b in coded_up):
+            raise ValueError(f"ledger: coded uplink sizes need {self.workers} entries >= 0, got {list(coded_up)}")
+        last.coded_up = [int(b) for b in coded_up]
 
     # --- totals -------------------------------------------------------------------------------
     @property
@@ -133,6 +156,30 @@ class Ledger:
                 "rank_down_bytes": sum(max(r.rank_down) for r in recs) / n,
                 "rank_total_bytes": sum(max(a + b for a, b in zip(r.rank_up, r.rank_down)) for r in recs) / n}
 
+    def coded_records(self) -> list[StepRecord]:
+        """The steps whose uplink was also measured with the best coding."""
+        return [r for r in self.records if r.coded_up is not None]
+
+    def coded_up_bytes(self) -> int:
+        """Σ over the measured steps and workers of the uplink's coded size."""
+        return sum(sum(r.coded_up or ()) for r in self.records)
+
+    def _ratio_on_coded_steps(self, sizes: Sequence[int]) -> float | None:
+        """fp32 uplink bytes of the measured steps / (``sizes`` + their side uplink); None if none was measured."""
+        recs = self.coded_records()
+        if not recs:
+            return None
+        sent = sum(sizes) + sum(r.side_bytes for r in recs) * self.workers // 2
+        return 4 * self.numel * self.workers * len(recs) / sent if sent else float("inf")
+
+    def coded_ratio(self) -> float | None:
+        """Entropy-coded uplink ratio over the measured steps (module docstring); None if none was measured."""
+        return self._ratio_on_coded_steps([sum(r.coded_up or ()) for r in self.coded_records()])
+
+    def sent_ratio_coded_steps(self) -> float | None:
+        """The measured (as-sent) uplink ratio over the same steps as :meth:`coded_ratio`."""
+        return self._ratio_on_coded_steps([sum(r.up_bytes) for r in self.coded_records()])
+
     def mean_bits(self) -> float:
         return sum(r.bits for r in self.records) / self.steps if self.steps else 0.0
 
@@ -156,13 +203,18 @@ class Ledger:
             "mean_bits": self.mean_bits(),
             "budget_bits": self.budget_bits,
             "budget_left": self.budget_left(),
+            "coded_steps": len(self.coded_records()),
+            "coded_up_bytes": self.coded_up_bytes(),
+            "coded_ratio": self.coded_ratio(),
+            "sent_ratio_coded_steps": self.sent_ratio_coded_steps(),
         }
 
     # --- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:
         return {
             "numel": self.numel, "workers": self.workers, "budget_bits": self.budget_bits, "topology": self.topology,
-            "records": [[r.step, r.bits, list(r.up_bytes), r.down_bytes, r.side_bytes, list(r.rank_up), list(r.rank_down)]
+            "records": [[r.step, r.bits, list(r.up_bytes), r.down_bytes, r.side_bytes, list(r.rank_up), list(r.rank_down),
+                         None if r.coded_up is None else list(r.coded_up)]
                         for r in self.records],
         }
 
@@ -170,8 +222,10 @@ class Ledger:
     def from_state_dict(cls, d: dict[str, object]) -> "Ledger":
         led = cls(int(d["numel"]), int(d["workers"]), d["budget_bits"],  # type: ignore[arg-type]
                   topology=str(d.get("topology", "ps")))
-        for step, bits, up, down, side, *ranks in d["records"]:  # type: ignore[union-attr]
-            ru, rd = ranks if ranks else ([], [])  # checkpoints from before per-rank accounting
+        for step, bits, up, down, side, *rest in d["records"]:  # type: ignore[union-attr]
+            # older checkpoints: no per-rank accounting (5 fields), no coded sizes (7 fields)
+            ru, rd, coded = [*rest, *[[], [], None][len(rest):]]
             led.records.append(StepRecord(int(step), int(bits), [int(b) for b in up], int(down), int(side),
-                                          [int(b) for b in ru], [int(b) for b in rd]))
+                                          [int(b) for b in ru], [int(b) for b in rd],
+                                          None if coded is None else [int(b) for b in coded]))
         return led

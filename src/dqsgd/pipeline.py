@@ -16,7 +16,9 @@ from typing import Any, Sequence
 import torch
 
 from dqsgd import memory
-from dqsgd.codecs import Coding, PayloadError, decode as decode_payload, encode as encode_payload, predicted_size
+from dqsgd.codecs import (
+    Coding, PayloadError, coded_size, decode as decode_payload, encode as encode_payload, predicted_size,
+)
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header
 from dqsgd.methods import MethodConfig
 from dqsgd.policies import (
@@ -168,6 +170,12 @@ class Method:
         p = memory.compensate(flat, residual)
         q = self.compress(p, bits, generator, scalers, hash_rng)
         return encode_payload(q, self.coding), memory.update(p, dequantize(q))
+
+    def coded_size(self, payload: bytes) -> int:
+        """The bytes ``payload``'s levels would take with the best coding (:func:`dqsgd.codecs.coded_size`,
+        capped at this method's d elements); fp32 payloads count their own length. A measurement only:
+        what is sent is ``payload``."""
+        return coded_size(payload, max_numel=max(self.numel, 1))
 
     # --- server side ----------------------------------------------------------------------------
     def decode_uplink(self, payload: bytes, bits: int, worker: int) -> Quantized:

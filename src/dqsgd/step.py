@@ -62,6 +62,8 @@ class ShardedResult:
     side: int                         # per-worker side traffic (TernGrad scalers), bytes
     residuals: dict[int, torch.Tensor | None]  # new error-feedback memory of the local workers
     encode_s: float = 0.0             # seconds spent quantizing and encoding the local uplinks
+    coded: dict[int, int] | None = None  # local worker -> Σ_j coded size of its W shard payloads (if measured)
+    coded_s: float = 0.0              # seconds spent measuring them
 
     def wire(self) -> tuple[list[int], list[int]]:
         return wire_traffic("sharded", self.up, self.down)
@@ -100,6 +102,10 @@ class ShardedStep:
         counts = [m.layout.num_segments(m.numel) for m in self.shards]
         return list(torch.split(scalers, counts))
 
+    def coded_size(self, row: Sequence[bytes]) -> int:
+        """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
+        return sum(m.coded_size(p) for m, p in zip(self.shards, row, strict=True))
+
     def encode_worker(self, worker: int, grad: torch.Tensor, bits: int, step: int, generator: torch.Generator | None,
                       residual: torch.Tensor | None, scalers: torch.Tensor | None) -> tuple[list[bytes], torch.Tensor | None]:
         """Worker ``worker``'s W shard payloads, and its new error-feedback memory (whole vector)."""
@@ -135,8 +141,12 @@ class ShardedStep:
 
     # --- one step -------------------------------------------------------------------------------
     def run(self, t: ShardedTransport, grads: dict[int, torch.Tensor], bits: int, step: int,
-            generators: dict[int, torch.Generator], residuals: Sequence[torch.Tensor | None]) -> ShardedResult:
-        """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``."""
+            generators: dict[int, torch.Generator], residuals: Sequence[torch.Tensor | None],
+            measure_coded: bool = False) -> ShardedResult:
+        """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``.
+
+        ``measure_coded``: also give each local worker's uplink with the best coding (:meth:`coded_size`),
+        measured on the payloads it sent, after the exchange (nothing sent changes)."""
         scalers, side = None, 0
         if self.method.shares_scalers:
             local = [self.local_scalers(g) for g in grads.values()]
@@ -154,4 +164,9 @@ class ShardedStep:
             avg = self.shards[j].aggregate(payloads, bits)
             down[j] = self.encode_downlink(j, avg, step)
         shared = t.share(down, max(self.down_cap(j) for j in range(self.workers)))
-        return ShardedResult(self.decode_update(shared), up, [len(p) for p in shared], side, new_res, encode_s)
+        # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
+        t1 = time.perf_counter()
+        coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
+        coded_s = time.perf_counter() - t1
+        return ShardedResult(self.decode_update(shared), up, [len(p) for p in shared], side, new_res, encode_s, coded,
+                             coded_s)

@@ -61,6 +61,8 @@ class TrainConfig:
     topology: str = ""                # "ps" | "allgather" | "sharded"; "" = the transport's default
                                       # (simulation: ps; torch: sharded)
     downlink_bits: int = 8            # sharded: width of the downlink's stochastic rounding (2..16; 32 = fp32)
+    coded_every: int = 1              # measure the uplink's size with the best coding (AUTO) on the steps
+                                      # n % coded_every == 0; 0 = never. A measurement: nothing sent changes
 
     def __post_init__(self) -> None:
         checks = [
@@ -74,7 +76,7 @@ class TrainConfig:
             (self.topology in ("", "ps", "allgather", "sharded"), "topology must be 'ps', 'allgather' or 'sharded'"),
             (2 <= self.downlink_bits <= 16 or self.downlink_bits == 32, "downlink_bits must be in [2, 16] or 32 (fp32)"),
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0
-             and self.pad_to >= 0,
+             and self.pad_to >= 0 and self.coded_every >= 0,
              "counts must be >= 0"),
         ]
         for ok, msg in checks:

@@ -11,6 +11,12 @@ One step, written once for every transport:
 
 Topology ``sharded`` replaces 3–5 with :class:`dqsgd.step.ShardedStep` (every rank the server of
 one shard, both ways quantized); the trainer records its bytes and runs the policy on every rank.
+
+On the steps n with n % ``train.coded_every`` == 0, every process also measures the uplink it sends
+with the best coding (:meth:`dqsgd.pipeline.Method.coded_size` of each local worker's payload, or
+the sum over its W shard payloads), and the sizes are all-gathered (``Transport.all_gather_ints``)
+so that every ledger records the same W numbers. Nothing sent changes: the model and the widths
+are the same with or without the measurement.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class StepResult:
     compute_s: float
     encode_s: float
     decode_s: float
+    coded_up: list[int] | None = None  # per worker, the uplink with the best coding (measured steps only)
+    coded_s: float = 0.0               # seconds this process spent measuring it (not in encode_s/decode_s)
 
 
 class Trainer:
@@ -158,6 +166,19 @@ class Trainer:
             offset += n
         self.optimizer.step()
 
+    def measures_coded(self, step: int) -> bool:
+        """Whether ``step``'s uplink is also measured with the best coding (``train.coded_every``)."""
+        return self.cfg.coded_every > 0 and step % self.cfg.coded_every == 0
+
+    def gather_coded(self, local: dict[int, int]) -> list[int]:
+        """Every worker's coded uplink size, in worker order, on every process (from each process's
+        ``local``: its local workers' sizes, in the order of ``transport.local_workers``)."""
+        rows = self.transport.all_gather_ints([local[w] for w in self.transport.local_workers])
+        sizes = [v for row in rows for v in row]
+        if len(sizes) != self.cfg.workers:
+            raise RuntimeError(f"coded sizes of {len(sizes)} workers gathered, expected {self.cfg.workers}")
+        return sizes
+
     def _all_finite(self, grads: dict[int, torch.Tensor]) -> bool:
         bad = torch.tensor([0.0 if bool(torch.isfinite(g).all()) else 1.0 for g in grads.values()])
         return float(self.transport.max_reduce([bad.amax().reshape(1)])[0]) == 0.0
@@ -210,28 +231,39 @@ class Trainer:
         lr = self.lr_at(n)
         self.apply_update(update.to(self.device), lr)
         t3 = time.perf_counter()
+        # Measured after the downlink: the server has accepted every payload (a malformed one stopped the step).
+        coded = None
+        if self.measures_coded(n):
+            coded = self.gather_coded({w: self.method.coded_size(p) for w, p in zip(grads, payloads)})
+            if t.is_server:
+                self.ledger.record_coded(n, coded)
+        coded_s = time.perf_counter() - t3
         self.next_step += 1
         loss = t.mean_loss(losses)
         down_bytes = 0 if self.topology == "allgather" else len(down)
-        return StepResult(n, loss, lr, bits, False, up, down_bytes, side, t1 - t0, t2 - t1, t3 - t2)
+        return StepResult(n, loss, lr, bits, False, up, down_bytes, side, t1 - t0, t2 - t1, t3 - t2, coded, coded_s)
 
     def _sharded_step(self, n: int, bits: int, grads: dict[int, torch.Tensor], losses: list[float],
                       compute_s: float) -> StepResult:
         """Every rank: the sharded exchange, then the same ledger entry, policy step and update."""
         assert self.sharded is not None
         t2 = time.perf_counter()
-        r = self.sharded.run(self.transport, grads, bits, n, self.qgen, self.state.residuals)  # type: ignore[arg-type]
+        r = self.sharded.run(self.transport, grads, bits, n, self.qgen, self.state.residuals,  # type: ignore[arg-type]
+                             measure_coded=self.measures_coded(n))
         for w, res in r.residuals.items():
             self.state.residuals[w] = res
+        t_coded = time.perf_counter()
+        coded = None if r.coded is None else self.gather_coded(r.coded)
+        coded_s = r.coded_s + time.perf_counter() - t_coded
         up, down = [sum(row) for row in r.up], sum(r.down)
-        self.ledger.record(n, bits, up, down, r.side, *r.wire())
+        self.ledger.record(n, bits, up, down, r.side, *r.wire(), coded_up=coded)
         self.state = self.method.observe(self.state, r.update, n, 8 * max(up))
         lr = self.lr_at(n)
         self.apply_update(r.update.to(self.device), lr)
         t3 = time.perf_counter()
         self.next_step += 1
         return StepResult(n, self.transport.mean_loss(losses), lr, bits, False, up, down, r.side, compute_s,
-                          r.encode_s, t3 - t2 - r.encode_s)
+                          r.encode_s, t3 - t2 - r.encode_s - coded_s, coded, coded_s)
 
     # --- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -270,13 +302,17 @@ class _RemoteBits:
 
 
 def record_of(r: StepResult, ledger: Ledger) -> dict[str, Any]:
-    """One metrics.jsonl line. ``rank_*_bytes``: the busiest rank's link bytes this step (Ledger)."""
+    """One metrics.jsonl line. ``rank_*_bytes``: the busiest rank's link bytes this step (Ledger);
+    ``coded_up_bytes`` (all workers' uplink with the best coding) and ``coded_s`` (the time measuring it
+    took here): on the steps where it was measured (``train.coded_every``)."""
     last = ledger.records[-1] if ledger.records and ledger.records[-1].step == r.step and not r.skipped else None
     ranks = {} if last is None or not last.rank_up else {
         "rank_up_bytes": max(last.rank_up), "rank_down_bytes": max(last.rank_down),
         "rank_total_bytes": max(a + b for a, b in zip(last.rank_up, last.rank_down))}
+    coded = {} if r.coded_up is None else {"coded_up_bytes": sum(r.coded_up), "coded_s": r.coded_s}
     return {
         "step": r.step, "loss": r.loss, "lr": r.lr, "bits": r.bits, "skipped": r.skipped,
         "up_bytes": sum(r.up_bytes), "down_bytes": r.down_bytes * len(r.up_bytes), "side_bytes": r.side_bytes, **ranks,
-        "budget_left": ledger.budget_left(), "compute_s": r.compute_s, "encode_s": r.encode_s, "decode_s": r.decode_s,
+        **coded, "budget_left": ledger.budget_left(), "compute_s": r.compute_s, "encode_s": r.encode_s,
+        "decode_s": r.decode_s,
     }
