@@ -32,8 +32,9 @@ def train(cfg: TrainConfig, entry: MethodEntry, seed: int, transport: Any) -> di
         down.append(r.down_bytes)
         loss.append(r.loss)
     wire = [(rec.rank_up, rec.rank_down) for rec in tr.ledger.records]
-    return {"bits": bits, "up": up, "down": down, "wire": wire, "loss": loss, "params": tr.flat_params(),
-            "next_bits": tr.state.bits}
+    coded = [(rec.step, rec.coded_up) for rec in tr.ledger.records if rec.coded_up is not None]
+    return {"bits": bits, "up": up, "down": down, "wire": wire, "coded": coded, "loss": loss,
+            "params": tr.flat_params(), "next_bits": tr.state.bits}
 
 
 def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, MethodEntry, int]]) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from dqsgd.transport.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 
+# coded_every = 2: the entropy-coded uplink sizes of steps 0, 2, ..., 14, all-gathered across the ranks.
 CFG = TrainConfig(name="eq", dataset="synthetic", model="mlp", workers=4, steps=15, batch_size=16, lr=0.1,
-                  momentum=0.9, eval_every=100)
+                  momentum=0.9, eval_every=100, coded_every=2)
 ENTRIES = [MethodEntry("dqsgd", method_config("dqsgd")), MethodEntry("terngrad", method_config("terngrad"))]
 # sharded: the MLP's 55,210 parameters are not divisible by W = 4; signSGD's majority vote runs per shard.
 SHARDED = [MethodEntry("dqsgd", method_config("dqsgd")), MethodEntry("signsgd", method_config("signsgd"))]
@@ -42,6 +43,7 @@ def test_processes_match_simulation_bitwise(results: list) -> None:
         sim = _ranks.train(cfg, entry, seed, SimTransport(cfg.workers, "sharded" if topology == "sharded" else "ps"))
         if entry.label == "dqsgd":
             assert len(set(sim["bits"])) > 1, "the dynamic policy should change the width in this run"
+        assert [step for step, _ in sim["coded"]] == list(range(0, cfg.steps, 2))
         for r in results:
             run = r.value[f"{topology}/{entry.label}"]
             where = f"{topology}/{entry.label} rank {r.rank}"
@@ -52,6 +54,7 @@ def test_processes_match_simulation_bitwise(results: list) -> None:
             assert run["loss"] == pytest.approx(sim["loss"], rel=1e-12, abs=0), where
             if r.rank == 0 or topology != "ps":  # the aggregating ranks measured the same bytes
                 assert run["up"] == sim["up"], where
+                assert run["coded"] == sim["coded"], where  # and the same entropy-coded sizes
             if topology == "sharded":  # every rank holds the whole size matrix: same per-rank bytes
                 assert (run["down"], run["wire"]) == (sim["down"], sim["wire"]), where
 

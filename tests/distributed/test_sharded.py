@@ -40,12 +40,14 @@ def test_sharded_processes_match_simulation_bitwise() -> None:
         assert all(run["bits"] == runs[0]["bits"] for run in runs), f"{entry.label}: ranks disagree on a width"
         for r, run in zip(results, runs):
             where = f"{entry.label} rank {r.rank}"
-            for key in ("bits", "next_bits", "up", "down", "wire"):
+            for key in ("bits", "next_bits", "up", "down", "wire", "coded"):  # coded: every step (coded_every = 1)
                 assert run[key] == sim[key], (where, key)
             assert torch.equal(run["params"], sim["params"]), where
+        assert [step for step, _ in sim["coded"]] == list(range(cfg.steps))
         if entry.label == "dqsgd-auto":
             sizes = {tuple(u) for u in sim["up"]}
             assert len(sizes) > 1, "auto-coded payloads should vary in size"
+            assert [c for _, c in sim["coded"]] == sim["up"]  # AUTO of an AUTO payload: the same length
 
 
 @pytest.mark.timeout(90)
