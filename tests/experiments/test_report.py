@@ -30,9 +30,11 @@ def test_report_has_table_commands_paper_table_and_pngs(root: Path) -> None:
     assert "| 90.50 ± 0.71 | baseline |" in sgd
     assert "| 90.35 ± 0.21 | -0.15 ± 0.49 |" in q4          # deltas +0.2 and -0.5 pt
     assert "| 87.50 ± 0.71 | -3.00 ± 1.41 |" in dq          # deltas -2.0 and -4.0 pt
-    # uplink ratio, then total-traffic ratio: fp32 up and down (2·4·d per worker) / (516 up + 4·d fp32 down)
-    assert f"| {4 * 1000 / 516:.2f} | {2 * 4 * 1000 / (516 + 4000):.2f} | 8.00 | 4.00 |" in q4
-    assert "uplink ratio (paper's convention)** = fp32 uplink bytes (4·d·W·steps)" in text
+    # uplink ratio, the entropy-coded one (— : these runs have no coded sizes), then total-traffic ratio:
+    # fp32 up and down (2·4·d per worker) / (516 up + 4·d fp32 down)
+    assert f"| {4 * 1000 / 516:.2f} | — | {2 * 4 * 1000 / (516 + 4000):.2f} | 8.00 | 4.00 |" in q4
+    assert "uplink ratio, fixed-width (paper's convention)** = fp32 uplink bytes (4·d·W·steps)" in text
+    assert "**uplink ratio, entropy-coded (auto)** = the same fp32 uplink bytes" in text
     assert "**total-traffic ratio** = the same over every message" in text and "paper ratio** = 32 / mean" in text
     # Reproduce: the config's own first comment line, the exact command, the rebuild.
     assert "dqsgd compare --config fake-table1   # the config file's own command" in text
@@ -170,3 +172,70 @@ def test_figure2_marks_far_off_methods_on_the_bottom_edge(root: Path, tmp_path: 
     assert any("signsgd: 80.00% (below the axis)" in t.get_text() for t in ax.texts)
     text = build_report(root).read_text()
     assert "| `signsgd`" in text  # still in the table
+
+
+def _coded_root(root: Path, every: int, methods: tuple[str, ...] = ("sgd", "qsgd-4bit", "dqsgd")) -> Path:
+    from fake_runs import FINAL_ACC
+
+    for (label, seed), acc in FINAL_ACC.items():
+        write_run(root, label, seed, final_acc=acc, coded_every=every if label in methods else 0)
+    return root
+
+
+def test_entropy_coded_ratio_beside_the_fixed_width_one_in_every_table(root: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """coded_every = 4: steps 0, 4, ..., 36 carry coded sizes; the ratio is over those steps only."""
+    import csv
+
+    from dqsgd.experiments.summary import format_table, write_tables
+    from fake_runs import D, W, coded_of
+
+    _coded_root(root, 4)
+    measured = range(0, STEPS, 4)
+    want = {m: 4 * D * W * len(measured) / sum(coded_of(m, n) for n in measured) for m in ("sgd", "qsgd-4bit", "dqsgd")}
+    assert want["qsgd-4bit"] == 4 * 1000 / 266  # 2 bits per coordinate + a 16-byte header
+    rows = {r["method"]: r for r in write_tables(root)}
+    for m, w in want.items():
+        assert rows[m]["coded_ratio"] == w
+    assert rows["qsgd-4bit"]["coded_ratio"] > rows["qsgd-4bit"]["measured_ratio"]
+    with open(root / "summary.csv") as f:
+        csv_rows = {r["method"]: r for r in csv.DictReader(f)}
+    assert float(csv_rows["dqsgd"]["coded_ratio"]) == want["dqsgd"]
+    table = format_table(list(rows.values()))
+    assert "uplink fixed-width" in table and "uplink coded (auto)" in table
+    assert f"{want['qsgd-4bit']:.2f}" in next(ln for ln in table.splitlines() if ln.startswith("qsgd-4bit"))
+    text = build_report(root).read_text()
+    q4 = next(ln for ln in _table_lines(text) if ln.startswith("| `qsgd-4bit`"))
+    assert f"| {4 * 1000 / 516:.2f} | {want['qsgd-4bit']:.2f} | {2 * 4 * 1000 / (516 + 4000):.2f} |" in q4
+    assert "| uplink ratio, fixed-width (paper's convention) | uplink ratio, entropy-coded (auto) |" in text
+    assert "measured on every k-th step only (steps n with n % k == 0, `train.coded_every` = k = 4)" in text
+
+
+def test_report_with_coded_sizes_on_every_step_and_for_some_methods_only(root: Path) -> None:
+    from dqsgd.experiments.summary import format_table, write_tables
+
+    _coded_root(root, 1, methods=("qsgd-4bit",))
+    rows = {r["method"]: r for r in write_tables(root)}
+    assert rows["qsgd-4bit"]["coded_ratio"] == 4 * 1000 / 266  # every step: 2 bits fewer than 4
+    text = build_report(root).read_text()
+    assert "measured on every step and over those steps" in text
+    sgd = next(ln for ln in _table_lines(text) if ln.startswith("| `sgd`"))
+    assert f"| {4 * 1000 / 4016:.2f} | — |" in sgd  # no coded sizes for sgd: a dash, not a crash
+    assert next(ln for ln in format_table(list(rows.values())).splitlines() if ln.startswith("sgd")).count("—") == 1
+    with open(root / "summary.csv") as f:
+        assert ",," in next(ln for ln in f if ln.startswith("sgd,"))  # an empty cell, not "nan"
+
+
+def test_figure2_has_a_second_panel_on_the_coded_ratio(root: Path) -> None:
+    from dqsgd.experiments.plots import draw_figure2
+
+    a, b = draw_figure2(load_runs(root)).axes  # no coded sizes: panel (b) says so
+    assert a.get_title() == "(a) as sent (fixed-width)" and b.get_title() == "(b) entropy-coded (auto)"
+    assert [t.get_text() for t in b.texts][0].startswith("no entropy-coded sizes recorded")
+    _coded_root(root, 2)
+    a, b = draw_figure2(load_runs(root)).axes
+    xs = {ax: sorted(float(line.get_xdata()[0]) for line in ax.get_lines() if line.get_marker() == "o") for ax in (a, b)}
+    from fake_runs import D, W, coded_of
+
+    q4 = 4 * D * W * 20 / sum(coded_of("qsgd-4bit", n) for n in range(0, STEPS, 2))
+    assert any(abs(x - q4) < 1e-9 for x in xs[b]) and not any(abs(x - q4) < 1e-9 for x in xs[a])
+    assert {t.get_text() for t in b.texts} >= {"sgd", "qsgd-4bit", "dqsgd"}  # the same methods, named

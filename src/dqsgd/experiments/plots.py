@@ -235,8 +235,17 @@ FIG2_BAND = 3.0  # pt below the median accuracy beyond which Figure 2 marks a me
 
 
 def figure2(src: Path | list[Run], out: Path) -> Path:
-    """DQSGD Figure 2: test accuracy (mean ± std over seeds) vs measured compression ratio (log x)."""
+    """DQSGD Figure 2: test accuracy (mean ± std over seeds) vs compression ratio (log x): (a) the
+    measured fixed-width uplink ratio, (b) the entropy-coded (auto) uplink ratio."""
     return _save(draw_figure2(_runs(src)), out)
+
+
+FIG2_PANELS = (
+    ("measured_ratio", "(a) as sent (fixed-width)",
+     "measured compression ratio = fp32 uplink bytes (4·d·W·steps) / uplink bytes sent (log scale)"),
+    ("coded_ratio", "(b) entropy-coded (auto)",
+     "entropy-coded ratio = fp32 uplink bytes / the same payloads coded with auto (log scale)"),
+)
 
 
 def draw_figure2(runs: list[Run]) -> Figure:
@@ -245,12 +254,29 @@ def draw_figure2(runs: list[Run]) -> Figure:
     labels = methods_of(runs)
     color = _colors(labels)
     rows = {row["method"]: row for row in aggregate([r.summary for r in ev], order=labels)} if ev else {}
-    fig = Figure(figsize=(8.5, 5.5), layout="constrained")
-    ax = fig.subplots()
-    left = [f"{m}: measured ratio not finite" for m, row in rows.items() if not math.isfinite(row["measured_ratio"])]
-    pts = {m: row for m, row in rows.items() if math.isfinite(row["measured_ratio"])}
+    fig = Figure(figsize=(8.5, 11), layout="constrained")  # one above the other: each panel as wide as before
+    left = []
+    for ax, (key, name, xlabel) in zip(fig.subplots(2, 1), FIG2_PANELS):
+        left += _figure2_panel(ax, rows, color, key, xlabel)
+        ax.set_title(name)
+    fig.suptitle(_title(runs, "Figure 2: test accuracy vs compression ratio"))
+    _footer(fig, [n for n in notes(runs) if "evaluation" in n or "no steps" in n] + left)
+    return fig
+
+
+def _figure2_panel(ax: Axes, rows: dict[str, dict[str, Any]], color: dict[str, Any], key: str, xlabel: str) -> list[str]:
+    """Accuracy vs ``rows[m][key]`` on ``ax``; returns the notes on methods left out of it."""
+    what = "measured ratio" if key == "measured_ratio" else "entropy-coded ratio"
+    left = [f"{m}: {what} not finite" for m, row in rows.items()
+            if not math.isfinite(row[key]) and not (key == "coded_ratio" and math.isnan(row[key]))]
+    pts = {m: row for m, row in rows.items() if math.isfinite(row[key])}
+    if rows and not pts and key == "coded_ratio":
+        ax.text(0.5, 0.5, "no entropy-coded sizes recorded\n(runs from before train.coded_every, or coded_every = 0)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.3")
+        ax.set(xlabel=xlabel, ylabel="test accuracy (%), mean ± std over seeds")
+        return left
     for prefix, name in (("qsgd", "QSGD (fixed widths)"), ("dqsgd", "DQSGD")):
-        group = sorted((row["measured_ratio"], 100 * row["test_acc_mean"]) for m, row in pts.items() if m.startswith(prefix))
+        group = sorted((row[key], 100 * row["test_acc_mean"]) for m, row in pts.items() if m.startswith(prefix))
         if len(group) > 1:
             ax.plot(*zip(*group), color="0.5" if prefix == "qsgd" else "C3", lw=1.2, ls="--" if prefix == "qsgd" else "-",
                     label=f"{name}, connected", zorder=1)
@@ -260,7 +286,7 @@ def draw_figure2(runs: list[Run]) -> Figure:
     mid = float(np.median(ys)) if ys else 0.0
     low = {m for m, row in pts.items() if 100 * row["test_acc_mean"] < mid - FIG2_BAND}
     for m, row in pts.items():
-        x, y, e = row["measured_ratio"], 100 * row["test_acc_mean"], 100 * row["test_acc_std"]
+        x, y, e = row[key], 100 * row["test_acc_mean"], 100 * row["test_acc_std"]
         if m in low:
             continue
         ax.errorbar([x], [y], yerr=[e if row["seeds"] > 1 else 0.0], fmt="o", color=color[m], capsize=3, zorder=2)
@@ -270,20 +296,17 @@ def draw_figure2(runs: list[Run]) -> Figure:
         ax.set_ylim(bottom=bottom)
         for m in sorted(low):
             row = pts[m]
-            ax.plot([row["measured_ratio"]], [bottom], marker="v", color=color[m], clip_on=False, zorder=3)
-            ax.annotate(f"{m}: {100 * row['test_acc_mean']:.2f}% (below the axis)", (row["measured_ratio"], bottom),
+            ax.plot([row[key]], [bottom], marker="v", color=color[m], clip_on=False, zorder=3)
+            ax.annotate(f"{m}: {100 * row['test_acc_mean']:.2f}% (below the axis)", (row[key], bottom),
                         textcoords="offset points", xytext=(-10, 6), fontsize=7, ha="right")
     ax.set_xscale("log")
-    _ratio_ticks(ax, [row["measured_ratio"] for row in pts.values()])
-    _name_points(ax, [(m, row["measured_ratio"], 100 * row["test_acc_mean"]) for m, row in pts.items() if m not in low])
-    ax.set(xlabel="measured compression ratio = fp32 uplink bytes (4·d·W·steps) / uplink bytes sent (log scale)",
-           ylabel="test accuracy (%), mean ± std over seeds",
-           title=_title(runs, "Figure 2: test accuracy vs compression ratio"))
+    _ratio_ticks(ax, [row[key] for row in pts.values()])
+    _name_points(ax, [(m, row[key], 100 * row["test_acc_mean"]) for m, row in pts.items() if m not in low])
+    ax.set(xlabel=xlabel, ylabel="test accuracy (%), mean ± std over seeds")
     ax.grid(alpha=0.3, which="both")
     if any(line.get_label().endswith("connected") for line in ax.get_lines()):
         ax.legend(fontsize=7, loc="best")
-    _footer(fig, [n for n in notes(runs) if "evaluation" in n or "no steps" in n] + left)
-    return fig
+    return left
 
 
 def _ratio_ticks(ax: Axes, ratios: list[float]) -> None:

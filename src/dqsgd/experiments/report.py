@@ -20,16 +20,29 @@ from pathlib import Path
 from typing import Any
 
 from dqsgd.experiments.plots import Run, figure1, figure2, figure3, load_runs, methods_of, notes
-from dqsgd.experiments.summary import aggregate, write_tables
+from dqsgd.experiments.summary import aggregate, ratio_or_dash, write_tables
 from dqsgd.methods import METHODS
 
 CLOSE_PT = 0.5  # "within 0.5 pt of SGD" in the reading of the results
 
 RATIO_DEFINITIONS = (
-    "**uplink ratio (paper's convention)** = fp32 uplink bytes (4·d·W·steps) / uplink bytes really sent (payload "
-    "lengths: headers, norms, scalers and coding included); **total-traffic ratio** = the same over every message, "
+    "**uplink ratio, fixed-width (paper's convention)** = fp32 uplink bytes (4·d·W·steps) / uplink bytes really sent "
+    "(payload lengths: headers, norms, scalers and the method's coding included: fixed-width unless the method "
+    "sets another coding); **total-traffic ratio** = the same over every message, "
     "uplink and downlink (fp32 reference: 4·d per message; the all-gather topology has no downlink); **paper ratio** = 32 / mean nominal bits per coordinate "
     "(the convention of DQSGD Table 1, which ignores headers, norms and the downlink).")
+
+
+def coded_definition(runs: list[Run]) -> str:
+    """The legend's sentence on the entropy-coded column, with the runs' ``train.coded_every``."""
+    every = sorted({int(r.facts["train_config"].get("coded_every", 1)) for r in runs if r.summary.get("coded_steps")})
+    when = ("on every step" if every == [1] else
+            "on every k-th step only (steps n with n % k == 0, `train.coded_every` = k = "
+            + ", ".join(str(k) for k in every) + ")" if every else "on the steps of `train.coded_every`")
+    return ("**uplink ratio, entropy-coded (auto)** = the same fp32 uplink bytes / the bytes the same payloads take "
+            "when their levels are really re-encoded with the best coding (`auto`: the smallest of fixed-width, "
+            f"Elias-ω, zstd-aligned and rANS; fp32 payloads count as sent), measured {when} and over those steps; "
+            "the levels, hence the accuracy, are the same; — = not measured (a run without coded sizes).")
 
 # DQSGD (ICLR 2021 submission) Table 1, copied from the paper: (method, then accuracy and compression
 # ratio for AG-News (BiLSTM), CIFAR-10 (ResNet-18), CIFAR-100 (ResNet-34)), W = 8 workers.
@@ -47,8 +60,9 @@ PAPER_TABLE1: tuple[tuple[str, ...], ...] = (
 FIGURES = (
     ("fig1.png", figure1, "Figure 1 (as the paper's Figure 1): (a) test accuracy, (b) training loss (trailing "
      "mean), (c) nominal bits per iteration, (d) cumulative measured uplink MB; mean over seeds, band = ± std."),
-    ("fig2.png", figure2, "Figure 2 (as the paper's Figure 2): test accuracy (mean ± std over seeds) vs measured "
-     "compression ratio (log scale); QSGD widths and DQSGD budgets are each connected."),
+    ("fig2.png", figure2, "Figure 2 (as the paper's Figure 2): test accuracy (mean ± std over seeds) vs (a) the "
+     "measured fixed-width uplink ratio and (b) the entropy-coded (auto) uplink ratio (log scale); QSGD widths and "
+     "DQSGD budgets are each connected."),
     ("fig3.png", figure3, "Widths chosen by the methods whose width varies, and time per run by phase."),
 )
 
@@ -79,7 +93,8 @@ def render_report(root: Path, runs: list[Run]) -> str:
         f"# {train['name']}: accuracy vs communication (DQSGD Table 1, Figures 1–2)",
         _setup(runs),
         "## Reproduce\n\n```sh\n" + "\n".join(reproduce_commands(root, runs)) + "\n```",
-        "## Results (Table 1 style)\n\n" + results_table(rows, runs) + "\n\n" + RATIO_DEFINITIONS
+        "## Results (Table 1 style)\n\n" + results_table(rows, runs) + "\n\n" + RATIO_DEFINITIONS + " "
+        + coded_definition(runs)
         + ("\n\n**Left out or incomplete:**\n\n" + "\n".join(f"- {n}" for n in notes(runs)) if notes(runs) else ""),
         paper_table(),
         "## Figures\n\n" + "\n\n".join(f"![{name}]({name})\n\n*{cap}*" for name, _, cap in FIGURES),
@@ -196,8 +211,8 @@ def _num(x: float, fmt: str = ".2f") -> str:
 
 
 def results_table(rows: list[dict[str, Any]], runs: list[Run]) -> str:
-    head = ["method", "seeds", "test acc (%)", "Δ vs SGD (pt, paired)", "uplink ratio (paper's convention)",
-            "total-traffic ratio", "paper ratio", "mean bits", "MB up", "MB down"]
+    head = ["method", "seeds", "test acc (%)", "Δ vs SGD (pt, paired)", "uplink ratio, fixed-width (paper's convention)",
+            "uplink ratio, entropy-coded (auto)", "total-traffic ratio", "paper ratio", "mean bits", "MB up", "MB down"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
         n_eval = sum(1 for x in runs if x.method == r["method"] and x.has_eval)
@@ -205,7 +220,7 @@ def results_table(rows: list[dict[str, Any]], runs: list[Run]) -> str:
         n_pair = len(_paired(runs, r["method"], "sgd"))
         delta = "baseline" if r["method"] == "sgd" else _pm(r["delta_vs_sgd_mean"], r["delta_vs_sgd_std"], n_pair, sign=True)
         cells = [f"`{r['method']}`", seeds, _pm(r["test_acc_mean"], r["test_acc_std"], n_eval), delta, _num(r["measured_ratio"]),
-                 _num(r.get("total_ratio", float("nan"))), _num(r["paper_ratio"]), _num(r["mean_bits"]),
+                 ratio_or_dash(r.get("coded_ratio")), _num(r.get("total_ratio", float("nan"))), _num(r["paper_ratio"]), _num(r["mean_bits"]),
                  _num(r["up_bytes"] / 1e6), _num(r.get("down_bytes", float("nan")) / 1e6)]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + ("\n\nMean ± std over the evaluated seeds (the mean alone for one seed); Δ = this "

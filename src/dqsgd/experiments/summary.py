@@ -9,9 +9,13 @@ Compression ratios, labelled everywhere:
 (4·d·W·steps) / uplink bytes really sent (+ side traffic);
 ``total ratio`` (total-traffic ratio) = fp32 bytes of every message, uplink and downlink (the
 all-gather topology has no downlink) / bytes of every message really sent (+ side traffic);
-``paper ratio`` = 32 / mean nominal bits per coordinate (DQSGD Table 1's convention).
+``paper ratio`` = 32 / mean nominal bits per coordinate (DQSGD Table 1's convention);
+``coded ratio`` (uplink ratio, entropy-coded) = fp32 uplink bytes of the steps whose line carries
+``coded_up_bytes`` (``train.coded_every``) / those steps' uplink had every payload been coded with
+``Coding.AUTO`` (+ side traffic, as in the measured ratio).
 Runs written before the topology and the per-rank bytes were recorded read as ``ps`` with no
-per-rank figures.
+per-rank figures; runs without coded sizes have no coded ratio (NaN; "—" in the tables, an empty
+cell in ``summary.csv``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dqsgd.train.metrics import read_jsonl
 from dqsgd.train.rundir import differing, explain, resolved_of_facts
 
 COLUMNS = ["method", "dataset", "stand_in_for", "model", "workers", "steps", "seeds", "test_acc_mean", "test_acc_std",
-           "delta_vs_sgd_mean", "delta_vs_sgd_std", "measured_ratio", "total_ratio", "paper_ratio", "mean_bits", "up_bytes", "down_bytes", "rank_bytes",
+           "delta_vs_sgd_mean", "delta_vs_sgd_std", "measured_ratio", "coded_ratio", "total_ratio", "paper_ratio", "mean_bits", "up_bytes", "down_bytes", "rank_bytes",
            "topology", "wall_s"]
 
 
@@ -66,6 +70,10 @@ def summarize_run(run: Path) -> dict[str, Any]:
     ranked = [r["rank_total_bytes"] for r in steps if r.get("rank_total_bytes") is not None]
     mean_bits = statistics.fmean(r["bits"] for r in steps) if steps else float("nan")
     tail = [r["loss"] for r in steps[-20:] if r.get("loss") is not None]
+    coded = [r for r in steps if r.get("coded_up_bytes") is not None]
+    coded_up = sum(int(r["coded_up_bytes"]) for r in coded)
+    coded_sent = coded_up + sum(int(r.get("side_bytes", 0)) for r in coded) * facts["workers"] // 2
+    coded_fp32 = 4 * facts["numel"] * facts["workers"] * len(coded)
     return {
         "method": facts["method"], "dataset": facts["dataset"], "stand_in_for": facts.get("stand_in_for"),
         "model": facts["train_config"]["model"], "workers": facts["workers"], "seed": facts["seed"],
@@ -73,6 +81,8 @@ def summarize_run(run: Path) -> dict[str, Any]:
         "train_loss": statistics.fmean(tail) if tail else float("nan"),
         "up_bytes": up, "down_bytes": down, "side_bytes": side, "topology": topology,
         "measured_ratio": fp32 / (up + side // 2) if up else (float("inf") if steps else float("nan")),
+        "coded_ratio": (coded_fp32 / coded_sent if coded_sent else float("inf")) if coded else float("nan"),
+        "coded_steps": len(coded), "coded_up_bytes": coded_up,
         "total_ratio": fp32_all / sent if sent else (float("inf") if steps else float("nan")),
         "rank_bytes": statistics.fmean(ranked) if ranked else float("nan"),  # busiest rank, per step
         "paper_ratio": 32.0 / mean_bits if mean_bits else float("inf"), "mean_bits": mean_bits,
@@ -105,6 +115,7 @@ def aggregate(runs: list[dict[str, Any]], baseline: str = "sgd", order: list[str
             "workers": rs[0]["workers"], "steps": rs[0]["steps"], "seeds": len(rs),
             "test_acc_mean": acc_m, "test_acc_std": acc_s, "delta_vs_sgd_mean": d_m, "delta_vs_sgd_std": d_s,
             "measured_ratio": _mean_std([r["measured_ratio"] for r in rs])[0],  # runs with no steps yet: NaN, left out
+            "coded_ratio": _mean_std([r.get("coded_ratio", float("nan")) for r in rs])[0],  # runs without: left out
             "total_ratio": _mean_std([r["total_ratio"] for r in rs])[0],
             "paper_ratio": _mean_std([r["paper_ratio"] for r in rs])[0],
             "down_bytes": int(statistics.fmean(r["down_bytes"] for r in rs)),
@@ -143,23 +154,31 @@ def write_tables(root: Path) -> list[dict[str, Any]]:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r[k] for k in COLUMNS})
+            w.writerow({k: "" if k == "coded_ratio" and math.isnan(r[k]) else r[k] for k in COLUMNS})
     return rows
 
 
+def ratio_or_dash(x: float | None, fmt: str = ".2f") -> str:
+    """A ratio as printed in the tables: "—" where there is none (a run without coded sizes)."""
+    return "—" if x is None or math.isnan(x) else ("∞" if math.isinf(x) else f"{x:{fmt}}")
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """A Table 1-style text table (accuracy mean ± std over seeds, both ratios labelled)."""
-    head = (f"{'method':<16}{'test acc':>17}{'Δ vs SGD (pt)':>15}{'uplink ratio':>14}{'total ratio':>13}{'paper ratio':>13}"
-            f"{'mean bits':>11}{'MB up':>9}{'MB down':>9}")
+    """A Table 1-style text table (accuracy mean ± std over seeds, every ratio labelled)."""
+    head = (f"{'method':<16}{'test acc':>17}{'Δ vs SGD (pt)':>15}{'uplink fixed-width':>20}{'uplink coded (auto)':>21}"
+            f"{'total ratio':>13}{'paper ratio':>13}{'mean bits':>11}{'MB up':>9}{'MB down':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = f"{100 * r['test_acc_mean']:.2f} ± {100 * r['test_acc_std']:.2f}"
         d = r["delta_vs_sgd_mean"]
         ds = "" if math.isnan(d) else f"{100 * d:+.2f}"
-        lines.append(f"{r['method']:<16}{acc:>17}{ds:>15}{r['measured_ratio']:>14.2f}{r['total_ratio']:>13.2f}"
+        lines.append(f"{r['method']:<16}{acc:>17}{ds:>15}{r['measured_ratio']:>20.2f}"
+                     f"{ratio_or_dash(r.get('coded_ratio')):>21}{r['total_ratio']:>13.2f}"
                      f"{r['paper_ratio']:>13.2f}{r['mean_bits']:>11.2f}{r['up_bytes'] / 1e6:>9.2f}"
                      f"{r['down_bytes'] / 1e6:>9.2f}")
-    lines.append("uplink ratio (paper's convention) = fp32 uplink bytes / uplink bytes really sent (headers, norms, "
-                 "scalers included); total-traffic ratio = the same over uplink and downlink; "
-                 "paper ratio = 32 / mean nominal bits (DQSGD Table 1's convention).")
+    lines.append("uplink ratio, fixed-width (the paper's convention) = fp32 uplink bytes / uplink bytes really sent with "
+                 "the method's coding (headers, norms, scalers included); uplink ratio, entropy-coded (auto) = the same "
+                 "had every payload been coded with the best coding (AUTO: FIXED, Elias, zstd-aligned or rANS, "
+                 "measured on the steps of train.coded_every; — = not measured); total-traffic ratio = fixed-width "
+                 "over uplink and downlink; paper ratio = 32 / mean nominal bits (DQSGD Table 1's convention).")
     return "\n".join(lines)
