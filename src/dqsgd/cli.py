@@ -82,9 +82,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     device = resolve_device(exp.train.device)
     s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet,
                 overwrite=args.overwrite, device=device)
-    print(f"{entry.label}: test acc {100 * s['test_acc']:.2f}%, uplink ratio {s['ledger_compression_ratio']:.2f} "
-          f"(paper's convention), total-traffic ratio {s['ledger_total_ratio']:.2f}, mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
-          f"metrics in {out}")
+    from dqsgd.train.progress import result_line
+
+    print(f"{result_line(s)}; metrics in {out}")
     return 0
 
 

@@ -265,9 +265,9 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
 
 
 def _print_summary(s: dict[str, Any], out: str | None, topology: str) -> None:
-    print(f"{s['method']}: test acc {100 * s['test_acc']:.2f}%, uplink ratio {s['ledger_compression_ratio']:.2f} "
-          f"(paper's convention), total-traffic ratio {s['ledger_total_ratio']:.2f}, mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB; "
-          f"W = {s['workers']} processes, {topology} topology; metrics in {out}")
+    from dqsgd.train.progress import result_line
+
+    print(f"{result_line(s)}; W = {s['workers']} processes, {topology} topology; metrics in {out}")
 
 
 def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argparse.Namespace) -> int:

@@ -112,9 +112,21 @@ class CompareProgress:
         self.k += 1
         self.ran += 1
         self.bar.update(1)
+        coded = summary.get("ledger_coded_ratio")
         self._line(f"{summary['method']} seed {summary['seed']}: test acc {100 * summary['test_acc']:.2f}%, "
-                   f"ratio {summary['ledger_compression_ratio']:.2f}, mean bits {summary['ledger_mean_bits']:.2f}, "
-                   f"{summary['wall_s']:.0f} s")
+                   f"ratio {summary['ledger_compression_ratio']:.2f}"
+                   + (f" (entropy-coded {coded:.2f})" if coded is not None else "")
+                   + f", mean bits {summary['ledger_mean_bits']:.2f}, {summary['wall_s']:.0f} s")
 
     def close(self) -> None:
         self.bar.close()
+
+
+def result_line(s: dict[str, Any]) -> str:
+    """A finished run's accuracy and traffic in one line (``dqsgd train``, simulated or distributed)."""
+    coded = s.get("ledger_coded_ratio")
+    coded_text = "" if coded is None else (
+        f", entropy-coded (auto) uplink ratio {coded:.2f} (over {s['ledger_coded_steps']} measured steps)")
+    return (f"{s['method']}: test acc {100 * s['test_acc']:.2f}%, uplink ratio {s['ledger_compression_ratio']:.2f} "
+            f"(fixed-width, paper's convention){coded_text}, total-traffic ratio {s['ledger_total_ratio']:.2f}, "
+            f"mean bits {s['ledger_mean_bits']:.2f}, uplink {s['ledger_up_bytes'] / 1e6:.2f} MB")
