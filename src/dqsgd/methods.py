@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Scheme = Literal["identity", "uniform", "sign", "ternary"]
-PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-error", "adaptive", "adaqs"]
+PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"]
 CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"]
 KernelName = Literal["torch", "fused"]
 
 _ALLOWED: dict[str, tuple[str, ...]] = {
     "scheme": ("identity", "uniform", "sign", "ternary"),
-    "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-error", "adaptive", "adaqs"),
+    "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"),
     "coding": ("fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"),
     "norm": ("inf", "2"),
     "aggregate": ("mean", "majority"),
@@ -48,7 +48,8 @@ class MethodConfig:
     alpha: float = 1.0
     convex: bool = False
     rounding: Literal["nearest", "ceil", "floor", "carry"] = "nearest"
-    # Budgeted DQSGD: total per-worker uplink budget in bits, or a target mean bits/coordinate.
+    # Budgeted DQSGD: total per-worker uplink budget in bits, or a target mean bits/coordinate
+    # (policy "dqsgd-coded": coded bits on the wire per coordinate).
     budget_bits: int = 0
     target_bits: float = 0.0
     # Error-target DQ-SGD [OC]: eps_q on the quantization term, with smoothness L and step size.
@@ -105,13 +106,20 @@ def _validate(c: MethodConfig) -> None:
         _fail(c, f"k (or t) must be > 0, got {c.k}")
     if not 0 < c.alpha <= 1:
         _fail(c, f"alpha must be in (0, 1], got {c.alpha}")
-    if c.policy == "dqsgd-budget":
+    if c.policy in ("dqsgd-budget", "dqsgd-coded"):
         if (c.budget_bits > 0) == (c.target_bits > 0):
             _fail(c, "a budgeted policy needs exactly one of budget_bits > 0 or target_bits > 0")
+    if c.policy == "dqsgd-budget":
         if c.target_bits and not c.min_bits <= c.target_bits <= c.max_bits:
             _fail(c, f"target_bits {c.target_bits} outside [min_bits, max_bits] = [{c.min_bits}, {c.max_bits}]")
         if c.coding not in ("fixed", "auto"):
             _fail(c, "a budgeted policy needs coding 'fixed' or 'auto' (whose size never exceeds fixed)")
+    if c.policy == "dqsgd-coded":
+        if c.target_bits and not 0 < c.target_bits <= c.max_bits:
+            _fail(c, f"target_bits (coded bits per coordinate) {c.target_bits} outside (0, max_bits = {c.max_bits}]")
+        if c.coding != "auto":
+            _fail(c, "the coded budget needs coding 'auto' (it spends coded bytes; auto never exceeds the "
+                     "fixed size, which bounds its cost estimates)")
     if c.policy == "dqsgd-error" and not (c.eps_q > 0 and c.smoothness > 0 and c.lr > 0):
         _fail(c, "the error-target policy needs eps_q > 0, smoothness (L) > 0 and lr > 0")
     if c.policy == "dqsgd-error" and not c.smoothness * c.lr < 2:
@@ -143,6 +151,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
                   description="AdaQS [OC rule]: bits from the mean-to-std ratio, rising (Guo et al. 2020)"),
     "dqsgd": dict(scheme="uniform", bits=6, policy="dqsgd-budget", target_bits=4.5,
                   description="DQSGD, budgeted: eq. (20) widths with t solved online to meet a bit budget"),
+    "dqsgd-coded": dict(scheme="uniform", bits=6, policy="dqsgd-coded", coding="auto", target_bits=1.0,
+                        description="DQSGD, byte-budgeted: eq. (20) widths costed by their predicted entropy-coded "
+                                    "size; a budget of coded bits"),
     "dqsgd-convex": dict(scheme="uniform", bits=6, policy="dqsgd", convex=True, k=20.0, alpha=0.999,
                          description="DQSGD strongly convex rule, eq. (18): B = log2(k·α^((N-n)/2)·‖g‖+1)+1"),
     "dqsgd-nonconvex": dict(scheme="uniform", bits=6, policy="dqsgd", k=20.0,

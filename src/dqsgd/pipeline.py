@@ -22,7 +22,7 @@ from dqsgd.codecs import (
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header
 from dqsgd.methods import MethodConfig
 from dqsgd.policies import (
-    AdaptiveRMS, AdaQS, BudgetedDQSGD, DQSGDRule, FixedBits, GradStats, Rounding, grad_stats,
+    AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, Rounding, grad_stats,
 )
 from dqsgd.quantizers import (
     Layout, Norm, Quantized, Scheme, dequantize, majority_vote, quantize_identity, quantize_sign,
@@ -84,7 +84,7 @@ class Method:
 
     def budget_bits(self) -> int | None:
         c = self.config
-        if c.policy != "dqsgd-budget":
+        if c.policy not in ("dqsgd-budget", "dqsgd-coded"):
             return None
         if c.budget_bits:
             return c.budget_bits
@@ -107,6 +107,9 @@ class Method:
         if c.policy == "dqsgd-budget":
             return BudgetedDQSGD(self.budget_bits() or 0, n, self.numel, self.message_bits, c.convex, c.alpha,
                                  c.min_bits, c.max_bits)
+        if c.policy == "dqsgd-coded":
+            return CodedBudgetedDQSGD(self.budget_bits() or 0, n, self.numel, self.message_bits, c.convex, c.alpha,
+                                      c.min_bits, c.max_bits)
         if c.policy == "adaptive":
             return AdaptiveRMS(c.bits, c.min_bits, c.max_bits, c.calib_steps)
         return AdaQS(self.numel, c.bits, c.min_bits, c.max_bits, c.calib_steps)

@@ -1,4 +1,4 @@
-"""Bit policies: fixed, DQSGD (convex / non-convex / budgeted / error target), Adaptive, AdaQS."""
+"""Bit policies: fixed, DQSGD (convex / non-convex / budgeted / coded budget / error target), Adaptive, AdaQS."""
 
 from typing import TYPE_CHECKING
 
@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from dqsgd.policies.adaptive import AdaptiveRMS, AdaQS
     from dqsgd.policies.base import BitPolicy, GradStats, Rounding, grad_stats, integerize, state_from_dict, state_to_dict
     from dqsgd.policies.budgeted import BudgetedDQSGD
+    from dqsgd.policies.coded import CodedBudgetedDQSGD, level_entropies
     from dqsgd.policies.rules import DQSGDRule, FixedBits
 
 __getattr__, __dir__, __all__ = attach(__name__, __file__)

@@ -109,16 +109,7 @@ class BudgetedDQSGD:
         def total(logk: float) -> float:
             return float(self._widths(math.exp(logk), norms, scales).sum())
 
-        lo, hi = -80.0, 80.0
-        if total(hi) <= target:
-            lo = hi
-        elif total(lo) >= target:
-            hi = lo
-        else:
-            for _ in range(100):  # bisection on log k; Σ B_j(k) is non-decreasing in k
-                mid = 0.5 * (lo + hi)
-                lo, hi = (mid, hi) if total(mid) < target else (lo, mid)
-        k = math.exp(0.5 * (lo + hi))
+        k = solve_log_k(total, target)
         return k, float(self._widths(k, norms[:1], scales[:1])[0])
 
     def update(self, state: BudgetState, stats: GradStats) -> BudgetState:
@@ -138,6 +129,21 @@ class BudgetedDQSGD:
     def tau(self) -> float:
         """Forgetting time and extrapolation horizon of the norm forecast, in steps."""
         return max(10.0, self.total_steps / 20.0)
+
+
+def solve_log_k(total: Callable[[float], float], target: float) -> float:
+    """k with ``total(log k) = target`` by bisection on log k in [−80, 80]; ``total`` must be
+    non-decreasing in log k (a sum of DQSGD widths, or of their costs). Clamped at the ends."""
+    lo, hi = -80.0, 80.0
+    if total(hi) <= target:
+        lo = hi
+    elif total(lo) >= target:
+        hi = lo
+    else:
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if total(mid) < target else (lo, mid)
+    return math.exp(0.5 * (lo + hi))
 
 
 def _observe(fit: tuple[float, ...], n: float, y: float, lam: float) -> tuple[float, ...]:

@@ -1,0 +1,171 @@
+"""Byte-budgeted DQSGD (``dqsgd-coded``): the budget C counts *entropy-coded* bits on the wire.
+
+:class:`~dqsgd.policies.budgeted.BudgetedDQSGD` charges a width B the fixed-width message size
+B_pre + d·B. With an entropy coding (``coding = "auto"``: the smallest of fixed, Elias, zstd and
+rANS) a message of B-bit levels costs far less — about d·H_B, H_B the entropy of its levels, which
+for stochastic max-norm levels of a gradient is well under B (and grows by far less than one bit
+per extra bit of width, since most coordinates sit near zero). This policy chooses B_n by the same
+error bound — B_j(k) = log2(k·a_j·ĝ_j + 1) + 1, the k solved online so that the planned spend of the
+remaining steps equals the remaining budget — but costs each candidate width by its *predicted
+coded size*:
+
+    cost(B) = min(fixed(B), B_pre + r · d · H_B(G_n))
+
+* H_B(G_n): the expected entropy (bits per coordinate) of the signed levels that stochastic
+  rounding of the latest aggregate G_n at width B would produce — computed exactly from the
+  rounding probabilities (level ⌊u·s⌋ with probability 1 − frac, ⌊u·s⌋ + 1 with probability frac,
+  u = |G_i| / ‖G‖_p), on a fixed stride of at most ``sample`` coordinates;
+* r: a running ratio (exponential average, weight ``smoothing``) of the real payload bits beyond the
+  header — what the ledger measured for step n, ``spent_bits`` — to the predicted d·H_{B_n}. It
+  absorbs what the entropy of G does not see: a worker's gradient is noisier than the average,
+  and a coding has tables and flushes.
+* fixed(B): the exact FIXED size, which ``auto`` never exceeds.
+
+Between integer widths the cost is interpolated linearly, so the planned total is continuous and
+non-decreasing in k and a bisection finds k (:func:`~dqsgd.policies.budgeted.solve_log_k`, shared
+with the nominal budget). B_n is the nearest integer, lowered while the step and a reserve for the
+remaining steps at ``min_bits`` would overspend C. Every cost in that check is an upper estimate:
+``margin`` × the larger of r and the last observed ratio, or fixed(B) when that is smaller.
+
+What is guaranteed, and what is measured: the sizes of coded messages are only known once they are
+encoded, so unlike the nominal budget (where every size is known in advance) the "never overspent"
+property rests on the reserve's margin, not on arithmetic. ``tests/test_policy_coded.py`` trains
+real models through the simulation and checks that the ledger's coded bytes never exceed C and land
+within 1% of it (N ≥ 100). Step 0 has no entropy estimate yet: it is charged at the fixed size, at
+the largest width whose fixed size fits the per-step share C/N (at least ``min_bits``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from dqsgd.policies.base import GradStats, Rounding, integerize
+from dqsgd.policies.budgeted import BudgetedDQSGD, _observe, forecast_norms, solve_log_k
+from dqsgd.quantizers.uniform import levels_for_bits
+
+
+@dataclass(frozen=True)
+class CodedBudgetState:
+    bits: int                   # width for the next step
+    real_bits: float            # real width behind it
+    spent: int                  # coded bits one worker has sent so far (measured: max over workers)
+    fit: tuple[float, ...]      # the norm forecast's decayed sums (as BudgetedDQSGD)
+    k: float                    # the last solved constant
+    entropy: tuple[float, ...]  # H_B(G) for B = min_bits..max_bits, bits per coordinate (empty: none yet)
+    ratio: float                # running real / predicted body bits (nan: no observation yet)
+    observed: float             # the last observed ratio (nan: none)
+
+
+def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int = 1 << 16) -> list[float]:
+    """Expected entropy, bits per coordinate, of the signed levels of unbiased stochastic rounding of
+    ``grad`` at each width in ``widths`` (scale ``norm``: u = |g|/norm, s = 2^(B−1) − 1 levels).
+
+    Exact in the rounding probabilities, over a fixed stride of at most ``sample`` coordinates
+    (deterministic: no draw). A zero vector has entropy 0 at every width."""
+    g = grad.detach().reshape(-1).to(torch.float64)
+    if g.numel() == 0 or not norm > 0:
+        return [0.0] * len(widths)
+    step = max(1, -(-g.numel() // sample))
+    g = g[::step].cpu()
+    u = (g.abs() / norm).clamp(max=1.0)
+    sign = torch.where(g < 0, -1, 1).to(torch.int64)
+    out = []
+    for b in widths:
+        s = levels_for_bits(b)
+        v = u * s
+        low = v.floor()
+        frac = v - low
+        low = low.to(torch.int64)
+        high = (low + 1).clamp(max=s)
+        weights = torch.cat([1.0 - frac, frac])
+        idx = torch.cat([s + sign * low, s + sign * high])
+        p = torch.bincount(idx, weights=weights, minlength=2 * s + 1)
+        p = p[p > 0] / g.numel()
+        out.append(float(-(p * torch.log2(p)).sum()))
+    return out
+
+
+@dataclass(frozen=True)
+class CodedBudgetedDQSGD(BudgetedDQSGD):
+    """``budget_bits``: C in coded bits per worker over the run; ``message_bits(B)``: the exact FIXED
+    size of a message at width B (an upper bound of the coded size). See the module docstring."""
+
+    name: str = "dqsgd-coded"
+    needs_grad: bool = True
+    sample: int = 1 << 16
+    smoothing: float = 0.3
+    margin: float = 1.1
+
+    def __post_init__(self) -> None:
+        if self.total_steps < 1:
+            raise ValueError(f"coded DQSGD: total_steps must be >= 1, got {self.total_steps}")
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"coded DQSGD: alpha must be in (0, 1], got {self.alpha}")
+        if not 2 <= self.min_bits <= self.max_bits <= 16:
+            raise ValueError("coded DQSGD: need 2 <= min_bits <= max_bits <= 16")
+        if not (0 < self.smoothing <= 1 and self.margin >= 1 and self.sample >= 1):
+            raise ValueError("coded DQSGD: need 0 < smoothing <= 1, margin >= 1, sample >= 1")
+        need = self.total_steps * self.header_bits
+        if self.budget_bits <= need:
+            raise ValueError(
+                f"infeasible coded budget: {self.budget_bits} bits cannot pay the headers of {self.total_steps} "
+                f"messages ({self.header_bits:g} bits each, {need:g} in all), let alone their levels")
+
+    @property
+    def widths(self) -> range:
+        return range(self.min_bits, self.max_bits + 1)
+
+    def init(self) -> CodedBudgetState:
+        share = self.budget_bits / self.total_steps
+        bits = self.min_bits
+        while bits < self.max_bits and self.message_bits(bits + 1) <= share:
+            bits += 1
+        return CodedBudgetState(bits, float(bits), 0, (0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), float("nan"),
+                                (), float("nan"), float("nan"))
+
+    def costs(self, entropy: tuple[float, ...], ratio: float) -> np.ndarray:
+        """Predicted coded bits of one message at each width min..max: non-decreasing, ≤ fixed(B)."""
+        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        if not entropy or not math.isfinite(ratio):
+            return fixed
+        coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
+        return np.maximum.accumulate(np.minimum(fixed, coded))
+
+    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:
+        step = stats.step + 1
+        spent = state.spent + int(stats.spent_bits)
+        fit = state.fit
+        if stats.norm > 0:
+            fit = _observe(fit, float(stats.step), math.log(stats.norm), 1.0 - 1.0 / self.tau)
+        if stats.grad is None:
+            raise ValueError("coded DQSGD needs the aggregated gradient in GradStats.grad (needs_grad = True)")
+        entropy = tuple(level_entropies(stats.grad, stats.norm, self.widths, self.sample))
+        ratio, observed = state.ratio, state.observed
+        predicted = self.numel * entropy[state.bits - self.min_bits]
+        if predicted > 0:
+            observed = max(0.0, stats.spent_bits - self.header_bits) / predicted
+            ratio = observed if not math.isfinite(ratio) else (1 - self.smoothing) * ratio + self.smoothing * observed
+        if step >= self.total_steps:
+            return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
+        cost = self.costs(entropy, ratio)
+        upper = self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
+        forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
+        js = np.arange(step, self.total_steps, dtype=np.float64)
+        scales = self.alpha ** ((self.total_steps - js) / 2.0) if self.convex else np.ones(js.size)
+        norms = np.concatenate([[stats.norm], forecast]).astype(np.float64)
+        grid = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
+
+        def total(logk: float) -> float:
+            return float(np.interp(self._widths(math.exp(logk), norms, scales), grid, cost).sum())
+
+        k = solve_log_k(total, float(self.budget_bits - spent))
+        real = float(self._widths(k, norms[:1], scales[:1])[0])
+        bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)
+        reserve = (self.total_steps - step - 1) * upper[0]
+        while bits > self.min_bits and spent + upper[bits - self.min_bits] + reserve > self.budget_bits:
+            bits -= 1
+        return CodedBudgetState(bits, real, spent, fit, k, entropy, ratio, observed)
