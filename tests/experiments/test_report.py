@@ -16,6 +16,8 @@ FIGS = ("fig1.png", "fig2.png", "fig3.png")
 
 
 def _table_lines(text: str) -> list[str]:
+    """The rows of the results table (the first table whose rows start with a method label)."""
+    text = text[: text.index("## Paired differences")] if "## Paired differences" in text else text
     return [ln for ln in text.splitlines() if ln.startswith("| `")]
 
 
@@ -239,3 +241,29 @@ def test_figure2_has_a_second_panel_on_the_coded_ratio(root: Path) -> None:
     q4 = 4 * D * W * 20 / sum(coded_of("qsgd-4bit", n) for n in range(0, STEPS, 2))
     assert any(abs(x - q4) < 1e-9 for x in xs[b]) and not any(abs(x - q4) < 1e-9 for x in xs[a])
     assert {t.get_text() for t in b.texts} >= {"sgd", "qsgd-4bit", "dqsgd"}  # the same methods, named
+
+
+def test_intervals_section_marks_what_five_seeds_separate(tmp_path: Path) -> None:
+    """Five seeds: qsgd-4bit is 1 pt below SGD on every seed ± 0.1 (significant); dqsgd is +0.5 or −0.5
+    alternately (not). The section prints each interval and says so in words."""
+    import statistics
+
+    from dqsgd.experiments.stats import t975
+
+    root = tmp_path / "five"
+    sgd = [0.90, 0.91, 0.89, 0.905, 0.895]
+    q4 = [a - 0.01 + (0.001 if s % 2 else -0.001) for s, a in enumerate(sgd)]
+    dq = [a + (0.005 if s % 2 else -0.005) for s, a in enumerate(sgd)]
+    for s in range(5):
+        write_run(root, "sgd", s, final_acc=sgd[s])
+        write_run(root, "qsgd-4bit", s, final_acc=q4[s])
+        write_run(root, "dqsgd", s, final_acc=dq[s])
+    text = build_report(root).read_text()
+    section = text[text.index("## Paired differences with 95% intervals"):]
+    d = [100 * (a - b) for a, b in zip(q4, sgd)]
+    half = t975(4) * statistics.stdev(d) / 5 ** 0.5
+    m = statistics.fmean(d)
+    assert f"| `qsgd-4bit` | 5 | **{m:+.2f} [{m - half:+.2f}, {m + half:+.2f}]** |" in section
+    assert "significantly **less accurate**: `qsgd-4bit` vs SGD" in section.replace("Significantly", "significantly")
+    assert "Not distinguishable from the reference with these seeds: `dqsgd` vs SGD" in section
+    assert "| `sgd` |" not in section  # the reference has no row

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dqsgd.experiments.plots import Run, figure1, figure2, figure3, load_runs, methods_of, notes
+from dqsgd.experiments.stats import paired_interval
 from dqsgd.experiments.summary import aggregate, ratio_or_dash, write_tables
 from dqsgd.methods import METHODS
 
@@ -100,6 +101,7 @@ def render_report(root: Path, runs: list[Run]) -> str:
         "## Figures\n\n" + "\n\n".join(f"![{name}]({name})\n\n*{cap}*" for name, _, cap in FIGURES),
         methods_section(runs, labels),
         "## Reading the results\n\n" + reading(rows, runs),
+        intervals_section(rows, runs),
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -321,28 +323,32 @@ def _seed_noise(rows: list[dict[str, Any]], runs: list[Run], others: list[dict[s
     return out
 
 
-def matched_ratio_deltas(rows: list[dict[str, Any]], runs: list[Run]) -> dict[str, dict[str, Any]]:
-    """Figure 2 read at each DQSGD run's measured ratio: DQSGD's accuracy minus QSGD's curve there.
+def matched_ratio_deltas(rows: list[dict[str, Any]], runs: list[Run],
+                         key: str = "measured_ratio") -> dict[str, dict[str, Any]]:
+    """Figure 2 read at each DQSGD run's ratio ``key`` (the fixed-width uplink ratio, or
+    ``coded_ratio``: the entropy-coded one, panel b): DQSGD's accuracy minus QSGD's curve there.
 
     QSGD's curve joins its fixed widths, accuracy linear in log(ratio) (as Figure 2 draws it on a log
     axis); it is interpolated seed by seed, so each difference is paired (same data, same seed).
     DQSGD methods outside the QSGD ratios' range get ``{"outside": True}``.
     """
-    q = sorted((r for r in rows if r["method"].startswith("qsgd") and math.isfinite(r["measured_ratio"])),
-               key=lambda r: r["measured_ratio"])
+    def has(r: dict[str, Any]) -> bool:
+        return r.get(key) is not None and math.isfinite(r[key])
+
+    q = sorted((r for r in rows if r["method"].startswith("qsgd") and has(r)), key=lambda r: r[key])
     acc = {(r.method, r.seed): r.summary["test_acc"] for r in runs if r.has_eval}
     out: dict[str, dict[str, Any]] = {}
     if len(q) < 2:
         return out
-    for dq in (r for r in rows if r["method"].startswith("dqsgd") and math.isfinite(r["measured_ratio"])):
-        x = dq["measured_ratio"]
-        pair = next(((lo, hi) for lo, hi in zip(q, q[1:]) if lo["measured_ratio"] <= x <= hi["measured_ratio"]), None)
+    for dq in (r for r in rows if r["method"].startswith("dqsgd") and has(r)):
+        x = dq[key]
+        pair = next(((lo, hi) for lo, hi in zip(q, q[1:]) if lo[key] <= x <= hi[key]), None)
         if pair is None:
             out[dq["method"]] = {"outside": True, "ratio": x}
             continue
         lo, hi = pair
-        span = math.log(hi["measured_ratio"]) - math.log(lo["measured_ratio"])
-        f = (math.log(x) - math.log(lo["measured_ratio"])) / span if span > 0 else 0.0
+        span = math.log(hi[key]) - math.log(lo[key])
+        f = (math.log(x) - math.log(lo[key])) / span if span > 0 else 0.0
         seeds = sorted(s for (m, s) in acc if m == dq["method"])
         d = [acc[(dq["method"], s)] - ((1 - f) * acc[(lo["method"], s)] + f * acc[(hi["method"], s)]) for s in seeds
              if (lo["method"], s) in acc and (hi["method"], s) in acc]
@@ -352,10 +358,16 @@ def matched_ratio_deltas(rows: list[dict[str, Any]], runs: list[Run]) -> dict[st
 
 
 def _matched_ratio(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
+    return _matched_lines(rows, runs, "measured_ratio", "At matched ratio (Figure 2)") + _matched_lines(
+        rows, runs, "coded_ratio", "At matched entropy-coded ratio (Figure 2b, QSGD's levels coded with `auto`)")
+
+
+def _matched_lines(rows: list[dict[str, Any]], runs: list[Run], key: str, title: str) -> list[str]:
     lines = []
-    for m, r in matched_ratio_deltas(rows, runs).items():
+    for m, r in matched_ratio_deltas(rows, runs, key).items():
         if r["outside"]:
-            lines.append(f"`{m}` (ratio {r['ratio']:.2f}) lies outside the QSGD widths' ratios: no matched-ratio comparison.")
+            lines.append(f"{title}: `{m}` (ratio {r['ratio']:.2f}) lies outside the QSGD widths' ratios: no "
+                         "matched-ratio comparison.")
             continue
         d = [100 * v for v in r["deltas"]]
         if not d:
@@ -363,10 +375,53 @@ def _matched_ratio(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
         sd = f" ± {statistics.stdev(d):.2f}" if len(d) > 1 else ""
         verdict = ("at or above QSGD's curve" if statistics.fmean(d) >= 0 else "below QSGD's curve") + (
             " (within the seed-to-seed std)" if len(d) > 1 and abs(statistics.fmean(d)) <= statistics.stdev(d) else "")
-        lines.append(f"At matched ratio (Figure 2): `{m}` at {r['ratio']:.2f}, against QSGD's curve between `{r['lo']}` "
+        lines.append(f"{title}: `{m}` at {r['ratio']:.2f}, against QSGD's curve between `{r['lo']}` "
                      f"and `{r['hi']}` (linear in log ratio, seed by seed): {statistics.fmean(d):+.2f}{sd} pt over "
                      f"{len(d)} seed{'s' if len(d) > 1 else ''}, {verdict}.")
     return lines
+
+
+def intervals_section(rows: list[dict[str, Any]], runs: list[Run]) -> str:
+    """Every paired difference with its 95% t interval over seeds (:mod:`dqsgd.experiments.stats`):
+    to SGD for every method, and for DQSGD methods to QSGD's curve at the matched fixed-width and
+    entropy-coded ratios; then, in words, which differences are significant."""
+    matched = {k: matched_ratio_deltas(rows, runs, k) for k in ("measured_ratio", "coded_ratio")}
+    head = ["method", "seeds", "Δ vs SGD, pt [95% CI]", "Δ vs QSGD at matched ratio, fixed-width, pt [95% CI]",
+            "Δ vs QSGD at matched ratio, entropy-coded, pt [95% CI]"]
+    lines = ["## Paired differences with 95% intervals", "",
+             "Differences in test accuracy, method minus reference on the same seed (same initial model and "
+             "minibatches), in points: mean and Student-t 95% interval over seeds. **Bold**: the interval excludes "
+             "0 (significant at the 5% level). QSGD's curve is interpolated between its widths, linear in log ratio, "
+             "seed by seed; — = no such comparison (not a DQSGD method, or outside QSGD's ratios).", "",
+             "| " + " | ".join(head) + " |", "|---|---:|---:|---:|---:|"]
+    sig: dict[str, list[str]] = {"better": [], "worse": [], "none": []}
+
+    def cell(label: str, what: str, diffs: list[float]) -> str:
+        iv = paired_interval(diffs)
+        if iv.n == 0:
+            return "—"
+        if iv.significant:
+            sig["better" if iv.mean > 0 else "worse"].append(f"`{label}` {what} ({iv.fmt()})")
+        elif iv.n >= 2:
+            sig["none"].append(f"`{label}` {what}")
+        return f"**{iv.fmt()}**" if iv.significant else iv.fmt()
+
+    for r in rows:
+        m = r["method"]
+        if m == "sgd":
+            continue
+        to_sgd = cell(m, "vs SGD", _paired(runs, m, "sgd")) if any(x.method == "sgd" for x in runs) else "—"
+        cols = []
+        for key, what in (("measured_ratio", "vs QSGD (fixed-width)"), ("coded_ratio", "vs QSGD (entropy-coded)")):
+            got = matched[key].get(m)
+            cols.append("—" if got is None or got["outside"] else cell(m, what, got["deltas"]))
+        n = sum(1 for x in runs if x.method == m and x.has_eval)
+        lines.append(f"| `{m}` | {n} | {to_sgd} | " + " | ".join(cols) + " |")
+    lines += ["", "In words: significantly **more accurate** than the reference: "
+              + ("; ".join(sig["better"]) or "none") + ". Significantly **less accurate**: "
+              + ("; ".join(sig["worse"]) or "none") + ". Not distinguishable from the reference with these seeds: "
+              + (", ".join(sig["none"]) or "none") + "."]
+    return "\n".join(lines)
 
 
 def _dq_vs_q(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
