@@ -68,8 +68,7 @@ class _Bucket:
         return int(self.policy.bits)
 
     def width(self) -> int:
-        c = self.method.config
-        return self.bits if c.scheme == "uniform" else c.nominal_bits()
+        return self.method.width(self.bits)
 
     def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
         """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
@@ -283,7 +282,7 @@ class HookState:
         from dqsgd.step import shard_methods
 
         cfg = self.config
-        if cfg.scheme == "uniform" and cfg.kernel != "fused":
+        if cfg.quantizer.fused and cfg.kernel != "fused":
             cfg = dataclasses.replace(cfg, kernel="fused")
         _, shards = shard_methods(cfg, n, self.total_steps, sizes, world)
         return Method(cfg, n, self.total_steps, sizes), shards
