@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from dqsgd.methods import MethodConfig, method_config
 from dqsgd.sharding import shard_bounds
+from dqsgd.timeouts import HOOK_COLLECTIVE_S
 
 if TYPE_CHECKING:
     from dqsgd.pipeline import Method
@@ -176,7 +177,7 @@ class HookState:
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
-                 seed: int = 0, timeout: float | None = 300.0, total_steps: int = 1000, *,
+                 seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
                  topology: str = "sharded", downlink_bits: int | str = 8, start_iter: int = 0,
                  min_compression_rate: float = 1.0):
         """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
