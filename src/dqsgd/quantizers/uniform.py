@@ -25,9 +25,6 @@ from dqsgd.quantizers._common import check_bits, expand, flat_float, require_fin
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 from dqsgd.quantizers.constants import levels_for_bits
 
-__all__ = ["MAX_BITS", "MIN_BITS", "UNIFORM", "UniformQuantizer", "UniformSource", "levels_for_bits",
-           "quantize_uniform"]
-
 MIN_BITS, MAX_BITS = 2, 16
 
 
