@@ -19,6 +19,7 @@ import torch
 
 from dqsgd import theory
 from dqsgd.policies import BudgetedDQSGD, GradStats
+from dqsgd.quantizers import levels_for_bits
 
 SHAPES = {
     "decay": lambda i, n: -i / 120,
@@ -48,7 +49,7 @@ def main() -> None:
         rows = []
         for seed in range(args.seeds):
             norms = norms_for(shape, n, seed)
-            term = lambda bs: sum(g * g / (2 ** (b - 1) - 1) ** 2 for g, b in zip(norms, bs))
+            term = lambda bs: sum(g * g / levels_for_bits(b) ** 2 for g, b in zip(norms, bs))
             fixed = term([avg] * n)
             pol = BudgetedDQSGD(n * cost(avg), n, d, cost)
             st, bits = pol.init(), []

@@ -15,11 +15,12 @@ import dqsgd
 
 SRC = Path(dqsgd.__file__).parent
 LAYERS: list[list[str]] = [  # lowest first
-    ["dqsgd._lazy", "dqsgd._extras", "dqsgd.errors", "dqsgd.rng", "dqsgd.sharding", "dqsgd.methods"],
+    ["dqsgd._lazy", "dqsgd._extras", "dqsgd.errors", "dqsgd.rng",
+     "dqsgd.sharding", "dqsgd.timeouts"],
     ["dqsgd.quantizers"],
     ["dqsgd.codecs"],
     ["dqsgd.kernels"],
-    ["dqsgd.policies", "dqsgd.ledger", "dqsgd.memory", "dqsgd.theory"],
+    ["dqsgd.policies", "dqsgd.ledger", "dqsgd.memory", "dqsgd.theory", "dqsgd.methods"],  # methods reads quantizers
     ["dqsgd.pipeline", "dqsgd.api", "dqsgd.step"],
     ["dqsgd.transport"],
     ["dqsgd.data", "dqsgd.models"],

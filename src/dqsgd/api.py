@@ -23,9 +23,7 @@ from dqsgd.codecs import Coding, encode as encode_payload
 from dqsgd.codecs.header import PEEK_BYTES, peek_shape
 from dqsgd.codecs.wire import decode as decode_payload, read_header
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
-from dqsgd.quantizers import (
-    Layout, Norm, dequantize, quantize_identity, quantize_lowprec, quantize_sign, quantize_ternary, quantize_uniform,
-)
+from dqsgd.quantizers import Layout, Norm, dequantize, quantizer
 
 __all__ = ["DEFAULT_MAX_NUMEL", "decode", "decode_into", "encode", "encode_tensor"]
 
@@ -50,31 +48,16 @@ def _device_kernels(device: torch.device) -> ModuleType | None:
         return None
 
 
-def _quantize(tensor: torch.Tensor, scheme: str, bits: int, norm: Norm, layout: Layout,
-              generator: torch.Generator | None):
-    if scheme == "uniform":
-        return quantize_uniform(tensor, bits, generator, norm=norm, layout=layout)
-    if scheme in ("sign", "scaled-sign"):
-        return quantize_sign(tensor, scaled=scheme == "scaled-sign", layout=layout)
-    if scheme == "ternary":
-        return quantize_ternary(tensor, generator, layout=layout)
-    if scheme == "lowprec":
-        return quantize_lowprec(tensor, bits, generator)
-    if scheme == "identity":
-        return quantize_identity(tensor)
-    raise ValueError(f"unknown scheme {scheme!r}; use uniform, sign, scaled-sign, ternary, lowprec or identity")
-
-
 def _encode(tensor: torch.Tensor, scheme: str, bits: int, norm: str | int, bucket: int, coding: str,
             generator: torch.Generator | None, rng: HashRNG | None) -> bytes | torch.Tensor:
     """The payload: bytes from the host codec, or a uint8 tensor from the device codec."""
     cod = Coding.from_name(coding)
     if norm not in _NORMS:
         raise ValueError(f"unknown norm {norm!r}; use 'inf' or '2'")
-    layout = Layout(bucket=bucket)
+    layout, q = Layout(bucket=bucket), quantizer(scheme)
     if rng is None:
-        return encode_payload(_quantize(tensor, scheme, bits, _NORMS[norm], layout, generator), cod)
-    if scheme != "uniform" or generator is not None:
+        return encode_payload(q.quantize(tensor, bits, generator, norm=_NORMS[norm], layout=layout), cod)
+    if not q.fused or generator is not None:
         raise ValueError("rng= (a HashRNG) draws the uniform scheme's uniforms: use it with scheme='uniform' "
                          "and without generator=")
     if cod == Coding.FIXED and (mod := _device_kernels(tensor.device)) is not None:

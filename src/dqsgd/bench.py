@@ -32,7 +32,7 @@ from dqsgd.kernels.codec import MIN_CHUNKS_PER_THREAD, read_header
 from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header, set_compile
 from dqsgd.kernels.hashrng import fill_hashes
 from dqsgd.bench_cli import add_bench_parser, main  # noqa: F401  (the argparse wiring; kept importable here)
-from dqsgd.quantizers import Norm, dequantize, quantize_uniform
+from dqsgd.quantizers import Norm, dequantize, levels_for_bits, quantize_uniform
 
 __all__ = ["add_bench_parser", "bench_codec", "bench_compressors", "bench_step", "main", "best_of"]
 
@@ -230,7 +230,7 @@ def piece_rows(n: int, bits: int, repeats: int) -> list[dict[str, Any]]:
     pbody = np.empty_like(body)
     x, xb, starts = g.numpy(), g.numpy().view(np.int32), np.array([0, n], np.int64)
     inv, step = np.array([1.0], np.float32), np.array([1e-3], np.float32)
-    sf, key, off, chunks = np.float32((1 << (bits - 1)) - 1), np.uint64(rng.key), 1 << (bits - 1), -(-n // fused.CHUNK)
+    sf, key, off, chunks = np.float32(levels_for_bits(bits)), np.uint64(rng.key), 1 << (bits - 1), -(-n // fused.CHUNK)
     split = {"min_per_thread": MIN_CHUNKS_PER_THREAD}
     pieces: dict[str, Callable[[], Any]] = {
         "copy": lambda: buf.copy_(g),

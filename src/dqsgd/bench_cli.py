@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
+from dqsgd.timeouts import BENCH_COLLECTIVE_S
+
 
 HOOKS = ("none", "fp16", "powersgd-1", "qsgd-4bit sharded", "qsgd-4bit allgather", "dqsgd sharded",
          "dqsgd allgather")
@@ -104,7 +106,7 @@ def add_hook_parser(bsub: Any) -> None:
     h.add_argument("--warmup", type=int, default=3, help="untimed steps per hook first")
     h.add_argument("--world", type=int, default=2, help="gloo processes on CPU")
     h.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    h.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take")
+    h.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
     h.add_argument("--deadline", type=float, default=3600.0, help="seconds the whole benchmark may take")
     h.add_argument("--out", default="bench/hook.json", help="JSON results ('' for none)")
     h.set_defaults(func=lambda a: (__import__("dqsgd.bench_hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dqsgd import __version__
+from dqsgd.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, resolve_device, shipped_configs
 
 
@@ -148,7 +149,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--topology", choices=["ps", "allgather", "sharded"],
                     help="default: train.topology, else sharded (--transport torch) or ps (sim)")
     sp.add_argument("--workers", type=int, help="with --transport torch outside torchrun: processes to start")
-    sp.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up (torch transport)")
+    sp.add_argument("--timeout", type=float, default=TRAIN_COLLECTIVE_S,
+                    help="seconds before a collective gives up (torch transport)")
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("compare", help="compare the methods of a config on the same data and seeds")

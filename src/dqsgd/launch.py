@@ -47,6 +47,7 @@ import torch.multiprocessing as mp
 from dqsgd.codecs import PayloadError
 from dqsgd.pipeline import ProtocolError
 from dqsgd.quantizers import NonFiniteGradientError
+from dqsgd.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.train.checkpoint import CheckpointError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
 from dqsgd.train.rundir import RunDirError
@@ -92,7 +93,7 @@ class RankResult:
 
 # --- local processes ------------------------------------------------------------------------------
 def spawn_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
-                timeout: float = 60.0, threads: int = 1, deadline: float | None = None) -> list[RankResult]:
+                timeout: float = TRAIN_COLLECTIVE_S, threads: int = 1, deadline: float | None = None) -> list[RankResult]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes joined in a process group.
 
     The store is hosted here (127.0.0.1, a free port), so it survives a dead rank. Every collective

@@ -4,6 +4,10 @@
 ``METHODS`` lists every registered name with a one-line description. Unknown names, unknown
 fields and bad hyperparameters are refused up front with a message that says what is allowed.
 Names of the form ``qsgd-<B>bit`` are accepted as ``qsgd`` with ``bits=B``.
+
+What a scheme allows (its widths, whether a bit policy may drive it) comes from the quantizer
+registry, ``dqsgd.quantizers.registry``, loaded when the first configuration is built (it loads
+torch; listing ``METHODS`` does not).
 """
 
 from __future__ import annotations
@@ -12,15 +16,19 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-Scheme = Literal["identity", "uniform", "sign", "ternary"]
+from dqsgd.quantizers.constants import TERNGRAD_CLIP
+
+if TYPE_CHECKING:
+    from dqsgd.quantizers.registry import Quantizer
+
+Scheme = str  # a method scheme of the quantizer registry: dqsgd.quantizers.registry.method_schemes()
 PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"]
 CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"]
 KernelName = Literal["torch", "fused"]
 
 _ALLOWED: dict[str, tuple[str, ...]] = {
-    "scheme": ("identity", "uniform", "sign", "ternary"),
     "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"),
     "coding": ("fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"),
     "norm": ("inf", "2"),
@@ -63,7 +71,7 @@ class MethodConfig:
     aggregate: Literal["mean", "majority"] = "mean"
     downlink: Literal["fp32", "sign"] = "fp32"
     scaled_sign: bool = False
-    clip: float = 2.5               # TernGrad clip factor c (0 = max-norm scaler)
+    clip: float = TERNGRAD_CLIP     # TernGrad clip factor c (0 = max-norm scaler)
     # Uniform scheme only: "fused" (the default) = the compiled kernels of dqsgd.kernels with hash
     # uniforms of (seed, step, worker); "torch" = torch ops + the worker's torch.Generator (other
     # schemes: torch). Both are unbiased with the same variance; their payloads differ.
@@ -71,7 +79,7 @@ class MethodConfig:
     description: str = ""
 
     def __post_init__(self) -> None:
-        for fname, allowed in _ALLOWED.items():
+        for fname, allowed in {"scheme": _registry().method_schemes(), **_ALLOWED}.items():
             if getattr(self, fname) not in allowed:
                 raise ValueError(f"method {self.name!r}: {fname} must be one of {allowed}, got {getattr(self, fname)!r}")
         _validate(self)
@@ -80,9 +88,21 @@ class MethodConfig:
     def dynamic(self) -> bool:
         return self.policy != "fixed"
 
+    @property
+    def quantizer(self) -> Quantizer:
+        """The registry entry of this method's scheme."""
+        return _registry().quantizer(self.scheme)
+
     def nominal_bits(self) -> int:
         """Code width at a fixed policy (and B_0 of a dynamic one)."""
-        return {"identity": 32, "sign": 1, "ternary": 2}.get(self.scheme, self.bits)
+        return self.quantizer.nominal_bits(self.bits)
+
+
+def _registry() -> Any:
+    """``dqsgd.quantizers.registry``, imported on first use (it loads torch; ``METHODS`` does not)."""
+    from dqsgd.quantizers import registry
+
+    return registry
 
 
 def _fail(cfg: MethodConfig, msg: str) -> None:
@@ -90,12 +110,13 @@ def _fail(cfg: MethodConfig, msg: str) -> None:
 
 
 def _validate(c: MethodConfig) -> None:
-    if c.scheme == "uniform" and not 2 <= c.bits <= 16:
-        _fail(c, f"bits must be in [2, 16] for stochastic uniform quantization (s = 2^(B-1) - 1 >= 1), got {c.bits}")
-    if c.scheme == "identity" and c.bits != 32:
-        _fail(c, "the identity scheme sends fp32: bits must be 32")
-    if c.scheme != "uniform" and c.policy != "fixed":
-        _fail(c, f"policy {c.policy!r} needs the uniform scheme")
+    q = c.quantizer
+    bits_error = q.bits_error(c.bits)
+    if bits_error:
+        _fail(c, bits_error)
+    if not q.dynamic and c.policy != "fixed":
+        dynamic = [n for n in _registry().method_schemes() if _registry().quantizer(n).dynamic]
+        _fail(c, f"policy {c.policy!r} needs the {' or '.join(dynamic)} scheme")
     if c.bucket < 0:
         _fail(c, f"bucket must be >= 0 (0 = one bucket), got {c.bucket}")
     if not 2 <= c.min_bits <= c.max_bits <= 16:
@@ -142,7 +163,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
                     description="signSGD with majority vote: 1 bit up, 1 bit down (Bernstein et al. 2019)"),
     "ef-signsgd": dict(scheme="sign", bits=1, scaled_sign=True, per_tensor=True, error_feedback=True,
                        description="EF-SignSGD: l1-scaled sign per tensor with error feedback (Karimireddy et al. 2019)"),
-    "terngrad": dict(scheme="ternary", bits=2, per_tensor=True, clip=2.5,
+    "terngrad": dict(scheme="ternary", bits=2, per_tensor=True, clip=TERNGRAD_CLIP,
                      description="TernGrad: stochastic ternary, shared per-tensor scalers, clip 2.5σ (Wen et al. 2017)"),
     "qsgd": dict(scheme="uniform", bits=4, description="QSGD: stochastic uniform, fixed B bits, max-norm (Alistarh et al. 2017)"),
     "adaptive": dict(scheme="uniform", bits=8, policy="adaptive", min_bits=2, max_bits=8,

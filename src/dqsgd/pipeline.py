@@ -26,7 +26,6 @@ from dqsgd.policies import (
 )
 from dqsgd.quantizers import (
     Layout, Norm, Quantized, Scheme, dequantize, majority_vote, quantize_identity, quantize_sign,
-    quantize_ternary, quantize_uniform, ternary_scalers,
 )
 
 
@@ -53,6 +52,7 @@ class Method:
         if numel < 0 or total_steps < 1:
             raise ValueError(f"need numel >= 0 and total_steps >= 1, got {numel}, {total_steps}")
         self.config, self.numel, self.total_steps = config, numel, total_steps
+        self.quantizer = config.quantizer
         sizes = tuple(int(s) for s in param_sizes) if param_sizes is not None else (numel,)
         if sum(sizes) != numel:
             raise ValueError(f"param_sizes sum to {sum(sizes)}, not numel = {numel}")
@@ -77,10 +77,15 @@ class Method:
         < 32 bits, a rANS symbol < bits + 1 bits, zstd expands incompressible data by < 1%), not a
         tight one; it keeps the allocation linear in the model, which is what the cap is for.
         """
-        b = bits if self.config.scheme == "uniform" else self.config.nominal_bits()
-        nseg = 0 if self.config.scheme == "identity" else self.layout.num_segments(self.numel)
+        b = self.width(bits)
+        nseg = self.layout.num_segments(self.numel) if self.quantizer.segment_scales else 0
         fixed = predicted_size(self.numel, b, nseg, 1, self.layout, Coding.FIXED)
         return fixed if self.coding == Coding.FIXED else fixed + 8 * self.numel + 8 * (1 << min(b, 16)) + 4096
+
+    def width(self, bits: int) -> int:
+        """The width of an uplink message at policy width ``bits``: ``bits`` for a scheme of dynamic
+        width, else the scheme's nominal width."""
+        return bits if self.quantizer.dynamic else self.config.nominal_bits()
 
     def budget_bits(self) -> int | None:
         c = self.config
@@ -123,30 +128,25 @@ class Method:
     @property
     def shares_scalers(self) -> bool:
         """TernGrad's scaler sharing: workers max-reduce per-tensor scalers before quantizing."""
-        return self.config.scheme == "ternary"
+        return self.quantizer.shares_scalers
 
     def local_scalers(self, grad: torch.Tensor) -> torch.Tensor:
-        return ternary_scalers(grad, layout=self.layout, clip=self.config.clip)
+        return self.quantizer.scalers(grad, layout=self.layout, clip=self.config.clip)
 
     @property
     def fused(self) -> bool:
         """Uniform quantization through the fused CPU kernels, with hash uniforms (``kernel = "fused"``)."""
-        return self.config.kernel == "fused" and self.config.scheme == "uniform"
+        return self.config.kernel == "fused" and self.quantizer.fused
 
     def compress(self, grad: torch.Tensor, bits: int, generator: torch.Generator | None,
                  scalers: torch.Tensor | None = None, hash_rng: HashRNG | None = None) -> Quantized:
         c = self.config
         if grad.numel() != self.numel:
             raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
-        if c.scheme == "identity":
-            return quantize_identity(grad)
-        if c.scheme == "sign":
-            return quantize_sign(grad, scaled=c.scaled_sign, layout=self.layout)
-        if c.scheme == "ternary":
-            return quantize_ternary(grad, generator, layout=self.layout, scalers=scalers, clip=c.clip)
         if self.fused:
             return quantize_uniform_fast(grad, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout)
-        return quantize_uniform(grad, bits, generator, norm=self.norm, layout=self.layout)
+        return self.quantizer.quantize(grad, bits, generator, layout=self.layout, norm=self.norm,
+                                       scaled=c.scaled_sign, scalers=scalers, clip=c.clip)
 
     def _need_rng(self, hash_rng: HashRNG | None) -> HashRNG:
         if hash_rng is None:
@@ -190,9 +190,7 @@ class Method:
         return q
 
     def _check_uplink(self, scheme: Scheme, numel: int, got_bits: int, bits: int, worker: int) -> None:
-        expected = {"identity": Scheme.IDENTITY, "uniform": Scheme.UNIFORM, "sign": Scheme.SIGN,
-                    "ternary": Scheme.TERNARY}[self.config.scheme]
-        want_bits = bits if self.config.scheme == "uniform" else self.config.nominal_bits()
+        expected, want_bits = self.quantizer.scheme, self.width(bits)
         if scheme != expected or numel != self.numel or got_bits != want_bits:
             raise ProtocolError(
                 f"worker {worker}: expected a {expected.name} message of {self.numel} values at {want_bits} bits, "

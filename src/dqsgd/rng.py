@@ -9,6 +9,13 @@ Streams: 1 — the global shard permutation of the training set; 2 — worker w'
 3 — worker w's uplink quantization (a ``torch.Generator`` for the torch kernel, the key of the
 counter-based hash uniforms for the fused kernel); 4 — model initialization; 5 — the sharded
 topology's downlink rounding.
+
+The Double Quantization engine (``dqsgd.dq``) draws from streams 6–10, one generator each, never
+shared between processes: 6 — the master's model quantization (``seed_for(seed, DQ_MASTER)``);
+7 — worker w's minibatch indices (``seed_for(seed, DQ_SAMPLE, w)``); 8 — worker w's gradient
+quantization (``seed_for(seed, DQ_QUANT, w)``); 9 — the simulation's delays
+(``seed_for(seed, DQ_DELAY)``); 10 — the split of the training set into worker shards
+(``seed_for(seed, DQ_SHARD)``).
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["DATA_EPOCH", "DATA_SHARDS", "DOWNLINK", "MODEL_INIT", "QUANT", "generator", "seed_for"]
+__all__ = ["DATA_EPOCH", "DATA_SHARDS", "DOWNLINK", "DQ_DELAY", "DQ_MASTER", "DQ_QUANT", "DQ_SAMPLE", "DQ_SHARD",
+           "MODEL_INIT", "QUANT", "generator", "seed_for"]
 
 DATA_SHARDS, DATA_EPOCH, QUANT, MODEL_INIT, DOWNLINK = 1, 2, 3, 4, 5
+DQ_MASTER, DQ_SAMPLE, DQ_QUANT, DQ_DELAY, DQ_SHARD = 6, 7, 8, 9, 10
 
 
 def seed_for(*parts: int) -> int:

@@ -131,3 +131,26 @@ def test_master_refuses_out_of_protocol_messages(problem) -> None:
         master.handle(0, pack_up(Up(UpKind.GRAD, 0, 7, 3, 0, b"")))
     for w, data in replies:
         assert workers[w].handle(data) is None or data[0] == 3  # SYNC_G then MODEL (kind 3)
+
+
+def test_each_generator_is_its_own_rng_stream(problem) -> None:
+    """Master, per-worker sampling and quantization come from dqsgd.rng streams 6-8, all distinct."""
+    import torch
+
+    from dqsgd import rng
+    from dqsgd.dq.engine import Master, Worker
+
+    cfg = dataclasses.replace(BASE, workers=2, seed=5)
+    shards = problem.shards(2, rng.generator(cfg.seed, rng.DQ_SHARD))
+    master, workers = Master(problem, cfg), [Worker(w, problem, cfg, shards[w]) for w in range(2)]
+    states = {"master": master.gen.get_state()}
+    for w in workers:
+        assert torch.equal(w.g_sample.get_state(), rng.generator(5, rng.DQ_SAMPLE, w.wid).get_state())
+        assert torch.equal(w.g_quant.get_state(), rng.generator(5, rng.DQ_QUANT, w.wid).get_state())
+        states |= {f"sample{w.wid}": w.g_sample.get_state(), f"quant{w.wid}": w.g_quant.get_state()}
+    assert torch.equal(states["master"], rng.generator(5, rng.DQ_MASTER).get_state())
+    firsts = {k: torch.Generator().set_state(s).initial_seed() for k, s in states.items()}
+    assert len(set(firsts.values())) == len(firsts)  # no two roles or workers share a generator
+    streams = [rng.DATA_SHARDS, rng.DATA_EPOCH, rng.QUANT, rng.MODEL_INIT, rng.DOWNLINK,
+               rng.DQ_MASTER, rng.DQ_SAMPLE, rng.DQ_QUANT, rng.DQ_DELAY, rng.DQ_SHARD]
+    assert sorted(streams) == list(range(1, 11))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 
 from dqsgd.dq.gradq import Fp32Grad, GradCodec, LowPrecGrad, SparseLowPrecGrad
 from dqsgd.dq.modelq import FP32_MODEL, ModelPrecision
+from dqsgd.timeouts import DQ_WAIT_S
 
 __all__ = ["Algorithm", "ALGORITHMS", "RunConfig", "RUN_FIELDS", "make_codecs"]
 
@@ -72,7 +73,7 @@ class RunConfig:
     stop_at_target: bool = True    # stop issuing work once the target is reached (drain in-flight)
     max_updates: int = 0           # 0: no cap besides epochs
     transport: str = "sim"         # "sim" | "torch"
-    timeout_s: float = 120.0       # torch transport: every wait
+    timeout_s: float = DQ_WAIT_S     # torch transport: every wait
 
     def __post_init__(self) -> None:
         checks = [

@@ -34,11 +34,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dqsgd.dq.algorithms import RunConfig
-from dqsgd.dq.engine import Master, Worker, seed_for
+from dqsgd.dq.engine import Master, Worker
 from dqsgd.dq.messages import unpack_up
 from dqsgd.dq.problem import Problem, ProblemSpec
 from dqsgd.dq.result import RunResult, collect
 from dqsgd.pipeline import ProtocolError
+from dqsgd.rng import DQ_SHARD, generator
 from dqsgd.transport.torch_dist import TransportError, bytes_to_tensor, tensor_to_bytes
 
 __all__ = ["run_dist", "run_dist_jobs", "free_port"]
@@ -111,7 +112,7 @@ def _master(problem: Problem, cfg: RunConfig, link: _Link, order: Sequence[tuple
 
 
 def _worker(problem: Problem, cfg: RunConfig, wid: int, link: _Link) -> tuple[list[tuple[int, str]], dict[str, float]]:
-    shards = problem.shards(cfg.workers, torch.Generator().manual_seed(seed_for(cfg.seed, "shard")))
+    shards = problem.shards(cfg.workers, generator(cfg.seed, DQ_SHARD))
     worker = Worker(wid, problem, cfg, shards[wid])
     while not worker.done:
         _, data = link.recv(0, DOWN_SIZE, DOWN_DATA)

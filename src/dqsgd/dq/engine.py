@@ -39,16 +39,11 @@ from dqsgd.dq.modelq import ModelKind, decode_model, encode_model
 from dqsgd.dq.problem import Problem
 from dqsgd.ledger import Ledger
 from dqsgd.pipeline import ProtocolError
+from dqsgd.rng import DQ_MASTER, DQ_QUANT, DQ_SAMPLE, generator
 
-__all__ = ["Master", "Worker", "MsgRecord", "EvalRecord", "seed_for", "shard_sizes"]
+__all__ = ["Master", "Worker", "MsgRecord", "EvalRecord", "shard_sizes"]
 
 _FP32 = Fp32Grad()
-
-
-def seed_for(seed: int, role: str, index: int = 0) -> int:
-    """Independent stream per (role, index): generators are never shared between processes."""
-    return (seed * 1_000_003 + {"master": 1, "sample": 2, "quant": 3, "delay": 4, "shard": 5}[role] * 10_007
-            + index * 97) % (1 << 62)
 
 
 def shard_sizes(n: int, workers: int) -> list[int]:
@@ -111,7 +106,7 @@ class Master:
         self.M = cfg.workers
         self.m = cfg.inner or max(cfg.workers, problem.n // cfg.batch)
         self.tau = cfg.staleness_bound
-        self.gen = torch.Generator().manual_seed(seed_for(cfg.seed, "master"))
+        self.gen = generator(cfg.seed, DQ_MASTER)
         self.x = problem.x0.clone()
         self.x_tilde = self.x.clone()
         self.full = torch.zeros(problem.d)
@@ -295,8 +290,8 @@ class Worker:
     def __init__(self, wid: int, problem: Problem, cfg: RunConfig, shard: torch.Tensor) -> None:
         self.wid, self.p, self.cfg, self.shard = wid, problem, cfg, shard
         self.algo, self.grad_codec, self.policy = make_codecs(cfg)
-        self.g_sample = torch.Generator().manual_seed(seed_for(cfg.seed, "sample", wid))
-        self.g_quant = torch.Generator().manual_seed(seed_for(cfg.seed, "quant", wid))
+        self.g_sample = generator(cfg.seed, DQ_SAMPLE, wid)
+        self.g_quant = generator(cfg.seed, DQ_QUANT, wid)
         self.x_tilde = problem.x0.clone()
         self.full = torch.zeros(problem.d)
         self.seq = 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from dqsgd.codecs import Coding, PayloadError, decode, encode
-from dqsgd.quantizers import Scheme, dequantize, quantize_identity, quantize_lowprec
+from dqsgd.quantizers import Scheme, dequantize, levels_for_bits, quantize_identity, quantize_lowprec
 from dqsgd.quantizers.lowprec import MAX_BITS, MIN_BITS
 
 __all__ = [
@@ -93,7 +93,7 @@ def mu_rule_bits(x_inf: float, diff_l2: float, d: int, mu: float) -> int:
         return MIN_BITS
     ratio = math.sqrt(d) * x_inf / (2.0 * math.sqrt(mu) * diff_l2)
     b = max(MIN_BITS, 1 + math.ceil(math.log2(1.0 + ratio)))
-    while b < 64 and d * (x_inf / ((1 << (b - 1)) - 1)) ** 2 / 4.0 > mu * diff_l2 * diff_l2:
+    while b < 64 and d * (x_inf / levels_for_bits(b)) ** 2 / 4.0 > mu * diff_l2 * diff_l2:
         b += 1
     return b
 
@@ -113,7 +113,7 @@ def choose_model_precision(x: torch.Tensor, x_tilde: torch.Tensor, policy: Model
     b = mu_rule_bits(x_inf, diff_l2, x.numel(), policy.mu)
     if b > policy.max_bits:
         return ModelChoice(ModelKind.FP32, 32, b, 0.0)
-    return ModelChoice(ModelKind.LOWPREC, b, b, x_inf / ((1 << (b - 1)) - 1))
+    return ModelChoice(ModelKind.LOWPREC, b, b, x_inf / levels_for_bits(b))
 
 
 def encode_model(

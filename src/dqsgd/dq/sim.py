@@ -25,10 +25,11 @@ from typing import Sequence
 import torch
 
 from dqsgd.dq.algorithms import RunConfig
-from dqsgd.dq.engine import Master, Worker, seed_for
+from dqsgd.dq.engine import Master, Worker
 from dqsgd.dq.messages import DownKind
 from dqsgd.dq.problem import Problem
 from dqsgd.dq.result import RunResult, collect
+from dqsgd.rng import DQ_DELAY, DQ_SHARD, generator
 
 __all__ = ["DelayModel", "run_sim"]
 
@@ -64,10 +65,10 @@ class DelayModel:
 def run_sim(problem: Problem, cfg: RunConfig, schedule: Sequence[Sequence[float]] | None = None) -> RunResult:
     """Run ``cfg`` on ``problem`` in one process; ``schedule`` overrides the random compute times."""
     delays = DelayModel.from_config(cfg, schedule)
-    gen = torch.Generator().manual_seed(seed_for(cfg.seed, "delay"))
+    gen = generator(cfg.seed, DQ_DELAY)
     now = [0.0]
     master = Master(problem, cfg, clock=lambda: now[0])
-    shards = problem.shards(cfg.workers, torch.Generator().manual_seed(seed_for(cfg.seed, "shard")))
+    shards = problem.shards(cfg.workers, generator(cfg.seed, DQ_SHARD))
     workers = [Worker(w, problem, cfg, shards[w]) for w in range(cfg.workers)]
     bw = cfg.bandwidth_bps
     tx = (lambda nbytes: 8.0 * nbytes / bw) if bw > 0 else (lambda nbytes: 0.0)

@@ -48,7 +48,9 @@ import torch
 
 from dqsgd.codecs import EliasError, PayloadError, elias_bit_length, elias_decode, elias_encode
 from dqsgd.codecs import pack_bits, packed_size, unpack_bits
+from dqsgd.codecs.header import MAX_NUMEL
 from dqsgd.dq.sparse import SparseLP
+from dqsgd.quantizers import levels_for_bits
 
 __all__ = ["IndexCoding", "encode_sparse", "decode_sparse", "sparse_size", "index_width", "HEADER_SIZE"]
 
@@ -109,7 +111,7 @@ def _validate(msg: SparseLP) -> None:
     idx, codes = msg.indices, msg.codes
     if idx.dtype != torch.int64 or codes.dtype != torch.int32 or idx.numel() != codes.numel():
         raise ValueError("sparse message: indices must be int64 and codes int32 of the same length")
-    top = (1 << (msg.bits - 1)) - 1
+    top = levels_for_bits(msg.bits)
     if msg.count and (int(idx[0]) < 0 or int(idx[-1]) >= msg.d or bool((idx[1:] <= idx[:-1]).any())):
         raise ValueError("sparse message: indices must be strictly increasing and in [0, d)")
     if msg.count and (bool((codes == 0).any()) or int(codes.abs().max()) > top):
@@ -141,7 +143,7 @@ def _check_padding(section: memoryview, nbits: int, where: str) -> None:
         raise PayloadError(f"non-zero padding bits at the end of the {where} section")
 
 
-def decode_sparse(payload: bytes | bytearray | memoryview, *, max_d: int = 1 << 28) -> SparseLP:
+def decode_sparse(payload: bytes | bytearray | memoryview, *, max_d: int = MAX_NUMEL) -> SparseLP:
     """Parse and validate; the inverse of :func:`encode_sparse`.
 
     Raises:
@@ -177,7 +179,7 @@ def decode_sparse(payload: bytes | bytearray | memoryview, *, max_d: int = 1 << 
 
 
 def _parse_fixed(isec: memoryview, vsec: memoryview, d: int, k: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    w, top = index_width(d), (1 << (bits - 1)) - 1
+    w, top = index_width(d), levels_for_bits(bits)
     if len(isec) != packed_size(k, w):
         raise PayloadError(f"sparse message: index section of {len(isec)} bytes, {k} indices need {packed_size(k, w)}")
     _check_padding(isec, k * w, "index")
@@ -191,7 +193,7 @@ def _parse_fixed(isec: memoryview, vsec: memoryview, d: int, k: int, bits: int) 
 
 
 def _parse_elias(isec: memoryview, vsec: memoryview, d: int, k: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    wv, top = _value_width(bits, IndexCoding.ELIAS), (1 << (bits - 1)) - 1
+    wv, top = _value_width(bits, IndexCoding.ELIAS), levels_for_bits(bits)
     try:
         signs, nnz = elias_decode(isec, d, min_code=-1, max_code=1)
     except EliasError as e:

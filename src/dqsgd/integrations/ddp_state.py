@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from dqsgd.methods import MethodConfig, method_config
 from dqsgd.sharding import shard_bounds
+from dqsgd.timeouts import HOOK_COLLECTIVE_S
 
 if TYPE_CHECKING:
     from dqsgd.pipeline import Method
@@ -68,8 +69,7 @@ class _Bucket:
         return int(self.policy.bits)
 
     def width(self) -> int:
-        c = self.method.config
-        return self.bits if c.scheme == "uniform" else c.nominal_bits()
+        return self.method.width(self.bits)
 
     def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
         """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
@@ -177,7 +177,7 @@ class HookState:
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
-                 seed: int = 0, timeout: float | None = 300.0, total_steps: int = 1000, *,
+                 seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
                  topology: str = "sharded", downlink_bits: int | str = 8, start_iter: int = 0,
                  min_compression_rate: float = 1.0):
         """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
@@ -283,7 +283,7 @@ class HookState:
         from dqsgd.step import shard_methods
 
         cfg = self.config
-        if cfg.scheme == "uniform" and cfg.kernel != "fused":
+        if cfg.quantizer.fused and cfg.kernel != "fused":
             cfg = dataclasses.replace(cfg, kernel="fused")
         _, shards = shard_methods(cfg, n, self.total_steps, sizes, world)
         return Method(cfg, n, self.total_steps, sizes), shards

@@ -38,13 +38,12 @@ from __future__ import annotations
 import torch
 
 from dqsgd.codecs import wire as _wire
-from dqsgd.kernels.codec import levels_of
 from dqsgd.kernels.device_common import expected_header, head_on, kernel, per_element, seg_ids_of, set_compile, template
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
 from dqsgd.kernels.device_pack import pack_device
 from dqsgd.kernels.hashrng import HashRNG, _signed, hash_uniform_torch
-from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError
+from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, levels_for_bits
 from dqsgd.quantizers._common import check_bits, flat_float, segment_reduce
 
 __all__ = ["decode_accumulate_device", "decode_device", "encode_uniform_device", "expected_header", "set_compile"]
@@ -144,7 +143,7 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     if n >= 1 << 32 or len(shape) > _wire.MAX_NDIM or any(d > _wire.U32_MAX for d in shape):
         raise ValueError(f"shape {shape}: need ndim ≤ {_wire.MAX_NDIM}, every dim < 2^32 and < 2^32 elements")
     tpl = template(shape, bits, Norm(norm), layout, x.dtype)
-    dev, levels = flat.device, levels_of(bits)
+    dev, levels = flat.device, levels_for_bits(bits)
     seg_ids = seg_ids_of(layout, dev)
     scales = _scales(flat, norm, layout, seg_ids, tpl.nseg)
     inv = torch.where(scales > 0, levels / scales, torch.zeros_like(scales))  # the host's expression

@@ -16,8 +16,7 @@ from dqsgd.codecs import Coding
 from dqsgd.codecs import wire as _wire
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import Header, parse_header, write_header
-from dqsgd.kernels.codec import levels_of
-from dqsgd.quantizers import Layout, Norm, Scheme
+from dqsgd.quantizers import Layout, Norm, Scheme, levels_for_bits
 
 __all__ = ["LazyBytes", "Template", "expected_header", "head_on", "kernel", "per_element", "seg_ids_of", "set_compile",
            "template"]
@@ -113,8 +112,8 @@ def template(shape: tuple[int, ...], bits: int, norm: Norm, layout: Layout,
     body_len = packed_size(n, bits)
 
     def head(fill: np.ndarray) -> bytes:
-        return write_header(Scheme.UNIFORM, bits, Coding.FIXED, norm, levels_of(bits), shape, layout, fill, body_len,
-                            dtype=dtype)
+        return write_header(Scheme.UNIFORM, bits, Coding.FIXED, norm, levels_for_bits(bits), shape, layout, fill,
+                            body_len, dtype=dtype)
 
     h0, h1 = head(np.zeros(nseg, np.float32)), head(np.full(nseg, 0xFFFFFFFF, np.uint32).view(np.float32))
     diff = np.flatnonzero(np.frombuffer(h0, np.uint8) != np.frombuffer(h1, np.uint8))

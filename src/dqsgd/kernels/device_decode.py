@@ -11,7 +11,7 @@ import torch
 
 from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire as _wire
-from dqsgd.codecs.header import Header, parse_header
+from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
 from dqsgd.kernels.codec import decode_accumulate
 from dqsgd.kernels.device_common import LazyBytes, head_on, kernel, per_element, seg_ids_of, template
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
@@ -157,7 +157,7 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
 
 
 def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: float = 1.0, *,
-                             max_numel: int = 1 << 28, header: Header | None = None, check: str = "sync",
+                             max_numel: int = MAX_NUMEL, header: Header | None = None, check: str = "sync",
                              bad: torch.Tensor | None = None) -> Header:
     """``out += weight · dequantize(decode(payload))`` on the payload's device; returns the header.
 
@@ -188,7 +188,7 @@ def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: f
     return h
 
 
-def decode_device(payload: torch.Tensor, *, max_numel: int = 1 << 28, header: Header | None = None,
+def decode_device(payload: torch.Tensor, *, max_numel: int = MAX_NUMEL, header: Header | None = None,
                   check: str = "sync", bad: torch.Tensor | None = None) -> torch.Tensor:
     """``dequantize(decode(payload))`` on the payload's device, in the payload's shape and recorded
     dtype (float32 sums, rounded once to that dtype, as the host decoder does; syncs and checks as

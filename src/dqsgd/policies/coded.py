@@ -45,7 +45,7 @@ import torch
 
 from dqsgd.policies.base import GradStats, Rounding, integerize
 from dqsgd.policies.budgeted import BudgetedDQSGD, _observe, forecast_norms, solve_log_k
-from dqsgd.quantizers.uniform import levels_for_bits
+from dqsgd.quantizers.constants import levels_for_bits
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ know what the scales mean.
 from __future__ import annotations
 
 import enum
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -138,3 +139,36 @@ def _dequantize32(q: Quantized) -> torch.Tensor:
     else:
         out = q.codes.to(torch.float32) * torch.repeat_interleave(step, torch.tensor(sizes))
     return out.reshape(q.shape)
+
+
+class SchemeQuantizer(ABC):
+    """A registry entry (:class:`dqsgd.quantizers.registry.Quantizer`) with the common defaults: a
+    scheme of fixed width ``width`` (``None``: the configured width) that sends one scale per
+    segment, is usable in a method, shares no scalers and has no fused kernel. A scheme module
+    subclasses it, sets what differs and defines :meth:`quantize`."""
+
+    name: str
+    scheme: Scheme
+    width: int | None = None
+    dynamic = False
+    method = True
+    shares_scalers = False
+    fused = False
+    segment_scales = True
+
+    def nominal_bits(self, bits: int) -> int:
+        return bits if self.width is None else self.width
+
+    def bits_error(self, bits: int) -> str | None:
+        return None
+
+    def scalers(self, x: torch.Tensor, *, layout: Layout = Layout(), clip: float = 0.0) -> torch.Tensor:
+        raise ValueError(f"the {self.name} scheme shares no scalers between workers")
+
+    @abstractmethod
+    def quantize(self, x: torch.Tensor, bits: int, generator: torch.Generator | None = None, *,
+                 layout: Layout = Layout(), norm: Norm = Norm.MAX, scaled: bool = False,
+                 scalers: torch.Tensor | None = None, clip: float | None = None) -> Quantized: ...
+
+    def __repr__(self) -> str:
+        return f"<quantizer {self.name!r}>"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
-from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
-from dqsgd.quantizers.uniform import levels_for_bits
+from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
+from dqsgd.quantizers.constants import levels_for_bits
 
 MIN_BITS, MAX_BITS = 2, 16
 
@@ -39,7 +39,8 @@ def quantize_lowprec(
         require_finite(segment_reduce(flat, Layout(), "max_abs"), "low-precision quantizer")
     if not (delta >= 0 and delta < float("inf")):
         raise ValueError(f"low-precision quantizer: delta must be finite and >= 0, got {delta}")
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    hi = levels_for_bits(bits)  # the grid's top, 2^(b-1) - 1; its bottom is -2^(b-1)
+    lo = -hi - 1
     scales = torch.tensor([delta] if n else [], dtype=torch.float32)  # an empty tensor has no segment
     if n == 0 or delta == 0.0:
         codes = torch.zeros(n, dtype=torch.int32)
@@ -50,3 +51,18 @@ def quantize_lowprec(
     k = (low + (u < (a - low)).to(torch.float32)).clamp_(lo, hi)
     return Quantized(Scheme.LOWPREC, bits, 1, k.to(torch.int32).cpu(), scales, Layout(), tuple(x.shape),
                      Norm.MAX, dtype=x.dtype)
+
+
+class LowPrecQuantizer(SchemeQuantizer):
+    """The registry entry of LP(δ, b) with the default δ: any width in [2, 16] per call, one segment.
+    ``dqsgd.encode`` offers it; it is not a method scheme (Double Quantization uses it directly)."""
+
+    name, scheme = "lowprec", Scheme.LOWPREC
+    dynamic, method = True, False
+
+    def quantize(self, x, bits, generator=None, *, layout=Layout(), norm=Norm.MAX, scaled=False, scalers=None,
+                 clip=None) -> Quantized:
+        return quantize_lowprec(x, bits, generator)
+
+
+LOWPREC = LowPrecQuantizer()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from dqsgd.quantizers._common import flat_float, require_finite, segment_reduce
-from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 
 
 def quantize_sign(x: torch.Tensor, *, scaled: bool = False, layout: Layout = Layout()) -> Quantized:
@@ -33,3 +33,22 @@ def majority_vote(codes: list[torch.Tensor]) -> torch.Tensor:
         raise ValueError("majority_vote needs at least one worker's codes")
     total = torch.stack([c.to(torch.int32) for c in codes]).sum(dim=0)
     return torch.where(total < 0, -1, 1).to(torch.int32)
+
+
+class SignQuantizer(SchemeQuantizer):
+    """The registry entries of the sign scheme, 1 bit per coordinate: ``sign`` (scaled with
+    ``scaled=True``, as a method's ``scaled_sign`` asks) and ``scaled-sign`` (always scaled: the
+    name ``dqsgd.encode`` takes)."""
+
+    scheme, width = Scheme.SIGN, 1
+
+    def __init__(self, name: str, scaled: bool, method: bool) -> None:
+        self.name, self.scaled, self.method = name, scaled, method
+
+    def quantize(self, x, bits, generator=None, *, layout=Layout(), norm=Norm.MAX, scaled=False, scalers=None,
+                 clip=None) -> Quantized:
+        return quantize_sign(x, scaled=self.scaled or scaled, layout=layout)
+
+
+SIGN = SignQuantizer("sign", scaled=False, method=True)
+SCALED_SIGN = SignQuantizer("scaled-sign", scaled=True, method=False)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 
 from dqsgd.quantizers._common import expand, flat_float, require_finite, segment_reduce
-from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
+from dqsgd.quantizers.constants import TERNGRAD_CLIP
 
-DEFAULT_CLIP = 2.5  # CLIP_FACTOR of the TernGrad code [code]
+DEFAULT_CLIP = TERNGRAD_CLIP  # this module's name for it, kept for importers
 
 
 def ternary_scalers(x: torch.Tensor, *, layout: Layout = Layout(), clip: float = DEFAULT_CLIP) -> torch.Tensor:
@@ -52,3 +53,22 @@ def quantize_ternary(
     keep = (u * expand(scalers.to(flat.device), layout, n)) < flat.abs()
     codes = (torch.sign(flat) * keep).to(torch.int32)
     return Quantized(Scheme.TERNARY, 2, 1, codes.cpu(), scalers.cpu(), layout, tuple(x.shape), Norm.NONE, dtype=x.dtype)
+
+
+class TernaryQuantizer(SchemeQuantizer):
+    """The registry entry of TernGrad: 2 bits per coordinate, per-segment scalers shared (max-reduced)
+    across workers before quantizing."""
+
+    name, scheme, width = "ternary", Scheme.TERNARY, 2
+    shares_scalers = True
+
+    def scalers(self, x, *, layout=Layout(), clip=TERNGRAD_CLIP) -> torch.Tensor:
+        return ternary_scalers(x, layout=layout, clip=clip)
+
+    def quantize(self, x, bits, generator=None, *, layout=Layout(), norm=Norm.MAX, scaled=False, scalers=None,
+                 clip=None) -> Quantized:
+        return quantize_ternary(x, generator, layout=layout, scalers=scalers,
+                                clip=TERNGRAD_CLIP if clip is None else clip)
+
+
+TERNARY = TernaryQuantizer()

@@ -22,7 +22,8 @@ from typing import Protocol
 import torch
 
 from dqsgd.quantizers._common import check_bits, expand, flat_float, require_finite, segment_reduce
-from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
+from dqsgd.quantizers.constants import levels_for_bits
 
 MIN_BITS, MAX_BITS = 2, 16
 
@@ -31,12 +32,6 @@ class UniformSource(Protocol):
     """n float32 uniforms in [0, 1) on a device (a stateless, counter-based stream)."""
 
     def uniform(self, n: int, device: torch.device | str | None = None) -> torch.Tensor: ...
-
-
-def levels_for_bits(bits: int) -> int:
-    """s = 2^(B-1) - 1: one sign bit and B-1 level bits [text, DQSGD §3]; B = 1 has one level
-    (the stochastic binary quantizer: codes ±1 times the norm). The one place this is written."""
-    return 1 if bits == 1 else (1 << (bits - 1)) - 1
 
 
 def quantize_uniform(
@@ -83,3 +78,24 @@ def quantize_uniform(
     q = q.clamp_(max=float(s))
     codes = (torch.where(flat < 0, -q, q)).to(torch.int32)
     return Quantized(Scheme.UNIFORM, bits, s, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm, dtype=x.dtype)
+
+
+class UniformQuantizer(SchemeQuantizer):
+    """The registry entry of stochastic uniform quantization: its width may change every step (the
+    bit policies choose it), and the fused kernels of ``dqsgd.kernels`` implement it."""
+
+    name, scheme = "uniform", Scheme.UNIFORM
+    dynamic = fused = True
+
+    def bits_error(self, bits: int) -> str | None:
+        if MIN_BITS <= bits <= MAX_BITS:
+            return None
+        return (f"bits must be in [{MIN_BITS}, {MAX_BITS}] for stochastic uniform quantization "
+                f"(s = 2^(B-1) - 1 >= 1), got {bits}")
+
+    def quantize(self, x, bits, generator=None, *, layout=Layout(), norm=Norm.MAX, scaled=False, scalers=None,
+                 clip=None) -> Quantized:
+        return quantize_uniform(x, bits, generator, norm=norm, layout=layout)
+
+
+UNIFORM = UniformQuantizer()

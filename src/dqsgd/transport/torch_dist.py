@@ -48,6 +48,7 @@ from dqsgd.transport.base import check_sizes
 
 OK, FAILED = 0, 1
 _ERROR_KEY = "dqsgd/error/{}"
+_BOARD_TIMEOUT = datetime.timedelta(seconds=2)  # the error board is best effort: a short wait, not a collective's
 # Errors re-raised with their own type on the ranks that learn of them from the server.
 _REMOTE_TYPES: dict[str, type[Exception]] = {"PayloadError": PayloadError, "ProtocolError": ProtocolError}
 
@@ -186,7 +187,7 @@ class _TorchTransport:
             return []
         found = []
         try:
-            store.set_timeout(datetime.timedelta(seconds=2))
+            store.set_timeout(_BOARD_TIMEOUT)
             for r in range(self.workers):
                 key = _ERROR_KEY.format(r)
                 if r != self.rank and store.check([key]):
@@ -205,7 +206,7 @@ class _TorchTransport:
         store = self._store()
         if store is not None:
             with contextlib.suppress(Exception):
-                store.set_timeout(datetime.timedelta(seconds=2))
+                store.set_timeout(_BOARD_TIMEOUT)
                 store.set(_ERROR_KEY.format(self.rank), msg)
         if self._owes_downlink and not isinstance(exc, TransportError):
             self._owes_downlink = False
