@@ -61,12 +61,17 @@ class BudgetedDQSGD:
     needs_grad: bool = False
 
     def __post_init__(self) -> None:
+        what = "coded DQSGD" if self.name == "dqsgd-coded" else "budgeted DQSGD"
         if self.total_steps < 1:
-            raise ValueError(f"budgeted DQSGD: total_steps must be >= 1, got {self.total_steps}")
+            raise ValueError(f"{what}: total_steps must be >= 1, got {self.total_steps}")
         if not 0 < self.alpha <= 1:
-            raise ValueError(f"budgeted DQSGD: alpha must be in (0, 1], got {self.alpha}")
+            raise ValueError(f"{what}: alpha must be in (0, 1], got {self.alpha}")
         if not 2 <= self.min_bits <= self.max_bits <= 16:
-            raise ValueError(f"budgeted DQSGD: need 2 <= min_bits <= max_bits <= 16")
+            raise ValueError(f"{what}: need 2 <= min_bits <= max_bits <= 16")
+        self.check_feasible()
+
+    def check_feasible(self) -> None:
+        """Refuse a budget that cannot pay every step at min_bits (sizes known in advance)."""
         need = self.total_steps * self.message_bits(self.min_bits)
         if self.budget_bits < need:
             raise ValueError(
@@ -112,12 +117,15 @@ class BudgetedDQSGD:
         k = solve_log_k(total, target)
         return k, float(self._widths(k, norms[:1], scales[:1])[0])
 
-    def update(self, state: BudgetState, stats: GradStats) -> BudgetState:
-        step = stats.step + 1
-        spent = state.spent + int(stats.spent_bits)
+    def observe(self, state: BudgetState, stats: GradStats) -> tuple[int, int, tuple[float, ...]]:
+        """(the next step, bits spent including step ``stats.step``, the norm forecast's sums with its norm)."""
         fit = state.fit
         if stats.norm > 0:
             fit = _observe(fit, float(stats.step), math.log(stats.norm), 1.0 - 1.0 / self.tau)
+        return stats.step + 1, state.spent + int(stats.spent_bits), fit
+
+    def update(self, state: BudgetState, stats: GradStats) -> BudgetState:
+        step, spent, fit = self.observe(state, stats)
         if step >= self.total_steps:
             return replace(state, spent=spent, fit=fit)
         forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)

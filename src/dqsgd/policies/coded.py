@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from dqsgd.policies.base import GradStats, Rounding, integerize
-from dqsgd.policies.budgeted import BudgetedDQSGD, _observe, forecast_norms, solve_log_k
+from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms, solve_log_k
 from dqsgd.quantizers.constants import levels_for_bits
 
 
@@ -100,13 +100,9 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
     smoothing: float = 0.3
     margin: float = 1.1
 
-    def __post_init__(self) -> None:
-        if self.total_steps < 1:
-            raise ValueError(f"coded DQSGD: total_steps must be >= 1, got {self.total_steps}")
-        if not 0 < self.alpha <= 1:
-            raise ValueError(f"coded DQSGD: alpha must be in (0, 1], got {self.alpha}")
-        if not 2 <= self.min_bits <= self.max_bits <= 16:
-            raise ValueError("coded DQSGD: need 2 <= min_bits <= max_bits <= 16")
+    def check_feasible(self) -> None:
+        """Refuse bad knobs, and a budget that cannot even pay the headers (coded sizes are not known
+        in advance: the levels' share is checked by the reserve at every step)."""
         if not (0 < self.smoothing <= 1 and self.margin >= 1 and self.sample >= 1):
             raise ValueError("coded DQSGD: need 0 < smoothing <= 1, margin >= 1, sample >= 1")
         need = self.total_steps * self.header_bits
@@ -135,12 +131,8 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
         return np.maximum.accumulate(np.minimum(fixed, coded))
 
-    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:
-        step = stats.step + 1
-        spent = state.spent + int(stats.spent_bits)
-        fit = state.fit
-        if stats.norm > 0:
-            fit = _observe(fit, float(stats.step), math.log(stats.norm), 1.0 - 1.0 / self.tau)
+    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
+        step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
         if stats.grad is None:
             raise ValueError("coded DQSGD needs the aggregated gradient in GradStats.grad (needs_grad = True)")
         entropy = tuple(level_entropies(stats.grad, stats.norm, self.widths, self.sample))
