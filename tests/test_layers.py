@@ -27,14 +27,23 @@ LAYERS: list[list[str]] = [  # lowest first
     ["dqsgd.experiments", "dqsgd.launch", "dqsgd.bench", "dqsgd.bench_cli", "dqsgd.bench_hook", "dqsgd.cli",
      "dqsgd.__main__"],
 ]
+THEORY = "dqsgd.experiments.theory"
+THEORY_LAYERS: list[list[str]] = [  # the theory checks' modules, lowest first
+    [f"{THEORY}.settings"],
+    [f"{THEORY}.sims"],
+    [f"{THEORY}.bounds", f"{THEORY}.plots", f"{THEORY}.report"],
+    [f"{THEORY}.checks"],
+    [f"{THEORY}.cli"],
+    [f"{THEORY}.__main__"],
+]
 ALIASES = {"dqsgd.transport.launch"}  # old import paths kept as aliases of a moved module
 
 
-def layer_of(module: str) -> int | None:
-    if module == "dqsgd":  # the package root: lazy re-exports of the public API, the top
+def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
+    if module == "dqsgd" and layers is LAYERS:  # the package root: lazy re-exports of the public API, the top
         return len(LAYERS) - 1
     best: tuple[int, int] | None = None
-    for i, names in enumerate(LAYERS):
+    for i, names in enumerate(layers):
         for n in names:
             if (module == n or module.startswith(n + ".")) and (best is None or len(n) > best[1]):
                 best = (i, len(n))
@@ -80,17 +89,28 @@ def test_every_module_has_a_layer() -> None:
     assert [m for m, _ in modules() if layer_of(m) is None] == []
 
 
-def test_no_import_points_up() -> None:
+def upward_imports(layers: list[list[str]]) -> list[str]:
     up = []
     for module, path in modules():
         if module in ALIASES:
             continue
-        me = layer_of(module)
+        me = layer_of(module, layers)
         for target, line in runtime_imports(ast.parse(path.read_text(), str(path))):
-            there = layer_of(target)
+            there = layer_of(target, layers)
             if there is not None and me is not None and there > me:
                 up.append(f"{module}:{line} imports {target} (layer {there} > {me})")
-    assert up == []
+    return up
+
+
+def test_no_import_points_up() -> None:
+    assert upward_imports(LAYERS) == []
+
+
+def test_theory_checks_read_in_one_direction() -> None:
+    """Settings, then the simulations, then bounds/plots/report, then the checks, then the command."""
+    mine = [m for m, _ in modules() if m.startswith(THEORY + ".")]
+    assert mine and [m for m in mine if layer_of(m, THEORY_LAYERS) is None] == []
+    assert upward_imports(THEORY_LAYERS) == []
 
 
 def test_the_check_catches_an_upward_import() -> None:
