@@ -26,7 +26,7 @@ def test_the_scripts_are_found_in_this_checkout() -> None:
 
 
 @pytest.mark.parametrize("argv", [["bench", "codec"], ["bench", "compressors", "--repeats", "1"],
-                                  ["bench", "network"]])
+                                  ["bench", "network", "--workers", "2"]])
 def test_without_benchmarks_the_command_says_why_and_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     monkeypatch.setattr(bench_cli, "BENCHMARKS", tmp_path / "benchmarks")
@@ -44,9 +44,11 @@ def test_the_command_runs_the_scripts_function_with_the_parsed_options(monkeypat
     assert main(["bench", "codec"]) == 2  # the fake checkout holds no bench_codec.py
 
 
-def test_network_runs_the_scripts_main_and_returns_its_status(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_network_forwards_its_options_and_returns_the_scripts_status(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
     fake = types.SimpleNamespace(main=lambda rest: seen.append(rest) or 3)
     monkeypatch.setattr(bench_cli, "load_script", lambda rel: fake if rel == "network/bench_network.py" else None)
     assert main(["bench", "network"]) == 3
-    assert seen == [[]]
+    assert main(["bench", "network", "--workers", "2", "--rates", "1gbit"]) == 3
+    assert main(["bench", "network", "--help"]) == 3
+    assert seen == [[], ["--workers", "2", "--rates", "1gbit"], ["--help"]]

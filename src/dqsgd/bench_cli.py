@@ -121,7 +121,8 @@ def add_bench_parser(sub: Any) -> None:
     k.set_defaults(func=_checkout_command("compressors", "bench_compressors.py", lambda m, a: m.bench_compressors(a)))
     add_hook_parser(bsub)  # dqsgd bench hook
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout); "
-                                        "`dqsgd bench network --help` lists its own options", add_help=False)
+                                        "`dqsgd bench network --help` lists its own options", add_help=False,
+                        prefix_chars="+")  # no options of its own: every "-..." word goes to the script
     n.add_argument("rest", nargs=argparse.REMAINDER, help="options of benchmarks/network/bench_network.py")
     n.set_defaults(func=_checkout_command("network", "network/bench_network.py", lambda m, a: int(m.main(a.rest) or 0)))
 
