@@ -1,5 +1,10 @@
 """The package's layers import downward only: a module may import its own layer or lower ones.
 
+Two more rules keep the package to its public ground: numba kernels are defined only in the codecs and
+kernels, and no module reaches a private name of torch beyond the one listed use (the benchmarks that
+compare against PyTorch's private quantization backend, or time the fused kernel's pieces with a kernel
+of their own, live in ``benchmarks/``, outside the package).
+
 Read bottom to top, one training step goes trainer → step → method (quantizer registry, codec) →
 transport → policy; a lower layer never reaches up (imports under ``if TYPE_CHECKING:`` are
 annotations only and do not count). ``dqsgd.transport.launch`` is the old import path of
@@ -28,14 +33,23 @@ LAYERS: list[list[str]] = [  # lowest first
     ["dqsgd.experiments", "dqsgd.launch", "dqsgd.bench", "dqsgd.bench_cli", "dqsgd.bench_hook", "dqsgd.cli",
      "dqsgd.__main__"],
 ]
+THEORY = "dqsgd.experiments.theory"
+THEORY_LAYERS: list[list[str]] = [  # the theory checks' modules, lowest first
+    [f"{THEORY}.settings"],
+    [f"{THEORY}.sims"],
+    [f"{THEORY}.bounds", f"{THEORY}.plots", f"{THEORY}.report"],
+    [f"{THEORY}.checks"],
+    [f"{THEORY}.cli"],
+    [f"{THEORY}.__main__"],
+]
 ALIASES = {"dqsgd.transport.launch"}  # old import paths kept as aliases of a moved module
 
 
-def layer_of(module: str) -> int | None:
-    if module == "dqsgd":  # the package root: lazy re-exports of the public API, the top
+def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
+    if module == "dqsgd" and layers is LAYERS:  # the package root: lazy re-exports of the public API, the top
         return len(LAYERS) - 1
     best: tuple[int, int] | None = None
-    for i, names in enumerate(LAYERS):
+    for i, names in enumerate(layers):
         for n in names:
             if (module == n or module.startswith(n + ".")) and (best is None or len(n) > best[1]):
                 best = (i, len(n))
@@ -81,17 +95,28 @@ def test_every_module_has_a_layer() -> None:
     assert [m for m, _ in modules() if layer_of(m) is None] == []
 
 
-def test_no_import_points_up() -> None:
+def upward_imports(layers: list[list[str]]) -> list[str]:
     up = []
     for module, path in modules():
         if module in ALIASES:
             continue
-        me = layer_of(module)
+        me = layer_of(module, layers)
         for target, line in runtime_imports(ast.parse(path.read_text(), str(path))):
-            there = layer_of(target)
+            there = layer_of(target, layers)
             if there is not None and me is not None and there > me:
                 up.append(f"{module}:{line} imports {target} (layer {there} > {me})")
-    assert up == []
+    return up
+
+
+def test_no_import_points_up() -> None:
+    assert upward_imports(LAYERS) == []
+
+
+def test_theory_checks_read_in_one_direction() -> None:
+    """Settings, then the simulations, then bounds/plots/report, then the checks, then the command."""
+    mine = [m for m, _ in modules() if m.startswith(THEORY + ".")]
+    assert mine and [m for m in mine if layer_of(m, THEORY_LAYERS) is None] == []
+    assert upward_imports(THEORY_LAYERS) == []
 
 
 def test_the_check_catches_an_upward_import() -> None:
@@ -105,3 +130,78 @@ def test_old_launch_path_is_the_same_module() -> None:
     import dqsgd.transport.launch
 
     assert dqsgd.transport.launch is dqsgd.launch
+
+
+KERNEL_HOMES = ("dqsgd.codecs", "dqsgd.kernels")
+TORCH_PRIVATES_USED = {  # module: the private torch names it reaches, each guarded where it is used
+    # the rendezvous store of the default group, read for peers' error reports (best effort: None on failure)
+    "dqsgd.transport.torch_dist": ["dist…_get_default_store"],
+}
+
+
+def numba_kernels(tree: ast.Module) -> list[tuple[str, int]]:
+    """(function, line) of every function compiled by numba (``@numba.njit``, ``@njit(...)``, ``@numba.vectorize`` ...)."""
+    def is_numba(d: ast.expr) -> bool:
+        d = d.func if isinstance(d, ast.Call) else d
+        if isinstance(d, ast.Attribute) and isinstance(d.value, ast.Name):
+            return d.value.id == "numba"
+        return isinstance(d, ast.Name) and d.id in {"njit", "jit", "vectorize", "guvectorize", "cfunc"}
+
+    return [(n.name, n.lineno) for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef) and any(is_numba(d) for d in n.decorator_list)]
+
+
+def torch_privates(tree: ast.Module) -> list[tuple[str, int]]:
+    """(dotted name, line) of every private torch name the code reaches: ``import torch._x``,
+    ``from torch.y import _x``, or ``a._x`` where ``a`` is bound by an import from torch."""
+    def private(part: str) -> bool:
+        return part.startswith("_") and not part.endswith("__")
+
+    found, torch_names = [], set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name.split(".")[0] == "torch":
+                    torch_names.add(a.asname or "torch")
+                    found += [(a.name, n.lineno)] if any(map(private, a.name.split("."))) else []
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] == "torch":
+            for a in n.names:
+                torch_names.add(a.asname or a.name)
+                path = f"{n.module}.{a.name}"
+                found += [(path, n.lineno)] if any(map(private, path.split("."))) else []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and private(n.attr):
+            root = n.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in torch_names:
+                found.append((f"{root.id}…{n.attr}", n.lineno))
+    return found
+
+
+def test_numba_kernels_live_in_the_codecs_and_kernels() -> None:
+    stray = [f"{m}:{line} {fn}" for m, path in modules() if not m.startswith(KERNEL_HOMES)
+             for fn, line in numba_kernels(ast.parse(path.read_text(), str(path)))]
+    assert stray == []
+
+
+def test_no_module_reaches_a_private_torch_name_beyond_the_listed_one() -> None:
+    found: dict[str, list[str]] = {}
+    for m, path in modules():
+        names = [name for name, _ in torch_privates(ast.parse(path.read_text(), str(path)))]
+        if names:
+            found[m] = names
+    assert found == TORCH_PRIVATES_USED
+
+
+def test_the_checks_catch_a_kernel_and_a_private_torch_call() -> None:
+    code = (
+        "import numba\nimport torch\nfrom torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks as qh\n"
+        "from torch._dynamo import config\n"
+        "@numba.njit(cache=True)\ndef k(x):\n    return x\n"
+        "def f(t, s, z):\n    torch.__version__\n    torch.ao.quantization.MinMaxObserver()\n"
+        "    return qh._dequantize_per_tensor_backend(t, s, z), torch._C._get_tracing_state()\n")
+    tree = ast.parse(code)
+    assert numba_kernels(tree) == [("k", 6)]
+    assert sorted(torch_privates(tree)) == [("qh…_dequantize_per_tensor_backend", 11), ("torch._dynamo.config", 4),
+                                            ("torch…_C", 11), ("torch…_get_tracing_state", 11)]

@@ -70,6 +70,8 @@ def test_wheel_metadata_ranges_extras_and_files(wheel: Path) -> None:
     for v in ("3.11", "3.12", "3.13"):
         assert f"Programming Language :: Python :: {v}" in classifiers
     assert "dqsgd/py.typed" in names and "dqsgd/experiments/configs/table1-mnist.toml" in names
+    assert {"dqsgd/bench.py", "dqsgd/experiments/theory/checks.py", "dqsgd/experiments/theory_checks.py"} <= set(names)
+    assert not any("benchmarks/" in n for n in names)  # `dqsgd bench codec|compressors|network` need a checkout
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
 
 

@@ -1,12 +1,19 @@
 """The ``dqsgd bench`` sub-commands' argparse wiring, importable without torch or numba.
 
-The benchmarks themselves live in :mod:`dqsgd.bench` and load only when one runs: ``dqsgd --help`` and
-``dqsgd bench --help`` parse without importing the compiled kernels.
+The benchmarks load only when one runs: ``dqsgd --help`` and ``dqsgd bench --help`` parse without
+importing the compiled kernels. ``step`` runs :mod:`dqsgd.bench` and ``hook`` :mod:`dqsgd.bench_hook`
+(both in the package). ``codec``, ``compressors`` and ``network`` run scripts of the source
+checkout's ``benchmarks/`` folder (they time internals, or need root); where that folder is not
+found, as in an installed wheel, they say so and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from dqsgd.timeouts import BENCH_COLLECTIVE_S
@@ -20,6 +27,9 @@ def _ints(text: str) -> list[int]:
     return [int(float(v)) for v in text.split(",") if v]
 
 
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"  # in a source checkout: <repo>/benchmarks
+
+
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
     """The bench function ``dqsgd.bench.<name>`` as a CLI command (exit status 0), imported when it runs."""
     def run(args: argparse.Namespace) -> int:
@@ -27,6 +37,40 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
 
         getattr(bench, name)(args)
         return 0
+    return run
+
+
+def load_script(relpath: str) -> ModuleType | None:
+    """The script ``benchmarks/<relpath>`` of the source checkout, imported once; None where it is not found."""
+    path = BENCHMARKS / relpath
+    if not path.is_file():
+        return None
+    name = "_dqsgd_benchmarks." + relpath.removesuffix(".py").replace("/", ".")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def _checkout_command(command: str, relpath: str, call: Callable[[ModuleType, argparse.Namespace], Any]
+                      ) -> Callable[[argparse.Namespace], int]:
+    """``dqsgd bench <command>`` as running ``benchmarks/<relpath>``: status 2, and why, where it is missing."""
+    def run(args: argparse.Namespace) -> int:
+        module = load_script(relpath)
+        if module is None:
+            print(f"dqsgd bench {command}: needs a source checkout of dqsgd: {BENCHMARKS / relpath} not found "
+                  "(the installed package does not ship benchmarks/); run it from a clone of the repository",
+                  file=sys.stderr)
+            return 2
+        status = call(module, args)
+        return status if isinstance(status, int) else 0
     return run
 
 
@@ -58,7 +102,7 @@ def add_bench_parser(sub: Any) -> None:
     c.add_argument("--device-compile", action=argparse.BooleanOptionalAction, default=None,
                    help="force torch.compile on (or off) for the device rows (default: on for CUDA only)")
     _common(c, 5, 2, "bench/codec.json")
-    c.set_defaults(func=_command("bench_codec"))
+    c.set_defaults(func=_checkout_command("codec", "bench_codec.py", lambda m, a: m.bench_codec(a)))
     s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD",
                         description="One simulated training step (all W workers) of dqsgd, torch and fused "
                                     "kernels, against plain SGD on the same config.")
@@ -76,21 +120,26 @@ def add_bench_parser(sub: Any) -> None:
     k.add_argument("--dataset", default="mnist", help="dataset of the batch that gives the gradient (default: mnist)")
     k.add_argument("--batch", type=int, default=32, help="batch size of that gradient (default: 32)")
     _common(k, 5, 1, "bench/compressors.json")
-    k.set_defaults(func=_command("bench_compressors"))
+    k.set_defaults(func=_checkout_command("compressors", "bench_compressors.py", lambda m, a: m.bench_compressors(a)))
     add_hook_parser(bsub)  # dqsgd bench hook
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout); "
-                                        "`dqsgd bench network --help` lists its own options", add_help=False)
+                                        "`dqsgd bench network --help` lists its own options", add_help=False,
+                        prefix_chars="+")  # no options of its own: every "-..." word goes to the script
     n.add_argument("rest", nargs=argparse.REMAINDER, help="options of benchmarks/network/bench_network.py")
-    n.set_defaults(func=lambda a: __import__("dqsgd.bench", fromlist=["bench_network"]).bench_network(a))
+    n.set_defaults(func=_checkout_command("network", "network/bench_network.py", lambda m, a: int(m.main(a.rest) or 0)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``argv`` (``["bench", <command>, ...]``) parsed by the ``dqsgd bench`` sub-commands under a bare parser."""
+    parser = argparse.ArgumentParser(prog="dqsgd")
+    add_bench_parser(parser.add_subparsers(dest="cmd", required=True))
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``benchmarks/bench_*.py``: the same sub-commands under a bare ``dqsgd`` parser."""
-    parser = argparse.ArgumentParser(prog="dqsgd")
-    add_bench_parser(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    args.func(args)
-    return 0
+    """``benchmarks/bench_*.py``: the same sub-commands under a bare ``dqsgd`` parser; the exit status."""
+    args = parse_args(argv)
+    return int(args.func(args) or 0)
 
 
 def add_hook_parser(bsub: Any) -> None:

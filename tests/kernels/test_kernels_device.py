@@ -255,17 +255,17 @@ def test_cuda_payload_and_decode_equal_the_cpu() -> None:  # pragma: no cover - 
 
 
 def test_bench_device_rows_measure_the_real_payload() -> None:
-    from dqsgd.bench import _device, device_codec_rows
+    from dqsgd.bench import device_codec_rows, pick_device
     from dqsgd.codecs.bitpack import packed_size
 
-    (row,) = device_codec_rows(4099, [4], 1, _device("cpu"))
+    (row,) = device_codec_rows(4099, [4], 1, pick_device("cpu"))
     assert row["path"] == "device-cpu" and row["payload_bytes"] == expected_header((4099,), 4).body_start + packed_size(
         4099, 4) + 4
     assert all(row[k] > 0 for k in ("enc_vs_copy", "dec_vs_copy", "encdec_vs_copy"))
     assert row["encdec_vs_copy"] < min(row["enc_vs_copy"], row["dec_vs_copy"])  # enc + dec takes longer than either
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA"):
-            _device("cuda")
+            pick_device("cuda")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
