@@ -30,7 +30,8 @@ def _estimates(down_bits: int) -> tuple[torch.Tensor, ShardedStep]:
     method = Method(method_config("qsgd", bits=3, kernel="fused"), D, 10)
     step = ShardedStep(method, [D], W, seed=11, downlink_bits=down_bits)
     t, g = SimTransport(W, "sharded"), _grads()
-    out = [step.run(t, g, 3, n, {w: None for w in range(W)}, [None] * W).update for n in range(REPS)]
+    state = method.init_state(W)  # qsgd at 3 bits
+    out = [step.run(t, g, state, n, {w: None for w in range(W)}).update for n in range(REPS)]
     return torch.stack(out).to(torch.float64), step
 
 

@@ -261,8 +261,7 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
         summary = run_one(job.exp.train, job.entry, load_data_for(job.exp), job.seed, out, transport=transport,
                           resume=job.resume, progress=job.progress and rank == 0, device=device,
                           overwrite=job.overwrite and not job.resume)
-    summary.pop("final_params", None)
-    return summary
+    return dict(summary)  # the JSON values only: the final parameters stay in this process
 
 
 def _print_summary(s: dict[str, Any], out: str | None, topology: str) -> None:

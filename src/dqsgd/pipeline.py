@@ -22,7 +22,8 @@ from dqsgd.codecs import (
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header
 from dqsgd.methods import MethodConfig
 from dqsgd.policies import (
-    AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, Rounding, grad_stats,
+    AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
+    grad_stats,
 )
 from dqsgd.quantizers import (
     Layout, Norm, Quantized, Scheme, dequantize, majority_vote, quantize_identity, quantize_sign,
@@ -35,14 +36,24 @@ class ProtocolError(ValueError):
 
 @dataclass
 class MethodState:
-    """Everything a method carries between steps (checkpointed as a whole)."""
+    """Everything a method carries between steps (checkpointed as a whole).
 
-    policy: Any                         # the bit policy's state; .bits is the width of the next step
+    ``policy`` is None on a rank that does not run the bit policy (a ps rank other than the server):
+    it holds only ``bits``, the width the server announced with the last downlink. Where the policy
+    runs, ``bits`` is its state's width (given or not).
+    """
+
+    policy: PolicyState | None            # the bit policy's state; .bits is the width of the next step
     residuals: list[torch.Tensor | None]  # error-feedback memory, one per worker (None: no memory yet)
+    bits: int = -1                        # the width of the next step, B_n
 
-    @property
-    def bits(self) -> int:
-        return int(self.policy.bits)
+    def __post_init__(self) -> None:
+        if self.policy is not None:
+            if self.bits not in (-1, int(self.policy.bits)):
+                raise ValueError(f"width {self.bits} given for a policy state of width {self.policy.bits}")
+            self.bits = int(self.policy.bits)
+        elif isinstance(self.bits, bool) or not isinstance(self.bits, int) or self.bits < 1:
+            raise ValueError(f"a method state without a policy state needs its width, bits >= 1, got {self.bits!r}")
 
 
 class Method:
@@ -229,5 +240,7 @@ class Method:
 
     def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: int) -> MethodState:
         """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12)."""
+        if state.policy is None:
+            raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
         stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)
         return MethodState(self.policy.update(state.policy, stats), state.residuals)

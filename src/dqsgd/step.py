@@ -1,4 +1,19 @@
-"""Algorithm 2 with every rank the server of 1/W of the vector (topology ``sharded``).
+"""One step of DQSGD Algorithm 2 for every topology: the exchange from local gradients to the update.
+
+The trainer calls one step object per run, ``run(transport, grads, state, step, generators)``, and
+gets an :class:`Exchange`: the update every rank applies, the bytes that crossed the wire, the
+method state after the step (error-feedback memory, the policy's B_{n+1}) and timings. Two classes:
+
+* :class:`ServerStep` — topologies ``ps`` and ``allgather``: every worker encodes its whole
+  gradient, the aggregating process(es) decode and average the W payloads into G, the policy picks
+  B_{n+1} from G, the server encodes the downlink (fp32, or the signs of a majority vote) and sends
+  it together with B_{n+1} to every process, which decodes it into the update. With ``allgather``
+  every rank aggregates the same bytes and runs the same policy; the transport checks that they agree.
+* :class:`ShardedStep` — topology ``sharded``, below.
+
+:func:`all_finite` is the step's check of the gradients before anything is encoded.
+
+Topology ``sharded``: every rank is the server of 1/W of the vector.
 
 The flat gradient of d coordinates is cut into W contiguous shards (:func:`dqsgd.sharding.shard_bounds`);
 each shard is quantized as a vector of its own (a bucket layout restarts at the shard, a per-tensor
@@ -28,21 +43,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
 from dqsgd.codecs import Coding, encode as encode_payload, predicted_size
 from dqsgd.kernels import HashRNG, encode_uniform_fast
 from dqsgd.ledger import wire_traffic
-from dqsgd.pipeline import Method
+from dqsgd.pipeline import Method, MethodState
 from dqsgd.quantizers import Norm, NonFiniteGradientError, quantize_identity
 from dqsgd.sharding import DOWNLINK, shard_bounds, shard_sizes
 from dqsgd.rng import QUANT, seed_for
 
 if TYPE_CHECKING:
     from dqsgd.methods import MethodConfig
-    from dqsgd.transport.base import ShardedTransport
+    from dqsgd.transport.base import ShardedTransport, Transport
 
 FP32 = 32  # downlink width that means "send the averaged shard in fp32"
 
@@ -55,18 +70,125 @@ def check_downlink_bits(bits: int) -> int:
 
 
 @dataclass
-class ShardedResult:
+class Exchange:
+    """One step's exchange as one rank sees it (every topology)."""
+
     update: torch.Tensor              # G, the same on every rank
-    up: list[list[int]]               # up[w][j]: bytes of worker w's payload for shard j
-    down: list[int]                   # down[j]: bytes of shard j's downlink payload
+    up: list[list[int]]               # up[w][j]: bytes of worker w's payload for shard j (ps, allgather: one
+                                      # shard); empty on a ps rank that is not the server (it sees no sizes)
+    down: list[int]                   # down[j]: bytes of shard j's downlink payload (ps: the one message;
+                                      # allgather: none crosses a link)
     side: int                         # per-worker side traffic (TernGrad scalers), bytes
     residuals: dict[int, torch.Tensor | None]  # new error-feedback memory of the local workers
     encode_s: float = 0.0             # seconds spent quantizing and encoding the local uplinks
-    coded: dict[int, int] | None = None  # local worker -> Σ_j coded size of its W shard payloads (if measured)
+    coded: dict[int, int] | None = None  # local worker -> its uplink's size with the best coding (if measured)
     coded_s: float = 0.0              # seconds spent measuring them
+    topology: str = "sharded"
+    state: MethodState | None = None  # the method state after the step: residuals and B_{n+1}
+
+    def uplink(self) -> list[int]:
+        """Bytes each worker sent (summed over its shard payloads)."""
+        return [sum(row) for row in self.up]
 
     def wire(self) -> tuple[list[int], list[int]]:
-        return wire_traffic("sharded", self.up, self.down)
+        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.ledger.wire_traffic`)."""
+        return wire_traffic(self.topology, self.up, self.down)
+
+
+ShardedResult = Exchange  # the earlier name of the sharded step's result
+
+
+def all_finite(t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], step: int,
+               on_nonfinite: str) -> bool:
+    """Whether step ``step`` goes ahead: every worker's gradient is finite.
+
+    With several processes (or ``on_nonfinite = "skip"``) one tiny max-reduce makes every rank take
+    the same branch; then a non-finite gradient anywhere skips the step on every rank (``"skip"``) or
+    stops every rank (``"raise"``). In one process with ``"raise"`` nothing is checked here: the
+    quantizer refuses the non-finite gradient and names the worker."""
+    shared = len(t.local_workers) < t.workers
+    if on_nonfinite != "skip" and not shared:
+        return True
+    bad = torch.tensor([0.0 if bool(torch.isfinite(g).all()) else 1.0 for g in grads.values()])
+    if float(t.max_reduce([bad.amax().reshape(1)])[0]) == 0.0:
+        return True
+    if on_nonfinite == "raise":
+        raise NonFiniteGradientError(f"step {step}: a worker's gradient has NaN or Inf on some rank "
+                                     f"(on_nonfinite = 'raise': every rank stops)")
+    return False
+
+
+def codec_input(g: torch.Tensor, method: Method) -> torch.Tensor:
+    """The gradient where ``method``'s encoder takes it. The fused kernel (no error feedback) takes
+    it on any device: its payload depends only on the values, and it moves to the host itself only
+    what host code needs. The torch-kernel quantizers draw from CPU generators and error-feedback
+    residuals live on the CPU, so those get a CPU copy."""
+    if g.device.type == "cpu" or (method.fused and not method.config.error_feedback):
+        return g
+    return g.cpu()
+
+
+def _with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) -> list[torch.Tensor | None]:
+    res = list(state.residuals)
+    for w, r in new.items():
+        res[w] = r
+    return res
+
+
+class ServerStep:
+    """Topologies ``ps`` and ``allgather``: the whole vector, one aggregation, one downlink."""
+
+    def __init__(self, method: Method, seed: int, topology: str = "ps"):
+        if topology not in ("ps", "allgather"):
+            raise ValueError(f"ServerStep runs topology 'ps' or 'allgather', not {topology!r}")
+        self.method, self.topology = method, topology
+        self.quant_seed = seed_for(seed, QUANT)
+
+    def encode_worker(self, worker: int, grad: torch.Tensor, bits: int, step: int, generator: torch.Generator | None,
+                      residual: torch.Tensor | None, scalers: torch.Tensor | None) -> tuple[bytes, torch.Tensor | None]:
+        """Worker ``worker``'s uplink payload at width ``bits`` and its new error-feedback memory."""
+        m = self.method
+        key = HashRNG(self.quant_seed, step, worker) if m.fused else None
+        try:
+            return m.encode(codec_input(grad, m), bits, generator, residual, scalers, hash_rng=key)
+        except NonFiniteGradientError as e:
+            raise NonFiniteGradientError(f"step {step}, worker {worker}: {e}") from None
+
+    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> Exchange:
+        """One step for the local workers ``grads`` over ``t``, at the width ``state.bits``.
+
+        The aggregating process runs the policy on G before the downlink leaves, and B_{n+1} travels
+        with the downlink payload (one integer beside it): a ps rank other than the server gets a
+        state holding only that width; with allgather every rank computed it and the transport checks
+        that all agree. ``measure_coded``: also give each local worker's uplink with the best coding,
+        measured after the downlink (every payload was accepted by then)."""
+        m, bits = self.method, state.bits
+        scalers, side = None, 0
+        if m.shares_scalers:
+            scalers = t.max_reduce([m.local_scalers(g) for g in grads.values()])
+            side = 4 * scalers.numel()  # L float32 scalers up and down per worker [docs/algorithms.md §3]
+        t0, payloads, new_res = time.perf_counter(), [], {}
+        for w, g in grads.items():
+            msg, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], state.residuals[w], scalers)
+            payloads.append(msg)
+        encode_s = time.perf_counter() - t0
+        residuals = _with_residuals(state, new_res)
+        gathered = t.gather(payloads, m.max_payload_bytes(bits))
+        down, up, after = None, [], None
+        if t.is_server and gathered is not None:
+            agg = m.aggregate(gathered, bits)
+            down = m.encode_downlink(agg)
+            up = [[len(p)] for p in gathered]
+            after = m.observe(MethodState(state.policy, residuals), agg, step, 8 * max(len(p) for p in gathered))
+        down, (next_bits,) = t.broadcast(down, [bits if after is None else after.bits])
+        if after is None:
+            after = MethodState(None, residuals, next_bits)
+        update = m.decode_downlink(down)
+        t1 = time.perf_counter()
+        coded = {w: m.coded_size(p) for w, p in zip(grads, payloads)} if measure_coded else None
+        return Exchange(update, up, [] if self.topology == "allgather" else [len(down)], side, new_res, encode_s,
+                        coded, time.perf_counter() - t1, self.topology, after)
 
 
 def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_sizes: Sequence[int],
@@ -140,13 +262,14 @@ class ShardedStep:
         return torch.cat([m.decode_downlink(p) for m, p in zip(self.shards, payloads)])
 
     # --- one step -------------------------------------------------------------------------------
-    def run(self, t: ShardedTransport, grads: dict[int, torch.Tensor], bits: int, step: int,
-            generators: dict[int, torch.Generator], residuals: Sequence[torch.Tensor | None],
-            measure_coded: bool = False) -> ShardedResult:
-        """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``.
+    def run(self, t: ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> Exchange:
+        """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``, at
+        the width ``state.bits``; then the policy observes G (the same on every rank) for B_{n+1}.
 
         ``measure_coded``: also give each local worker's uplink with the best coding (:meth:`coded_size`),
         measured on the payloads it sent, after the exchange (nothing sent changes)."""
+        bits = state.bits
         scalers, side = None, 0
         if self.method.shares_scalers:
             local = [self.local_scalers(g) for g in grads.values()]
@@ -155,7 +278,7 @@ class ShardedStep:
         rows, new_res, t0 = [], {}, time.perf_counter()
         for w, g in grads.items():
             g = g if g.device.type == "cpu" else g.cpu()
-            row, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], residuals[w], scalers)
+            row, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], state.residuals[w], scalers)
             rows.append(row)
         encode_s = time.perf_counter() - t0
         served, up = t.exchange(rows, [m.max_payload_bytes(bits) for m in self.shards])
@@ -164,9 +287,11 @@ class ShardedStep:
             avg = self.shards[j].aggregate(payloads, bits)
             down[j] = self.encode_downlink(j, avg, step)
         shared = t.share(down, max(self.down_cap(j) for j in range(self.workers)))
+        update = self.decode_update(shared)
+        after = self.method.observe(MethodState(state.policy, _with_residuals(state, new_res)), update, step,
+                                    8 * max(sum(row) for row in up))
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
         coded_s = time.perf_counter() - t1
-        return ShardedResult(self.decode_update(shared), up, [len(p) for p in shared], side, new_res, encode_s, coded,
-                             coded_s)
+        return Exchange(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, "sharded", after)

@@ -48,7 +48,7 @@ def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, Metho
     t = make_transport("allgather")
     tr = Trainer(dataclasses.replace(cases[0][1], topology="allgather"), cases[0][2], load_dataset("synthetic"), 0, t)
     honest = t.broadcast
-    t.broadcast = lambda payload, bits: honest(payload, bits + int(rank == 1))  # type: ignore[method-assign]
+    t.broadcast = lambda payload, ints: honest(payload, [ints[0] + int(rank == 1)])  # type: ignore[method-assign]
     try:
         tr.step()
     except RankDisagreement as e:

@@ -83,6 +83,13 @@ def grad_stats(grad: torch.Tensor, step: int, spent_bits: int, p: float = math.i
 S = TypeVar("S")
 
 
+class PolicyState(Protocol):
+    """What every policy's state has: ``bits``, the width of the next step."""
+
+    @property
+    def bits(self) -> int: ...
+
+
 class BitPolicy(Protocol[S]):
     """init() -> state with .bits = B_0; update(state, stats) -> state with .bits = B_{n+1}."""
 

@@ -1,17 +1,20 @@
-"""Atomic checkpoints and exact resume.
+"""Checkpoint files: atomic writes, integrity, exact resume.
 
-A checkpoint holds everything that decides the rest of a run: model and optimizer state, the bit
-policy's state, the error-feedback residuals, the ledger (budget spent and left), every
-quantization generator, the step counter. Data positions need no state: a worker's batch is a pure
-function of (seed, worker, step). Files are written to a temporary name, fsynced, then renamed,
-so a crash leaves either the old or the new checkpoint, never half of one. Loading uses
-``torch.load(weights_only=True)``: plain containers and tensors only, never arbitrary objects.
+What goes into a checkpoint is the trainer's business (:meth:`dqsgd.train.trainer.Trainer.state_dict`:
+model and optimizer state, the bit policy's state, the error-feedback residuals, the ledger, every
+quantization generator, the step counter); this module only writes it to and reads it from files.
+Files are written to a temporary name, fsynced, then renamed, so a crash leaves either the old or
+the new checkpoint, never half of one. Loading uses ``torch.load(weights_only=True)``: plain
+containers and tensors only, never arbitrary objects.
 
 Integrity: a checkpoint carries ``sha256``, a digest of every other entry (tensor bytes, dtypes,
 shapes, and every number and string), written by :func:`seal` and verified on load. A file that
 does not match it (a flipped bit in a weight, a torn copy) is refused with
 :class:`CorruptCheckpoint`; :func:`resume` then falls back to the intact ``*.prev.pt`` and says so
 on stderr. The file stays a plain ``torch.save`` archive; older files without a digest still load.
+
+The functions take any trainer-like object with ``state_dict()``, ``load_state_dict()``,
+``run_meta()`` (what a file must belong to) and ``transport``.
 """
 
 from __future__ import annotations
@@ -21,17 +24,28 @@ import io
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from dqsgd.ledger import Ledger
-from dqsgd.pipeline import MethodState
-from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.train.rundir import atomic_write, update_hash
+from dqsgd.train.trainer import STATE_FORMAT
+from dqsgd.transport import Transport
 
-FORMAT = 2
+FORMAT = STATE_FORMAT
 CHECKPOINT = "checkpoint.pt"
+
+
+class Checkpointable(Protocol):
+    """What the checkpoint functions need of a trainer."""
+
+    transport: Transport
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None: ...
+
+    def run_meta(self) -> dict[str, Any]: ...
 
 
 class CheckpointError(ValueError):
@@ -42,25 +56,9 @@ class CorruptCheckpoint(CheckpointError):
     """A checkpoint file whose bytes are damaged (checksum mismatch, truncated, unreadable)."""
 
 
-def trainer_state(tr: Any) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "meta": _meta(tr),
-        "next_step": tr.next_step,
-        "skipped": tr.skipped,
-        "model": tr.model.state_dict(),
-        "optimizer": tr.optimizer.state_dict(),
-        "policy": state_to_dict(tr.state.policy) if tr.transport.is_server else None,
-        "residuals": {int(w): r for w, r in enumerate(tr.state.residuals) if r is not None},
-        "ledger": tr.ledger.state_dict() if tr.transport.is_server else None,
-        "qgen": {int(w): g.get_state() for w, g in tr.qgen.items()},
-        "bits": tr.state.bits,
-    }
-
-
-def _meta(tr: Any) -> dict[str, Any]:
-    return {"method": tr.entry.label, "numel": tr.numel, "steps": tr.cfg.steps, "seed": tr.seed,
-            "workers": tr.cfg.workers, "rank": tr.transport.rank}
+def trainer_state(tr: Checkpointable) -> dict[str, Any]:
+    """What a checkpoint of ``tr`` holds (before sealing): ``tr.state_dict()``."""
+    return tr.state_dict()
 
 
 def digest(ck: dict[str, Any]) -> str:
@@ -76,7 +74,7 @@ def seal(ck: dict[str, Any]) -> dict[str, Any]:
     return {**ck, "sha256": digest(ck)}
 
 
-def checkpoint_path(out: Path, transport: Any) -> Path:
+def checkpoint_path(out: Path, transport: Transport) -> Path:
     """``checkpoint.pt`` when this process runs every worker (simulation), else one file per rank."""
     whole = len(transport.local_workers) == transport.workers
     return out / (CHECKPOINT if whole else f"checkpoint-rank{transport.rank}.pt")
@@ -86,11 +84,11 @@ def previous_path(path: Path) -> Path:
     return path.with_name(path.stem + ".prev" + path.suffix)
 
 
-def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
+def save_checkpoint(tr: Checkpointable, path: Path, keep_previous: bool = True) -> None:
     """Write ``path`` atomically; the checkpoint it replaces becomes ``*.prev.pt`` (``keep_previous``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    torch.save(seal(trainer_state(tr)), buf)
+    torch.save(seal(tr.state_dict()), buf)
     tmp = path.with_name(path.name + ".tmp")
     atomic_write(tmp, buf.getvalue())  # complete and synced, or absent
     if keep_previous and path.exists():
@@ -103,7 +101,7 @@ def save_checkpoint(tr: Any, path: Path, keep_previous: bool = True) -> None:
         os.close(dir_fd)
 
 
-def read_checkpoint(tr: Any, path: Path) -> dict[str, Any]:
+def read_checkpoint(tr: Checkpointable, path: Path) -> dict[str, Any]:
     """The checkpoint at ``path``, checked to belong to ``tr``'s run and rank (never unpickles objects)."""
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
@@ -114,17 +112,17 @@ def read_checkpoint(tr: Any, path: Path) -> dict[str, Any]:
                                 f"loaded contents): the file is damaged")
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dqsgd checkpoint of format {FORMAT}")
-    meta, want = ck["meta"], _meta(tr)
+    meta, want = ck.get("meta"), tr.run_meta()
     if meta != want:
         raise CheckpointError(f"{path}: checkpoint is for {meta}, this run is {want}")
     return ck
 
 
-def load_checkpoint(tr: Any, path: Path) -> None:
-    _apply(tr, read_checkpoint(tr, path))
+def load_checkpoint(tr: Checkpointable, path: Path) -> None:
+    tr.load_state_dict(read_checkpoint(tr, path))
 
 
-def resume(tr: Any, out: Path) -> int:
+def resume(tr: Checkpointable, out: Path) -> int:
     """Load the newest checkpoint step that every rank holds under ``out``; returns it (0: none, fresh start).
 
     One small all-gather of the steps each rank has (current and previous file). Raises
@@ -146,13 +144,11 @@ def resume(tr: Any, out: Path) -> int:
                                   f"in common; cannot resume exactly (restore the missing rank's files or start over)")
         return 0
     step = max(common)
-    _apply(tr, held[step])
-    if hasattr(tr.transport, "steps"):
-        tr.transport.steps = step  # error messages count completed steps
+    tr.load_state_dict(held[step])
     return step
 
 
-def _intact(tr: Any, paths: tuple[Path, ...]) -> tuple[dict[int, dict[str, Any]], list[Path]]:
+def _intact(tr: Checkpointable, paths: tuple[Path, ...]) -> tuple[dict[int, dict[str, Any]], list[Path]]:
     """The readable checkpoints among ``paths`` by step, and the damaged ones (each named on stderr)."""
     held: dict[int, dict[str, Any]] = {}
     corrupt: list[Path] = []
@@ -167,24 +163,3 @@ def _intact(tr: Any, paths: tuple[Path, ...]) -> tuple[dict[int, dict[str, Any]]
             continue
         held[int(ck["next_step"])] = ck
     return held, corrupt
-
-
-def _apply(tr: Any, ck: dict[str, Any]) -> None:
-    tr.model.load_state_dict(ck["model"])
-    tr.optimizer.load_state_dict(ck["optimizer"])
-    residuals = [None] * tr.cfg.workers
-    for w, r in ck["residuals"].items():
-        residuals[int(w)] = r
-    if ck["policy"] is not None:
-        policy = state_from_dict(type(tr.method.policy.init()), ck["policy"])
-    else:
-        from dqsgd.train.trainer import _RemoteBits
-
-        policy = _RemoteBits(int(ck["bits"]))
-    tr.state = MethodState(policy, residuals)
-    if ck["ledger"] is not None:
-        tr.ledger = Ledger.from_state_dict(ck["ledger"])
-    for w, st in ck["qgen"].items():
-        tr.qgen[int(w)].set_state(st)
-    tr.next_step = int(ck["next_step"])
-    tr.skipped = int(ck["skipped"])

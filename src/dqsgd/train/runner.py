@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+
 from dqsgd.data import Dataset
 from dqsgd.errors import Interrupted  # re-exported: raised by the training loop
 from dqsgd.train.checkpoint import checkpoint_path, resume as resume_from, save_checkpoint
@@ -26,6 +28,21 @@ from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
 from dqsgd.transport.torch_dist import RankDisagreement
 
+class RunSummary(dict):
+    """A finished run's summary: exactly what ``summary.json`` holds (JSON values only), and the
+    model's final flat parameters as the attribute ``final_params`` (a tensor, never written as
+    JSON). ``s["final_params"]`` reads the attribute too, as earlier versions returned it as a key."""
+
+    def __init__(self, summary: dict[str, Any], final_params: torch.Tensor):
+        super().__init__(summary)
+        self.final_params = final_params
+
+    def __missing__(self, key: str) -> Any:
+        if key == "final_params":
+            return self.final_params
+        raise KeyError(key)
+
+
 def run_dir(root: Path, label: str, seed: int) -> Path:
     return root / label / f"seed{seed}"
 
@@ -38,8 +55,9 @@ def default_train_dir(exp_name: str, label: str, seed: int) -> Path:
 
 def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None,
             transport: Transport | None = None, resume: bool = False, progress: bool = True,
-            device: str = "cpu", overwrite: bool = False) -> dict[str, Any]:
-    """Train ``entry`` with ``seed``; write ``metrics.jsonl``/``summary.json`` under ``out`` (if given).
+            device: str = "cpu", overwrite: bool = False) -> RunSummary:
+    """Train ``entry`` with ``seed``; write ``metrics.jsonl``/``summary.json`` under ``out`` (if given);
+    return the summary (:class:`RunSummary`: ``summary.json``'s contents and the final parameters).
 
     Every process keeps its checkpoints under ``out``; only rank 0 writes metrics and the summary, and
     holds the run directory's lock (:func:`dqsgd.train.rundir.open_run`). ``resume``: continue from
@@ -88,7 +106,7 @@ def agree_across_ranks(transport: Transport, mine: dict[str, Any], error: Except
 
 
 def _train(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None, tr: Trainer,
-           resume: bool, progress: bool, writes: bool, mine: dict[str, Any]) -> dict[str, Any]:
+           resume: bool, progress: bool, writes: bool, mine: dict[str, Any]) -> RunSummary:
     ck_path = checkpoint_path(out, tr.transport) if out is not None else None
     if resume and out is not None:
         resume_from(tr, out)
@@ -136,8 +154,7 @@ def _train(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: 
     summary = summarize(cfg, entry, data, seed, tr, acc, loss, time.perf_counter() - start)
     if writes:
         atomic_write(out / "summary.json", json.dumps(summary, indent=2))
-    summary["final_params"] = tr.flat_params()
-    return summary
+    return RunSummary(summary, tr.flat_params())
 
 
 def _evaluate(tr: Trainer, bar: Any, label: str, progress: bool) -> tuple[float, float]:

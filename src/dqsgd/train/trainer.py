@@ -1,22 +1,22 @@
-"""The training loop: data → gradient per worker → method → update (DQSGD Algorithm 2).
+"""The training loop: data → gradient per worker → the topology's step → update (DQSGD Algorithm 2).
 
-One step, written once for every transport:
+One step, the same for every topology and transport:
 
 1. every local worker w draws its minibatch (a pure function of seed, w, n) and computes g_w;
-2. (TernGrad) the per-tensor scalers are max-reduced across workers;
-3. each worker encodes g_w at the current width B_n into bytes;
-4. the server gathers the W payloads, decodes and averages them into G, encodes the downlink,
-   records the measured bytes in the ledger and lets the policy pick B_{n+1} from ‖G‖;
-5. every process decodes the downlink and applies the same optimizer step.
-
-Topology ``sharded`` replaces 3–5 with :class:`dqsgd.step.ShardedStep` (every rank the server of
-one shard, both ways quantized); the trainer records its bytes and runs the policy on every rank.
+2. the step object of the topology (:mod:`dqsgd.step`: :class:`~dqsgd.step.ServerStep` for ps and
+   allgather, :class:`~dqsgd.step.ShardedStep`) checks the gradients, encodes them at the current
+   width B_n, exchanges the bytes, aggregates, lets the policy pick B_{n+1} and decodes the update;
+3. the aggregating process records the measured bytes in the ledger;
+4. every process applies the same optimizer step.
 
 On the steps n with n % ``train.coded_every`` == 0, every process also measures the uplink it sends
 with the best coding (:meth:`dqsgd.pipeline.Method.coded_size` of each local worker's payload, or
 the sum over its W shard payloads), and the sizes are all-gathered (``Transport.all_gather_ints``)
 so that every ledger records the same W numbers. Nothing sent changes: the model and the widths
 are the same with or without the measurement.
+
+Everything that decides the rest of a run is in :meth:`Trainer.state_dict` (loaded back by
+:meth:`Trainer.load_state_dict`); :mod:`dqsgd.train.checkpoint` writes and reads it as files.
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from dqsgd.data import Dataset
-from dqsgd.kernels import HashRNG
-from dqsgd.ledger import Ledger, wire_traffic
+from dqsgd.ledger import Ledger
 from dqsgd.models import build_model
 from dqsgd.pipeline import Method, MethodState
-from dqsgd.quantizers import NonFiniteGradientError
-from dqsgd.step import ShardedStep
+from dqsgd.policies import state_from_dict, state_to_dict
+from dqsgd.step import ServerStep, ShardedStep, all_finite, codec_input
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, seed_for
 from dqsgd.transport import SimTransport, Transport
@@ -56,6 +55,11 @@ class StepResult:
     decode_s: float
     coded_up: list[int] | None = None  # per worker, the uplink with the best coding (measured steps only)
     coded_s: float = 0.0               # seconds this process spent measuring it (not in encode_s/decode_s)
+
+
+STATE_FORMAT = 2  # the layout of Trainer.state_dict (and of checkpoint files)
+
+__all__ = ["STATE_FORMAT", "StepResult", "Trainer", "codec_input", "record_of"]
 
 
 class Trainer:
@@ -91,8 +95,9 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
-        self.sharded = (ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits)
-                        if self.topology == "sharded" else None)
+        self.exchange: ServerStep | ShardedStep = (
+            ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
+            else ServerStep(self.method, seed, self.topology))
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         self.next_step = 0
         self.skipped = 0
@@ -179,91 +184,80 @@ class Trainer:
             raise RuntimeError(f"coded sizes of {len(sizes)} workers gathered, expected {self.cfg.workers}")
         return sizes
 
-    def _all_finite(self, grads: dict[int, torch.Tensor]) -> bool:
-        bad = torch.tensor([0.0 if bool(torch.isfinite(g).all()) else 1.0 for g in grads.values()])
-        return float(self.transport.max_reduce([bad.amax().reshape(1)])[0]) == 0.0
-
     # --- one step -------------------------------------------------------------------------------
     def step(self) -> StepResult:
         n, bits, t = self.next_step, self.state.bits, self.transport
         t0 = time.perf_counter()
         grads, losses = self.local_gradients(n)
         t1 = time.perf_counter()
-        shared = len(t.local_workers) < t.workers  # several processes: all must take the same branch
-        if (self.cfg.on_nonfinite == "skip" or shared) and not self._all_finite(grads):
-            if self.cfg.on_nonfinite == "raise":
-                raise NonFiniteGradientError(f"step {n}: a worker's gradient has NaN or Inf on some rank "
-                                             f"(on_nonfinite = 'raise': every rank stops)")
+        if not all_finite(t, grads, n, self.cfg.on_nonfinite):
             self.skipped += 1
             self.next_step += 1
             return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
-        if self.sharded is not None:
-            return self._sharded_step(n, bits, grads, losses, t1 - t0)
-        scalers, side = None, 0
-        if self.method.shares_scalers:
-            scalers = t.max_reduce([self.method.local_scalers(g) for g in grads.values()])
-            side = 4 * scalers.numel()  # L float32 scalers up and down per worker [docs/algorithms.md §3]
-        payloads = []
-        for w, g in grads.items():
-            g = codec_input(g, self.method)
-            try:
-                key = HashRNG(self.quant_seed, n, w) if self.method.fused else None
-                msg, self.state.residuals[w] = self.method.encode(g, bits, self.qgen[w], self.state.residuals[w], scalers,
-                                                                  hash_rng=key)
-            except NonFiniteGradientError as e:
-                raise NonFiniteGradientError(f"step {n}, worker {w}: {e}") from None
-            payloads.append(msg)
+        r = self.exchange.run(t, grads, self.state, n, self.qgen, measure_coded=self.measures_coded(n))  # type: ignore[arg-type]
         t2 = time.perf_counter()
-        gathered = t.gather(payloads, self.method.max_payload_bytes(bits))
-        down, next_bits, up = None, None, []
-        if t.is_server and gathered is not None:
-            agg = self.method.aggregate(gathered, bits)
-            down = self.method.encode_downlink(agg)
-            up = [len(p) for p in gathered]
-            sent_down = 0 if self.topology == "allgather" else len(down)  # all-gather: no downlink crosses a link
-            self.ledger.record(n, bits, up, sent_down, side, *wire_traffic(self.topology, [[b] for b in up], [sent_down]))
-            self.state = self.method.observe(self.state, agg, n, 8 * max(up))
-            next_bits = self.state.bits
-        down, next_bits = t.broadcast(down, next_bits)
-        if not t.is_server:
-            self.state.policy = _RemoteBits(next_bits)
-        update = self.method.decode_downlink(down)
-        lr = self.lr_at(n)
-        self.apply_update(update.to(self.device), lr)
-        t3 = time.perf_counter()
-        # Measured after the downlink: the server has accepted every payload (a malformed one stopped the step).
-        coded = None
-        if self.measures_coded(n):
-            coded = self.gather_coded({w: self.method.coded_size(p) for w, p in zip(grads, payloads)})
-            if t.is_server:
-                self.ledger.record_coded(n, coded)
-        coded_s = time.perf_counter() - t3
-        self.next_step += 1
-        loss = t.mean_loss(losses)
-        down_bytes = 0 if self.topology == "allgather" else len(down)
-        return StepResult(n, loss, lr, bits, False, up, down_bytes, side, t1 - t0, t2 - t1, t3 - t2, coded, coded_s)
-
-    def _sharded_step(self, n: int, bits: int, grads: dict[int, torch.Tensor], losses: list[float],
-                      compute_s: float) -> StepResult:
-        """Every rank: the sharded exchange, then the same ledger entry, policy step and update."""
-        assert self.sharded is not None
-        t2 = time.perf_counter()
-        r = self.sharded.run(self.transport, grads, bits, n, self.qgen, self.state.residuals,  # type: ignore[arg-type]
-                             measure_coded=self.measures_coded(n))
-        for w, res in r.residuals.items():
-            self.state.residuals[w] = res
-        t_coded = time.perf_counter()
         coded = None if r.coded is None else self.gather_coded(r.coded)
-        coded_s = r.coded_s + time.perf_counter() - t_coded
-        up, down = [sum(row) for row in r.up], sum(r.down)
-        self.ledger.record(n, bits, up, down, r.side, *r.wire(), coded_up=coded)
-        self.state = self.method.observe(self.state, r.update, n, 8 * max(up))
+        coded_s = r.coded_s + time.perf_counter() - t2
+        up, down = r.uplink(), sum(r.down)
+        if up:  # the aggregating process (a ps rank other than the server sees no uplink sizes)
+            self.ledger.record(n, bits, up, down, r.side, *r.wire(), coded_up=coded)
+        assert r.state is not None
+        self.state = r.state
         lr = self.lr_at(n)
         self.apply_update(r.update.to(self.device), lr)
         t3 = time.perf_counter()
         self.next_step += 1
-        return StepResult(n, self.transport.mean_loss(losses), lr, bits, False, up, down, r.side, compute_s,
-                          r.encode_s, t3 - t2 - r.encode_s - coded_s, coded, coded_s)
+        return StepResult(n, t.mean_loss(losses), lr, bits, False, up, down, r.side, t1 - t0, r.encode_s,
+                          t3 - t1 - r.encode_s - coded_s, coded, coded_s)
+
+    # --- state ----------------------------------------------------------------------------------
+    def run_meta(self) -> dict[str, Any]:
+        """What identifies this run and rank; a state dict of another run is refused."""
+        return {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
+                "workers": self.cfg.workers, "rank": self.transport.rank}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that decides the rest of the run, as plain containers, numbers and tensors
+        (``torch.load(weights_only=True)`` reads it back): model, optimizer, the bit policy's state
+        (None on a rank that does not run it, which keeps ``bits``), the error-feedback memory, the
+        ledger (the aggregating process's), the quantization generators and the step counters."""
+        server = self.transport.is_server
+        return {
+            "format": STATE_FORMAT,
+            "meta": self.run_meta(),
+            "next_step": self.next_step,
+            "skipped": self.skipped,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "policy": state_to_dict(self.state.policy) if server and self.state.policy is not None else None,
+            "residuals": {int(w): r for w, r in enumerate(self.state.residuals) if r is not None},
+            "ledger": self.ledger.state_dict() if server else None,
+            "qgen": {int(w): g.get_state() for w, g in self.qgen.items()},
+            "bits": self.state.bits,
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Continue from ``sd`` (a :meth:`state_dict` of this run and rank)."""
+        if sd.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a trainer state of format {STATE_FORMAT} (format {sd.get('format')!r})")
+        if sd["meta"] != self.run_meta():
+            raise ValueError(f"the state is for {sd['meta']}, this run is {self.run_meta()}")
+        self.model.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        residuals: list[torch.Tensor | None] = [None] * self.cfg.workers
+        for w, r in sd["residuals"].items():
+            residuals[int(w)] = r
+        if sd["policy"] is not None:
+            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals)
+        else:
+            self.state = MethodState(None, residuals, int(sd["bits"]))
+        if sd["ledger"] is not None:
+            self.ledger = Ledger.from_state_dict(sd["ledger"])
+        for w, st in sd["qgen"].items():
+            self.qgen[int(w)].set_state(st)
+        self.next_step = int(sd["next_step"])
+        self.skipped = int(sd["skipped"])
+        self.transport.steps = self.next_step  # error messages count completed steps
 
     # --- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -282,23 +276,6 @@ class Trainer:
 
     def flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
-
-
-def codec_input(g: torch.Tensor, method: Method) -> torch.Tensor:
-    """The gradient where ``method``'s encoder takes it. The fused kernel (no error feedback) takes
-    it on any device: its payload depends only on the values, and it moves to the host itself only
-    what host code needs. The torch-kernel quantizers draw from CPU generators and error-feedback
-    residuals live on the CPU, so those get a CPU copy."""
-    if g.device.type == "cpu" or (method.fused and not method.config.error_feedback):
-        return g
-    return g.cpu()
-
-
-@dataclass
-class _RemoteBits:
-    """A non-server rank only learns B_{n+1} from the broadcast; it holds no policy state."""
-
-    bits: int
 
 
 def record_of(r: StepResult, ledger: Ledger) -> dict[str, Any]:

@@ -1,8 +1,14 @@
 """What a transport must do: move bytes between the workers and the server, nothing else.
 
-A step of DQSGD Algorithm 2 is written once (``dqsgd.train.step``) against this interface;
-``SimTransport`` runs all W workers in one process, the torch.distributed transports run one
-worker per process. Only the server (or, for the peer topology, every rank) aggregates.
+A step of DQSGD Algorithm 2 is written once per topology (:mod:`dqsgd.step`) against this
+interface; ``SimTransport`` runs all W workers in one process, the torch.distributed transports run
+one worker per process. Only the server (or, for the peer topology, every rank) aggregates.
+
+Besides the payloads a transport offers a few small collectives of numbers, each a primitive with
+no algorithm in it: ``max_reduce`` (an element-wise max of float tensors: TernGrad's scalers, the
+step's non-finite check), ``all_gather_ints`` (every process's few integers: coded sizes, checkpoint
+agreement), ``mean_loss`` (a sum over workers, for the metrics), and the few integers that travel
+beside the downlink payload in ``broadcast``. What the numbers mean is the caller's business.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dqsgd.codecs import PayloadError
 
 class Transport(Protocol):
     workers: int
+    steps: int  # completed steps (downlinks delivered), for error messages; a resumed trainer sets it
 
     @property
     def local_workers(self) -> Sequence[int]:
@@ -44,12 +51,17 @@ class Transport(Protocol):
         """Element-wise max over all workers' tensors (TernGrad scaler sharing)."""
         ...
 
-    def gather(self, payloads: Sequence[bytes]) -> list[bytes] | None:
-        """All W uplink payloads in worker order on the aggregating process(es), else None."""
+    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes] | None:
+        """All W uplink payloads in worker order on the aggregating process(es), else None.
+        ``max_bytes`` caps an announced payload size (refused before anything is allocated)."""
         ...
 
-    def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
-        """The server's downlink payload and B_{n+1}, delivered to every process."""
+    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+        """The server's downlink payload and a few integers sent beside it, delivered to every process.
+
+        Every process passes the same number of ``ints``; a process that does not aggregate passes
+        ``payload = None`` and placeholders, and receives the server's. Where every process aggregates
+        (the peer topology) each holds its own and the transport may check that all hold the same."""
         ...
 
 
@@ -58,6 +70,12 @@ class ShardedTransport(Protocol):
 
     workers: int
     topology: str
+    steps: int
+
+    @property
+    def local_workers(self) -> Sequence[int]:
+        """Worker ids whose gradients this process computes (sim: all of them)."""
+        ...
 
     @property
     def served_shards(self) -> Sequence[int]:

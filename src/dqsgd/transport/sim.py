@@ -25,6 +25,7 @@ class SimTransport:
             raise ValueError(f"unknown topology {topology!r}: use one of {', '.join(TOPOLOGIES)}")
         self.workers = workers
         self.topology = topology
+        self.steps = 0  # completed steps (downlinks delivered)
 
     @property
     def local_workers(self) -> Sequence[int]:
@@ -72,9 +73,11 @@ class SimTransport:
             raise ValueError(f"sim transport: need the downlink of all {self.workers} shards, got {sorted(shards)}")
         for j in range(self.workers):
             check_sizes([len(shards[j])], [max_bytes], f"sim: the server of shard {j}")
+        self.steps += 1
         return [shards[j] for j in range(self.workers)]
 
-    def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
-        if payload is None or next_bits is None:
-            raise ValueError("sim transport: the server must provide the downlink payload and next bits")
-        return payload, next_bits
+    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+        if payload is None:
+            raise ValueError("sim transport: the server must provide the downlink payload")
+        self.steps += 1
+        return payload, [int(v) for v in ints]

@@ -4,11 +4,12 @@ One worker per process: rank r computes worker r's gradient (``local_workers == 
 
 * :class:`TorchPSTransport` — rank 0 is the server *and* worker 0. Every rank sends its payload to
   rank 0 (``gather``); rank 0 decodes, averages, runs the bit policy and sends the update and
-  B_{n+1} back to all ranks (``broadcast``), exactly Algorithm 2, lines 6–7 and 9–13.
+  B_{n+1} (a few integers beside the payload) back to all ranks (``broadcast``), exactly
+  Algorithm 2, lines 6–7 and 9–13.
 * :class:`TorchAllGatherTransport` — no server: every rank receives every payload (``all_gather``),
   decodes them in worker order and runs the same policy on the same bytes, so all ranks reach the
   same B_{n+1} without a downlink (``is_server`` is True everywhere). ``broadcast`` only checks,
-  with one tiny all-reduce, that the ranks really agree (same B_{n+1}, same downlink CRC-32).
+  with one tiny all-reduce, that the ranks really agree (same integers, same downlink CRC-32).
 * :class:`TorchShardedTransport` — every rank is the server of one shard (``dqsgd.sharding``):
   ``exchange`` is the uplink all-to-all (rank j receives every worker's payload for shard j),
   ``share`` the downlink all-gather of the W averaged, re-quantized shards.
@@ -227,7 +228,8 @@ class _TorchTransport:
 
 
 class TorchPSTransport(_TorchTransport):
-    """Parameter server (Algorithm 2): rank 0 aggregates and broadcasts the update and B_{n+1}."""
+    """Parameter server (Algorithm 2): rank 0 aggregates and broadcasts the update (and the caller's
+    integers beside it: B_{n+1})."""
 
     topology = "ps"
 
@@ -247,31 +249,37 @@ class TorchPSTransport(_TorchTransport):
         self._owes_downlink = True
         return [tensor_to_bytes(b, n) for b, n in zip(bufs, sizes)]
 
-    def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
+    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+        """A header (status, payload size, number of integers), then the payload followed by the
+        integers (int64). A non-server rank's ``ints`` are placeholders: it receives the server's."""
         if self.is_server:
-            if payload is None or next_bits is None:
-                raise ValueError("ps transport: the server must provide the downlink payload and next bits")
-            self._send_downlink(OK, payload, next_bits)
+            if payload is None:
+                raise ValueError("ps transport: the server must provide the downlink payload")
+            self._send_downlink(OK, payload, ints)
             self._owes_downlink = False
             self.steps += 1
-            return payload, next_bits
+            return payload, [int(v) for v in ints]
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
         self._collective("broadcast (header)", dist.broadcast, header, src=0)
-        status, size, bits = (int(v) for v in header.tolist())
-        body = torch.empty(size, dtype=torch.uint8, device=self.device)
+        status, size, count = (int(v) for v in header.tolist())
+        body = torch.empty(size + 8 * count, dtype=torch.uint8, device=self.device)
         self._collective("broadcast", dist.broadcast, body, src=0)
-        data = tensor_to_bytes(body, size)
         if status != OK:
-            self._raise_remote(data.decode(errors="replace"))
+            self._raise_remote(tensor_to_bytes(body, size).decode(errors="replace"))
+        if count != len(ints):
+            raise ValueError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
+                             f"the server sent {count}")
         self.steps += 1
-        return data, bits
+        return tensor_to_bytes(body, size), body[size:].cpu().clone().view(torch.int64).tolist()
 
     def _fail_pending_downlink(self, msg: str) -> None:
-        self._send_downlink(FAILED, msg.encode(), 0)
+        self._send_downlink(FAILED, msg.encode(), ())
 
-    def _send_downlink(self, status: int, payload: bytes, next_bits: int) -> None:
-        header = torch.tensor([status, len(payload), next_bits], dtype=torch.int64, device=self.device)
-        body = bytes_to_tensor(payload, len(payload), self.device)
+    def _send_downlink(self, status: int, payload: bytes, ints: Sequence[int]) -> None:
+        header = torch.tensor([status, len(payload), len(ints)], dtype=torch.int64, device=self.device)
+        tail = torch.tensor([int(v) for v in ints], dtype=torch.int64).view(torch.uint8)
+        body = torch.cat([torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else
+                          torch.zeros(0, dtype=torch.uint8), tail]).to(self.device)
         self._collective("broadcast (header)", dist.broadcast, header, src=0)
         self._collective("broadcast", dist.broadcast, body, src=0)
 
@@ -298,20 +306,21 @@ class TorchAllGatherTransport(_TorchTransport):
     def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
         return self.all_gather_bytes(self._one_payload(payloads), "gather", max_bytes)
 
-    def broadcast(self, payload: bytes | None, next_bits: int | None) -> tuple[bytes, int]:
-        if payload is None or next_bits is None:
-            raise ValueError("allgather transport: every rank must provide its downlink payload and next bits")
+    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+        if payload is None:
+            raise ValueError("allgather transport: every rank must provide its downlink payload")
         if self.check_agreement:
-            self._check(payload, next_bits)
+            self._check(payload, ints)
         self.steps += 1
-        return payload, next_bits
+        return payload, [int(v) for v in ints]
 
-    def _check(self, payload: bytes, next_bits: int) -> None:
-        """max(x) == -max(-x) on every rank iff all ranks hold the same (B_{n+1}, CRC-32 of the update)."""
-        mine = [next_bits, zlib.crc32(payload), len(payload)]
+    def _check(self, payload: bytes, ints: Sequence[int]) -> None:
+        """max(x) == -max(-x) on every rank iff all ranks hold the same (integers, CRC-32 of the update,
+        its length); the trainer's integer is B_{n+1}."""
+        mine = [*(int(v) for v in ints), zlib.crc32(payload), len(payload)]
         t = torch.tensor(mine + [-v for v in mine], dtype=torch.int64, device=self.device)
         self._collective("agreement check", dist.all_reduce, t, op=dist.ReduceOp.MAX)
-        hi, lo = t[:3].tolist(), [-v for v in t[3:].tolist()]
+        hi, lo = t[: len(mine)].tolist(), [-v for v in t[len(mine):].tolist()]
         if hi != lo:
             raise RankDisagreement(
                 f"rank {self.rank}: after step {self.steps} the ranks disagree on (B_n+1, update CRC-32, bytes): "
