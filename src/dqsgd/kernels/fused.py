@@ -15,7 +15,7 @@ quantizer fed the same hash uniforms, and the decode-accumulate sum bit-identica
 Functions named ``*_range`` do chunks (or, for the norm, coordinates) ``[lo, hi)``: the unit that
 :func:`dqsgd.codecs.threads.run_split` hands to each thread. They release the GIL (``nogil``) and
 are run by a plain thread pool, not numba's ``prange``: ``prange`` over 2 threads was 1.3-40x
-*slower* than one thread on the shared 2-core machine (an OpenMP barrier spins on a descheduled
+*slower* than one thread on a 2-core machine busy with other processes (an OpenMP barrier spins on a descheduled
 core) and added 25 s of compile time. Every chunk's codes depend only on the key and the
 coordinate index, and every output coordinate is written by exactly one thread, so the payload
 and the decoded sums are the same bits at any thread count.
