@@ -267,3 +267,15 @@ def test_intervals_section_marks_what_five_seeds_separate(tmp_path: Path) -> Non
     assert "significantly **less accurate**: `qsgd-4bit` vs SGD" in section.replace("Significantly", "significantly")
     assert "Not distinguishable from the reference with these seeds: `dqsgd` vs SGD" in section
     assert "| `sgd` |" not in section  # the reference has no row
+
+
+def test_reproduce_commands_one_per_seed_list(root: Path) -> None:
+    """Methods run with different seed lists get one exact command each, the later ones with --resume."""
+    from dqsgd.experiments.plots import load_runs
+    from dqsgd.experiments.report import reproduce_commands
+
+    write_run(root, "sgd", 2, final_acc=0.905)
+    lines = [ln for ln in reproduce_commands(root, load_runs(root)) if "exactly these runs" in ln]
+    assert len(lines) == 2, lines
+    assert "--methods sgd" in lines[0] and "(1 of 2: seed lists differ)" in lines[0] and "--resume" not in lines[0]
+    assert "--methods qsgd-4bit,dqsgd" in lines[1] and lines[1].split("   #")[0].endswith("--resume")

@@ -191,11 +191,20 @@ def reproduce_commands(root: Path, runs: list[Run]) -> list[str]:
     given = first.lstrip("# ").split("  ")[0].strip()
     name = re.search(r"--config\s+(\S+)", given)
     config = name.group(1) if name else shlex.quote(str(cfg))
-    sets, caveats = _overrides(root, runs)
-    exact = " ".join(["dqsgd compare --config", config, *sets, "--out", shlex.quote(str(root))])
-    lines = [f"{given}   # the config file's own command" if given else "# experiment.toml names no command",
-             f"{exact}   # exactly these runs"]
-    lines += [f"# caveat: {c}" for c in caveats]
+    groups: dict[tuple[int, ...], list[Run]] = {}  # methods run with different seed lists: one command each
+    for m in methods_of(runs):
+        mine = [r for r in runs if r.method == m]
+        groups.setdefault(tuple(sorted(r.seed for r in mine)), []).extend(mine)
+    lines = [f"{given}   # the config file's own command" if given else "# experiment.toml names no command"]
+    for i, group in enumerate(groups.values()):
+        sets, caveats = _overrides(root, group)
+        if len(groups) > 1 and "--methods" not in sets:
+            sets = ["--methods", ",".join(methods_of(group))] + sets
+        exact = " ".join(["dqsgd compare --config", config, *sets, "--out", shlex.quote(str(root))]
+                         + (["--resume"] if i else []))
+        lines.append(f"{exact}   # exactly these runs" + (f" ({i + 1} of {len(groups)}: seed lists differ)"
+                                                            if len(groups) > 1 else ""))
+        lines += [f"# caveat: {c}" for c in caveats]
     return lines + [rebuild]
 
 
