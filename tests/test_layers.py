@@ -21,7 +21,7 @@ import dqsgd
 SRC = Path(dqsgd.__file__).parent
 LAYERS: list[list[str]] = [  # lowest first
     ["dqsgd._lazy", "dqsgd._extras", "dqsgd.errors", "dqsgd.rng",
-     "dqsgd.sharding", "dqsgd.timeouts"],
+     "dqsgd.sharding", "dqsgd.timeouts", "dqsgd.config"],
     ["dqsgd.quantizers"],
     ["dqsgd.codecs"],
     ["dqsgd.kernels"],

@@ -10,6 +10,7 @@ with a message that names them)::
 
 The first line of a shipped file is a comment with the exact command that runs it.
 Overrides: ``experiment.KEY=V``, ``problem.KEY=V``, ``run.KEY=V``, ``methods.LABEL.KEY=V`` (TOML values).
+The file checks, overrides and lookup are :mod:`dqsgd.config`'s, shared with ``dqsgd compare``'s configs.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dqsgd.config import ConfigError, ConfigSchema
 from dqsgd.dq.algorithms import ALGORITHMS, RUN_FIELDS, RunConfig
 from dqsgd.dq.problem import ProblemSpec
-from dqsgd.train.config import apply_overrides as _apply, load_raw as _load_raw, shipped_configs
 
 __all__ = ["DQConfigError", "Experiment", "MethodRun", "shipped", "load", "build", "apply_overrides", "quick"]
 
 
-class DQConfigError(ValueError):
+class DQConfigError(ConfigError):
     """A configuration that cannot be run: says which key and what is allowed."""
 
 
@@ -79,45 +80,21 @@ class Experiment:
         return out
 
 
-def _coerce(where: str, value: Any, default: Any) -> Any:
-    if isinstance(default, tuple):
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                            for v in value):
-            raise DQConfigError(f"{where} must be a list of numbers, got {value!r}")
-        return tuple(float(v) for v in value)
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if type(value) is not type(default):
-        raise DQConfigError(f"{where} must be {type(default).__name__}, got {value!r}")
-    return value
-
-
-def _fields(cls: type, section: str, raw: dict[str, Any], base: Any = None) -> dict[str, Any]:
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    bad = sorted(set(raw) - set(names))
-    if bad:
-        raise DQConfigError(f"{section}: unknown key(s) {bad}; allowed: {', '.join(names)}")
-    ref = {k: getattr(base, k) if base is not None else f.default for k, f in names.items()}
-    return {k: _coerce(f"{section}.{k}", v, ref[k]) for k, v in raw.items()}
+SCHEMA = ConfigSchema(("experiment", "problem", "run"), DQConfigError, prefix="dq-", label="LABEL")
 
 
 def build(raw: dict[str, Any], source: str = "") -> Experiment:
-    unknown = sorted(set(raw) - {"experiment", "problem", "run", "methods"})
-    if unknown:
-        raise DQConfigError(f"unknown section(s) {unknown}; allowed: [experiment], [problem], [run], [methods.LABEL]")
+    SCHEMA.check_sections(raw)
     try:
-        spec = ExperimentSpec(**_fields(ExperimentSpec, "experiment", dict(raw.get("experiment", {}))))
-        problem = ProblemSpec(**_fields(ProblemSpec, "problem", dict(raw.get("problem", {}))))
-        base = RunConfig(**_fields(RunConfig, "run", dict(raw.get("run", {}))))
+        spec = SCHEMA.table(ExperimentSpec, raw, "experiment")
+        problem = SCHEMA.table(ProblemSpec, raw, "problem")
+        base = SCHEMA.table(RunConfig, raw, "run")
         methods = []
-        for label, opts in dict(raw.get("methods", {})).items():
-            if not isinstance(opts, dict):
-                raise DQConfigError(f"methods.{label} must be a table")
-            opts = dict(opts)
+        for label, opts in SCHEMA.methods(raw):
             algo = opts.pop("algorithm", label)
             if algo not in ALGORITHMS:
                 raise DQConfigError(f"methods.{label}: unknown algorithm {algo!r}; known: {', '.join(ALGORITHMS)}")
-            over = _fields(RunConfig, f"methods.{label}", opts, base)
+            over = SCHEMA.fields(RunConfig, f"methods.{label}", opts, base)
             methods.append(MethodRun(label, dataclasses.replace(base, algorithm=algo, **over)))
     except (TypeError, ValueError) as e:
         raise DQConfigError(str(e)) from None
@@ -129,8 +106,8 @@ def build(raw: dict[str, Any], source: str = "") -> Experiment:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``experiment|problem|run.KEY=V`` or ``methods.LABEL.KEY=V`` (the project's one override parser)."""
-    return _apply(raw, overrides, sections=("experiment", "problem", "run"), error=DQConfigError)
+    """``experiment|problem|run.KEY=V`` or ``methods.LABEL.KEY=V`` (TOML values)."""
+    return SCHEMA.apply_overrides(raw, overrides)
 
 
 def quick(raw: dict[str, Any]) -> dict[str, Any]:
@@ -154,11 +131,11 @@ def quick(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def shipped() -> dict[str, Path]:
-    return shipped_configs("dq-")
+    return SCHEMA.shipped()
 
 
 def load_raw(name_or_path: str) -> tuple[dict[str, Any], str]:
-    return _load_raw(name_or_path, "dq-", DQConfigError)
+    return SCHEMA.load_raw(name_or_path)
 
 
 def load(name_or_path: str, overrides: list[str] | None = None, *, is_quick: bool = False) -> Experiment:

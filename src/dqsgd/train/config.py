@@ -4,29 +4,25 @@ A config file has a ``[train]`` table (:class:`TrainConfig`) and a ``[methods.NA
 method to compare (each an override set for :func:`dqsgd.methods.method_config`, plus the
 optimizer keys ``lr``/``momentum`` a method may override). Overrides are ``section.key=value``
 strings with TOML values (``train.steps=200``, ``methods.qsgd-4bit.bits=3``). Unknown sections
-and keys, and values of the wrong type, are refused with a message naming them.
+and keys, and values of the wrong type, are refused with a message naming them (the file checks,
+overrides and shipped-config lookup are :mod:`dqsgd.config`'s, shared with :mod:`dqsgd.dq.config`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
+from dqsgd.config import (  # ConfigError, load_raw, shipped_configs: also public names of this module
+    ConfigError, ConfigSchema, apply_overrides as _apply_overrides, coerce, load_raw, shipped_configs)
 from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
 
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be run: says which key and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -121,41 +117,14 @@ class ExperimentConfig:
 
 
 TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-
-
-def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
-    if isinstance(default, tuple):
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
-            raise ConfigError(f"{section}.{key} must be a list of integers, got {value!r}")
-        return tuple(value)
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(default, float) and isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{section}.{key} must be a finite number, got {value!r}")
-    if type(value) is not type(default):
-        raise ConfigError(f"{section}.{key} must be {type(default).__name__}, got {value!r}")
-    return value
+SCHEMA = ConfigSchema(("train",), ConfigError, unknown_keys="unknown {where} key(s) {bad}; allowed: {allowed}")
 
 
 def build_experiment(raw: dict[str, Any], source: str = "") -> ExperimentConfig:
-    unknown = sorted(set(raw) - {"train", "methods"})
-    if unknown:
-        raise ConfigError(f"unknown section(s) {unknown}; allowed: [train], [methods.NAME]")
-    for name in ("train", "methods"):
-        if not isinstance(raw.get(name, {}), dict):
-            raise ConfigError(f"{name} must be a table ([{name}]{'.NAME' if name == 'methods' else ''}), "
-                              f"got {raw[name]!r}")
-    tr = dict(raw.get("train", {}))
-    bad = sorted(set(tr) - set(TRAIN_FIELDS))
-    if bad:
-        raise ConfigError(f"unknown train key(s) {bad}; allowed: {', '.join(TRAIN_FIELDS)}")
-    defaults = TrainConfig()
-    train = TrainConfig(**{k: _coerce("train", k, v, getattr(defaults, k)) for k, v in tr.items()})
+    SCHEMA.check_sections(raw)
+    train = SCHEMA.table(TrainConfig, raw, "train")
     entries = []
-    for label, opts in dict(raw.get("methods", {})).items():
-        if not isinstance(opts, dict):
-            raise ConfigError(f"methods.{label} must be a table")
-        opts = dict(opts)
+    for label, opts in SCHEMA.methods(raw):
         base = opts.pop("method", label)
         lr, mom = opts.pop("lr", None), opts.pop("momentum", None)
         bad = sorted(set(opts) - set(METHOD_FIELDS))
@@ -165,8 +134,8 @@ def build_experiment(raw: dict[str, Any], source: str = "") -> ExperimentConfig:
             cfg = method_config(base, **opts)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"methods.{label}: {e}") from None
-        lr = None if lr is None else float(_coerce(f"methods.{label}", "lr", lr, 0.0))
-        mom = None if mom is None else float(_coerce(f"methods.{label}", "momentum", mom, 0.0))
+        lr = None if lr is None else coerce(f"methods.{label}.lr", lr, 0.0)
+        mom = None if mom is None else coerce(f"methods.{label}.momentum", mom, 0.0)
         entries.append(MethodEntry(label, cfg, lr, mom))
     return ExperimentConfig(train, tuple(entries), source)
 
@@ -178,45 +147,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], sections: tuple[s
     ``sections`` are the plain tables a config has; ``methods.LABEL.KEY=VALUE`` is always accepted.
     Errors are raised as ``error`` (the caller's config error type).
     """
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    methods = raw.get("methods", {})
-    if not isinstance(methods, dict) or not all(isinstance(v, dict) for v in methods.values()):
-        raise error(f"methods must hold tables ([methods.NAME]), got {methods!r}")
-    out["methods"] = {k: dict(v) for k, v in methods.items()}
-    for item in overrides:
-        if "=" not in item:
-            raise error(f"override {item!r} is not of the form section.key=value")
-        path, text = item.split("=", 1)
-        parts = path.strip().split(".")
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text  # a bare word, e.g. train.dataset=fashion-mnist
-        if parts[0] in sections and len(parts) == 2:
-            out.setdefault(parts[0], {})[parts[1]] = value
-        elif parts[0] == "methods" and len(parts) == 3:
-            out["methods"].setdefault(parts[1], {})[parts[2]] = value
-        else:
-            raise error(f"override {item!r}: use {'|'.join(sections)}.KEY=VALUE or methods.LABEL.KEY=VALUE")
-    return out
-
-
-def shipped_configs(prefix: str = "") -> dict[str, Path]:
-    """Shipped config files by name (optionally only those whose name starts with ``prefix``)."""
-    folder = resources.files("dqsgd.experiments") / "configs"
-    return {p.name[:-5]: Path(str(p)) for p in folder.iterdir() if p.name.startswith(prefix) and p.name.endswith(".toml")}
-
-
-def load_raw(name_or_path: str, prefix: str = "", error: type[ValueError] = ConfigError) -> tuple[dict[str, Any], str]:
-    """A shipped config by name, or a TOML file by path, as a raw dict (and the path it came from)."""
-    shipped = shipped_configs(prefix)
-    path = shipped.get(name_or_path) or Path(name_or_path)
-    if not path.is_file():
-        raise error(f"no config {name_or_path!r}: not a file, and the shipped configs are {', '.join(sorted(shipped))}")
-    try:
-        return tomllib.loads(path.read_text()), str(path)
-    except tomllib.TOMLDecodeError as e:
-        raise error(f"{path}: malformed TOML: {e}") from None
+    return _apply_overrides(raw, overrides, sections, error)
 
 
 def load_experiment(name_or_path: str, overrides: list[str] | None = None) -> ExperimentConfig:
