@@ -205,3 +205,38 @@ def test_the_checks_catch_a_kernel_and_a_private_torch_call() -> None:
     assert numba_kernels(tree) == [("k", 6)]
     assert sorted(torch_privates(tree)) == [("qh…_dequantize_per_tensor_backend", 11), ("torch._dynamo.config", 4),
                                             ("torch…_C", 11), ("torch…_get_tracing_state", 11)]
+
+
+def private_reaches(tree: ast.Module) -> list[tuple[str, int]]:
+    """(name, line) of every private name of another dqsgd module that ``tree`` uses: ``from dqsgd.x
+    import _y``, or ``m._y`` where ``m`` was bound by importing a dqsgd module."""
+    found: list[tuple[str, int]] = []
+    modules: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dqsgd"):
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append((f"{node.module}.{a.name}", node.lineno))
+                else:
+                    modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            modules.update((a.asname or a.name.split(".")[0]) for a in node.names if a.name.startswith("dqsgd"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append((f"{node.value.id}.{node.attr}", node.lineno))
+    return found
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """Layers talk through public names: what one module needs from another is part of its interface."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        for name, line in private_reaches(ast.parse(path.read_text(), str(path))):
+            bad.append(f"{path.relative_to(SRC.parent)}:{line} uses {name}")
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+def test_the_private_check_catches_both_forms() -> None:
+    tree = ast.parse("from dqsgd.codecs.wire import _x\nfrom dqsgd.codecs import wire\nwire._y(1)\nwire.z()\n")
+    assert [n for n, _ in private_reaches(tree)] == ["dqsgd.codecs.wire._x", "wire._y"]

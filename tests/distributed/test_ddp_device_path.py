@@ -9,7 +9,7 @@ import torch
 import _hook_ranks as hr
 from dqsgd.codecs import PayloadError
 from dqsgd.integrations import ddp_codec
-from dqsgd.integrations.ddp_state import _Bucket
+from dqsgd.integrations.ddp_state import BucketState
 from dqsgd.kernels import HashRNG
 from dqsgd.methods import method_config
 from dqsgd.pipeline import Method
@@ -48,5 +48,5 @@ def test_deferred_validation_flags_a_corrupt_payload_and_raises_a_step_later() -
         ddp_codec.route_cpu_through_device_codec(False)
     bucket = SimpleNamespace(bad=flag, step=5, _bad_event=None)
     with pytest.raises(PayloadError, match="failed validation"):
-        _Bucket.check_payloads(bucket, 0)  # type: ignore[arg-type]
-    _Bucket.check_payloads(SimpleNamespace(bad=torch.zeros((), dtype=torch.bool), step=5, _bad_event=None), 0)
+        BucketState.check_payloads(bucket, 0)  # type: ignore[arg-type]
+    BucketState.check_payloads(SimpleNamespace(bad=torch.zeros((), dtype=torch.bool), step=5, _bad_event=None), 0)

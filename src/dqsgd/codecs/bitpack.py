@@ -37,7 +37,7 @@ def packed_size(count: int, width: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _pack_small(u, width, offset, out, check=True):  # pragma: no cover - compiled
+def pack_small(u, width, offset, out, check=True):  # pragma: no cover - compiled
     """w ≤ 8: each group of 8 values is a (8·w)-bit integer written as w bytes.
 
     Returns True when some ``u_i + offset`` lies outside ``[0, 2^w)``; the range flag is OR-ed
@@ -62,12 +62,12 @@ def _pack_small(u, width, offset, out, check=True):  # pragma: no cover - compil
 
 
 @njit(cache=True, nogil=True)
-def _pack_pow2(u, width, offset, out, check=True):  # pragma: no cover - compiled
+def pack_pow2(u, width, offset, out, check=True):  # pragma: no cover - compiled
     """w ∈ {1, 2, 4, 8}: byte i holds values ``i·8/w …`` whole; the first ``⌊count·w/8⌋`` bytes.
 
     The loop runs over output bytes with fixed-stride loads, which LLVM vectorizes (4-5x the
     group-of-eight kernel at w = 4, measured); the range flag is an OR-reduction for the same
-    reason, and ``check`` as in ``_pack_small``.
+    reason, and ``check`` as in ``pack_small``.
     """
     per = 8 // width
     o = out[: u.size // per]
@@ -84,8 +84,8 @@ def _pack_pow2(u, width, offset, out, check=True):  # pragma: no cover - compile
 
 
 @njit(cache=True, nogil=True)
-def _pack_aligned(u, width, offset, out, check=True):  # pragma: no cover - compiled
-    """w ∈ {16, 32}: every value is exactly w/8 whole bytes, little-endian (``check``: ``_pack_small``)."""
+def pack_aligned(u, width, offset, out, check=True):  # pragma: no cover - compiled
+    """w ∈ {16, 32}: every value is exactly w/8 whole bytes, little-endian (``check``: ``pack_small``)."""
     maxv = (np.int64(1) << width) - 1
     nb = width // 8
     bad = False
@@ -99,7 +99,7 @@ def _pack_aligned(u, width, offset, out, check=True):  # pragma: no cover - comp
 
 
 @njit(cache=True, nogil=True)
-def _pack_stream(u, start, width, offset, out, out_start):  # pragma: no cover - compiled
+def pack_stream(u, start, width, offset, out, out_start):  # pragma: no cover - compiled
     """Any w ≤ 32, from value ``start`` on: a 64-bit accumulator, flushed 32 bits at a time."""
     maxv = (np.int64(1) << width) - 1
     bad = False
@@ -127,8 +127,8 @@ def _pack_stream(u, start, width, offset, out, out_start):  # pragma: no cover -
 
 
 @njit(cache=True, nogil=True)
-def _unpack_small(buf, width, count, offset, out):  # pragma: no cover - compiled
-    """w ≤ 8 inverse of ``_pack_small`` for the first ``8·⌊count/8⌋`` values."""
+def unpack_small(buf, width, count, offset, out):  # pragma: no cover - compiled
+    """w ≤ 8 inverse of ``pack_small`` for the first ``8·⌊count/8⌋`` values."""
     mask = np.uint64((1 << width) - 1)
     uw = np.uint64(width)
     for g in range(count // 8):
@@ -140,8 +140,8 @@ def _unpack_small(buf, width, count, offset, out):  # pragma: no cover - compile
 
 
 @njit(cache=True, nogil=True)
-def _unpack_pow2(buf, width, count, offset, out):  # pragma: no cover - compiled
-    """w ∈ {1, 2, 4, 8}: inverse of ``_pack_pow2`` for the first ``⌊count·w/8⌋·8/w`` values."""
+def unpack_pow2(buf, width, count, offset, out):  # pragma: no cover - compiled
+    """w ∈ {1, 2, 4, 8}: inverse of ``pack_pow2`` for the first ``⌊count·w/8⌋·8/w`` values."""
     per = 8 // width
     mask = (1 << width) - 1
     for i in range(count // per):
@@ -151,8 +151,8 @@ def _unpack_pow2(buf, width, count, offset, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _unpack_aligned(buf, width, count, offset, out):  # pragma: no cover - compiled
-    """w ∈ {16, 32}: inverse of ``_pack_aligned``."""
+def unpack_aligned(buf, width, count, offset, out):  # pragma: no cover - compiled
+    """w ∈ {16, 32}: inverse of ``pack_aligned``."""
     nb = width // 8
     for i in range(count):
         v = np.int64(0)
@@ -162,7 +162,7 @@ def _unpack_aligned(buf, width, count, offset, out):  # pragma: no cover - compi
 
 
 @njit(cache=True, nogil=True)
-def _unpack_stream(buf, start, width, count, offset, out):  # pragma: no cover - compiled
+def unpack_stream(buf, start, width, count, offset, out):  # pragma: no cover - compiled
     """Any w ≤ 32, values ``[start, count)``; ``start·w`` must be a multiple of 8."""
     mask = np.uint64((1 << width) - 1)
     uw = np.uint64(width)
@@ -221,15 +221,15 @@ def pack_bits(u: np.ndarray, width: int, *, offset: int = 0) -> np.ndarray:
     arr = _as_integer_array(u)
     out = np.empty(packed_size(arr.size, width), dtype=np.uint8)
     if width in (16, 32):
-        bad = _pack_aligned(arr, width, int(offset), out)
+        bad = pack_aligned(arr, width, int(offset), out)
     elif width in (1, 2, 4, 8):
         done = (arr.size // (8 // width)) * (8 // width)
-        bad = _pack_pow2(arr, width, int(offset), out)
-        bad |= _pack_stream(arr, done, width, int(offset), out, done * width // 8)
+        bad = pack_pow2(arr, width, int(offset), out)
+        bad |= pack_stream(arr, done, width, int(offset), out, done * width // 8)
     else:
         done = (arr.size // 8) * 8 if width <= 8 else 0
-        bad = width <= 8 and _pack_small(arr, width, int(offset), out)
-        bad |= _pack_stream(arr, done, width, int(offset), out, done * width // 8)
+        bad = width <= 8 and pack_small(arr, width, int(offset), out)
+        bad |= pack_stream(arr, done, width, int(offset), out, done * width // 8)
     if bad:
         shifted = arr.astype(np.int64) + int(offset)
         i = int(np.flatnonzero((shifted < 0) | (shifted >= (1 << width)))[0])
@@ -284,14 +284,14 @@ def unpack_bits(
         raise ValueError(f"buffer has {data.size} bytes, {count} values of {width} bits need {need}")
     out = np.empty(count, dtype=dt)
     if width in (16, 32):
-        _unpack_aligned(data, width, count, int(offset), out)
+        unpack_aligned(data, width, count, int(offset), out)
         return out
     done = 0
     if width in (1, 2, 4, 8):
-        _unpack_pow2(data, width, count, int(offset), out)
+        unpack_pow2(data, width, count, int(offset), out)
         done = (count // (8 // width)) * (8 // width)
     elif width <= 8:
-        _unpack_small(data, width, count, int(offset), out)
+        unpack_small(data, width, count, int(offset), out)
         done = (count // 8) * 8
-    _unpack_stream(data[:need], done, width, count, int(offset), out)
+    unpack_stream(data[:need], done, width, count, int(offset), out)
     return out

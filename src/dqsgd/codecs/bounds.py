@@ -52,7 +52,7 @@ def check_body_can_hold(body: memoryview, h: Header, offset: int) -> None:
     """Refuse, before anything of ``numel`` is allocated, a body too short for the declared numel.
 
     FIXED's length is exact (checked by ``wire._unpack_fixed``); ZSTD is bounded by
-    :func:`zstd_content_bound` (in ``wire._unzstd``); RANS by :func:`rans_numel_bound`, and a
+    :func:`zstd_content_bound` (in ``wire.unzstd``); RANS by :func:`rans_numel_bound`, and a
     one-symbol RANS body (first byte 0x01: a constant tensor, no bits per code) must be exactly
     its table and the state L. ELIAS codes trailing zeros in no bits at all, so an Elias body of a
     few bytes can be a valid payload of any numel: only ``max_numel`` / ``numel`` bound those, and

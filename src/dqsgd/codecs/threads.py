@@ -67,7 +67,7 @@ def run_split(fn: Callable[..., Any], total: int, *args: Any, min_per_thread: in
 _POLY = 0xEDB88320  # CRC-32 (ISO-HDLC, zlib's), bit-reflected
 
 
-def _multmodp(a: int, b: int) -> int:
+def multmodp(a: int, b: int) -> int:
     """a(x)·b(x) mod p(x) for reflected 32-bit polynomials (zlib's ``multmodp``)."""
     m, p = 1 << 31, 0
     while True:
@@ -84,11 +84,11 @@ def _x2n_table() -> list[int]:
     table, p = [], 1 << 30  # x^1
     for _ in range(32):
         table.append(p)
-        p = _multmodp(p, p)
+        p = multmodp(p, p)
     return table
 
 
-_X2N = _x2n_table()
+X2N = _x2n_table()
 
 
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
@@ -97,10 +97,10 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     p, k, n = 1 << 31, 3, len2  # x^0; multiply by x^(n·2^3) = x^(8·len2)
     while n:
         if n & 1:
-            p = _multmodp(_X2N[k & 31], p)
+            p = multmodp(X2N[k & 31], p)
         n >>= 1
         k += 1
-    return _multmodp(p, crc1) ^ crc2
+    return multmodp(p, crc1) ^ crc2
 
 
 def crc32(data: Any, value: int = 0, *, threads: int | None = None) -> int:

@@ -86,7 +86,7 @@ class _Range:
     zero_ok: bool
 
 
-def _code_range(scheme: Scheme, bits: int, levels: int) -> _Range:
+def code_range(scheme: Scheme, bits: int, levels: int) -> _Range:
     lo, hi, zero_ok = (-1, 1, False) if bits == 1 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1, True)
     if scheme == Scheme.UNIFORM:
         lo, hi = max(lo, -levels), min(hi, levels)
@@ -96,7 +96,7 @@ def _code_range(scheme: Scheme, bits: int, levels: int) -> _Range:
     return _Range(lo, hi, zero_ok)
 
 
-def _scheme_error(scheme: Scheme, bits: int, levels: int) -> str | None:
+def scheme_error(scheme: Scheme, bits: int, levels: int) -> str | None:
     """Why (scheme, bits, levels) is not allowed, or None."""
     if scheme == Scheme.IDENTITY:
         return None if bits == 32 else f"IDENTITY needs bits = 32, got {bits}"
@@ -142,7 +142,7 @@ def _as_numpy(t: torch.Tensor, dtype: torch.dtype, size: int, what: str) -> np.n
     return t.detach().cpu().contiguous().numpy()
 
 
-def _check_layout(layout: Layout, numel: int) -> int:
+def check_layout(layout: Layout, numel: int) -> int:
     """Validate a layout for the wire; return its number of segments."""
     if layout.sizes is not None:
         if len(layout.sizes) > U32_MAX or any(not 0 <= s <= U32_MAX for s in layout.sizes):
@@ -160,12 +160,12 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
     scheme = Scheme(q.scheme)
     if len(q.shape) > MAX_NDIM or any(not 0 <= int(d) <= U32_MAX for d in q.shape):
         raise ValueError(f"shape {tuple(q.shape)}: need ndim ≤ {MAX_NDIM} and every dim in 0..2^32-1")
-    if (err := _scheme_error(scheme, q.bits, q.levels)) is not None:
+    if (err := scheme_error(scheme, q.bits, q.levels)) is not None:
         raise ValueError(err)
     if not 0 <= q.levels <= U32_MAX:
         raise ValueError(f"levels must be in 0..2^32-1, got {q.levels}")
     numel = q.numel
-    nseg = _check_layout(q.layout, numel)
+    nseg = check_layout(q.layout, numel)
     dtype_code(q.dtype)  # the header can restore it
     if scheme == Scheme.IDENTITY:
         nseg = 0  # raw values carry no scales
@@ -177,7 +177,7 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError("IDENTITY values contain NaN or Inf; refusing to encode (decode would refuse them too)")
     else:
         data = _as_numpy(q.codes, torch.int32, numel, "codes")
-        if (err := _range_error(data, _code_range(scheme, q.bits, q.levels))) is not None:
+        if (err := _range_error(data, code_range(scheme, q.bits, q.levels))) is not None:
             raise ValueError(f"{scheme.name} at {q.bits} bits, levels {q.levels}: {err}")
     if isinstance(q.scales, torch.Tensor) and q.scales.dim() == 1 and q.scales.numel() != nseg:
         raise ValueError(f"{q.scales.numel()} scales, but the layout has {nseg} segments for {numel} elements"
@@ -279,7 +279,7 @@ def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX
     """Parse a payload's header and check its crc: everything :func:`decode` checks before the body."""
     buf = memoryview(payload).cast("B")
     h = parse_header(buf, max_numel, numel)
-    if (err := _scheme_error(h.scheme, h.bits, h.levels)) is not None:
+    if (err := scheme_error(h.scheme, h.bits, h.levels)) is not None:
         raise PayloadError(f"{err} (header offset 4)")
     if h.numel >= U32_MAX and h.coding == Coding.ELIAS:
         raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
@@ -307,7 +307,7 @@ def _unpack_fixed(body: memoryview, h: Header, offset: int, width: int) -> np.nd
     return unpack_bits(body, width, numel, offset=1 << (bits - 1), dtype=np.int32)
 
 
-def _unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
+def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     """Decompress one zstd frame whose header must declare exactly ``expected`` bytes (so zstd
     itself bounds the output), with nothing after it."""
     if bytes(body[:4]) != _ZSTD_MAGIC:
@@ -328,7 +328,7 @@ def _unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     return memoryview(out)
 
 
-def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
+def decode_body(buf: memoryview, h: Header) -> np.ndarray:
     offset = h.body_start
     body = buf[offset : offset + h.body_len]
     check_body_can_hold(body, h, offset)
@@ -336,11 +336,11 @@ def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
     if h.coding == Coding.FIXED:
         data = _unpack_fixed(body, h, offset, width)
     elif h.coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
-        data = _unpack_fixed(_unzstd(body, packed_size(h.numel, width), offset), h, offset, width)
+        data = _unpack_fixed(unzstd(body, packed_size(h.numel, width), offset), h, offset, width)
     elif h.coding == Coding.RANS:
         if h.scheme == Scheme.IDENTITY:
             raise PayloadError("IDENTITY payload with RANS coding (offset 5)")
-        rng = _code_range(h.scheme, h.bits, h.levels)
+        rng = code_range(h.scheme, h.bits, h.levels)
         try:
             return rans_decode(body, h.numel, h.bits, rng.lo, rng.hi, rng.zero_ok)
         except RansError as e:
@@ -348,7 +348,7 @@ def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
     else:
         if h.scheme == Scheme.IDENTITY:
             raise PayloadError("IDENTITY payload with ELIAS coding (offset 5)")
-        rng = _code_range(h.scheme, h.bits, h.levels)
+        rng = code_range(h.scheme, h.bits, h.levels)
         try:
             data, nnz = elias_decode(body, h.numel, min_code=rng.lo, max_code=rng.hi)
         except EliasError as e:
@@ -359,7 +359,7 @@ def _decode_body(buf: memoryview, h: Header) -> np.ndarray:
             )
         return data
     if h.scheme != Scheme.IDENTITY:
-        if (err := _range_error(data, _code_range(h.scheme, h.bits, h.levels))) is not None:
+        if (err := _range_error(data, code_range(h.scheme, h.bits, h.levels))) is not None:
             raise PayloadError(f"body at offset {offset}: {err}")
     elif data.size and not np.isfinite(data).all():
         # encode() refuses non-finite values (the quantizers do too), so such a body is corrupt.
@@ -382,7 +382,7 @@ def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUME
     """
     buf = memoryview(payload).cast("B")
     h = read_header(buf, max_numel=max_numel, numel=numel)
-    data = _decode_body(buf, h)
+    data = decode_body(buf, h)
     empty_i = torch.zeros(0, dtype=torch.int32)
     scales = torch.from_numpy(h.scales)
     if h.scheme == Scheme.IDENTITY:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dqsgd._extras import require
-from dqsgd.experiments.summary import _ordered, aggregate, method_order, run_dirs, summarize_run
+from dqsgd.experiments.summary import ordered_labels, aggregate, method_order, run_dirs, summarize_run
 from dqsgd.train.metrics import read_jsonl
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def load_run(run_dir: Path) -> Run:
 def load_runs(root: Path) -> list[Run]:
     """Every run under ``root``, in the config's ``[methods.*]`` order, then by seed."""
     runs = [load_run(d) for d in run_dirs(root)]
-    order = _ordered([r.method for r in runs], method_order(root))
+    order = ordered_labels([r.method for r in runs], method_order(root))
     return sorted(runs, key=lambda r: (order.index(r.method), r.seed))
 
 

@@ -48,7 +48,7 @@ def method_order(root: Path) -> list[str]:
     return list(tomllib.loads(path.read_text()).get("methods", {}))  # tomllib keeps the file's order
 
 
-def _ordered(labels: list[str], order: list[str] | None) -> list[str]:
+def ordered_labels(labels: list[str], order: list[str] | None) -> list[str]:
     """``order`` first (those present), then the remaining labels in first-seen order."""
     seen = list(dict.fromkeys(labels))
     first = [m for m in (order or []) if m in seen]
@@ -103,7 +103,7 @@ def aggregate(runs: list[dict[str, Any]], baseline: str = "sgd", order: list[str
 
     Rows follow ``order`` (the config's ``[methods.*]`` order), then any other method in first-seen order.
     """
-    order = _ordered([r["method"] for r in runs], order)
+    order = ordered_labels([r["method"] for r in runs], order)
     base = {r["seed"]: r["test_acc"] for r in runs if r["method"] == baseline}
     rows = []
     for m in order:
@@ -146,7 +146,7 @@ def write_tables(root: Path) -> list[dict[str, Any]]:
     runs = [summarize_run(d) for d in run_dirs(root)]
     if not runs:
         raise FileNotFoundError(f"{root}: no runs (no */seed*/metrics.jsonl with config.json)")
-    order = _ordered([r["method"] for r in runs], method_order(root))
+    order = ordered_labels([r["method"] for r in runs], method_order(root))
     runs.sort(key=lambda r: (order.index(r["method"]), r["seed"]))
     rows = aggregate(runs, order=order)
     (root / "summary.json").write_text(json.dumps({"runs": runs, "methods": rows}, indent=2))

@@ -78,7 +78,7 @@ def decode_accumulate_payload(payload: torch.Tensor, out: torch.Tensor, weight: 
     Device path: ``expect = (bits, norm, layout)`` of a uniform FIXED payload lets the decoder
     compare the header on the device instead of reading it to the host; with ``bad`` (a 0-dim bool
     tensor) the crc, padding and code-range checks are ORed into it instead of raising, so nothing
-    waits for the device (the hook reads ``bad`` a step later, see ``_Bucket.check_payloads``).
+    waits for the device (the hook reads ``bad`` a step later, see ``BucketState.check_payloads``).
     """
     if device_path(out):
         from dqsgd.kernels.device import decode_accumulate_device, expected_header

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.integrations import ddp_codec as codec
-from dqsgd.integrations.ddp_state import HookState, _Bucket, ring_bytes
+from dqsgd.integrations.ddp_state import HookState, BucketState, ring_bytes
 
 Finish = Callable[[], torch.Tensor]
 
@@ -68,13 +68,13 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.future
     return work.get_future().then(lambda f: f.value()[0])
 
 
-def _worth_it(state: HookState, b: _Bucket, itemsize: int) -> bool:
+def _worth_it(state: HookState, b: BucketState, itemsize: int) -> bool:
     """Predicted ratio (bytes in the bucket's dtype / uplink payload bytes) ≥ min_compression_rate."""
     payload = sum(m.message_bits(b.width()) for m in b.shards) / 8
     return b.numel * itemsize >= state.min_compression_rate * payload
 
 
-def _encode_flagged(state: HookState, b: _Bucket, grad: torch.Tensor,
+def _encode_flagged(state: HookState, b: BucketState, grad: torch.Tensor,
                     rank: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Every shard's payload and this rank's flag byte; NaN/Inf entries are encoded as 0 and flagged.
 
@@ -105,7 +105,7 @@ def _encode_flagged(state: HookState, b: _Bucket, grad: torch.Tensor,
     return payloads, torch.tensor([bad | zero], dtype=torch.uint8)
 
 
-def _encode(state: HookState, b: _Bucket, flat: torch.Tensor, rank: int) -> list[torch.Tensor]:
+def _encode(state: HookState, b: BucketState, flat: torch.Tensor, rank: int) -> list[torch.Tensor]:
     """This rank's payload for every shard (uniform: hash uniforms of (seeds[j], step, rank))."""
     from dqsgd.kernels import HashRNG
 
@@ -120,7 +120,7 @@ def _encode(state: HookState, b: _Bucket, flat: torch.Tensor, rank: int) -> list
     return out
 
 
-def _shared_scalers(state: HookState, b: _Bucket, flat: torch.Tensor) -> list[torch.Tensor]:
+def _shared_scalers(state: HookState, b: BucketState, flat: torch.Tensor) -> list[torch.Tensor]:
     """TernGrad: every shard's per-tensor scalers, max-reduced over ranks (one blocking all-reduce)."""
     local = [m.local_scalers(flat[lo:hi].cpu()) for (lo, hi), m in zip(b.bounds, b.shards)]
     joined = torch.cat(local)
@@ -128,7 +128,7 @@ def _shared_scalers(state: HookState, b: _Bucket, flat: torch.Tensor) -> list[to
     return list(joined.split([s.numel() for s in local]))
 
 
-def _finish(b: _Bucket, out: torch.Tensor, flags: torch.Tensor, step: int, spent: int,
+def _finish(b: BucketState, out: torch.Tensor, flags: torch.Tensor, step: int, spent: int,
             grad: torch.Tensor) -> torch.Tensor:
     """NaN everywhere if any rank overflowed, record the policy's statistics, cast to the bucket."""
     bad = (flags & codec.FLAG_NONFINITE).any()
@@ -142,7 +142,7 @@ def _finish(b: _Bucket, out: torch.Tensor, flags: torch.Tensor, step: int, spent
     return out.to(grad.dtype).reshape(grad.shape)
 
 
-def _average(b: _Bucket, m: Any, payloads: list[torch.Tensor], flags: torch.Tensor, bits: int,
+def _average(b: BucketState, m: Any, payloads: list[torch.Tensor], flags: torch.Tensor, bits: int,
              world: int, device: torch.device) -> torch.Tensor:
     """The mean of the ranks' decoded payloads (or signSGD's vote), as float32 on ``device``."""
     if m.config.aggregate == "majority":
@@ -153,7 +153,7 @@ def _average(b: _Bucket, m: Any, payloads: list[torch.Tensor], flags: torch.Tens
     return out.div_(world)
 
 
-def _allgather(state: HookState, b: _Bucket, grad: torch.Tensor, payload: torch.Tensor, flags: torch.Tensor,
+def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: torch.Tensor, flags: torch.Tensor,
                world: int) -> torch.futures.Future[torch.Tensor]:
     """Topology ``allgather``: every rank receives all W messages and decodes them all."""
     up, _ = state.groups()
@@ -185,7 +185,7 @@ def _sizes(group: dist.ProcessGroup, mine: torch.Tensor, fixed: bool, world: int
     return torch.stack(out)
 
 
-def _sharded(state: HookState, b: _Bucket, grad: torch.Tensor, payloads: list[torch.Tensor], flags: torch.Tensor,
+def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: list[torch.Tensor], flags: torch.Tensor,
              rank: int, world: int) -> torch.futures.Future[torch.Tensor]:
     """Topology ``sharded``: all-to-all of shard payloads, rank j averages shard j, quantizes it
     for the downlink and one all-gather delivers every averaged shard to every rank."""
@@ -223,7 +223,7 @@ def _sharded(state: HookState, b: _Bucket, grad: torch.Tensor, payloads: list[to
     return _ordered(state, work.get_future(), reduce_shard)
 
 
-def _assemble(b: _Bucket, gathered: list[torch.Tensor], dsizes: list[int], dbits: int, flags: torch.Tensor,
+def _assemble(b: BucketState, gathered: list[torch.Tensor], dsizes: list[int], dbits: int, flags: torch.Tensor,
               step: int, spent: int, grad: torch.Tensor) -> torch.Tensor:
     """Decode every rank's averaged shard into the bucket (the same bytes on every rank)."""
     from dqsgd.quantizers import Norm

@@ -46,7 +46,7 @@ def ring_bytes(nbytes: int, world: int) -> int:
 
 
 @dataclass
-class _Bucket:
+class BucketState:
     """One bucket index: its methods, policy state, error-feedback residuals and step counter."""
 
     numel: int
@@ -213,7 +213,7 @@ class HookState:
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
         self.downlink_bits = 32 if downlink_bits == "fp32" else downlink_bits
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[int, BucketState] = {}
         self._loaded: dict[int, dict[str, Any]] = {}
         self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
         self._issued: torch.futures.Future | None = None  # the last bucket's downlink collective is issued
@@ -253,7 +253,7 @@ class HookState:
                             dist.new_group(ranks, use_local_synchronization=True, **kw))
         return self._groups
 
-    def bucket(self, index: int, grad: torch.Tensor, sizes: list[int], rank: int, world: int) -> _Bucket:
+    def bucket(self, index: int, grad: torch.Tensor, sizes: list[int], rank: int, world: int) -> BucketState:
         """The bucket's state, built on first use. DDP rebuilds its buckets after the first iteration:
         a bucket of another size starts afresh; the same elements in another parameter order keep
         their policy and step (new layouts; error-feedback residuals restart, their positions moved)."""
@@ -271,7 +271,7 @@ class HookState:
         gen = torch.Generator().manual_seed(seed_for(self.seed, QUANT, rank, index))
         seeds = [seed_for(self.seed, QUANT, index, j) for j in range(len(bounds))] if len(bounds) > 1 \
             else [seed_for(self.seed, QUANT, index)]
-        b = self._buckets[index] = _Bucket(n, m, shards, bounds, m.policy.init(), gen, tuple(sizes), seeds=seeds,
+        b = self._buckets[index] = BucketState(n, m, shards, bounds, m.policy.init(), gen, tuple(sizes), seeds=seeds,
                                            down_seed=seed_for(self.seed, DOWNLINK, index))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)

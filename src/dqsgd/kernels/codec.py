@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from dqsgd.codecs import Coding, PayloadError, encode as encode_payload
-from dqsgd.codecs import wire as _wire  # its validators, so both paths accept/refuse the same
+from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import MAX_NUMEL, Header, write_header
 from dqsgd.codecs.wire import read_header
@@ -62,7 +62,7 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
     n = flat.numel()
     if n >= 1 << 32:
         raise ValueError(f"fused uniform quantizer: {n} elements, the wire carries < 2^32")
-    _wire._check_layout(layout, n)
+    wire.check_layout(layout, n)
     starts = segment_starts(layout, n)
     scales = np.zeros(starts.size - 1, dtype=np.float32)
     if norm == Norm.L2:  # torch's own l2 (summation order matters for bit-identical scales)
@@ -125,14 +125,14 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
     shape = tuple(int(d) for d in x.shape)
-    if len(shape) > _wire.MAX_NDIM or any(d > _wire.U32_MAX for d in shape):
-        raise ValueError(f"shape {shape}: need ndim ≤ {_wire.MAX_NDIM} and every dim < 2^32")
+    if len(shape) > wire.MAX_NDIM or any(d > wire.U32_MAX for d in shape):
+        raise ValueError(f"shape {shape}: need ndim ≤ {wire.MAX_NDIM} and every dim < 2^32")
 
     def header(body_len: int) -> bytes:
         return write_header(Scheme.UNIFORM, bits, coding, norm, s, shape, layout, scales.numpy(), body_len,
                             dtype=x.dtype)
 
-    width = _wire.body_width(bits, coding)
+    width = wire.body_width(bits, coding)
     body_len = packed_size(n, width)
     if coding == Coding.FIXED:
         head = header(body_len)
@@ -143,7 +143,7 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
         return buf.tobytes()
     body = np.empty(body_len, dtype=np.uint8)
     _pack(flat, starts, inv, s, bits, rng, width, body)
-    zbody = _wire.zstd_compress(body)
+    zbody = wire.zstd_compress(body)
     head = header(len(zbody))
     return b"".join((head, zbody, crc32(zbody, crc32(head)).to_bytes(4, "little")))
 
@@ -185,18 +185,18 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     arr = _out_array(out, h.numel)
     buf = memoryview(payload).cast("B")
     w = np.float32(weight)
-    rng = _wire._code_range(h.scheme, h.bits, h.levels)
+    rng = wire.code_range(h.scheme, h.bits, h.levels)
     if (h.coding in (Coding.ELIAS, Coding.RANS) or h.numel == 0
             or (h.scheme != Scheme.IDENTITY and not rng.zero_ok and h.bits > 1)):
         # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
-        data = _wire._decode_body(buf, h)
+        data = wire.decode_body(buf, h)
         if h.numel:
             fused.accumulate_codes(data, segment_starts(h.layout, h.numel), _steps(h), w, arr)
         return h
     body = buf[h.body_start : h.body_start + h.body_len]
-    width = _wire.body_width(h.bits, h.coding)
+    width = wire.body_width(h.bits, h.coding)
     if h.coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
-        body = _wire._unzstd(body, packed_size(h.numel, width), h.body_start)
+        body = wire.unzstd(body, packed_size(h.numel, width), h.body_start)
     _check_fixed_body(body, h, width)
     data = np.frombuffer(body, dtype=np.uint8)
     chunks = -(-h.numel // fused.CHUNK)

@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import torch
 
-from dqsgd.codecs import wire as _wire
+from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.kernels.device_common import expected_header, head_on, kernel, per_element, seg_ids_of, set_compile, template
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
 from dqsgd.kernels.device_pack import pack_device
-from dqsgd.kernels.hashrng import HashRNG, _signed, hash_uniform_torch
+from dqsgd.kernels.hashrng import HashRNG, signed64, hash_uniform_torch
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, levels_for_bits
 from dqsgd.quantizers._common import check_bits, flat_float, segment_reduce
 
@@ -140,8 +140,8 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
         raise ValueError(f"check must be one of {_CHECKS}, got {check!r}")
     flat = flat_float(x).contiguous()
     shape, n = tuple(int(d) for d in x.shape), flat.numel()
-    if n >= 1 << 32 or len(shape) > _wire.MAX_NDIM or any(d > _wire.U32_MAX for d in shape):
-        raise ValueError(f"shape {shape}: need ndim ≤ {_wire.MAX_NDIM}, every dim < 2^32 and < 2^32 elements")
+    if n >= 1 << 32 or len(shape) > wire.MAX_NDIM or any(d > wire.U32_MAX for d in shape):
+        raise ValueError(f"shape {shape}: need ndim ≤ {wire.MAX_NDIM}, every dim < 2^32 and < 2^32 elements")
     tpl = template(shape, bits, Norm(norm), layout, x.dtype)
     dev, levels = flat.device, levels_for_bits(bits)
     seg_ids = seg_ids_of(layout, dev)
@@ -151,7 +151,7 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
         _refuse(scales, inv, levels)
     else:
         scales = torch.where(torch.isfinite(inv), scales, torch.full_like(scales, float("nan")))
-    key = torch.full((), _signed(rng.key), dtype=torch.int64, device=dev)  # a fill: no host copy
+    key = torch.full((), signed64(rng.key), dtype=torch.int64, device=dev)  # a fill: no host copy
     bucket = layout.bucket if layout.sizes is None else 0
     body = kernel(_quantize_pack, dev)(flat, inv, seg_ids, key, bits, levels, bucket)
     head, _ = head_on(tpl, dev)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dqsgd.codecs import Coding
-from dqsgd.codecs import wire as _wire
+from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import Header, parse_header, write_header
 from dqsgd.quantizers import Layout, Norm, Scheme, levels_for_bits
@@ -108,7 +108,7 @@ def template(shape: tuple[int, ...], bits: int, norm: Norm, layout: Layout,
     if key in _TEMPLATES:
         return _TEMPLATES[key]
     n = math.prod(shape)
-    nseg = _wire._check_layout(layout, n)
+    nseg = wire.check_layout(layout, n)
     body_len = packed_size(n, bits)
 
     def head(fill: np.ndarray) -> bytes:

@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from dqsgd.codecs.threads import _X2N, _multmodp
+from dqsgd.codecs.threads import X2N, multmodp
 
 __all__ = ["crc32_device", "crc32_length_constant", "crc32_with", "crc_tables"]
 
@@ -44,7 +44,7 @@ def _x8n(nbytes: int) -> int:
     p, k, n = 1 << 31, 3, nbytes
     while n:
         if n & 1:
-            p = _multmodp(_X2N[k & 31], p)
+            p = multmodp(X2N[k & 31], p)
         n >>= 1
         k += 1
     return p
@@ -65,7 +65,7 @@ def _byte_tables(images: np.ndarray) -> np.ndarray:
 def _shift_tables(level: int) -> np.ndarray:
     """The four lookup tables of M_L, L = 4·2^level bytes."""
     xl = _x8n(4 << level)
-    return _byte_tables(np.array([_multmodp(xl, 1 << i) for i in range(32)], dtype=np.int64))
+    return _byte_tables(np.array([multmodp(xl, 1 << i) for i in range(32)], dtype=np.int64))
 
 
 @lru_cache(maxsize=None)
@@ -132,7 +132,7 @@ def crc32_with(data: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.T
 @lru_cache(maxsize=1024)
 def crc32_length_constant(nbytes: int) -> int:
     """``K(n) = zlib.crc32(bytes(n))`` in O(log n) host time."""
-    return _multmodp(_x8n(nbytes), _ALL_ONES) ^ _ALL_ONES
+    return multmodp(_x8n(nbytes), _ALL_ONES) ^ _ALL_ONES
 
 
 def crc32_device(data: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from dqsgd.codecs import Coding, PayloadError
-from dqsgd.codecs import wire as _wire
+from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
 from dqsgd.kernels.codec import decode_accumulate
 from dqsgd.kernels.device_common import LazyBytes, head_on, kernel, per_element, seg_ids_of, template
@@ -34,9 +34,9 @@ def _host_header(payload: torch.Tensor, max_numel: int) -> Header:
         return first[lo:hi] if hi <= len(first) else bytes(payload[lo:hi].cpu().numpy())
 
     h = parse_header(LazyBytes(n, fetch), max_numel)
-    if (err := _wire._scheme_error(h.scheme, h.bits, h.levels)) is not None:
+    if (err := wire.scheme_error(h.scheme, h.bits, h.levels)) is not None:
         raise PayloadError(f"{err} (header offset 4)")
-    if h.numel >= _wire.U32_MAX and h.coding == Coding.ELIAS:
+    if h.numel >= wire.U32_MAX and h.coding == Coding.ELIAS:
         raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
     return h
 
@@ -75,7 +75,7 @@ def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, tor
 def _raise_first(stats: list[int], h: Header) -> None:
     """The host decoder's message for the first failed check, in its order."""
     head_bad, scale_bad, computed, stored, pad, lo, hi, zeros = stats
-    rng = _wire._code_range(h.scheme, h.bits, h.levels)
+    rng = wire.code_range(h.scheme, h.bits, h.levels)
     if head_bad:
         raise PayloadError(f"header differs from the expected header {h.shape} bits={h.bits} (outside the scales)")
     if scale_bad:
@@ -95,7 +95,7 @@ def _raise_first(stats: list[int], h: Header) -> None:
 
 def _flagged(stats: torch.Tensor, h: Header) -> torch.Tensor:
     """Whether any check failed, as a device bool (the no-sync form of :func:`_raise_first`)."""
-    rng = _wire._code_range(h.scheme, h.bits, h.levels)
+    rng = wire.code_range(h.scheme, h.bits, h.levels)
     bad = (stats[0] != 0) | (stats[1] != 0) | (stats[2] != stats[3]) | (stats[4] != 0)
     if h.numel:
         bad = bad | (stats[5] < rng.lo) | (stats[6] > rng.hi) | ((stats[7] > 0) & (not rng.zero_ok))

@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 from numba import literal_unroll, njit
 
-from dqsgd.codecs.bitpack import _pack_aligned, _pack_pow2, _pack_small, _pack_stream
-from dqsgd.codecs.bitpack import _unpack_aligned, _unpack_pow2, _unpack_small, _unpack_stream
+from dqsgd.codecs.bitpack import pack_aligned, pack_pow2, pack_small, pack_stream
+from dqsgd.codecs.bitpack import unpack_aligned, unpack_pow2, unpack_small, unpack_stream
 from dqsgd.kernels.hashrng import fill_hashes, to_uniform
 
 CHUNK = 4096  # a multiple of 8 (byte boundaries at every width) and of 4 (one hash per 4 coordinates)
@@ -126,19 +126,19 @@ def _pack_chunk(cbuf, m, i0, width, offset, out):  # pragma: no cover - compiled
     codes = cbuf[:m]
     dst = out[i0 * width // 8 :]
     if width == 16:
-        _pack_aligned(codes, 16, offset, dst, False)
+        pack_aligned(codes, 16, offset, dst, False)
         return
     done = 0
     for w in literal_unroll(_POW2):
         if width == w:
             done = (m // (8 // w)) * (8 // w)
-            _pack_pow2(codes, w, offset, dst, False)
+            pack_pow2(codes, w, offset, dst, False)
     for w in literal_unroll(_ODD):
         if width == w:
             done = (m // 8) * 8
-            _pack_small(codes, w, offset, dst, False)
+            pack_small(codes, w, offset, dst, False)
     if done < m:  # widths 9..15, and the last values of a short final chunk
-        _pack_stream(codes, done, width, offset, dst, done * width // 8)
+        pack_stream(codes, done, width, offset, dst, done * width // 8)
 
 
 @njit(cache=True, nogil=True)
@@ -180,19 +180,19 @@ def _unpack_chunk(body, i0, m, width, offset, cbuf):  # pragma: no cover - compi
     src = body[i0 * width // 8 :]
     dst = cbuf[:m]
     if width == 16:
-        _unpack_aligned(src, 16, m, offset, dst)
+        unpack_aligned(src, 16, m, offset, dst)
         return
     done = 0
     for w in literal_unroll(_POW2):
         if width == w:
             done = (m // (8 // w)) * (8 // w)
-            _unpack_pow2(src, w, m, offset, dst)
+            unpack_pow2(src, w, m, offset, dst)
     for w in literal_unroll(_ODD):
         if width == w:
             done = (m // 8) * 8
-            _unpack_small(src, w, m, offset, dst)
+            unpack_small(src, w, m, offset, dst)
     if done < m:
-        _unpack_stream(src[: (m * width + 7) // 8], done, width, m, offset, dst)
+        unpack_stream(src[: (m * width + 7) // 8], done, width, m, offset, dst)
 
 
 @njit(cache=True, inline="always")

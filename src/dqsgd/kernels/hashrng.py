@@ -62,7 +62,7 @@ def mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _signed(v: int) -> int:
+def signed64(v: int) -> int:
     """The int64 with the same bits as the uint64 ``v``."""
     return v - (1 << 64) if v >= 1 << 63 else v
 
@@ -97,7 +97,7 @@ class HashRNG:
         """u_0 … u_{n-1} as float32 on ``device``, computed with torch integer ops."""
         if n < 0:
             raise ValueError(f"need n >= 0, got {n}")
-        key = torch.full((), _signed(self.key), dtype=torch.int64, device=device)
+        key = torch.full((), signed64(self.key), dtype=torch.int64, device=device)
         return hash_uniform_torch(key, n)
 
     def uniform_numpy(self, n: int) -> np.ndarray:
@@ -112,7 +112,7 @@ def hash_uniform_torch(key: torch.Tensor, n: int) -> torch.Tensor:
     # got the vector-loop tail of this int64 arithmetic wrong; with no tail it is exact (tested).
     m = -(-((n + 3) // 4) // 64) * 64
     j = torch.arange(1, m + 1, dtype=torch.int64, device=key.device)
-    h = _mix64_torch(j * _signed(GAMMA) + key)
+    h = _mix64_torch(j * signed64(GAMMA) + key)
     # (h >> 16k) & 0xFFFF: the mask keeps bits an arithmetic shift would have filled, for every k.
     fields = torch.stack([(h >> (16 * k)) & 0xFFFF for k in range(4)], dim=1).reshape(-1)[:n]
     return (fields.to(torch.float32) + 0.5) * INV16
@@ -124,8 +124,8 @@ def _lsr(z: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _mix64_torch(z: torch.Tensor) -> torch.Tensor:
-    z = (z ^ _lsr(z, 30)) * _signed(_M1)
-    z = (z ^ _lsr(z, 27)) * _signed(_M2)
+    z = (z ^ _lsr(z, 30)) * signed64(_M1)
+    z = (z ^ _lsr(z, 27)) * signed64(_M2)
     return z ^ _lsr(z, 31)
 
 
