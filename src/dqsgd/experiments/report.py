@@ -162,6 +162,7 @@ def _overrides(root: Path, runs: list[Run]) -> tuple[list[str], list[str]]:
         return [], [f"could not compare the runs with experiment.toml ({e})"]
     args, caveats = [], []
     file_train, ran_train = _plain(dataclasses.asdict(exp.train)), runs[0].facts["train_config"]
+    ran_train = {**ran_train, "seeds": sorted({r.seed for r in runs})}  # the seeds these runs have, whatever list each ran in
     args += [f"train.{k}={_toml_value(v)}" for k, v in ran_train.items() if file_train.get(k) != v]
     labels = methods_of(runs)
     entries = {e.label: e for e in exp.methods}
