@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic_runs import entry, train_config
 
 from dqsgd.codecs import Coding, decode, encode
 from dqsgd.data import load_dataset
 from dqsgd.ledger import Ledger
-from dqsgd.methods import method_config
 from dqsgd.train.checkpoint import save_checkpoint
-from dqsgd.train.config import ConfigError, MethodEntry, TrainConfig
+from dqsgd.train.config import ConfigError, TrainConfig
 from dqsgd.train.metrics import read_jsonl
 from dqsgd.train.runner import run_one
 from dqsgd.train.trainer import Trainer
@@ -23,13 +23,7 @@ TOPOLOGIES = ("ps", "allgather", "sharded")
 
 
 def cfg(**kw) -> TrainConfig:
-    base = dict(name="c", dataset="synthetic", model="mlp", workers=3, steps=7, batch_size=16, lr=0.1,
-                eval_every=100, seeds=(0,))
-    return TrainConfig(**{**base, **kw})
-
-
-def entry(name: str, **kw) -> MethodEntry:
-    return MethodEntry(name, method_config(name, **kw))
+    return train_config(**{**dict(name="c", workers=3, steps=7, eval_every=100), **kw})
 
 
 def auto_len(payload: bytes) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from synthetic_runs import entry as method_entry, train_config
 
 from dqsgd.data import load_dataset
 from dqsgd.kernels import HashRNG
@@ -21,13 +22,11 @@ DATA = load_dataset("synthetic")
 
 
 def cfg(**kw) -> TrainConfig:
-    base = dict(name="t", dataset="synthetic", model="mlp", workers=4, steps=120, batch_size=16, lr=0.1,
-                eval_every=1000, seeds=(0,))
-    return TrainConfig(**{**base, **kw})
+    return train_config(**{**dict(steps=120, eval_every=1000), **kw})
 
 
 def entry(**kw) -> MethodEntry:
-    return MethodEntry("dqsgd-coded", method_config("dqsgd-coded", **kw))
+    return method_entry("dqsgd-coded", **kw)
 
 
 def empirical_entropy(codes: torch.Tensor) -> float:

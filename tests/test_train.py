@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic_runs import entry, train_config
 
 from dqsgd.data import load_dataset
 from dqsgd.methods import method_config
@@ -22,14 +23,7 @@ from dqsgd.train.trainer import Trainer
 DATA = load_dataset("synthetic")
 
 
-def cfg(**kw) -> TrainConfig:
-    base = dict(name="t", dataset="synthetic", model="mlp", workers=4, steps=12, batch_size=16, lr=0.1,
-                eval_every=6, seeds=(0,))
-    return TrainConfig(**{**base, **kw})
-
-
-def entry(name: str, **kw) -> MethodEntry:
-    return MethodEntry(name, method_config(name, **kw))
+cfg = train_config
 
 
 def bits_of(run: Path) -> list[int]:
