@@ -188,7 +188,11 @@ class Method:
     def coded_size(self, payload: bytes) -> int:
         """The bytes ``payload``'s levels would take with the best coding (:func:`dqsgd.codecs.coded_size`,
         capped at this method's d elements); fp32 payloads count their own length. A measurement only:
-        what is sent is ``payload``."""
+        what is sent is ``payload``. A method that codes with ``auto`` already sent exactly that
+        encoding of its own levels (AUTO is deterministic and decode is exact), so its payload's length
+        is the answer without decoding and encoding it again."""
+        if self.coding == Coding.AUTO:
+            return len(payload)
         return coded_size(payload, max_numel=max(self.numel, 1))
 
     # --- server side ----------------------------------------------------------------------------
