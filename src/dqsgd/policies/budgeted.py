@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 
@@ -59,9 +59,10 @@ class BudgetedDQSGD:
     max_bits: int = 16
     name: str = "dqsgd-budget"
     needs_grad: bool = False
+    label: ClassVar[str] = "budgeted DQSGD"  # how error messages name the policy
 
     def __post_init__(self) -> None:
-        what = "coded DQSGD" if self.name == "dqsgd-coded" else "budgeted DQSGD"
+        what = self.label
         if self.total_steps < 1:
             raise ValueError(f"{what}: total_steps must be >= 1, got {self.total_steps}")
         if not 0 < self.alpha <= 1:

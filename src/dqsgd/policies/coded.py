@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -96,6 +97,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
 
     name: str = "dqsgd-coded"
     needs_grad: bool = True
+    label: ClassVar[str] = "coded DQSGD"
     sample: int = 1 << 16
     smoothing: float = 0.3
     margin: float = 1.1
