@@ -8,10 +8,14 @@ W ranks (default 4), each in its own network namespace, joined by veth pairs to 
 is shaped with tc/tbf to ``rate`` each way (see netns.py: only addresses 10.99.0.x inside the
 namespaces are used). The same model, data shards, seed and optimizer are trained with plain DDP
 (fp32 all-reduce), PyTorch's fp16_compress_hook and powerSGD_hook (rank 1), and dqsgd's DDP hook
-with QSGD 4-bit and DQSGD (budgeted, 4.5 bits on average); ``qsgd-4bit-sharded`` and
-``dqsgd-sharded`` run the same methods through dqsgd's own trainer on the ``sharded`` topology
-(every rank serves 1/W of the gradient: an all-to-all of 4-bit shards up, an all-gather of 8-bit
-averaged shards down; same data order, init and optimizer). Reported per (rate, method):
+with QSGD 4-bit and DQSGD (budgeted, 4.5 bits on average). A dqsgd method name alone runs the hook
+on its default topology ``sharded`` (every rank serves 1/W of each bucket: an all-to-all of 4-bit
+shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` down); ``-allgather``
+runs the hook on the all-gather topology (every rank receives every payload); ``-trainer`` runs
+dqsgd's own trainer on the sharded topology (no overlap with backward; same data order, init and
+optimizer). Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
+hook (numba compilation, gloo connections), then trains from the same initial weights.
+Reported per (rate, method):
 
 * time to target — training wall time on rank 0 until the test accuracy (evaluated every
   ``--eval-every`` steps on ``--eval-samples`` test images; evaluation time excluded) first reaches
@@ -34,7 +38,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,30 +49,49 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd", "qsgd-4bit-sharded", "dqsgd-sharded")
-SHARDED = "-sharded"
+TORCH_HOOKS = ("fp32", "fp16", "powersgd")
+DQSGD_BASES = ("qsgd-4bit", "dqsgd")
+VARIANTS = {"": ("hook", "sharded"), "-allgather": ("hook", "allgather"), "-trainer": ("trainer", "sharded")}
+METHODS = TORCH_HOOKS + tuple(b + v for v in VARIANTS for b in DQSGD_BASES)
+DEFAULT_METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd", "qsgd-4bit-allgather", "dqsgd-allgather")
+
+
+def variant(method: str) -> tuple[str, str, str] | None:
+    """(dqsgd method, engine "hook" or "trainer", topology) of a dqsgd row; None for PyTorch's rows."""
+    for suffix in sorted(VARIANTS, key=len, reverse=True):
+        base = method.removesuffix(suffix) if suffix else method
+        if (not suffix or method.endswith(suffix)) and base in DQSGD_BASES:
+            return (base, *VARIANTS[suffix])
+    return None
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rates", default="100mbit", help="comma-separated tc rates per link and direction")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"subset of {','.join(METHODS)}")
     p.add_argument("--dataset", default="mnist")
     p.add_argument("--model", default="mlp", help="a dqsgd model name: mlp (199k parameters, cheap to compute, so "
                    "the link is the bottleneck), cnn (LeNet-5, 62k parameters, compute-bound on 2 cores)")
+    p.add_argument("--hidden", default="", help="mlp only: comma-separated hidden widths (default 200,200; "
+                   "1024,1024 gives 1.86M parameters)")
+    p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink, 2..16 or fp32")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
+    p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
+                   "the median time to target")
     p.add_argument("--steps", type=int, default=500, help="most steps per run")
     p.add_argument("--target", type=float, default=0.92, help="test accuracy that stops a run")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-samples", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kernel", default="fused", choices=("torch", "fused"),
                    help="dqsgd's uniform quantizer: fused numba kernels with hash uniforms, or torch ops")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is killed")
     p.add_argument("--out", default="runs/bench-network")
+    p.add_argument("--force", action="store_true", help="replace the results already in --out")
     # internal: one rank inside its namespace
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
@@ -77,29 +102,41 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --- one rank ---------------------------------------------------------------------------------------
-def register_hook(model: Any, method: str, steps: int, seed: int, kernel: str) -> Any:
+def register_hook(model: Any, a: argparse.Namespace) -> Any:
     """Attach the method's DDP communication hook; returns its state (None for plain DDP)."""
-    if method == "fp32":
+    if a.method == "fp32":
         return None
-    if method == "fp16":
+    if a.method == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return None
-    if method == "powersgd":
+    if a.method == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
         state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
-                                 random_seed=seed)
+                                 random_seed=a.seed)
         model.register_comm_hook(state, ps.powerSGD_hook)
         return state
     import dqsgd.ddp
     from dqsgd.methods import method_config
 
-    state = dqsgd.ddp.HookState(method=method_config(method, kernel=kernel), process_group=None, seed=seed,
-                                total_steps=steps)
+    base, _, topology = variant(a.method)
+    state = dqsgd.ddp.HookState(method=method_config(base, kernel=a.kernel), process_group=None, seed=a.seed,
+                                total_steps=a.steps, topology=topology, downlink_bits=downlink(a))
     model.register_comm_hook(state, dqsgd.ddp.hook)
     return state
+
+
+def downlink(a: argparse.Namespace) -> int | str:
+    return "fp32" if a.downlink_bits == "fp32" else int(a.downlink_bits)
+
+
+def _build(a: argparse.Namespace, data: Any) -> Any:
+    from dqsgd.models import build_model
+
+    options = {"hidden": tuple(int(h) for h in a.hidden.split(","))} if a.hidden else {}
+    return build_model(a.model, data, **options)
 
 
 def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
@@ -108,12 +145,11 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dqsgd.models import build_model
     from dqsgd.train.sampling import MODEL_INIT, WorkerBatches, seed_for
 
     torch.manual_seed(seed_for(a.seed, MODEL_INIT))
-    model = DDP(build_model(a.model, data))
-    state = register_hook(model, a.method, a.steps, a.seed, a.kernel)
+    model = DDP(_build(a, data))
+    state = register_hook(model, a)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
 
@@ -127,19 +163,26 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     return step, model.module, state
 
 
-def _sharded_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
+def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     """The same for dqsgd's trainer on the sharded topology (same init, batches and optimizer)."""
     from dqsgd.methods import method_config
     from dqsgd.train.config import MethodEntry, TrainConfig
     from dqsgd.train.trainer import Trainer
     from dqsgd.transport.torch_dist import make_transport
 
-    base = a.method.removesuffix(SHARDED)
+    base, _, topology = variant(a.method)
+    dbits = downlink(a)
     cfg = TrainConfig(name="bench-network", dataset=a.dataset, model=a.model, workers=a.workers, steps=a.steps,
-                      batch_size=a.batch_size, lr=a.lr, momentum=a.momentum, topology="sharded", threads=a.threads)
+                      batch_size=a.batch_size, lr=a.lr, momentum=a.momentum, topology=topology,
+                      downlink_bits=32 if dbits == "fp32" else dbits, threads=a.threads)
     tr = Trainer(cfg, MethodEntry(base, method_config(base, kernel=a.kernel)), data, a.seed,
-                 make_transport("sharded", timeout=a.timeout))
+                 make_transport(topology, timeout=a.timeout))
     return lambda n: tr.step(), tr.model, tr
+
+
+def stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
+    v = variant(a.method)
+    return (_trainer_stepper if v is not None and v[1] == "trainer" else _ddp_stepper)(a, data)
 
 
 def run_rank(a: argparse.Namespace) -> None:
@@ -155,7 +198,11 @@ def run_rank(a: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{a.master}:29500", rank=a.rank, world_size=a.workers,
                             timeout=datetime.timedelta(seconds=a.timeout))
     data = load_dataset(a.dataset)
-    train_step, model, state = (_sharded_stepper if a.method.endswith(SHARDED) else _ddp_stepper)(a, data)
+    if a.warmup:  # a throwaway copy: compilation and first connections happen outside the timed loop
+        warm, _, _ = stepper(a, data)
+        for n in range(a.warmup):
+            warm(n)
+    train_step, model, state = stepper(a, data)
     tx_x, tx_y = data.test.x[: a.eval_samples], data.test.y[: a.eval_samples]
     train_s, curve, reached, acc, step = 0.0, [], None, float("nan"), 0
     dist.barrier()
@@ -232,8 +279,8 @@ def launch(net: Any, a: argparse.Namespace, method: str, result: Path) -> None:
 
 
 def _forward(a: argparse.Namespace) -> list[str]:
-    keys = ("workers", "dataset", "model", "steps", "target", "batch_size", "lr", "momentum", "eval_every",
-            "eval_samples", "seed", "timeout", "kernel")
+    keys = ("workers", "dataset", "model", "hidden", "downlink_bits", "warmup", "steps", "target", "batch_size", "lr",
+            "momentum", "eval_every", "eval_samples", "seed", "timeout", "kernel")
     return [x for k in keys for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
 
 
@@ -244,16 +291,45 @@ def link_s(row: dict[str, Any]) -> float:
     return 8 * max(row["wire_bytes_per_rank"]) / rate_bits(row["rate"])
 
 
-def table(rows: list[dict[str, Any]], target: float) -> str:
-    head = (f"{'rate':>8} {'method':>17} {'time to ' + format(target, '.0%'):>13} {'steps':>6} {'final acc':>9} "
-            f"{'wire MB':>8} {'MB/step':>8} {'link s':>7} {'ms/step':>8} {'payload ratio':>13}")
-    lines = [head, "-" * len(head)]
+def time_to_target(runs: list[dict[str, Any]]) -> float | None:
+    """Median over repeats of the training time to the target (None if any repeat missed it)."""
+    times = [r["reached"]["train_s"] if r["reached"] else None for r in runs]
+    return None if None in times else statistics.median(times)
+
+
+def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The runs of each (rate, method), in first-seen order."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        t = f"{r['reached']['train_s']:.1f} s" if r["reached"] else "—"
+        out.setdefault((r["rate"], r["method"]), []).append(r)
+    return out
+
+
+def speedup(groups: dict[tuple[str, str], list[dict[str, Any]]], rate: str, method: str, ref: str) -> str:
+    """``ref``'s median time to target over ``method``'s, at the same rate ("—" if either missed or is absent)."""
+    if (rate, ref) not in groups:
+        return "—"
+    mine, theirs = time_to_target(groups[(rate, method)]), time_to_target(groups[(rate, ref)])
+    return f"{theirs / mine:.2f}x" if mine and theirs else "—"
+
+
+def table(rows: list[dict[str, Any]], target: float) -> str:
+    """One line per (rate, method): median time to target (range over repeats), speed-ups against fp32
+    DDP and the fp16 hook, and the first repeat's steps, accuracy, bytes and step time."""
+    groups = grouped(rows)
+    head = (f"{'rate':>8} {'method':>19} {'time to ' + format(target, '.0%'):>17} {'vs fp32':>7} {'vs fp16':>7} "
+            f"{'steps':>5} {'final acc':>9} {'MB/step':>8} {'link s':>7} {'ms/step':>8} {'sent ratio':>10}")
+    lines = [head, "-" * len(head)]
+    for (rate, method), runs in groups.items():
+        r, best = runs[0], time_to_target(runs)
+        t = "—" if best is None else f"{best:.1f} s"
+        if best is not None and len(runs) > 1:
+            t += f" [{min(x['reached']['train_s'] for x in runs):.1f}-{max(x['reached']['train_s'] for x in runs):.1f}]"
         ratio = f"{r['payload_ratio']:.2f}" if r.get("payload_ratio") else "—"
-        lines.append(f"{r['rate']:>8} {r['method']:>17} {t:>13} {r['steps']:>6} {r['final_acc']:>9.4f} "
-                     f"{r['wire_bytes'] / 1e6:>8.2f} {r['wire_bytes'] / 1e6 / r['steps']:>8.3f} {link_s(r):>7.1f} "
-                     f"{1000 * r['train_s'] / r['steps']:>8.1f} {ratio:>13}")
+        lines.append(f"{rate:>8} {method:>19} {t:>17} {speedup(groups, rate, method, 'fp32'):>7} "
+                     f"{speedup(groups, rate, method, 'fp16'):>7} {r['steps']:>5} {r['final_acc']:>9.4f} "
+                     f"{r['wire_bytes'] / 1e6 / r['steps']:>8.3f} {link_s(r):>7.1f} "
+                     f"{1000 * r['train_s'] / r['steps']:>8.1f} {ratio:>10}")
     return "\n".join(lines)
 
 
@@ -279,6 +355,24 @@ def plot(rows: list[dict[str, Any]], target: float, path: Path) -> None:
     plt.close(fig)
 
 
+def check_args(a: argparse.Namespace, methods: list[str]) -> str:
+    """What is wrong with the options ("" if nothing)."""
+    bad = sorted(set(methods) - set(METHODS))
+    if bad:
+        return f"unknown methods {bad} (choose from {', '.join(METHODS)})"
+    if a.workers < 2:
+        return f"--workers must be >= 2, got {a.workers}"
+    if a.hidden and (a.model != "mlp" or any((variant(m) or ("", ""))[1] == "trainer" for m in methods)):
+        return "--hidden applies to --model mlp under DDP only (the -trainer rows build the config's model)"
+    if a.hidden and not all(h.strip().isdigit() and int(h) > 0 for h in a.hidden.split(",")):
+        return f"--hidden must be comma-separated positive widths, got {a.hidden!r}"
+    if a.downlink_bits != "fp32" and not (a.downlink_bits.isdigit() and 2 <= int(a.downlink_bits) <= 16):
+        return f"--downlink-bits must be 2..16 or fp32, got {a.downlink_bits!r}"
+    if a.repeats < 1 or a.warmup < 0:
+        return "--repeats must be >= 1 and --warmup >= 0"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.rank is not None:
@@ -288,11 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     from netns import NetworkUnavailable, PrivateNetwork
 
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
-    bad = sorted(set(methods) - set(METHODS))
-    if bad or a.workers < 2:
-        print(f"bench network: unknown methods {bad} (choose from {METHODS}) or workers < 2", file=sys.stderr)
+    problem = check_args(a, methods)
+    if problem:
+        print(f"bench network: {problem}", file=sys.stderr)
         return 2
     out = Path(a.out)
+    if (out / "network.json").exists() and not a.force:
+        print(f"bench network: {out / 'network.json'} exists: choose another --out, or --force to replace it",
+              file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     try:
         net = PrivateNetwork(a.workers)
@@ -303,21 +401,29 @@ def main(argv: list[str] | None = None) -> int:
     with net, tempfile.TemporaryDirectory(prefix="dqsgd-bench-") as tmp:
         for rate in [r.strip() for r in a.rates.split(",") if r.strip()]:
             net.shape(rate)
-            for method in methods:
-                res = Path(tmp, f"{rate}-{method}.json")
-                start = time.perf_counter()
-                launch(net, a, method, res)
-                row = {"rate": rate, **json.loads(res.read_text()), "run_s": time.perf_counter() - start}
-                rows.append(row)
-                print(f"{rate} {method}: {row['steps']} steps, acc {row['final_acc']:.4f}, "
-                      f"{row['wire_bytes'] / 1e6:.1f} MB on the wire, {row['run_s']:.0f} s in all", flush=True)
+            for rep in range(a.repeats):  # interleaved: a slow spell of the shared machine hits every method
+                for method in methods:
+                    res = Path(tmp, f"{rate}-{method}-{rep}.json")
+                    start = time.perf_counter()
+                    launch(net, a, method, res)
+                    row = {"rate": rate, "repeat": rep, **json.loads(res.read_text()),
+                           "run_s": time.perf_counter() - start}
+                    rows.append(row)
+                    reached = f"{row['reached']['train_s']:.1f} s" if row["reached"] else "not reached"
+                    print(f"{rate} {method} #{rep}: {row['steps']} steps, acc {row['final_acc']:.4f}, target "
+                          f"{reached}, {row['wire_bytes'] / 1e6:.1f} MB on the wire, {row['run_s']:.0f} s in all",
+                          flush=True)
     print()
     print(table(rows, a.target))
-    facts = {k: getattr(a, k) for k in ("workers", "dataset", "model", "steps", "target", "batch_size", "lr",
-                                        "momentum", "eval_every", "eval_samples", "seed", "kernel")}
-    (out / "network.json").write_text(json.dumps({"config": facts, "runs": rows}, indent=2))
+    facts = {k: getattr(a, k) for k in ("workers", "rates", "dataset", "model", "hidden", "downlink_bits", "warmup",
+                                        "repeats", "steps", "target", "batch_size", "lr", "momentum", "eval_every",
+                                        "eval_samples", "seed", "kernel")}
+    command = "sudo .venv/bin/python benchmarks/network/bench_network.py " + " ".join(
+        shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    (out / "network.json").write_text(json.dumps({"command": command, "config": facts, "runs": rows}, indent=2))
+    (out / "table.txt").write_text(f"{command}\n\n{table(rows, a.target)}\n")
     plot(rows, a.target, out / "network.png")
-    print(f"\n{out / 'network.json'}, {out / 'network.png'}")
+    print(f"\n{out / 'network.json'}, {out / 'table.txt'}, {out / 'network.png'}")
     return 0
 
 

@@ -1,0 +1,69 @@
+"""benchmarks/network/bench_network.py without root: its method names, option checks, the table's
+medians and speed-ups, and its refusal to overwrite a finished run (the shaped runs themselves need root
+and minutes, so they are run by hand; see the script's docstring)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dqsgd import bench_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "network"))  # the script imports its netns helper
+    module = bench_cli.load_script("network/bench_network.py")
+    assert module is not None
+    return module
+
+
+def test_method_names_map_to_engine_and_topology(bench: Any) -> None:
+    assert bench.variant("qsgd-4bit") == ("qsgd-4bit", "hook", "sharded")
+    assert bench.variant("dqsgd-allgather") == ("dqsgd", "hook", "allgather")
+    assert bench.variant("dqsgd-trainer") == ("dqsgd", "trainer", "sharded")
+    assert [bench.variant(m) for m in ("fp32", "fp16", "powersgd", "dqsgd-bogus")] == [None] * 4
+    assert set(bench.DEFAULT_METHODS) <= set(bench.METHODS)
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--methods", "fp32,nope"], "unknown methods ['nope']"),
+    (["--workers", "1"], "--workers must be >= 2"),
+    (["--hidden", "512,x"], "--hidden must be comma-separated positive widths"),
+    (["--hidden", "512", "--model", "cnn"], "--hidden applies to --model mlp"),
+    (["--hidden", "512", "--methods", "fp32,dqsgd-trainer"], "--hidden applies to --model mlp"),
+    (["--downlink-bits", "17"], "--downlink-bits must be 2..16 or fp32"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+])
+def test_bad_options_exit_2_with_the_reason(bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            argv: list[str], problem: str) -> None:
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 2
+    assert problem in capsys.readouterr().err
+    assert not (tmp_path / "network.json").exists()
+
+
+def test_a_finished_run_is_not_overwritten(bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "network.json").write_text("{}")
+    assert bench.main(["--out", str(tmp_path)]) == 2
+    assert "exists" in capsys.readouterr().err and (tmp_path / "network.json").read_text() == "{}"
+
+
+def _row(method: str, seconds: float | None, rep: int = 0) -> dict[str, Any]:
+    return {"rate": "100mbit", "method": method, "repeat": rep, "steps": 100, "final_acc": 0.9, "train_s": 9.0,
+            "reached": None if seconds is None else {"step": 90, "train_s": seconds},
+            "wire_bytes": 4_000_000, "wire_bytes_per_rank": [1_250_000, 1_000_000], "payload_ratio": None}
+
+
+def test_table_gives_median_over_repeats_and_speedups_against_fp32_and_fp16(bench: Any) -> None:
+    rows = [_row("fp32", 12.0, 0), _row("fp16", 6.0, 0), _row("dqsgd", 3.0, 0), _row("qsgd-4bit", None, 0),
+            _row("fp32", 10.0, 1), _row("fp16", 6.0, 1), _row("dqsgd", 5.0, 1), _row("qsgd-4bit", 2.0, 1),
+            _row("fp32", 11.0, 2), _row("fp16", 6.0, 2), _row("dqsgd", 4.0, 2), _row("qsgd-4bit", 2.0, 2)]
+    lines = {line.split()[1]: line for line in bench.table(rows, 0.9).splitlines()[2:]}
+    assert "11.0 s [10.0-12.0]" in lines["fp32"] and "1.00x   0.55x" in lines["fp32"]
+    assert "4.0 s [3.0-5.0]" in lines["dqsgd"] and "2.75x   1.50x" in lines["dqsgd"]
+    assert lines["qsgd-4bit"].split()[2:5] == ["—", "—", "—"]  # one repeat missed the target: no median
+    assert " 0.1 " in lines["fp32"]  # link s: the busiest rank's 1.25 MB at 100 Mbit/s
