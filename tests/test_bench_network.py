@@ -67,3 +67,23 @@ def test_table_gives_median_over_repeats_and_speedups_against_fp32_and_fp16(benc
     assert "4.0 s [3.0-5.0]" in lines["dqsgd"] and "2.75x   1.50x" in lines["dqsgd"]
     assert lines["qsgd-4bit"].split()[2:5] == ["—", "—", "—"]  # one repeat missed the target: no median
     assert " 0.1 " in lines["fp32"]  # link s: the busiest rank's 1.25 MB at 100 Mbit/s
+
+
+def test_summary_tables_several_runs_with_their_commands(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "network"))
+    summarize = bench_cli.load_script("network/summarize.py")
+    assert summarize is not None
+    config = {"workers": 4, "model": "mlp", "hidden": "", "target": 0.9}
+    run = tmp_path / "w4"
+    run.mkdir()
+    (run / "network.json").write_text(json.dumps({"command": "sudo bench --workers 4", "config": config,
+                                                  "runs": [_row("fp32", 12.0), _row("dqsgd", 3.0)]}))
+    assert summarize.main([str(run), "--out", str(tmp_path / "sum")]) == 0
+    md = (tmp_path / "sum" / "summary.md").read_text()
+    assert "| W = 4, mlp, target 90% | 100mbit | DQSGD sharded | 3.0 | 4.00x | — | 100 | 0.013 |" in md
+    assert "`sudo bench --workers 4`" in md and (tmp_path / "sum" / "summary.png").stat().st_size > 0
+    assert summarize.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "no network.json" in capsys.readouterr().err

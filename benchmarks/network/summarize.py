@@ -1,0 +1,98 @@
+"""One table and one figure from several ``bench_network.py`` runs (each its own ``--out`` folder).
+
+    python benchmarks/network/summarize.py RUN_DIR [RUN_DIR ...] --out results/network
+
+Writes ``summary.md`` (a Markdown table: per run setting and rate, each method's median time to
+target, its speed-up against fp32 DDP and the fp16 hook, and the busiest rank's bytes per step) and
+``summary.png`` (time to target per method, one panel per run setting, one bar group per rate).
+Each run's exact command comes from its ``network.json`` and is printed under the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_network import grouped, speedup, time_to_target  # noqa: E402
+
+LABELS = {"fp32": "fp32 DDP", "fp16": "fp16 hook", "powersgd": "PowerSGD rank 1", "qsgd-4bit": "QSGD-4 sharded",
+          "dqsgd": "DQSGD sharded", "qsgd-4bit-allgather": "QSGD-4 all-gather", "dqsgd-allgather": "DQSGD all-gather",
+          "qsgd-4bit-trainer": "QSGD-4 trainer (sharded)", "dqsgd-trainer": "DQSGD trainer (sharded)"}
+
+
+def setting(run: dict[str, Any]) -> str:
+    """A run's name in the table: W, model and parameter count."""
+    c = run["config"]
+    model = c["model"] + (f" {c['hidden']}" if c.get("hidden") else "")
+    return f"W = {c['workers']}, {model}, target {c['target']:.0%}"
+
+
+def markdown(runs: list[dict[str, Any]]) -> str:
+    lines = ["| setting | rate | method | time to target (s) | vs fp32 | vs fp16 | steps | busiest rank MB/step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        groups = grouped(run["runs"])
+        for (rate, method), rows in groups.items():
+            t = time_to_target(rows)
+            per_rank = max(rows[0]["wire_bytes_per_rank"]) / 1e6 / rows[0]["steps"]
+            lines.append(f"| {setting(run)} | {rate} | {LABELS.get(method, method)} | "
+                         f"{'—' if t is None else f'{t:.1f}'} | {speedup(groups, rate, method, 'fp32')} | "
+                         f"{speedup(groups, rate, method, 'fp16')} | {rows[0]['steps']} | {per_rank:.3f} |")
+    lines.append("")
+    lines += [f"- {setting(run)}: `{run.get('command', '(command not recorded)')}`" for run in runs]
+    return "\n".join(lines) + "\n"
+
+
+def figure(runs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.5), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        groups = grouped(run["runs"])
+        rates = list(dict.fromkeys(r for r, _ in groups))
+        methods = list(dict.fromkeys(m for _, m in groups))
+        width = 0.8 / len(methods)
+        for i, m in enumerate(methods):
+            ys = [time_to_target(groups[(r, m)]) if (r, m) in groups else None for r in rates]
+            xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(rates))]
+            bars = ax.bar(xs, [y or 0 for y in ys], width, label=LABELS.get(m, m))
+            for bar, y in zip(bars, ys):
+                if y is None:  # never reached the target: marked, not drawn as fast
+                    ax.annotate("×", (bar.get_x() + bar.get_width() / 2, 0), ha="center", va="bottom")
+        ax.set_xticks(range(len(rates)), [f"{r} per link" for r in rates])
+        ax.set(title=setting(run), ylabel="training time to target (s, median)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="folders written by bench_network.py --out")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    missing = [d for d in a.runs if not (Path(d) / "network.json").is_file()]
+    if missing:
+        print(f"summarize: no network.json in {missing}", file=sys.stderr)
+        return 2
+    runs = [json.loads((Path(d) / "network.json").read_text()) for d in a.runs]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(markdown(runs))
+    figure(runs, out / "summary.png")
+    print(markdown(runs))
+    print(f"{out / 'summary.md'}, {out / 'summary.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
