@@ -23,6 +23,7 @@ import torch
 if TYPE_CHECKING:  # the codec modules load numba: imported on first use only
     from dqsgd.codecs.header import Header
     from dqsgd.kernels import HashRNG
+    from dqsgd.kernels.codec import FixedPlan
     from dqsgd.pipeline import Method
     from dqsgd.quantizers import Layout, Norm
 
@@ -112,16 +113,75 @@ def encode_shard(m: Method, x: torch.Tensor, bits: int, rng: HashRNG, generator:
 def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor,
                bad: torch.Tensor | None = None) -> None:
     """``out += Σ_w x̂_w`` in rank order (bit-identical to summing ``dequantize(decode(p_w))``);
-    ``bad``: deferred validation on the device path (:func:`decode_accumulate_payload`)."""
+    ``bad``: deferred validation on the device path (:func:`decode_accumulate_payload`).
+
+    CPU fast path: a payload whose header bytes are the expected ones (scheme, width, numel,
+    norm, layout: what ``_check_uplink`` checks) is decoded by the shard's :class:`FixedPlan`
+    without parsing its header; any other payload is parsed, so that it is refused as it always was.
+    """
     from dqsgd.codecs import PayloadError
 
     expect = (bits, m.norm, m.layout) if fast_path(m) else None
+    plan = cpu_plan(m.numel, bits, m.norm, m.layout, out) if expect and m.width(bits) == bits else None
     for w, p in enumerate(payloads):
         try:
+            if plan is not None and plan.matches(p.numpy()):
+                plan.accumulate(p.numpy(), out)
+                continue
             h = decode_accumulate_payload(p, out, max_numel=max(m.numel, 1), expect=expect, bad=bad)
         except PayloadError as e:
             raise PayloadError(f"rank {w}: {e}") from None
         m._check_uplink(h.scheme, h.numel, h.bits, bits, w)
+
+
+def cpu_plan(numel: int, bits: int, norm: Norm, layout: Layout, t: torch.Tensor) -> FixedPlan | None:
+    """The :class:`FixedPlan` of a uniform FIXED payload when ``t``'s codec is the numba one
+    (a CPU tensor, not routed through the device codec), else None."""
+    if device_path(t):
+        return None
+    from dqsgd.kernels.codec import fixed_plan
+
+    return fixed_plan(numel, bits, norm, layout)
+
+
+def encode_messages(shards: list[Method], bounds: list[tuple[int, int]], flat: torch.Tensor, bits: int,
+                    rngs: list[HashRNG]) -> tuple[torch.Tensor, list[int]] | None:
+    """Every shard's payload followed by one (zero) flag byte, written by the shards' :class:`FixedPlan`
+    straight into one ``uint8`` tensor (the collective's send buffer): the bytes of
+    :func:`messages` of the :func:`encode_shard` payloads; returned with the payloads' sizes.
+    None where that path does not apply (not :func:`fast_path`, or not the CPU codec).
+
+    Raises:
+      NonFiniteGradientError: ``flat`` has NaN or Inf.
+    """
+    if not all(fast_path(m) for m in shards):
+        return None
+    plans = [cpu_plan(hi - lo, bits, m.norm, m.layout, flat) for m, (lo, hi) in zip(shards, bounds)]
+    if any(p is None for p in plans):
+        return None
+    send = torch.empty(sum(p.size + 1 for p in plans), dtype=torch.uint8)
+    buf, at = send.numpy(), 0
+    for plan, (lo, hi), rng in zip(plans, bounds, rngs):
+        plan.encode_into(flat[lo:hi], rng, buf[at : at + plan.size])
+        buf[at + plan.size] = 0
+        at += plan.size + 1
+    return send, [p.size for p in plans]
+
+
+def messages(payloads: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
+    """``payload_0, flag, payload_1, flag, …`` in one ``uint8`` tensor."""
+    return torch.cat([t for p in payloads for t in (p, flags.reshape(1))])
+
+
+def set_flags(send: torch.Tensor, sizes: list[int], flag: int) -> list[torch.Tensor]:
+    """Write ``flag`` after each payload of a CPU :func:`messages` buffer whose payloads have
+    ``sizes`` bytes; returns the payloads (views)."""
+    buf, at, out = send.numpy(), 0, []
+    for n in sizes:
+        out.append(send[at : at + n])
+        buf[at + n] = flag
+        at += n + 1
+    return out
 
 
 def vote(m: Method, payloads: list[torch.Tensor], bits: int, abstain: list[bool]) -> torch.Tensor:
