@@ -80,6 +80,10 @@ def decode_accumulate_payload(payload: torch.Tensor, out: torch.Tensor, weight: 
     compare the header on the device instead of reading it to the host; with ``bad`` (a 0-dim bool
     tensor) the crc, padding and code-range checks are ORed into it instead of raising, so nothing
     waits for the device (the hook reads ``bad`` a step later, see ``BucketState.check_payloads``).
+
+    CPU: with ``expect``, a payload whose header bytes are the expected ones is decoded by its
+    :class:`FixedPlan` without parsing the header (crc, scales, padding and codes still checked);
+    any other payload is parsed, and refused as ``decode`` refuses it.
     """
     if device_path(out):
         from dqsgd.kernels.device import decode_accumulate_device, expected_header
@@ -91,7 +95,11 @@ def decode_accumulate_payload(payload: torch.Tensor, out: torch.Tensor, weight: 
                                         bad=bad if check == "defer" else None)
     from dqsgd.kernels import decode_accumulate
 
-    return decode_accumulate(payload.numpy(), out, weight, max_numel=max_numel)
+    arr = payload.numpy()
+    plan = None if expect is None else _cpu_plan(out.numel(), *expect, out)
+    if plan is not None and plan.matches(arr):
+        return plan.accumulate(arr, out, weight)
+    return decode_accumulate(arr, out, weight, max_numel=max_numel)
 
 
 def fast_path(m: Method) -> bool:
@@ -113,28 +121,19 @@ def encode_shard(m: Method, x: torch.Tensor, bits: int, rng: HashRNG, generator:
 def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor,
                bad: torch.Tensor | None = None) -> None:
     """``out += Σ_w x̂_w`` in rank order (bit-identical to summing ``dequantize(decode(p_w))``);
-    ``bad``: deferred validation on the device path (:func:`decode_accumulate_payload`).
-
-    CPU fast path: a payload whose header bytes are the expected ones (scheme, width, numel,
-    norm, layout: what ``_check_uplink`` checks) is decoded by the shard's :class:`FixedPlan`
-    without parsing its header; any other payload is parsed, so that it is refused as it always was.
-    """
+    ``bad``: deferred validation on the device path (:func:`decode_accumulate_payload`)."""
     from dqsgd.codecs import PayloadError
 
     expect = (bits, m.norm, m.layout) if fast_path(m) else None
-    plan = cpu_plan(m.numel, bits, m.norm, m.layout, out) if expect and m.width(bits) == bits else None
     for w, p in enumerate(payloads):
         try:
-            if plan is not None and plan.matches(p.numpy()):
-                plan.accumulate(p.numpy(), out)
-                continue
             h = decode_accumulate_payload(p, out, max_numel=max(m.numel, 1), expect=expect, bad=bad)
         except PayloadError as e:
             raise PayloadError(f"rank {w}: {e}") from None
         m._check_uplink(h.scheme, h.numel, h.bits, bits, w)
 
 
-def cpu_plan(numel: int, bits: int, norm: Norm, layout: Layout, t: torch.Tensor) -> FixedPlan | None:
+def _cpu_plan(numel: int, bits: int, norm: Norm, layout: Layout, t: torch.Tensor) -> FixedPlan | None:
     """The :class:`FixedPlan` of a uniform FIXED payload when ``t``'s codec is the numba one
     (a CPU tensor, not routed through the device codec), else None."""
     if device_path(t):
@@ -156,7 +155,7 @@ def encode_messages(shards: list[Method], bounds: list[tuple[int, int]], flat: t
     """
     if not all(fast_path(m) for m in shards):
         return None
-    plans = [cpu_plan(hi - lo, bits, m.norm, m.layout, flat) for m, (lo, hi) in zip(shards, bounds)]
+    plans = [_cpu_plan(hi - lo, bits, m.norm, m.layout, flat) for m, (lo, hi) in zip(shards, bounds)]
     if any(p is None for p in plans):
         return None
     send = torch.empty(sum(p.size + 1 for p in plans), dtype=torch.uint8)
@@ -206,6 +205,23 @@ def downlink_size(m: Method, dbits: int) -> int:
     if dbits == FP32:
         return predicted_size(m.numel, 32, 0, 1, Layout(), Coding.FIXED)
     return m.message_bits(dbits) // 8
+
+
+def encode_downlink_padded(m: Method, avg: torch.Tensor, dbits: int, rng: HashRNG,
+                           size: int) -> tuple[torch.Tensor, int]:
+    """:func:`encode_downlink`'s payload followed by zeros up to ``size`` bytes, and its length: on
+    the CPU codec written in place into the all-gather's buffer (same bytes)."""
+    from dqsgd.quantizers import Norm
+
+    plan = None if dbits == FP32 else _cpu_plan(m.numel, dbits, Norm.MAX, m.layout, avg)
+    if plan is None or plan.size > size:
+        pay = encode_downlink(m, avg, dbits, rng)
+        return pad(pay, max(size, pay.numel())), pay.numel()
+    msg = torch.empty(size, dtype=torch.uint8)
+    buf = msg.numpy()
+    plan.encode_into(avg, rng, buf[: plan.size])
+    buf[plan.size :] = 0
+    return msg, plan.size
 
 
 def encode_downlink(m: Method, avg: torch.Tensor, dbits: int, rng: HashRNG) -> torch.Tensor:

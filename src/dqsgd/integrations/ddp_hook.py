@@ -230,10 +230,10 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
         msgs = recv.split(recv_sizes)
         flg = torch.stack([msg[-1] for msg in msgs])
         avg = _average(b, b.shards[rank], [msg[:-1] for msg in msgs], flg, bits, world, grad.device)
-        pay = codec.encode_downlink(b.shards[rank], avg, dbits, HashRNG(b.down_seed, step, rank))
-        if pay.numel() != dsizes[rank]:
-            raise RuntimeError(f"downlink payload of {pay.numel()} bytes, predicted {dsizes[rank]}")
-        mine_down = codec.pad(pay, dmax)
+        mine_down, n = codec.encode_downlink_padded(b.shards[rank], avg, dbits, HashRNG(b.down_seed, step, rank),
+                                                    dmax)
+        if n != dsizes[rank]:
+            raise RuntimeError(f"downlink payload of {n} bytes, predicted {dsizes[rank]}")
         gathered = [torch.empty_like(mine_down) for _ in range(world)]
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
             lambda: _assemble(b, gathered, dsizes, dbits, flg, step, spent, grad)

@@ -37,7 +37,10 @@ from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
 
-__all__ = ["FixedPlan", "decode_accumulate", "encode_uniform_fast", "fixed_plan", "quantize_uniform_fast", "read_header", "segment_starts"]
+__all__ = [
+    "FixedPlan", "decode_accumulate", "encode_uniform_fast", "fixed_plan", "inverse_norms", "quantize_uniform_fast",
+    "read_header", "segment_starts",
+]
 
 MIN_CHUNKS_PER_THREAD = 64  # 256K coordinates: below that a thread costs more than it saves
 levels_of = levels_for_bits  # this module's earlier name for it, kept for importers
@@ -71,22 +74,44 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
         scales = segment_reduce(flat, layout, "l2").numpy().astype(np.float32)
         require_finite(torch.from_numpy(scales), "fused uniform quantizer")
     elif n:
-        parts = run_split(fused.absmax_range, n, flat.numpy().view(np.int32), starts,
-                          min_per_thread=MIN_CHUNKS_PER_THREAD * fused.CHUNK)
-        scales = np.maximum.reduce(parts).view(np.float32)  # max of the bits = the bits of the max
-        if not np.isfinite(scales).all():  # max |x| is NaN or Inf exactly when some x_i is
-            raise NonFiniteGradientError(
-                f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
-                "refusing to quantize")
+        scales = _max_norms(flat, starts)
     s = levels_for_bits(bits)
-    sc = torch.from_numpy(scales)
-    # The very expression of quantize_uniform, so inv (and so every code) is bit-identical.
-    inv = torch.where(sc > 0, s / sc, torch.zeros_like(sc)).numpy()
-    if not np.isfinite(inv).all():  # quantize_uniform shares this limit (its codes come out invalid)
+    return flat, starts, torch.from_numpy(scales), inverse_norms(scales, s), s
+
+
+def _max_norms(flat: torch.Tensor, starts: np.ndarray) -> np.ndarray:
+    """max |x| per segment (float32) of a non-empty ``flat``, on one thread below
+    ``2·MIN_CHUNKS_PER_THREAD`` chunks (where ``run_split`` would make one range anyway)."""
+    n, xb = flat.numel(), flat.numpy().view(np.int32)
+    if n < 2 * MIN_CHUNKS_PER_THREAD * fused.CHUNK:
+        scales = fused.absmax_range(xb, starts, 0, n).view(np.float32)
+    else:
+        parts = run_split(fused.absmax_range, n, xb, starts, min_per_thread=MIN_CHUNKS_PER_THREAD * fused.CHUNK)
+        scales = np.maximum.reduce(parts).view(np.float32)  # max of the bits = the bits of the max
+    if not np.isfinite(scales).all():  # max |x| is NaN or Inf exactly when some x_i is
+        raise NonFiniteGradientError(
+            f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
+            "refusing to quantize")
+    return scales
+
+
+def inverse_norms(scales: np.ndarray, levels: int) -> np.ndarray:
+    """s/norm per segment (0 for a zero norm), float32: the values of quantize_uniform's
+    ``torch.where(sc > 0, s / sc, 0)`` (so every code is bit-identical) without three torch calls.
+    Torch computes ``s / sc`` as ``sc.reciprocal() * s`` (two float32 roundings), so this does too.
+
+    Raises:
+      ValueError: a norm so small that s/norm overflows float32 (quantize_uniform shares this
+        limit: its codes come out invalid).
+    """
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.reciprocal(scales) * np.float32(levels)
+    inv[~(scales > 0)] = 0
+    if not np.isfinite(inv).all():
         r = float(scales[~np.isfinite(inv)][0])
-        raise ValueError(f"fused uniform quantizer: a segment norm of {r:.3g} is too small: s/norm = {s}/{r:.3g} "
+        raise ValueError(f"fused uniform quantizer: a segment norm of {r:.3g} is too small: s/norm = {levels}/{r:.3g} "
                          "overflows float32 (norms must be 0 or above s·2^-128)")
-    return flat, starts, sc, inv, s
+    return inv
 
 
 def _args(flat, starts, inv, s, bits, rng):
@@ -285,7 +310,7 @@ class FixedPlan:
         if out.dtype != np.uint8 or out.shape != (self.size,):
             raise ValueError(f"out must be a uint8 array of {self.size} bytes, got {out.dtype} {out.shape}")
         scales = self._scales(flat)
-        inv = self._inv(scales)
+        inv = inverse_norms(scales, self.levels)
         head = self.head_len
         out[:head] = self.template
         out[self.scales_at : head - 4] = scales.view(np.uint8)
@@ -316,31 +341,7 @@ class FixedPlan:
             return scales
         if not self.numel:
             return np.zeros(self.starts.size - 1, dtype=np.float32)
-        xb = flat.numpy().view(np.int32)
-        if self.numel < 2 * MIN_CHUNKS_PER_THREAD * fused.CHUNK:  # run_split's single range
-            scales = fused.absmax_range(xb, self.starts, 0, self.numel).view(np.float32)
-        else:
-            parts = run_split(fused.absmax_range, self.numel, xb, self.starts,
-                              min_per_thread=MIN_CHUNKS_PER_THREAD * fused.CHUNK)
-            scales = np.maximum.reduce(parts).view(np.float32)
-        if not np.isfinite(scales).all():  # max |x| is NaN or Inf exactly when some x_i is
-            raise NonFiniteGradientError(
-                f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
-                "refusing to quantize")
-        return scales
-
-    def _inv(self, scales: np.ndarray) -> np.ndarray:
-        """s/norm per segment (0 for a zero norm) as the float32 ``torch.where(sc > 0, s / sc, 0)``
-        computes it: torch's ``s / sc`` is ``sc.reciprocal() * s``, two float32 roundings."""
-        with np.errstate(divide="ignore", over="ignore"):
-            inv = np.reciprocal(scales) * np.float32(self.levels)
-        inv[~(scales > 0)] = 0
-        if not np.isfinite(inv).all():
-            r = float(scales[~np.isfinite(inv)][0])
-            raise ValueError(f"fused uniform quantizer: a segment norm of {r:.3g} is too small: "
-                             f"s/norm = {self.levels}/{r:.3g} overflows float32 "
-                             "(norms must be 0 or above s·2^-128)")
-        return inv
+        return _max_norms(flat, self.starts)
 
     # --------------------------------------------------------------------------------- decode
 
@@ -350,8 +351,9 @@ class FixedPlan:
         return (payload.size == self.size
                 and payload[: self.scales_at].tobytes() + payload[head - 4 : head].tobytes() == self._fixed)
 
-    def accumulate(self, payload: np.ndarray, out: torch.Tensor | np.ndarray, weight: float = 1.0) -> None:
-        """``out += weight · x̂`` of a payload of this plan: the sum :func:`decode_accumulate` makes.
+    def accumulate(self, payload: np.ndarray, out: torch.Tensor | np.ndarray, weight: float = 1.0) -> Header:
+        """``out += weight · x̂`` of a payload of this plan: the sum :func:`decode_accumulate` makes;
+        returns the payload's header, as it does.
 
         ``payload``: a uint8 array. One whose size or header bytes differ from this plan's is
         parsed to say what is wrong with it, and refused.
@@ -374,8 +376,10 @@ class FixedPlan:
         scales = payload[self.scales_at : self.head_len - 4].view("<f4").astype(np.float32)
         if not np.isfinite(scales).all():
             raise PayloadError(f"non-finite scale in the scales at offset {self.scales_at}")
+        header = Header(Scheme.UNIFORM, self.bits, Coding.FIXED, self.norm, self.levels, (self.numel,), self.layout,
+                        scales, self.head_len, self.body_len)
         if not self.numel:
-            return
+            return header
         body = payload[self.head_len : self.head_len + self.body_len]
         tail = (self.numel * self.bits) % 8
         if tail and body[-1] >> tail:
@@ -387,6 +391,7 @@ class FixedPlan:
         if lo < self._range.lo or hi > self._range.hi:
             raise PayloadError(f"body at offset {self.head_len}: codes span [{lo}, {hi}], "
                                f"the scheme allows [{self._range.lo}, {self._range.hi}]")
+        return header
 
 
 @functools.lru_cache(maxsize=1024)
