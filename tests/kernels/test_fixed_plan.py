@@ -85,6 +85,19 @@ def test_inverse_norms_equal_torchs_expression_bitwise() -> None:
         assert np.array_equal(got.view(np.uint32), want[ok].view(np.uint32))
         with pytest.raises(ValueError, match="too small"):
             inverse_norms(sc, s)  # the tiny norms whose s/norm overflows are refused
+        for bad in (np.nan, np.inf):
+            with pytest.raises(NonFiniteGradientError):
+                inverse_norms(np.float32([1.0, bad]), s)
+
+
+def test_numpy_steps_equal_torchs_bitwise() -> None:
+    """The decoder's step scale/levels: numpy's float32 division gives torch's floats (``_steps``)."""
+    bits = np.random.default_rng(1).integers(0, 0x7F800000, 200_000, dtype=np.int64).astype(np.uint32)
+    sc = bits.view(np.float32)
+    for b in range(1, 17):
+        s = levels_for_bits(b)
+        want = (torch.from_numpy(sc).to(torch.float32) / float(s)).numpy()
+        assert np.array_equal((sc / np.float32(s)).view(np.uint32), want.view(np.uint32))
 
 
 def test_non_finite_input_is_refused() -> None:

@@ -88,26 +88,26 @@ def _max_norms(flat: torch.Tensor, starts: np.ndarray) -> np.ndarray:
     else:
         parts = run_split(fused.absmax_range, n, xb, starts, min_per_thread=MIN_CHUNKS_PER_THREAD * fused.CHUNK)
         scales = np.maximum.reduce(parts).view(np.float32)  # max of the bits = the bits of the max
-    if not np.isfinite(scales).all():  # max |x| is NaN or Inf exactly when some x_i is
-        raise NonFiniteGradientError(
-            f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
-            "refusing to quantize")
-    return scales
+    return scales  # max |x| is NaN or Inf exactly when some x_i is: inverse_norms refuses it
 
 
 def inverse_norms(scales: np.ndarray, levels: int) -> np.ndarray:
     """s/norm per segment (0 for a zero norm), float32: the values of quantize_uniform's
-    ``torch.where(sc > 0, s / sc, 0)`` (so every code is bit-identical) without three torch calls.
-    Torch computes ``s / sc`` as ``sc.reciprocal() * s`` (two float32 roundings), so this does too.
+    ``torch.where(sc > 0, s / sc, 0)`` (so every code is bit-identical), in one compiled call
+    (:func:`dqsgd.kernels.fused.inverse_norms`) instead of three torch ones.
 
     Raises:
+      NonFiniteGradientError: a norm is NaN or Inf (the input held NaN or Inf).
       ValueError: a norm so small that s/norm overflows float32 (quantize_uniform shares this
         limit: its codes come out invalid).
     """
-    with np.errstate(divide="ignore", over="ignore"):
-        inv = np.reciprocal(scales) * np.float32(levels)
-    inv[~(scales > 0)] = 0
-    if not np.isfinite(inv).all():
+    inv = np.empty(scales.size, dtype=np.float32)
+    status = fused.inverse_norms(scales, np.float32(levels), inv)
+    if status == 1:
+        raise NonFiniteGradientError(
+            f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
+            "refusing to quantize")
+    if status == 2:
         r = float(scales[~np.isfinite(inv)][0])
         raise ValueError(f"fused uniform quantizer: a segment norm of {r:.3g} is too small: s/norm = {levels}/{r:.3g} "
                          "overflows float32 (norms must be 0 or above s·2^-128)")
@@ -384,7 +384,7 @@ class FixedPlan:
         tail = (self.numel * self.bits) % 8
         if tail and body[-1] >> tail:
             raise PayloadError(f"non-zero padding bits in the last body byte (offset {self.size - 5})")
-        steps = (torch.from_numpy(scales) / float(self.levels)).numpy()  # as ``dequantize`` computes it
+        steps = scales / np.float32(self.levels)  # float32 division, the floats of ``_steps``
         spans = self._run(fused.accumulate_range, body, self.bits, self._offset, self.bits == 1, self.starts, steps,
                           np.float32(weight), arr)
         lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
