@@ -118,3 +118,15 @@ def test_received_payload_of_another_width_is_refused_as_before() -> None:
     bad[-1] ^= 1
     with pytest.raises(PayloadError, match="rank 0: crc mismatch"):
         codec.accumulate(m, [bad], 5, torch.zeros(m.numel))
+
+
+def test_cached_sizes_follow_width_and_new_shards() -> None:
+    s = HookState("terngrad")  # per-tensor layout: a reordered bucket's shards have other segment counts
+    b = s.bucket(0, torch.zeros(N), SIZES, rank=0, world=2)
+    for width in (2, 5, 2):
+        assert b.uplink_bytes(width) == sum(m.message_bits(width) for m in b.shards) // 8
+    for dbits in (8, codec.FP32, 3):
+        assert b.downlink_sizes(dbits) == [codec.downlink_size(m, dbits) for m in b.shards]
+    before = b.downlink_sizes(8)
+    b2 = s.bucket(0, torch.zeros(N), SIZES[::-1], rank=0, world=2)
+    assert b2 is b and b.downlink_sizes(8) == [codec.downlink_size(m, 8) for m in b.shards] != before

@@ -70,7 +70,7 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.future
 
 def _worth_it(state: HookState, b: BucketState, itemsize: int) -> bool:
     """Predicted ratio (bytes in the bucket's dtype / uplink payload bytes) ≥ min_compression_rate."""
-    payload = sum(m.message_bits(b.width()) for m in b.shards) / 8
+    payload = b.uplink_bytes(b.width())
     return b.numel * itemsize >= state.min_compression_rate * payload
 
 
@@ -216,7 +216,7 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
     dbits = state.downlink_bits
     if b.method.config.aggregate == "majority" and dbits != codec.FP32:
         dbits = 2  # the vote's values {-1, 0, 1} lie on the 2-bit grid: sent exactly
-    dsizes = [codec.downlink_size(m, dbits) for m in b.shards]
+    dsizes = b.downlink_sizes(dbits)
     dmax = max(dsizes)
     state.count(sum(send_sizes) - send_sizes[rank] + (world - 1) * dmax,
                 sum(recv_sizes) - recv_sizes[rank] + (world - 1) * dmax, b.numel, grad.element_size(), b.width(), world)
