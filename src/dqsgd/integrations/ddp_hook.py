@@ -174,7 +174,7 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
                send: torch.Tensor | None, world: int) -> torch.futures.Future[torch.Tensor]:
     """Topology ``allgather``: every rank receives all W messages and decodes them all."""
     up, _ = state.groups()
-    sizes = _sizes(up, torch.tensor([payload.numel()]), codec.fast_path(b.method), world).reshape(-1).tolist()
+    sizes = [row[0] for row in _sizes(up, [payload.numel()], codec.fast_path(b.method), world)]
     size = max(sizes) + 1
     msg = send if send is not None and send.numel() == size else torch.cat([codec.pad(payload, size - 1),
                                                                              flags.reshape(1)])
@@ -193,14 +193,15 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
     return work.get_future().then(decode_and_average)
 
 
-def _sizes(group: dist.ProcessGroup, mine: torch.Tensor, fixed: bool, world: int) -> torch.Tensor:
-    """Every rank's payload sizes (W × len(mine)): known without a collective for fixed widths, where
-    every rank's are the same; else one small blocking all-gather (variable-length codings)."""
+def _sizes(group: dist.ProcessGroup, mine: list[int], fixed: bool, world: int) -> list[list[int]]:
+    """Every rank's payload sizes (W rows of len(mine)): known without a collective for fixed widths,
+    where every rank's are the same; else one small blocking all-gather (variable-length codings)."""
     if fixed:
-        return mine.reshape(1, -1).expand(world, -1)
-    out = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(out, mine, group=group)
-    return torch.stack(out)
+        return [mine] * world
+    t = torch.tensor(mine)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return torch.stack(out).tolist()
 
 
 def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: list[torch.Tensor], flags: torch.Tensor,
@@ -208,9 +209,9 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
     """Topology ``sharded``: all-to-all of shard payloads, rank j averages shard j, quantizes it
     for the downlink and one all-gather delivers every averaged shard to every rank."""
     up, down = state.groups()
-    mine = torch.tensor([p.numel() for p in payloads])
-    table = _sizes(up, mine, codec.fast_path(b.method), world)  # table[w, j]: rank w's payload for shard j
-    send_sizes, recv_sizes = (mine + 1).tolist(), (table[:, rank] + 1).tolist()
+    mine = [p.numel() for p in payloads]
+    table = _sizes(up, mine, codec.fast_path(b.method), world)  # table[w][j]: rank w's payload for shard j
+    send_sizes, recv_sizes = [n + 1 for n in mine], [row[rank] + 1 for row in table]
     send = codec.messages(payloads, flags) if send is None else send
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=grad.device)
     dbits = state.downlink_bits
@@ -220,7 +221,7 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
     dmax = max(dsizes)
     state.count(sum(send_sizes) - send_sizes[rank] + (world - 1) * dmax,
                 sum(recv_sizes) - recv_sizes[rank] + (world - 1) * dmax, b.numel, grad.element_size(), b.width(), world)
-    bits, step, spent = b.bits, b.step, 8 * int(table.sum(1).max())
+    bits, step, spent = b.bits, b.step, 8 * max(sum(row) for row in table)
     b.step += 1
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=up, async_op=True)
 
@@ -228,7 +229,7 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
         from dqsgd.kernels import HashRNG
 
         msgs = recv.split(recv_sizes)
-        flg = torch.stack([msg[-1] for msg in msgs])
+        flg = recv[torch.tensor(recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
         avg = _average(b, b.shards[rank], [msg[:-1] for msg in msgs], flg, bits, world, grad.device)
         mine_down, n = codec.encode_downlink_padded(b.shards[rank], avg, dbits, HashRNG(b.down_seed, step, rank),
                                                     dmax)
