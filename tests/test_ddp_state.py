@@ -6,9 +6,11 @@ import pickle
 import pytest
 import torch
 
+from dqsgd.codecs import PayloadError
 from dqsgd.ddp import HookState
 from dqsgd.integrations import ddp_codec as codec
 from dqsgd.kernels import HashRNG
+from dqsgd.pipeline import ProtocolError
 from dqsgd.sharding import shard_bounds
 
 SIZES = [4064, 127, 1270, 10]  # 5471 elements
@@ -75,3 +77,56 @@ def test_resume_into_a_permuted_first_bucket_warns() -> None:
     with pytest.warns(UserWarning, match="parameter order"):
         b = t.bucket(0, torch.zeros(N), SIZES, 0, 2)
     assert b.step == 4
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("method", ["qsgd-4bit", "qsgd-8bit", "dqsgd"])
+def test_in_place_messages_are_the_concatenated_shard_payloads(world: int, method: str) -> None:
+    """The send buffer the CPU hook encodes in place holds, byte for byte, every encode_shard payload
+    followed by its flag; the padded downlink is the padded encode_downlink; decoding with the
+    expected header adds the same bits as parsing it."""
+    n = 8 * 1001 + 5  # not divisible by W
+    b = HookState(method).bucket(0, torch.zeros(n), [n], rank=1, world=world)
+    g = torch.randn(n, generator=torch.Generator().manual_seed(world))
+    for bits in (2, 4, 11):
+        rngs = [HashRNG(b.seeds[j], 3, 1) for j in range(world)]
+        send, sizes = codec.encode_messages(b.shards, b.bounds, g, bits, rngs)
+        payloads = [codec.encode_shard(m, g[lo:hi], bits, r, b.generator, None, None)[0]
+                    for (lo, hi), m, r in zip(b.bounds, b.shards, rngs)]
+        flag = torch.tensor([codec.FLAG_NONFINITE], dtype=torch.uint8)
+        views = codec.set_flags(send, sizes, codec.FLAG_NONFINITE)
+        assert torch.equal(send, codec.messages(payloads, flag))
+        assert all(torch.equal(v, p) for v, p in zip(views, payloads))
+        for j, ((lo, hi), m) in enumerate(zip(b.bounds, b.shards)):
+            want = codec.encode_downlink(m, g[lo:hi], 8, HashRNG(b.down_seed, 3, j))
+            padded, size = codec.encode_downlink_padded(m, g[lo:hi], 8, HashRNG(b.down_seed, 3, j), want.numel() + 3)
+            assert size == want.numel() and torch.equal(padded, codec.pad(want, want.numel() + 3))
+            parsed, planned = torch.zeros(hi - lo), torch.zeros(hi - lo)
+            codec.decode_accumulate_payload(payloads[j], parsed, max_numel=hi - lo)
+            h = codec.decode_accumulate_payload(payloads[j], planned, max_numel=hi - lo, expect=(bits, m.norm, m.layout))
+            assert h.numel == hi - lo and torch.equal(parsed.view(torch.int32), planned.view(torch.int32))
+
+
+def test_received_payload_of_another_width_is_refused_as_before() -> None:
+    """A payload that is valid but not of the expected width is parsed and refused by the uplink check."""
+    b = HookState("qsgd-4bit").bucket(0, torch.zeros(1000), [1000], rank=0, world=2)
+    m = b.shards[0]
+    p, _ = codec.encode_shard(m, torch.randn(m.numel), 5, HashRNG(0, 0, 0), b.generator, None, None)
+    with pytest.raises(ProtocolError, match="at 4 bits, got UNIFORM with 500 values at 5 bits"):
+        codec.accumulate(m, [p], 4, torch.zeros(m.numel))
+    bad = p.clone()
+    bad[-1] ^= 1
+    with pytest.raises(PayloadError, match="rank 0: crc mismatch"):
+        codec.accumulate(m, [bad], 5, torch.zeros(m.numel))
+
+
+def test_cached_sizes_follow_width_and_new_shards() -> None:
+    s = HookState("terngrad")  # per-tensor layout: a reordered bucket's shards have other segment counts
+    b = s.bucket(0, torch.zeros(N), SIZES, rank=0, world=2)
+    for width in (2, 5, 2):
+        assert b.uplink_bytes(width) == sum(m.message_bits(width) for m in b.shards) // 8
+    for dbits in (8, codec.FP32, 3):
+        assert b.downlink_sizes(dbits) == [codec.downlink_size(m, dbits) for m in b.shards]
+    before = b.downlink_sizes(8)
+    b2 = s.bucket(0, torch.zeros(N), SIZES[::-1], rank=0, world=2)
+    assert b2 is b and b.downlink_sizes(8) == [codec.downlink_size(m, 8) for m in b.shards] != before

@@ -23,6 +23,7 @@ import torch
 if TYPE_CHECKING:  # the codec modules load numba: imported on first use only
     from dqsgd.codecs.header import Header
     from dqsgd.kernels import HashRNG
+    from dqsgd.kernels.codec import FixedPlan
     from dqsgd.pipeline import Method
     from dqsgd.quantizers import Layout, Norm
 
@@ -79,6 +80,10 @@ def decode_accumulate_payload(payload: torch.Tensor, out: torch.Tensor, weight: 
     compare the header on the device instead of reading it to the host; with ``bad`` (a 0-dim bool
     tensor) the crc, padding and code-range checks are ORed into it instead of raising, so nothing
     waits for the device (the hook reads ``bad`` a step later, see ``BucketState.check_payloads``).
+
+    CPU: with ``expect``, a payload whose header bytes are the expected ones is decoded by its
+    :class:`FixedPlan` without parsing the header (crc, scales, padding and codes still checked);
+    any other payload is parsed, and refused as ``decode`` refuses it.
     """
     if device_path(out):
         from dqsgd.kernels.device import decode_accumulate_device, expected_header
@@ -90,7 +95,11 @@ def decode_accumulate_payload(payload: torch.Tensor, out: torch.Tensor, weight: 
                                         bad=bad if check == "defer" else None)
     from dqsgd.kernels import decode_accumulate
 
-    return decode_accumulate(payload.numpy(), out, weight, max_numel=max_numel)
+    arr = payload.numpy()
+    plan = None if expect is None else _cpu_plan(out.numel(), *expect, out)
+    if plan is not None and plan.matches(arr):
+        return plan.accumulate(arr, out, weight)
+    return decode_accumulate(arr, out, weight, max_numel=max_numel)
 
 
 def fast_path(m: Method) -> bool:
@@ -124,6 +133,56 @@ def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Te
         m._check_uplink(h.scheme, h.numel, h.bits, bits, w)
 
 
+def _cpu_plan(numel: int, bits: int, norm: Norm, layout: Layout, t: torch.Tensor) -> FixedPlan | None:
+    """The :class:`FixedPlan` of a uniform FIXED payload when ``t``'s codec is the numba one
+    (a CPU tensor, not routed through the device codec), else None."""
+    if device_path(t):
+        return None
+    from dqsgd.kernels.codec import fixed_plan
+
+    return fixed_plan(numel, bits, norm, layout)
+
+
+def encode_messages(shards: list[Method], bounds: list[tuple[int, int]], flat: torch.Tensor, bits: int,
+                    rngs: list[HashRNG]) -> tuple[torch.Tensor, list[int]] | None:
+    """Every shard's payload followed by one (zero) flag byte, written by the shards' :class:`FixedPlan`
+    straight into one ``uint8`` tensor (the collective's send buffer): the bytes of
+    :func:`messages` of the :func:`encode_shard` payloads; returned with the payloads' sizes.
+    None where that path does not apply (not :func:`fast_path`, or not the CPU codec).
+
+    Raises:
+      NonFiniteGradientError: ``flat`` has NaN or Inf.
+    """
+    if not all(fast_path(m) for m in shards):
+        return None
+    plans = [_cpu_plan(hi - lo, bits, m.norm, m.layout, flat) for m, (lo, hi) in zip(shards, bounds)]
+    if any(p is None for p in plans):
+        return None
+    send = torch.empty(sum(p.size + 1 for p in plans), dtype=torch.uint8)
+    buf, at = send.numpy(), 0
+    for plan, (lo, hi), rng in zip(plans, bounds, rngs):
+        plan.encode_into(flat[lo:hi], rng, buf[at : at + plan.size])
+        buf[at + plan.size] = 0
+        at += plan.size + 1
+    return send, [p.size for p in plans]
+
+
+def messages(payloads: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
+    """``payload_0, flag, payload_1, flag, …`` in one ``uint8`` tensor."""
+    return torch.cat([t for p in payloads for t in (p, flags.reshape(1))])
+
+
+def set_flags(send: torch.Tensor, sizes: list[int], flag: int) -> list[torch.Tensor]:
+    """Write ``flag`` after each payload of a CPU :func:`messages` buffer whose payloads have
+    ``sizes`` bytes; returns the payloads (views)."""
+    buf, at, out = send.numpy(), 0, []
+    for n in sizes:
+        out.append(send[at : at + n])
+        buf[at + n] = flag
+        at += n + 1
+    return out
+
+
 def vote(m: Method, payloads: list[torch.Tensor], bits: int, abstain: list[bool]) -> torch.Tensor:
     """signSGD's majority vote with abstentions: ``sign(Σ_{w voting} c_w)``, a tie (or no vote) → 0.
 
@@ -146,6 +205,23 @@ def downlink_size(m: Method, dbits: int) -> int:
     if dbits == FP32:
         return predicted_size(m.numel, 32, 0, 1, Layout(), Coding.FIXED)
     return m.message_bits(dbits) // 8
+
+
+def encode_downlink_padded(m: Method, avg: torch.Tensor, dbits: int, rng: HashRNG,
+                           size: int) -> tuple[torch.Tensor, int]:
+    """:func:`encode_downlink`'s payload followed by zeros up to ``size`` bytes, and its length: on
+    the CPU codec written in place into the all-gather's buffer (same bytes)."""
+    from dqsgd.quantizers import Norm
+
+    plan = None if dbits == FP32 else _cpu_plan(m.numel, dbits, Norm.MAX, m.layout, avg)
+    if plan is None or plan.size > size:
+        pay = encode_downlink(m, avg, dbits, rng)
+        return pad(pay, max(size, pay.numel())), pay.numel()
+    msg = torch.empty(size, dtype=torch.uint8)
+    buf = msg.numpy()
+    plan.encode_into(avg, rng, buf[: plan.size])
+    buf[plan.size :] = 0
+    return msg, plan.size
 
 
 def encode_downlink(m: Method, avg: torch.Tensor, dbits: int, rng: HashRNG) -> torch.Tensor:

@@ -46,10 +46,10 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     b.catch_up(b.step - 1 - (0 if grad.device.type == "cpu" else 1))  # device: statistics one step late
     if not _worth_it(state, b, grad.element_size()):
         return _allreduce(state, grad, world)
-    payloads, flags = _encode_flagged(state, b, grad, rank)
+    payloads, flags, send = _encode_flagged(state, b, grad, rank)
     if state.topology == "sharded":
-        return _sharded(state, b, grad, payloads, flags, rank, world)
-    return _allgather(state, b, grad, payloads[0], flags, world)
+        return _sharded(state, b, grad, payloads, flags, send, rank, world)
+    return _allgather(state, b, grad, payloads[0], flags, send, world)
 
 
 def _completed(t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
@@ -70,13 +70,15 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.future
 
 def _worth_it(state: HookState, b: BucketState, itemsize: int) -> bool:
     """Predicted ratio (bytes in the bucket's dtype / uplink payload bytes) ≥ min_compression_rate."""
-    payload = sum(m.message_bits(b.width()) for m in b.shards) / 8
+    payload = b.uplink_bytes(b.width())
     return b.numel * itemsize >= state.min_compression_rate * payload
 
 
 def _encode_flagged(state: HookState, b: BucketState, grad: torch.Tensor,
-                    rank: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Every shard's payload and this rank's flag byte; NaN/Inf entries are encoded as 0 and flagged.
+                    rank: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+    """Every shard's payload, this rank's flag byte, and (CPU fast path, see
+    :func:`codec.encode_messages`) the send buffer that holds them both, else None; NaN/Inf entries
+    are encoded as 0 and flagged.
 
     CPU: the encoders refuse a non-finite input from the norms they compute anyway, so the
     common case costs no extra pass; on a refusal the zeroed bucket is encoded again. Device (and
@@ -93,16 +95,31 @@ def _encode_flagged(state: HookState, b: BucketState, grad: torch.Tensor,
         flags = (~finite.all()).to(torch.uint8)
         if majority:
             flags = flags | ((flat == 0).all().to(torch.uint8) * codec.FLAG_ZERO)
-        return _encode(state, b, flat, rank), flags.reshape(1)
+        return _encode(state, b, flat, rank), flags.reshape(1), None
     saved, bad = dict(b.residuals), 0
     try:
-        payloads = _encode(state, b, flat, rank)
+        encoded = _encode_cpu(state, b, flat, rank)
     except NonFiniteGradientError:
         b.residuals, bad = saved, codec.FLAG_NONFINITE
         flat = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
-        payloads = _encode(state, b, flat, rank)
+        encoded = _encode_cpu(state, b, flat, rank)
     zero = codec.FLAG_ZERO if majority and not flat.any() else 0
-    return payloads, torch.tensor([bad | zero], dtype=torch.uint8)
+    flags = torch.tensor([bad | zero], dtype=torch.uint8)
+    if isinstance(encoded, list):
+        return encoded, flags, None
+    send, sizes = encoded
+    return codec.set_flags(send, sizes, bad | zero), flags, send
+
+
+def _encode_cpu(state: HookState, b: BucketState, flat: torch.Tensor,
+                rank: int) -> list[torch.Tensor] | tuple[torch.Tensor, list[int]]:
+    """Every shard's payload: written in place into the send buffer where
+    :func:`codec.encode_messages` applies (then the buffer and the payload sizes), else a list."""
+    from dqsgd.kernels import HashRNG
+
+    rngs = [HashRNG(b.seeds[j], b.step, rank) for j in range(len(b.shards))]
+    encoded = codec.encode_messages(b.shards, b.bounds, flat, b.bits, rngs)
+    return _encode(state, b, flat, rank) if encoded is None else encoded
 
 
 def _encode(state: HookState, b: BucketState, flat: torch.Tensor, rank: int) -> list[torch.Tensor]:
@@ -154,12 +171,13 @@ def _average(b: BucketState, m: Any, payloads: list[torch.Tensor], flags: torch.
 
 
 def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: torch.Tensor, flags: torch.Tensor,
-               world: int) -> torch.futures.Future[torch.Tensor]:
+               send: torch.Tensor | None, world: int) -> torch.futures.Future[torch.Tensor]:
     """Topology ``allgather``: every rank receives all W messages and decodes them all."""
     up, _ = state.groups()
-    sizes = _sizes(up, torch.tensor([payload.numel()]), codec.fast_path(b.method), world).reshape(-1).tolist()
+    sizes = [row[0] for row in _sizes(up, [payload.numel()], codec.fast_path(b.method), world)]
     size = max(sizes) + 1
-    msg = torch.cat([codec.pad(payload, size - 1), flags.reshape(1)])
+    msg = send if send is not None and send.numel() == size else torch.cat([codec.pad(payload, size - 1),
+                                                                             flags.reshape(1)])
     gathered = [torch.empty_like(msg) for _ in range(world)]
     state.count((world - 1) * size, (world - 1) * size, b.numel, grad.element_size(), b.width(), world)
     bits, step, spent = b.bits, b.step, 8 * max(sizes)
@@ -175,34 +193,35 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
     return work.get_future().then(decode_and_average)
 
 
-def _sizes(group: dist.ProcessGroup, mine: torch.Tensor, fixed: bool, world: int) -> torch.Tensor:
-    """Every rank's payload sizes (W × len(mine)): known without a collective for fixed widths, where
-    every rank's are the same; else one small blocking all-gather (variable-length codings)."""
+def _sizes(group: dist.ProcessGroup, mine: list[int], fixed: bool, world: int) -> list[list[int]]:
+    """Every rank's payload sizes (W rows of len(mine)): known without a collective for fixed widths,
+    where every rank's are the same; else one small blocking all-gather (variable-length codings)."""
     if fixed:
-        return mine.reshape(1, -1).expand(world, -1)
-    out = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(out, mine, group=group)
-    return torch.stack(out)
+        return [mine] * world
+    t = torch.tensor(mine)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return torch.stack(out).tolist()
 
 
 def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: list[torch.Tensor], flags: torch.Tensor,
-             rank: int, world: int) -> torch.futures.Future[torch.Tensor]:
+             send: torch.Tensor | None, rank: int, world: int) -> torch.futures.Future[torch.Tensor]:
     """Topology ``sharded``: all-to-all of shard payloads, rank j averages shard j, quantizes it
     for the downlink and one all-gather delivers every averaged shard to every rank."""
     up, down = state.groups()
-    mine = torch.tensor([p.numel() for p in payloads])
-    table = _sizes(up, mine, codec.fast_path(b.method), world)  # table[w, j]: rank w's payload for shard j
-    send_sizes, recv_sizes = (mine + 1).tolist(), (table[:, rank] + 1).tolist()
-    send = torch.cat([t for p in payloads for t in (p, flags.reshape(1))])
+    mine = [p.numel() for p in payloads]
+    table = _sizes(up, mine, codec.fast_path(b.method), world)  # table[w][j]: rank w's payload for shard j
+    send_sizes, recv_sizes = [n + 1 for n in mine], [row[rank] + 1 for row in table]
+    send = codec.messages(payloads, flags) if send is None else send
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=grad.device)
     dbits = state.downlink_bits
     if b.method.config.aggregate == "majority" and dbits != codec.FP32:
         dbits = 2  # the vote's values {-1, 0, 1} lie on the 2-bit grid: sent exactly
-    dsizes = [codec.downlink_size(m, dbits) for m in b.shards]
+    dsizes = b.downlink_sizes(dbits)
     dmax = max(dsizes)
     state.count(sum(send_sizes) - send_sizes[rank] + (world - 1) * dmax,
                 sum(recv_sizes) - recv_sizes[rank] + (world - 1) * dmax, b.numel, grad.element_size(), b.width(), world)
-    bits, step, spent = b.bits, b.step, 8 * int(table.sum(1).max())
+    bits, step, spent = b.bits, b.step, 8 * max(sum(row) for row in table)
     b.step += 1
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=up, async_op=True)
 
@@ -210,12 +229,12 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
         from dqsgd.kernels import HashRNG
 
         msgs = recv.split(recv_sizes)
-        flg = torch.stack([msg[-1] for msg in msgs])
+        flg = recv[torch.tensor(recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
         avg = _average(b, b.shards[rank], [msg[:-1] for msg in msgs], flg, bits, world, grad.device)
-        pay = codec.encode_downlink(b.shards[rank], avg, dbits, HashRNG(b.down_seed, step, rank))
-        if pay.numel() != dsizes[rank]:
-            raise RuntimeError(f"downlink payload of {pay.numel()} bytes, predicted {dsizes[rank]}")
-        mine_down = codec.pad(pay, dmax)
+        mine_down, n = codec.encode_downlink_padded(b.shards[rank], avg, dbits, HashRNG(b.down_seed, step, rank),
+                                                    dmax)
+        if n != dsizes[rank]:
+            raise RuntimeError(f"downlink payload of {n} bytes, predicted {dsizes[rank]}")
         gathered = [torch.empty_like(mine_down) for _ in range(world)]
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
             lambda: _assemble(b, gathered, dsizes, dbits, flg, step, spent, grad)

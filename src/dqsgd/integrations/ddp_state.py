@@ -63,6 +63,27 @@ class BucketState:
     pending: list[tuple] = field(default_factory=list)  # (step, [norm, rms, bad], spent_bits, G, event): unobserved
     bad: torch.Tensor | None = None      # device path: payloads that failed validation (read a step late)
     _bad_event: Any = field(default=None, repr=False)  # CUDA: recorded after ``bad`` was last written
+    _size_cache: tuple[list, dict] | None = field(default=None, repr=False)  # (shards, {key: sizes})
+
+    def uplink_bytes(self, width: int) -> int:
+        """Bytes of every shard's fixed-coded uplink message at ``width``, summed."""
+        return self._cached(("up", width), lambda: sum(m.message_bits(width) for m in self.shards) // 8)
+
+    def downlink_sizes(self, dbits: int) -> list[int]:
+        """Each shard's downlink payload bytes at ``dbits`` (``ddp_codec.downlink_size``)."""
+        from dqsgd.integrations.ddp_codec import downlink_size
+
+        return self._cached(("down", dbits), lambda: [downlink_size(m, dbits) for m in self.shards])
+
+    def _cached(self, key: tuple[str, int], compute: Any) -> Any:
+        """``compute()`` once per key while the shards stay the same (sizes depend on them and the width
+        alone; a reordered bucket gets new shards, and so a new cache)."""
+        if self._size_cache is None or self._size_cache[0] is not self.shards:
+            self._size_cache = (self.shards, {})
+        cache = self._size_cache[1]
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
 
     @property
     def bits(self) -> int:

@@ -21,6 +21,8 @@ not ``prange``: :mod:`dqsgd.kernels.fused`); the payload is the same bytes at an
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -35,7 +37,10 @@ from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
 
-__all__ = ["decode_accumulate", "encode_uniform_fast", "quantize_uniform_fast", "read_header", "segment_starts"]
+__all__ = [
+    "FixedPlan", "decode_accumulate", "encode_uniform_fast", "fixed_plan", "inverse_norms", "quantize_uniform_fast",
+    "read_header", "segment_starts",
+]
 
 MIN_CHUNKS_PER_THREAD = 64  # 256K coordinates: below that a thread costs more than it saves
 levels_of = levels_for_bits  # this module's earlier name for it, kept for importers
@@ -69,22 +74,44 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
         scales = segment_reduce(flat, layout, "l2").numpy().astype(np.float32)
         require_finite(torch.from_numpy(scales), "fused uniform quantizer")
     elif n:
-        parts = run_split(fused.absmax_range, n, flat.numpy().view(np.int32), starts,
-                          min_per_thread=MIN_CHUNKS_PER_THREAD * fused.CHUNK)
-        scales = np.maximum.reduce(parts).view(np.float32)  # max of the bits = the bits of the max
-        if not np.isfinite(scales).all():  # max |x| is NaN or Inf exactly when some x_i is
-            raise NonFiniteGradientError(
-                f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
-                "refusing to quantize")
+        scales = _max_norms(flat, starts)
     s = levels_for_bits(bits)
-    sc = torch.from_numpy(scales)
-    # The very expression of quantize_uniform, so inv (and so every code) is bit-identical.
-    inv = torch.where(sc > 0, s / sc, torch.zeros_like(sc)).numpy()
-    if not np.isfinite(inv).all():  # quantize_uniform shares this limit (its codes come out invalid)
+    return flat, starts, torch.from_numpy(scales), inverse_norms(scales, s), s
+
+
+def _max_norms(flat: torch.Tensor, starts: np.ndarray) -> np.ndarray:
+    """max |x| per segment (float32) of a non-empty ``flat``, on one thread below
+    ``2·MIN_CHUNKS_PER_THREAD`` chunks (where ``run_split`` would make one range anyway)."""
+    n, xb = flat.numel(), flat.numpy().view(np.int32)
+    if n < 2 * MIN_CHUNKS_PER_THREAD * fused.CHUNK:
+        scales = fused.absmax_range(xb, starts, 0, n).view(np.float32)
+    else:
+        parts = run_split(fused.absmax_range, n, xb, starts, min_per_thread=MIN_CHUNKS_PER_THREAD * fused.CHUNK)
+        scales = np.maximum.reduce(parts).view(np.float32)  # max of the bits = the bits of the max
+    return scales  # max |x| is NaN or Inf exactly when some x_i is: inverse_norms refuses it
+
+
+def inverse_norms(scales: np.ndarray, levels: int) -> np.ndarray:
+    """s/norm per segment (0 for a zero norm), float32: the values of quantize_uniform's
+    ``torch.where(sc > 0, s / sc, 0)`` (so every code is bit-identical), in one compiled call
+    (:func:`dqsgd.kernels.fused.inverse_norms`) instead of three torch ones.
+
+    Raises:
+      NonFiniteGradientError: a norm is NaN or Inf (the input held NaN or Inf).
+      ValueError: a norm so small that s/norm overflows float32 (quantize_uniform shares this
+        limit: its codes come out invalid).
+    """
+    inv = np.empty(scales.size, dtype=np.float32)
+    status = fused.inverse_norms(scales, np.float32(levels), inv)
+    if status == 1:
+        raise NonFiniteGradientError(
+            f"fused uniform quantizer: input contains NaN or Inf (non-finite norm {scales.tolist()[:4]}); "
+            "refusing to quantize")
+    if status == 2:
         r = float(scales[~np.isfinite(inv)][0])
-        raise ValueError(f"fused uniform quantizer: a segment norm of {r:.3g} is too small: s/norm = {s}/{r:.3g} "
+        raise ValueError(f"fused uniform quantizer: a segment norm of {r:.3g} is too small: s/norm = {levels}/{r:.3g} "
                          "overflows float32 (norms must be 0 or above s·2^-128)")
-    return flat, starts, sc, inv, s
+    return inv
 
 
 def _args(flat, starts, inv, s, bits, rng):
@@ -226,3 +253,148 @@ def _check_fixed_body(body: memoryview, h: Header, width: int) -> None:
     tail = (h.numel * width) % 8
     if tail and body[-1] >> tail:
         raise PayloadError(f"non-zero padding bits in the last body byte (offset {h.body_start + len(body) - 1})")
+
+
+# ------------------------------------------------------------------------ fixed-shape payloads
+
+
+class FixedPlan:
+    """Everything a FIXED uniform payload of a float32 vector of ``numel`` elements at ``bits``
+    with ``norm`` and ``layout`` has in common, computed once.
+
+    A caller that sends payloads of the same shape every step (the DDP hook's shards) pays the
+    validation of its arguments, the segment starts, the header bytes and the sizes once, instead
+    of on every call: :meth:`encode_into` writes the payload of :func:`encode_uniform_fast` (the
+    same bytes) into a caller's buffer, and :meth:`accumulate` decodes a payload whose header it
+    knows in advance, comparing the header bytes with the expected ones instead of parsing them.
+    The crc, the scales, the padding bits and the code range are still checked on every payload.
+    """
+
+    def __init__(self, numel: int, bits: int, norm: Norm, layout: Layout) -> None:
+        check_bits(bits, 1, 16, "fused uniform quantizer")
+        if norm not in (Norm.MAX, Norm.L2):
+            raise ValueError(f"fused uniform quantizer: norm must be Norm.MAX or Norm.L2, got {norm!r}")
+        if not 0 <= numel < 1 << 32:
+            raise ValueError(f"fused uniform quantizer: {numel} elements, the wire carries < 2^32")
+        wire.check_layout(layout, numel)
+        self.numel, self.bits, self.norm, self.layout = numel, bits, norm, layout
+        self.levels = levels_for_bits(bits)
+        self.starts = segment_starts(layout, numel)
+        nseg = self.starts.size - 1
+        self.body_len = packed_size(numel, bits)
+        head = write_header(Scheme.UNIFORM, bits, Coding.FIXED, norm, self.levels, (numel,), layout,
+                            np.zeros(nseg, dtype=np.float32), self.body_len)
+        self.head_len = len(head)
+        self.scales_at = self.head_len - 4 - 4 * nseg  # the scales, then the body length
+        self.size = self.head_len + self.body_len + 4
+        self.template = np.frombuffer(head, dtype=np.uint8).copy()  # zero scales
+        self._fixed = head[: self.scales_at] + head[-4:]  # the header bytes no payload changes
+        self._offset = 0 if bits == 1 else 1 << (bits - 1)
+        self._chunks = -(-numel // fused.CHUNK)
+        self._split = self._chunks >= 2 * MIN_CHUNKS_PER_THREAD  # below that run_split runs one range
+        self._range = wire.code_range(Scheme.UNIFORM, bits, self.levels)
+
+    # --------------------------------------------------------------------------------- encode
+
+    def encode_into(self, x: torch.Tensor, rng: HashRNG, out: np.ndarray) -> None:
+        """Write ``encode_uniform_fast(x, bits, rng, norm=norm, layout=layout)`` into ``out``.
+
+        ``x``: a float32 CPU tensor of ``numel`` elements (any shape, read flat; the payload's
+        shape is ``(numel,)``); ``out``: a writable uint8 array of :attr:`size` bytes.
+
+        Raises:
+          NonFiniteGradientError: ``x`` has NaN or Inf (``out`` then holds no valid payload).
+          ValueError: a wrong ``x`` or ``out``, or a norm so small that s/norm overflows.
+        """
+        flat = self._flat(x)
+        if out.dtype != np.uint8 or out.shape != (self.size,):
+            raise ValueError(f"out must be a uint8 array of {self.size} bytes, got {out.dtype} {out.shape}")
+        scales = self._scales(flat)
+        inv = inverse_norms(scales, self.levels)
+        head = self.head_len
+        out[:head] = self.template
+        out[self.scales_at : head - 4] = scales.view(np.uint8)
+        if self.numel:
+            body = out[head : head + self.body_len]
+            args = (flat.numpy(), self.starts, inv, np.float32(self.levels), self.bits == 1, np.uint64(rng.key),
+                    self.bits, self._offset, body)
+            self._run(fused.encode_range, *args)
+        out[-4:] = np.array([crc32(out[:-4])], dtype="<u4").view(np.uint8)
+
+    def _flat(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu" or x.numel() != self.numel:
+            raise ValueError(f"x must be a float32 CPU tensor of {self.numel} elements, "
+                             f"got {x.dtype} {tuple(x.shape)} on {x.device}")
+        return x.detach().reshape(-1).contiguous()
+
+    def _run(self, fn, *args):  # noqa: ANN001, ANN202 - a compiled kernel and its arguments
+        """``fn`` over every chunk: on this thread when run_split would use one range anyway."""
+        if not self._split:
+            return [fn(*args, 0, self._chunks)]
+        return run_split(fn, self._chunks, *args, min_per_thread=MIN_CHUNKS_PER_THREAD)
+
+    def _scales(self, flat: torch.Tensor) -> np.ndarray:
+        """Per-segment norms, the floats :func:`encode_uniform_fast` computes."""
+        if self.norm == Norm.L2:  # torch's own l2 (summation order matters for bit-identical scales)
+            scales = segment_reduce(flat, self.layout, "l2").numpy().astype(np.float32)
+            require_finite(torch.from_numpy(scales), "fused uniform quantizer")
+            return scales
+        if not self.numel:
+            return np.zeros(self.starts.size - 1, dtype=np.float32)
+        return _max_norms(flat, self.starts)
+
+    # --------------------------------------------------------------------------------- decode
+
+    def matches(self, payload: np.ndarray) -> bool:
+        """Whether ``payload`` has this plan's size and header bytes (the scales aside)."""
+        head = self.head_len
+        return (payload.size == self.size
+                and payload[: self.scales_at].tobytes() + payload[head - 4 : head].tobytes() == self._fixed)
+
+    def accumulate(self, payload: np.ndarray, out: torch.Tensor | np.ndarray, weight: float = 1.0) -> Header:
+        """``out += weight · x̂`` of a payload of this plan: the sum :func:`decode_accumulate` makes;
+        returns the payload's header, as it does.
+
+        ``payload``: a uint8 array. One whose size or header bytes differ from this plan's is
+        parsed to say what is wrong with it, and refused.
+
+        Raises:
+          PayloadError: another size or header (what :func:`read_header` says of it, else the
+            difference), a crc mismatch, a non-finite scale, non-zero padding bits or codes out of
+            range (found while accumulating: ``out`` then holds a partial sum and must be discarded).
+        """
+        if not self.matches(payload):
+            h = read_header(payload, max_numel=max(self.numel, 1))
+            raise PayloadError(f"expected a uniform FIXED payload of {self.numel} values at {self.bits} bits, "
+                               f"{self.norm.name} norm, {self.layout}; got {h.scheme.name} {h.coding.name} of "
+                               f"{h.numel} values at {h.bits} bits, {h.norm.name} norm, {h.layout}")
+        arr = _out_array(out, self.numel)
+        stored, computed = int(payload[-4:].view("<u4")[0]), crc32(payload[:-4])
+        if computed != stored:
+            raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {self.size - 4}, "
+                               f"computed {computed:#010x}")
+        scales = payload[self.scales_at : self.head_len - 4].view("<f4").astype(np.float32)
+        if not np.isfinite(scales).all():
+            raise PayloadError(f"non-finite scale in the scales at offset {self.scales_at}")
+        header = Header(Scheme.UNIFORM, self.bits, Coding.FIXED, self.norm, self.levels, (self.numel,), self.layout,
+                        scales, self.head_len, self.body_len)
+        if not self.numel:
+            return header
+        body = payload[self.head_len : self.head_len + self.body_len]
+        tail = (self.numel * self.bits) % 8
+        if tail and body[-1] >> tail:
+            raise PayloadError(f"non-zero padding bits in the last body byte (offset {self.size - 5})")
+        steps = scales / np.float32(self.levels)  # float32 division, the floats of ``_steps``
+        spans = self._run(fused.accumulate_range, body, self.bits, self._offset, self.bits == 1, self.starts, steps,
+                          np.float32(weight), arr)
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        if lo < self._range.lo or hi > self._range.hi:
+            raise PayloadError(f"body at offset {self.head_len}: codes span [{lo}, {hi}], "
+                               f"the scheme allows [{self._range.lo}, {self._range.hi}]")
+        return header
+
+
+@functools.lru_cache(maxsize=1024)
+def fixed_plan(numel: int, bits: int, norm: Norm, layout: Layout) -> FixedPlan:
+    """The :class:`FixedPlan` of (numel, bits, norm, layout), built once per process."""
+    return FixedPlan(numel, bits, norm, layout)

@@ -73,6 +73,24 @@ def absmax_range(xb, starts, lo, hi):  # pragma: no cover - compiled
     return out
 
 
+@njit(cache=True, nogil=True)
+def inverse_norms(scales, levels, inv):  # pragma: no cover - compiled
+    """inv[k] = (1 / scales[k]) · levels in float32 (0 where scales[k] is not > 0): torch's
+    ``levels / sc`` is ``sc.reciprocal() * levels``, two roundings, and so is this (no fast-math:
+    no contraction to one division). Returns 1 if a scale is NaN or Inf, else 2 if some inv
+    overflows to Inf, else 0."""
+    status = 0
+    for k in range(scales.size):
+        r = scales[k]
+        if not np.isfinite(r):
+            return 1
+        v = (_ONE / r) * levels if r > 0 else np.float32(0.0)
+        if not np.isfinite(v):
+            status = 2
+        inv[k] = v
+    return status
+
+
 # ------------------------------------------------------------------------- quantize (pass 2)
 
 
