@@ -2,17 +2,23 @@
 spent through real training (never overspent, within 1% of C for N >= 100)."""
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from synthetic_runs import entry as method_entry, train_config
+from test_policies import (assert_runs_equal, cost_fn, random_norms, reference_scales, reference_solve_log_k,
+                           reference_widths)
 
 from dqsgd.data import load_dataset
 from dqsgd.kernels import HashRNG
 from dqsgd.methods import method_config
 from dqsgd.policies import CodedBudgetedDQSGD, GradStats, level_entropies
+from dqsgd.policies.base import Rounding, integerize
+from dqsgd.policies.budgeted import forecast_norms
+from dqsgd.policies.coded import CodedBudgetState
 from dqsgd.quantizers import quantize_uniform
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.runner import run_one
@@ -120,3 +126,57 @@ def test_coded_policy_resumes_exactly(tmp_path: Path) -> None:
     assert torch.equal(full["final_params"], resumed["final_params"])
     assert resumed["ledger_budget_left"] == full["ledger_budget_left"]
     assert math.isfinite(resumed["ledger_budget_left"])
+
+
+class ReferenceCoded(CodedBudgetedDQSGD):
+    """The update before the cheaper per-step solve, as it was (the reference for bit-identical states)."""
+
+    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
+        step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
+        entropy = tuple(level_entropies(stats.grad, stats.norm, self.widths, self.sample))
+        ratio, observed = state.ratio, state.observed
+        predicted = self.numel * entropy[state.bits - self.min_bits]
+        if predicted > 0:
+            observed = max(0.0, stats.spent_bits - self.header_bits) / predicted
+            ratio = observed if not math.isfinite(ratio) else (1 - self.smoothing) * ratio + self.smoothing * observed
+        if step >= self.total_steps:
+            return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
+        cost = self.costs(entropy, ratio)
+        upper = self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
+        forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
+        scales = reference_scales(self, step)
+        norms = np.concatenate([[stats.norm], forecast]).astype(np.float64)
+        grid = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
+
+        def total(logk: float) -> float:
+            return float(np.interp(reference_widths(self, math.exp(logk), norms, scales), grid, cost).sum())
+
+        k = reference_solve_log_k(total, float(self.budget_bits - spent))
+        real = float(reference_widths(self, k, norms[:1], scales[:1])[0])
+        bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)
+        reserve = (self.total_steps - step - 1) * upper[0]
+        while bits > self.min_bits and spent + upper[bits - self.min_bits] + reserve > self.budget_bits:
+            bits -= 1
+        return CodedBudgetState(bits, real, spent, fit, k, entropy, ratio, observed)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_coded_states_bit_identical_to_the_reference(seed: int) -> None:
+    """Whole runs of random coded policies (convex or not, tight or generous budgets) on random gradients
+    whose coded sizes swing around the prediction: the same states, bit for bit, after every update."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.choice([1, 2, int(rng.integers(3, 100)), int(rng.integers(100, 700))]))
+    d = int(rng.integers(1, 3000))
+    cost = cost_fn(d, int(rng.integers(1, 64)))
+    lo = int(rng.integers(2, 6))
+    hi = int(rng.integers(lo, 17))
+    budget = n * cost(lo) * float(rng.choice([0.3, 0.6, 1.0, 2.0, 4.0]))
+    alpha = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
+    kw = dict(budget_bits=int(budget), total_steps=n, numel=d, message_bits=cost, convex=bool(rng.random() < 0.5),
+              alpha=alpha, min_bits=lo, max_bits=hi, smoothing=float(rng.uniform(0.05, 1.0)), sample=256)
+    policy, ref = CodedBudgetedDQSGD(**kw), ReferenceCoded(**kw)
+    norms = random_norms(rng, n)
+    shape = torch.from_numpy(rng.standard_normal(d)) ** 3
+    grads = lambda i: shape / shape.abs().max() * norms[i]  # noqa: E731
+    spend = lambda st_, i: int(cost(st_.bits) * rng.uniform(0.05, 1.0))  # noqa: E731
+    assert_runs_equal(policy, ref, norms, spend, grads)
