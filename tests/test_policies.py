@@ -297,6 +297,8 @@ def test_planned_widths_are_the_clip_expression_bit_for_bit() -> None:
         step = policy.total_steps - m
         norms = np.exp(rng.uniform(-60, 60, m))
         norms[rng.random(m) < 0.05] = rng.choice([0.0, np.inf, np.nan])
+        if rng.random() < 0.7:  # end in a run of one value, as a forecast held flat does
+            norms[int(rng.integers(0, m)):] = rng.choice([norms[-1], 0.0, -0.0, np.nan])
         for convex, alpha in ((False, 1.0), (True, float(rng.uniform(0.3, 1.0))), (True, 1.0)):
             pol = BudgetedDQSGD(10**9, 3000, 10, cost_fn(10), convex=convex, alpha=alpha, min_bits=3, max_bits=13)
             widths = pol.planned_widths(step, norms)
@@ -308,6 +310,16 @@ def test_planned_widths_are_the_clip_expression_bit_for_bit() -> None:
                 assert exact(widths.first(k)) == exact(first)
             assert got.tobytes() == want.tobytes()
             assert exact(float(got.sum())) == exact(float(want.sum()))
+
+
+def test_planned_widths_compute_only_up_to_the_trailing_run() -> None:
+    head = lambda norms: BudgetedDQSGD(10**9, 10, 10, cost_fn(10)).planned_widths(10 - len(norms),  # noqa: E731
+                                                                                 np.array(norms)).head_out.size
+    assert head([3.0]) == 1 and head([1.0, 2.0]) == 2 and head([2.0, 2.0, 2.0]) == 1
+    assert head([1.0, 2.0, 2.0, 2.0]) == 2 and head([2.0, 1.0, 2.0]) == 3
+    assert head([0.0, -0.0]) == 2  # bit for bit, not by ==
+    convex = BudgetedDQSGD(10**9, 10, 10, cost_fn(10), convex=True, alpha=0.9)
+    assert convex.planned_widths(7, np.full(3, 2.0)).head_out.size == 3  # a_j differ: every width is computed
 
 
 def bisection_totals(rng: np.random.Generator) -> Callable[[float], float]:

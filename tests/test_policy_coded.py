@@ -2,7 +2,6 @@
 spent through real training (never overspent, within 1% of C for N >= 100)."""
 
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +15,6 @@ from dqsgd.data import load_dataset
 from dqsgd.kernels import HashRNG
 from dqsgd.methods import method_config
 from dqsgd.policies import CodedBudgetedDQSGD, GradStats, level_entropies
-from dqsgd.policies.base import Rounding, integerize
-from dqsgd.policies.budgeted import forecast_norms
-from dqsgd.policies.coded import CodedBudgetState
 from dqsgd.quantizers import quantize_uniform
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.runner import run_one
@@ -129,35 +125,19 @@ def test_coded_policy_resumes_exactly(tmp_path: Path) -> None:
 
 
 class ReferenceCoded(CodedBudgetedDQSGD):
-    """The update before the cheaper per-step solve, as it was (the reference for bit-identical states)."""
+    """The solve before the cheaper bisection, as it was (the reference for bit-identical states)."""
 
-    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
-        step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
-        entropy = tuple(level_entropies(stats.grad, stats.norm, self.widths, self.sample))
-        ratio, observed = state.ratio, state.observed
-        predicted = self.numel * entropy[state.bits - self.min_bits]
-        if predicted > 0:
-            observed = max(0.0, stats.spent_bits - self.header_bits) / predicted
-            ratio = observed if not math.isfinite(ratio) else (1 - self.smoothing) * ratio + self.smoothing * observed
-        if step >= self.total_steps:
-            return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
-        cost = self.costs(entropy, ratio)
-        upper = self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
-        forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
+    def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
+                      remaining: float) -> tuple[float, float]:
         scales = reference_scales(self, step)
-        norms = np.concatenate([[stats.norm], forecast]).astype(np.float64)
+        norms = np.concatenate([[norm], forecast]).astype(np.float64)
         grid = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
 
         def total(logk: float) -> float:
             return float(np.interp(reference_widths(self, math.exp(logk), norms, scales), grid, cost).sum())
 
-        k = reference_solve_log_k(total, float(self.budget_bits - spent))
-        real = float(reference_widths(self, k, norms[:1], scales[:1])[0])
-        bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)
-        reserve = (self.total_steps - step - 1) * upper[0]
-        while bits > self.min_bits and spent + upper[bits - self.min_bits] + reserve > self.budget_bits:
-            bits -= 1
-        return CodedBudgetState(bits, real, spent, fit, k, entropy, ratio, observed)
+        k = reference_solve_log_k(total, remaining)
+        return k, float(reference_widths(self, k, norms[:1], scales[:1])[0])
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -148,16 +148,15 @@ def solve_log_k(total: Callable[[float], float], target: float) -> float:
     halvings, once lo and hi are adjacent floats and the mid rounds to one of them."""
     lo, hi = -80.0, 80.0
     if total(hi) <= target:
-        lo = hi
-    elif total(lo) >= target:
-        hi = lo
-    else:
-        for _ in range(100):
-            mid = 0.5 * (lo + hi)
-            nxt = (mid, hi) if total(mid) < target else (lo, mid)
-            if nxt == (lo, hi):
-                break
-            lo, hi = nxt
+        return math.exp(hi)
+    if total(lo) >= target:
+        return math.exp(lo)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        nxt = (mid, hi) if total(mid) < target else (lo, mid)
+        if nxt == (lo, hi):
+            break
+        lo, hi = nxt
     return math.exp(0.5 * (lo + hi))
 
 
@@ -171,6 +170,10 @@ class PlannedWidths:
     ``np.clip(np.log2(k * scales * norms + 1.0) + 1.0, min_bits, max_bits)`` — max then min is what
     clip computes — so the widths, and their sum over the same contiguous array, are bit for bit the
     same.
+
+    Non-convex, the forecast is flat beyond its horizon: the norms end in a run of one value, whose
+    width is computed once and copied over the run (the ufuncs work elementwise, so each copy is the
+    value they would have computed there).
     """
 
     def __init__(self, norms: np.ndarray, scales: np.ndarray | None, min_bits: int, max_bits: int) -> None:
@@ -178,27 +181,40 @@ class PlannedWidths:
         self.scales = scales  # a_j; None when all are 1.0
         self.lo, self.hi = float(min_bits), float(max_bits)
         self.out = np.empty_like(self.norms)
+        head = self.norms.size if scales is not None else _head(self.norms)
+        self.head_norms, self.head_out, self.tail_out = self.norms[:head], self.out[:head], self.out[head:]
 
     def __call__(self, k: float) -> np.ndarray:
         """The widths at ``k``, in a buffer that the next call overwrites."""
-        out = self.out
+        out = self.head_out
         if self.scales is None:
-            np.multiply(self.norms, k, out=out)
+            np.multiply(self.head_norms, k, out=out)
         else:
             np.multiply(self.scales, k, out=out)
-            np.multiply(out, self.norms, out=out)
+            np.multiply(out, self.head_norms, out=out)
         np.add(out, 1.0, out=out)
         np.log2(out, out=out)
         np.add(out, 1.0, out=out)
         np.maximum(out, self.lo, out=out)
         np.minimum(out, self.hi, out=out)
-        return out
+        if self.tail_out.size:
+            self.tail_out.fill(out[-1])
+        return self.out
 
     def first(self, k: float) -> float:
         """The real width of the first step alone (the one the policy turns into an integer)."""
         scale = 1.0 if self.scales is None else float(self.scales[0])
         x = np.array([k * scale * float(self.norms[0])])
         return float(np.clip(np.log2(x + 1.0) + 1.0, self.lo, self.hi)[0])
+
+
+def _head(norms: np.ndarray) -> int:
+    """How many leading norms to compute: all but the trailing run of bit-identical copies of the last."""
+    if norms.size < 2:
+        return norms.size
+    bits = norms.view(np.int64)
+    differs = np.flatnonzero(bits != bits[-1])
+    return int(differs[-1]) + 2 if differs.size else 1
 
 
 @functools.lru_cache(maxsize=4)
