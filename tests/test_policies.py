@@ -351,3 +351,5 @@ def test_solve_log_k_stops_early_with_the_result_of_100_halvings() -> None:
 
         assert exact(solve_log_k(counted, target)) == exact(reference_solve_log_k(total, target)), case
         assert len(calls) <= 102
+        if 1 < abs(math.log(solve_log_k(total, target))) < 75:  # a root inside, not a clamp, not near 0
+            assert len(calls) <= 2 + 62  # stopped once lo and hi met: about 60 halvings where |log k| >= 1

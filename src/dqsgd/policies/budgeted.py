@@ -142,10 +142,10 @@ def solve_log_k(total: Callable[[float], float], target: float) -> float:
     """k with ``total(log k) = target`` by bisection on log k in [−80, 80]; ``total`` must be
     non-decreasing in log k (a sum of DQSGD widths, or of their costs). Clamped at the ends.
 
-    At most 100 halvings; it stops at the first one that leaves (lo, hi) as they were — from then on
-    every halving would evaluate the same mid and keep the same pair (``total`` is a pure function),
-    so the result is the one the 100 halvings give. In double precision that happens after about 55
-    halvings, once lo and hi are adjacent floats and the mid rounds to one of them."""
+    At most 100 halvings; it stops, without evaluating ``total``, once the mid rounds to lo or hi
+    (after about 55 halvings in double precision, when they are adjacent floats). Whichever side the
+    halving would then keep, the pair stays or becomes (mid, mid), and every later halving repeats it,
+    so the result exp((lo + hi)/2) is exp(mid) either way: the one the 100 halvings give."""
     lo, hi = -80.0, 80.0
     if total(hi) <= target:
         return math.exp(hi)
@@ -153,10 +153,9 @@ def solve_log_k(total: Callable[[float], float], target: float) -> float:
         return math.exp(lo)
     for _ in range(100):
         mid = 0.5 * (lo + hi)
-        nxt = (mid, hi) if total(mid) < target else (lo, mid)
-        if nxt == (lo, hi):
+        if mid == lo or mid == hi:
             break
-        lo, hi = nxt
+        lo, hi = (mid, hi) if total(mid) < target else (lo, mid)
     return math.exp(0.5 * (lo + hi))
 
 
