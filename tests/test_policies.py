@@ -1,7 +1,9 @@
 """Bit policies: the DQSGD rules, integerization, the budget (never overspent, lands on C), baselines."""
 
 import math
+from typing import Any, Callable
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -10,6 +12,7 @@ from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, DQSGDRule, FixedBits, GradStats, Rounding, integerize, state_from_dict,
     state_to_dict,
 )
+from dqsgd.policies.budgeted import PlannedWidths, solve_log_k
 
 
 def cost_fn(d: int, header_bytes: int = 37):
@@ -166,3 +169,187 @@ def test_policy_state_round_trips_through_a_dict(policy) -> None:
     assert state_to_dict(back).keys() == d.keys() and back.bits == st_.bits
     with pytest.raises(ValueError, match="expected fields"):
         state_from_dict(type(st_), {**d, "bogus": 1})
+
+
+# The per-step solve of the budgeted policies must give the states the implementation before it gave, bit
+# for bit (committed result tables depend on every float). That implementation is kept here as the
+# reference: 100 halvings, and each total a fresh np.clip expression.
+
+def reference_solve_log_k(total: Callable[[float], float], target: float) -> float:
+    lo, hi = -80.0, 80.0
+    if total(hi) <= target:
+        lo = hi
+    elif total(lo) >= target:
+        hi = lo
+    else:
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if total(mid) < target else (lo, mid)
+    return math.exp(0.5 * (lo + hi))
+
+
+def reference_widths(policy: BudgetedDQSGD, k: float, norms: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    return np.clip(np.log2(k * scales * norms + 1.0) + 1.0, policy.min_bits, policy.max_bits)
+
+
+def reference_scales(policy: BudgetedDQSGD, step: int) -> np.ndarray:
+    js = np.arange(step, policy.total_steps, dtype=np.float64)
+    return policy.alpha ** ((policy.total_steps - js) / 2.0) if policy.convex else np.ones(js.size)
+
+
+class ReferenceBudgeted(BudgetedDQSGD):
+    def solve_k(self, step: int, norm: float, forecast: np.ndarray, remaining: float) -> tuple[float, float]:
+        m = self.total_steps - step
+        scales = reference_scales(self, step)
+        norms = np.concatenate([[norm], forecast]).astype(np.float64)
+        target = (remaining - m * self.header_bits) / max(self.numel, 1)
+
+        def total(logk: float) -> float:
+            return float(reference_widths(self, math.exp(logk), norms, scales).sum())
+
+        k = reference_solve_log_k(total, target)
+        return k, float(reference_widths(self, k, norms[:1], scales[:1])[0])
+
+
+def exact(value: Any) -> Any:
+    """A value with every float replaced by its hex form: equal iff bit for bit equal (nan included)."""
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, tuple):
+        return tuple(exact(v) for v in value)
+    return value
+
+
+def exact_state(state: Any) -> dict[str, Any]:
+    return {k: exact(v) for k, v in state_to_dict(state).items()}
+
+
+def random_norms(rng: np.random.Generator, n: int) -> list[float]:
+    """Norms spanning decades: a random log-linear trend, noise, and now and then a zero or a jump."""
+    logs = np.linspace(rng.uniform(-12, 6), rng.uniform(-12, 6), n) + rng.normal(0, rng.uniform(0, 3), n)
+    norms = np.exp(logs)
+    norms[rng.random(n) < 0.03] = 0.0
+    norms[rng.random(n) < 0.03] *= 1e6
+    return norms.tolist()
+
+
+def random_budgeted(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    d = int(rng.integers(1, 5000))
+    cost = cost_fn(d, int(rng.integers(0, 64)))
+    lo = int(rng.integers(2, 8))
+    hi = int(rng.integers(lo, 17))
+    # Bits per coordinate beyond min_bits: none (every step at min_bits), a little, some, all but
+    # a little, and more than max_bits can spend.
+    extra = float(rng.choice([0.0, 0.01, *rng.uniform(0, hi - lo, 4), max(0, hi - lo - 0.01), hi - lo + 1]))
+    budget = int(n * cost(lo) + n * d * extra) + int(rng.integers(0, 100))
+    alpha = float(rng.choice([1.0, rng.uniform(0.5, 1.0), rng.uniform(0.99, 1.0)]))
+    return dict(budget_bits=budget, total_steps=n, numel=d, message_bits=cost, convex=bool(rng.random() < 0.5),
+                alpha=alpha, min_bits=lo, max_bits=hi)
+
+
+def assert_runs_equal(new: Any, ref: Any, norms: list[float], spend: Callable[[Any, int], int],
+                      grads: Callable[[int], Any] = lambda n: None) -> None:
+    """Drive both policies through the same steps; their states agree bit for bit after every update."""
+    a, b = new.init(), ref.init()
+    assert exact_state(a) == exact_state(b)
+    for n, g in enumerate(norms):
+        stats = GradStats(n, g, g, spend(a, n), grads(n))
+        a, b = new.update(a, stats), ref.update(b, stats)
+        assert exact_state(a) == exact_state(b), f"step {n}"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_budget_states_bit_identical_to_the_reference(seed: int) -> None:
+    """Whole runs (every step from 0 to N, so the last steps' short sums too) of random policies and norms."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([1, 2, 3, int(rng.integers(4, 150)), int(rng.integers(150, 1200))]))
+    kw = random_budgeted(rng, n)
+    policy, ref = BudgetedDQSGD(**kw), ReferenceBudgeted(**kw)
+    assert_runs_equal(policy, ref, random_norms(rng, n), lambda st_, _: policy.message_bits(st_.bits))
+
+
+def test_solve_k_bit_identical_to_the_reference_on_arbitrary_norms() -> None:
+    """solve_k alone, on norm arrays that no forecast would give (any order, zeros, 1e-30 .. 1e30), at any
+    step and remaining budget: the same k and real width."""
+    rng = np.random.default_rng(7)
+    for case in range(600):
+        n = int(rng.integers(1, 2500))
+        kw = random_budgeted(rng, n)
+        policy, ref = BudgetedDQSGD(**kw), ReferenceBudgeted(**kw)
+        step = int(rng.choice([0, 1, n - 1, n - 2 if n > 1 else 0, rng.integers(0, n)]))
+        m = n - step
+        span = float(rng.choice([1.0, 10.0, 70.0]))
+        norms = np.exp(rng.uniform(-span, span, m) + rng.uniform(-20, 20))
+        norms[rng.random(m) < 0.1] = 0.0
+        # Mostly a sum of widths that some k reaches; now and then one below min_bits or above max_bits.
+        widths = rng.uniform(m * kw["min_bits"] - 1, m * kw["max_bits"] + 1)
+        remaining = m * policy.header_bits + kw["numel"] * widths
+        args = (step, float(norms[0]), norms[1:], remaining)
+        assert exact(policy.solve_k(*args)) == exact(ref.solve_k(*args)), case
+
+
+def test_planned_widths_are_the_clip_expression_bit_for_bit() -> None:
+    """Every element and the sum, at k from 1e-35 to 1e35, with zeros, infinities and NaN among the norms."""
+    rng = np.random.default_rng(3)
+    policy = BudgetedDQSGD(10**9, 3000, 10, cost_fn(10), min_bits=3, max_bits=13)
+    for _ in range(300):
+        m = int(rng.integers(1, 3000))
+        step = policy.total_steps - m
+        norms = np.exp(rng.uniform(-60, 60, m))
+        norms[rng.random(m) < 0.05] = rng.choice([0.0, np.inf, np.nan])
+        if rng.random() < 0.7:  # end in a run of one value, as a forecast held flat does
+            norms[int(rng.integers(0, m)):] = rng.choice([norms[-1], 0.0, -0.0, np.nan])
+        for convex, alpha in ((False, 1.0), (True, float(rng.uniform(0.3, 1.0))), (True, 1.0)):
+            pol = BudgetedDQSGD(10**9, 3000, 10, cost_fn(10), convex=convex, alpha=alpha, min_bits=3, max_bits=13)
+            widths = pol.planned_widths(step, norms)
+            k = math.exp(float(rng.uniform(-80, 80)))
+            scales = reference_scales(pol, step)
+            with np.errstate(invalid="ignore"):  # 0·inf
+                want, got = reference_widths(pol, k, norms, scales), widths(k)
+                first = float(reference_widths(pol, k, norms[:1], scales[:1])[0])
+                assert exact(widths.first(k)) == exact(first)
+            assert got.tobytes() == want.tobytes()
+            assert exact(float(got.sum())) == exact(float(want.sum()))
+
+
+def test_planned_widths_compute_only_up_to_the_trailing_run() -> None:
+    head = lambda norms: BudgetedDQSGD(10**9, 10, 10, cost_fn(10)).planned_widths(10 - len(norms),  # noqa: E731
+                                                                                 np.array(norms)).head_out.size
+    assert head([3.0]) == 1 and head([1.0, 2.0]) == 2 and head([2.0, 2.0, 2.0]) == 1
+    assert head([1.0, 2.0, 2.0, 2.0]) == 2 and head([2.0, 1.0, 2.0]) == 3
+    assert head([0.0, -0.0]) == 2  # bit for bit, not by ==
+    convex = BudgetedDQSGD(10**9, 10, 10, cost_fn(10), convex=True, alpha=0.9)
+    assert convex.planned_widths(7, np.full(3, 2.0)).head_out.size == 3  # a_j differ: every width is computed
+
+
+def bisection_totals(rng: np.random.Generator) -> Callable[[float], float]:
+    """A pure function of log k: monotone steps, a smooth sum, flat, NaN, or non-monotone noise."""
+    kind = int(rng.integers(0, 5))
+    c, s = float(rng.uniform(0.1, 1e4)), float(rng.uniform(-100, 100))
+    if kind == 0:
+        return lambda x: math.floor((x - s) * c)
+    if kind == 1:
+        xs = np.exp(rng.uniform(-30, 30, 50))
+        return lambda x: float(np.log2(math.exp(x) * xs + 1.0).sum())
+    if kind == 2:
+        return lambda x: c
+    if kind == 3:
+        return lambda x: math.nan if x < s else x
+    return lambda x: math.sin(x * c) * 1e3  # not monotone: the early stop must not rely on that
+
+
+def test_solve_log_k_stops_early_with_the_result_of_100_halvings() -> None:
+    rng = np.random.default_rng(11)
+    for case in range(3000):
+        total = bisection_totals(rng)
+        target = float(rng.choice([rng.uniform(-2e3, 2e3), total(float(rng.uniform(-80, 80))), math.nan]))
+        calls: list[float] = []
+
+        def counted(x: float) -> float:
+            calls.append(x)
+            return total(x)
+
+        assert exact(solve_log_k(counted, target)) == exact(reference_solve_log_k(total, target)), case
+        assert len(calls) <= 102
+        if 1 < abs(math.log(solve_log_k(total, target))) < 75:  # a root inside, not a clamp, not near 0
+            assert len(calls) <= 2 + 62  # stopped once lo and hi met: about 60 halvings where |log k| >= 1

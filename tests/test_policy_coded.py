@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 from synthetic_runs import entry as method_entry, train_config
+from test_policies import (assert_runs_equal, cost_fn, random_norms, reference_scales, reference_solve_log_k,
+                           reference_widths)
 
 from dqsgd.data import load_dataset
 from dqsgd.kernels import HashRNG
@@ -120,3 +122,41 @@ def test_coded_policy_resumes_exactly(tmp_path: Path) -> None:
     assert torch.equal(full["final_params"], resumed["final_params"])
     assert resumed["ledger_budget_left"] == full["ledger_budget_left"]
     assert math.isfinite(resumed["ledger_budget_left"])
+
+
+class ReferenceCoded(CodedBudgetedDQSGD):
+    """The solve before the cheaper bisection, as it was (the reference for bit-identical states)."""
+
+    def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
+                      remaining: float) -> tuple[float, float]:
+        scales = reference_scales(self, step)
+        norms = np.concatenate([[norm], forecast]).astype(np.float64)
+        grid = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
+
+        def total(logk: float) -> float:
+            return float(np.interp(reference_widths(self, math.exp(logk), norms, scales), grid, cost).sum())
+
+        k = reference_solve_log_k(total, remaining)
+        return k, float(reference_widths(self, k, norms[:1], scales[:1])[0])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_coded_states_bit_identical_to_the_reference(seed: int) -> None:
+    """Whole runs of random coded policies (convex or not, tight or generous budgets) on random gradients
+    whose coded sizes swing around the prediction: the same states, bit for bit, after every update."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.choice([1, 2, int(rng.integers(3, 100)), int(rng.integers(100, 700))]))
+    d = int(rng.integers(1, 3000))
+    cost = cost_fn(d, int(rng.integers(1, 64)))
+    lo = int(rng.integers(2, 6))
+    hi = int(rng.integers(lo, 17))
+    budget = n * cost(lo) * float(rng.choice([0.3, 0.6, 1.0, 2.0, 4.0]))
+    alpha = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
+    kw = dict(budget_bits=int(budget), total_steps=n, numel=d, message_bits=cost, convex=bool(rng.random() < 0.5),
+              alpha=alpha, min_bits=lo, max_bits=hi, smoothing=float(rng.uniform(0.05, 1.0)), sample=256)
+    policy, ref = CodedBudgetedDQSGD(**kw), ReferenceCoded(**kw)
+    norms = random_norms(rng, n)
+    shape = torch.from_numpy(rng.standard_normal(d)) ** 3
+    grads = lambda i: shape / shape.abs().max() * norms[i]  # noqa: E731
+    spend = lambda st_, i: int(cost(st_.bits) * rng.uniform(0.05, 1.0))  # noqa: E731
+    assert_runs_equal(policy, ref, norms, spend, grads)

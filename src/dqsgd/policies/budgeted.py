@@ -29,6 +29,7 @@ within one step's granularity of C when C is reachable.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, ClassVar
@@ -98,25 +99,22 @@ class BudgetedDQSGD:
             bits -= 1
         return bits
 
-    def _widths(self, k: float, norms: np.ndarray, scales: np.ndarray) -> np.ndarray:
-        return np.clip(np.log2(k * scales * norms + 1.0) + 1.0, self.min_bits, self.max_bits)
-
     def solve_k(self, step: int, norm: float, forecast: np.ndarray, remaining: float) -> tuple[float, float]:
         """(k, real B_step) so that the planned spend of steps step..N−1 equals ``remaining``.
 
         ``norm`` is the latest ‖G‖ (drives B_step); ``forecast`` the norms of steps step+1..N−1.
         """
         m = self.total_steps - step
-        js = np.arange(step, self.total_steps, dtype=np.float64)
-        scales = self.alpha ** ((self.total_steps - js) / 2.0) if self.convex else np.ones(m)
         norms = np.concatenate([[norm], forecast]).astype(np.float64)
+        widths = self.planned_widths(step, norms)
         target = (remaining - m * self.header_bits) / max(self.numel, 1)  # Σ_j B_j to hit
+        k = solve_log_k(lambda logk: float(widths(math.exp(logk)).sum()), target)
+        return k, widths.first(k)
 
-        def total(logk: float) -> float:
-            return float(self._widths(math.exp(logk), norms, scales).sum())
-
-        k = solve_log_k(total, target)
-        return k, float(self._widths(k, norms[:1], scales[:1])[0])
+    def planned_widths(self, step: int, norms: np.ndarray) -> PlannedWidths:
+        """B_j(k) of steps step..N−1 given their norms (the latest first), for the bisection on k."""
+        scales = _decay(self.alpha, self.total_steps)[step:] if self.convex else None
+        return PlannedWidths(norms, scales, self.min_bits, self.max_bits)
 
     def observe(self, state: BudgetState, stats: GradStats) -> tuple[int, int, tuple[float, ...]]:
         """(the next step, bits spent including step ``stats.step``, the norm forecast's sums with its norm)."""
@@ -142,17 +140,90 @@ class BudgetedDQSGD:
 
 def solve_log_k(total: Callable[[float], float], target: float) -> float:
     """k with ``total(log k) = target`` by bisection on log k in [−80, 80]; ``total`` must be
-    non-decreasing in log k (a sum of DQSGD widths, or of their costs). Clamped at the ends."""
+    non-decreasing in log k (a sum of DQSGD widths, or of their costs). Clamped at the ends.
+
+    At most 100 halvings; it stops, without evaluating ``total``, once the mid rounds to lo or hi
+    (after about 55 halvings in double precision, when they are adjacent floats). Whichever side the
+    halving would then keep, the pair stays or becomes (mid, mid), and every later halving repeats it,
+    so the result exp((lo + hi)/2) is exp(mid) either way: the one the 100 halvings give."""
     lo, hi = -80.0, 80.0
     if total(hi) <= target:
-        lo = hi
-    elif total(lo) >= target:
-        hi = lo
-    else:
-        for _ in range(100):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if total(mid) < target else (lo, mid)
+        return math.exp(hi)
+    if total(lo) >= target:
+        return math.exp(lo)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if mid == lo or mid == hi:
+            break
+        lo, hi = (mid, hi) if total(mid) < target else (lo, mid)
     return math.exp(0.5 * (lo + hi))
+
+
+class PlannedWidths:
+    """B_j(k) = clip(log2(k·a_j·‖g_j‖ + 1) + 1, min_bits, max_bits) for fixed norms, at any k.
+
+    The bisection evaluates this some 55 times per step, so it writes into one buffer with the ufuncs'
+    ``out=`` instead of allocating six arrays and going through ``np.clip``'s Python wrapper, and it
+    skips the product with a_j where every a_j is 1.0 (non-convex: k·1.0·‖g‖ is k·‖g‖ exactly). Each
+    element sees the same floating-point operations in the same order as
+    ``np.clip(np.log2(k * scales * norms + 1.0) + 1.0, min_bits, max_bits)`` — max then min is what
+    clip computes — so the widths, and their sum over the same contiguous array, are bit for bit the
+    same.
+
+    Non-convex, the forecast is flat beyond its horizon: the norms end in a run of one value, whose
+    width is computed once and copied over the run (the ufuncs work elementwise, so each copy is the
+    value they would have computed there).
+    """
+
+    def __init__(self, norms: np.ndarray, scales: np.ndarray | None, min_bits: int, max_bits: int) -> None:
+        self.norms = np.ascontiguousarray(norms, dtype=np.float64)
+        self.scales = scales  # a_j; None when all are 1.0
+        self.lo, self.hi = float(min_bits), float(max_bits)
+        self.out = np.empty_like(self.norms)
+        head = self.norms.size if scales is not None else _head(self.norms)
+        self.head_norms, self.head_out, self.tail_out = self.norms[:head], self.out[:head], self.out[head:]
+
+    def __call__(self, k: float) -> np.ndarray:
+        """The widths at ``k``, in a buffer that the next call overwrites."""
+        out = self.head_out
+        if self.scales is None:
+            np.multiply(self.head_norms, k, out=out)
+        else:
+            np.multiply(self.scales, k, out=out)
+            np.multiply(out, self.head_norms, out=out)
+        np.add(out, 1.0, out=out)
+        np.log2(out, out=out)
+        np.add(out, 1.0, out=out)
+        np.maximum(out, self.lo, out=out)
+        np.minimum(out, self.hi, out=out)
+        if self.tail_out.size:
+            self.tail_out.fill(out[-1])
+        return self.out
+
+    def first(self, k: float) -> float:
+        """The real width of the first step alone (the one the policy turns into an integer)."""
+        scale = 1.0 if self.scales is None else float(self.scales[0])
+        x = np.array([k * scale * float(self.norms[0])])
+        return float(np.clip(np.log2(x + 1.0) + 1.0, self.lo, self.hi)[0])
+
+
+def _head(norms: np.ndarray) -> int:
+    """How many leading norms to compute: all but the trailing run of bit-identical copies of the last."""
+    if norms.size < 2:
+        return norms.size
+    bits = norms.view(np.int64)
+    differs = np.flatnonzero(bits != bits[-1])
+    return int(differs[-1]) + 2 if differs.size else 1
+
+
+@functools.lru_cache(maxsize=4)
+def _decay(alpha: float, total_steps: int) -> np.ndarray:
+    """a_j = α^((N−j)/2) for j = 0..N−1, computed once per (α, N) and sliced per step (elementwise the
+    same values as computing them for j = step..N−1 each time); read-only."""
+    js = np.arange(0, total_steps, dtype=np.float64)
+    scales = alpha ** ((total_steps - js) / 2.0)
+    scales.setflags(write=False)
+    return scales
 
 
 def _observe(fit: tuple[float, ...], n: float, y: float, lam: float) -> tuple[float, ...]:

@@ -133,6 +133,19 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
         return np.maximum.accumulate(np.minimum(fixed, coded))
 
+    def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
+                      remaining: float) -> tuple[float, float]:
+        """(k, real B_step) so that the predicted coded spend of steps step..N−1 — each width costed by
+        ``cost`` (per width min..max), interpolated between integers — equals ``remaining``."""
+        widths = self.planned_widths(step, np.concatenate([[norm], forecast]).astype(np.float64))
+        grid = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
+
+        def total(logk: float) -> float:
+            return float(np.interp(widths(math.exp(logk)), grid, cost).sum())
+
+        k = solve_log_k(total, remaining)
+        return k, widths.first(k)
+
     def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
         step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
         if stats.grad is None:
@@ -148,16 +161,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         cost = self.costs(entropy, ratio)
         upper = self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
         forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
-        js = np.arange(step, self.total_steps, dtype=np.float64)
-        scales = self.alpha ** ((self.total_steps - js) / 2.0) if self.convex else np.ones(js.size)
-        norms = np.concatenate([[stats.norm], forecast]).astype(np.float64)
-        grid = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
-
-        def total(logk: float) -> float:
-            return float(np.interp(self._widths(math.exp(logk), norms, scales), grid, cost).sum())
-
-        k = solve_log_k(total, float(self.budget_bits - spent))
-        real = float(self._widths(k, norms[:1], scales[:1])[0])
+        k, real = self.solve_coded_k(step, stats.norm, forecast, cost, float(self.budget_bits - spent))
         bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)
         reserve = (self.total_steps - step - 1) * upper[0]
         while bits > self.min_bits and spent + upper[bits - self.min_bits] + reserve > self.budget_bits:
