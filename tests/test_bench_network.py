@@ -87,3 +87,11 @@ def test_summary_tables_several_runs_with_their_commands(monkeypatch: pytest.Mon
     assert "`sudo bench --workers 4`" in md and (tmp_path / "sum" / "summary.png").stat().st_size > 0
     assert summarize.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
     assert "no network.json" in capsys.readouterr().err
+
+
+def test_a_failed_run_is_reported_and_has_no_time(bench: Any) -> None:
+    rows = [_row("fp32", 12.0), {"rate": "100mbit", "method": "powersgd", "repeat": 0,
+                                 "error": "powersgd: ranks ended with [None, None] (None: still running at the deadline)"}]
+    lines = bench.table(rows, 0.9).splitlines()
+    assert "failed: powersgd: ranks ended with [None, None]" in lines[-1]
+    assert bench.time_to_target(rows[1:]) is None and bench.speedup(bench.grouped(rows), "100mbit", "fp32", "powersgd") == "—"

@@ -89,7 +89,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kernel", default="fused", choices=("torch", "fused"),
                    help="dqsgd's uniform quantizer: fused numba kernels with hash uniforms, or torch ops")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is killed")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is killed (the run "
+                   "is then reported as failed, and the others go on; the exit status is 1)")
     p.add_argument("--out", default="runs/bench-network")
     p.add_argument("--force", action="store_true", help="replace the results already in --out")
     # internal: one rank inside its namespace
@@ -293,7 +294,7 @@ def link_s(row: dict[str, Any]) -> float:
 
 def time_to_target(runs: list[dict[str, Any]]) -> float | None:
     """Median over repeats of the training time to the target (None if any repeat missed it)."""
-    times = [r["reached"]["train_s"] if r["reached"] else None for r in runs]
+    times = [r["reached"]["train_s"] if r.get("reached") else None for r in runs]
     return None if None in times else statistics.median(times)
 
 
@@ -322,6 +323,9 @@ def table(rows: list[dict[str, Any]], target: float) -> str:
     lines = [head, "-" * len(head)]
     for (rate, method), runs in groups.items():
         r, best = runs[0], time_to_target(runs)
+        if "error" in r:
+            lines.append(f"{rate:>8} {method:>19}   failed: {r['error']}")
+            continue
         t = "—" if best is None else f"{best:.1f} s"
         if best is not None and len(runs) > 1:
             t += f" [{min(x['reached']['train_s'] for x in runs):.1f}-{max(x['reached']['train_s'] for x in runs):.1f}]"
@@ -343,6 +347,8 @@ def plot(rows: list[dict[str, Any]], target: float, path: Path) -> None:
     fig, axes = plt.subplots(2, len(rates), figsize=(6 * len(rates), 8), squeeze=False)
     for j, rate in enumerate(rates):
         for r in (r for r in rows if r["rate"] == rate):
+            if "error" in r:
+                continue
             xs = [c["train_s"] for c in r["curve"]]
             axes[0][j].plot(xs, [c["acc"] for c in r["curve"]], marker=".", label=r["method"])
             axes[1][j].plot(xs, [c["tx_bytes"] / 1e6 for c in r["curve"]], marker=".", label=r["method"])
@@ -405,7 +411,12 @@ def main(argv: list[str] | None = None) -> int:
                 for method in methods:
                     res = Path(tmp, f"{rate}-{method}-{rep}.json")
                     start = time.perf_counter()
-                    launch(net, a, method, res)
+                    try:
+                        launch(net, a, method, res)
+                    except RuntimeError as e:  # recorded as failed; the other runs go on
+                        rows.append({"rate": rate, "method": method, "repeat": rep, "error": str(e)})
+                        print(f"{rate} {method} #{rep}: FAILED: {e}", flush=True)
+                        continue
                     row = {"rate": rate, "repeat": rep, **json.loads(res.read_text()),
                            "run_s": time.perf_counter() - start}
                     rows.append(row)
@@ -424,7 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "table.txt").write_text(f"{command}\n\n{table(rows, a.target)}\n")
     plot(rows, a.target, out / "network.png")
     print(f"\n{out / 'network.json'}, {out / 'table.txt'}, {out / 'network.png'}")
-    return 0
+    failed = [f"{r['rate']} {r['method']} #{r['repeat']}" for r in rows if "error" in r]
+    if failed:
+        print(f"bench network: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         groups = grouped(run["runs"])
         for (rate, method), rows in groups.items():
             t = time_to_target(rows)
+            if "error" in rows[0]:
+                lines.append(f"| {setting(run)} | {rate} | {LABELS.get(method, method)} | failed: "
+                             f"{rows[0]['error']} | — | — | — | — |")
+                continue
             per_rank = max(rows[0]["wire_bytes_per_rank"]) / 1e6 / rows[0]["steps"]
             lines.append(f"| {setting(run)} | {rate} | {LABELS.get(method, method)} | "
                          f"{'—' if t is None else f'{t:.1f}'} | {speedup(groups, rate, method, 'fp32')} | "
