@@ -149,7 +149,10 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     from dqsgd.train.sampling import MODEL_INIT, WorkerBatches, seed_for
 
     torch.manual_seed(seed_for(a.seed, MODEL_INIT))
-    model = DDP(_build(a, data))
+    # PowerSGD's hook waits on a nested all-reduce inside its future callback: on gloo, two buckets in
+    # flight occupy both of the process group's worker threads and it deadlocks (seen with the 1.86M MLP,
+    # whose default first bucket is 1 MB). An explicit 25 MB cap makes the first bucket 25 MB too: one bucket.
+    model = DDP(_build(a, data), bucket_cap_mb=25 if a.method == "powersgd" else None)
     state = register_hook(model, a)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
