@@ -4,7 +4,8 @@
 
 Writes ``summary.md`` (a Markdown table: per run setting and rate, each method's median time to
 target, its speed-up against fp32 DDP and the fp16 hook, and the busiest rank's bytes per step) and
-``summary.png`` (time to target per method, one panel per run setting, one bar group per rate).
+``summary.png`` (each method's speed-up over fp32 DDP in time to target, one panel per run setting,
+one bar group per rate).
 Each run's exact command comes from its ``network.json`` and is printed under the table.
 """
 
@@ -53,26 +54,36 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
 
 def figure(runs: list[dict[str, Any]], path: Path) -> None:
+    """Speed-up over fp32 DDP (its median time to target / the method's) per method, one panel per run
+    setting, one bar group per rate; a method has the same colour in every panel; × marks a miss."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.5), squeeze=False)
-    for ax, run in zip(axes[0], runs):
+    colours = {m: plt.get_cmap("tab10")(i) for i, m in enumerate(LABELS)}
+    cols = min(3, len(runs))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.flat, runs):
         groups = grouped(run["runs"])
         rates = list(dict.fromkeys(r for r, _ in groups))
-        methods = list(dict.fromkeys(m for _, m in groups))
-        width = 0.8 / len(methods)
+        methods = [m for m in LABELS if any((r, m) in groups for r in rates)]
+        width = 0.8 / max(len(methods), 1)
         for i, m in enumerate(methods):
-            ys = [time_to_target(groups[(r, m)]) if (r, m) in groups else None for r in rates]
-            xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(rates))]
-            bars = ax.bar(xs, [y or 0 for y in ys], width, label=LABELS.get(m, m))
-            for bar, y in zip(bars, ys):
-                if y is None:  # never reached the target: marked, not drawn as fast
-                    ax.annotate("×", (bar.get_x() + bar.get_width() / 2, 0), ha="center", va="bottom")
+            for j, rate in enumerate(rates):
+                ref = time_to_target(groups[(rate, "fp32")]) if (rate, "fp32") in groups else None
+                t = time_to_target(groups[(rate, m)]) if (rate, m) in groups else None
+                x = j + (i - (len(methods) - 1) / 2) * width
+                if ref and t:
+                    ax.bar(x, ref / t, width, color=colours[m], label=LABELS[m] if j == 0 else None)
+                else:  # missed the target, failed, or no fp32 row to compare with
+                    ax.annotate("×", (x, 0), ha="center", va="bottom", color=colours[m])
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xticks(range(len(rates)), [f"{r} per link" for r in rates])
-        ax.set(title=setting(run), ylabel="training time to target (s, median)")
+        ax.set(title=setting(run), ylabel="speed-up over fp32 DDP (time to target)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
