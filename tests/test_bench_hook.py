@@ -24,3 +24,10 @@ def test_command_line() -> None:
     a = parser.parse_args(["hook", "--model", "cnn", "--hooks", "fp16,dqsgd sharded", "--rounds", "3"])
     assert a.model == "cnn" and a.hooks == "fp16,dqsgd sharded" and a.rounds == 3 and a.world == 2
     assert parser.parse_args(["hook"]).hooks.split(",") == list(HOOKS[1:])
+
+
+def test_a_subset_of_hooks_gets_only_the_ratios_it_can() -> None:
+    rows = {r["hook"] for r in summarize({"none": [1.0], "fp16": [1.1], "qsgd-4bit sharded": [1.3]})}
+    assert rows == {"none", "fp16", "qsgd-4bit sharded", "qsgd-4bit sharded / fp16"}
+    rows = {r["hook"] for r in summarize({"none": [1.0], "qsgd-4bit allgather": [1.3]})}
+    assert rows == {"none", "qsgd-4bit allgather"}

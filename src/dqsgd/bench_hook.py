@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -109,8 +110,8 @@ def summarize(times: dict[str, list[float]]) -> list[dict[str, Any]]:
         ratios = [t / base for t, base in zip(ts, times["none"])]
         rows.append({"hook": h, "ms": 1e3 * statistics.median(ts), "ratio": statistics.median(ratios),
                      "min": min(ratios), "max": max(ratios)})
-    if "fp16" in times and "qsgd-4bit sharded" in times:
-        for topo in ("sharded", "allgather"):
+    for topo in ("sharded", "allgather"):  # each qsgd-4bit topology that ran, against fp16 if it ran
+        if "fp16" in times and f"qsgd-4bit {topo}" in times:
             r = [a / b for a, b in zip(times[f"qsgd-4bit {topo}"], times["fp16"])]
             rows.append({"hook": f"qsgd-4bit {topo} / fp16", "ms": float("nan"), "ratio": statistics.median(r),
                          "min": min(r), "max": max(r)})
@@ -139,7 +140,8 @@ def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
         print(f"\n{name} ({sum(p.numel() for p in build(name).parameters()):,} parameters), {backend} W={world}, "
               f"batch {args.batch}: step time / no-hook step, median [min, max] over {args.rounds} rounds")
         for r in rows:
-            print(f"  {r['hook']:28s} {r['ms']:8.1f} ms   {r['ratio']:.2f}  [{r['min']:.2f}, {r['max']:.2f}]")
+            ms = "" if math.isnan(r["ms"]) else f"{r['ms']:8.1f} ms"  # hook-to-hook ratio rows have no time
+            print(f"  {r['hook']:28s} {ms:>11s}   {r['ratio']:.2f}  [{r['min']:.2f}, {r['max']:.2f}]")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
