@@ -283,10 +283,15 @@ def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX
         raise PayloadError(f"{err} (header offset 4)")
     if h.numel >= U32_MAX and h.coding == Coding.ELIAS:
         raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
+    check_crc(buf)
+    return h
+
+
+def check_crc(buf: memoryview) -> None:
+    """Refuse a payload whose last 4 bytes are not the crc32 (little-endian) of the bytes before them."""
     stored, computed = int.from_bytes(buf[-4:], "little"), crc32(buf[:-4])
     if computed != stored:
         raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {len(buf) - 4}, computed {computed:#010x}")
-    return h
 
 
 def _unpack_fixed(body: memoryview, h: Header, offset: int, width: int) -> np.ndarray:

@@ -234,11 +234,17 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     offset = 0 if bits == 1 else 1 << (bits - 1)
     spans = run_split(fused.accumulate_range, chunks, data, width, offset, bits == 1, starts, _steps(h), w, arr,
                       min_per_thread=MIN_CHUNKS_PER_THREAD)
-    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-    if lo < rng.lo or hi > rng.hi:  # 1-bit codes are ±1 by construction: never 0
-        raise PayloadError(
-            f"body at offset {h.body_start}: codes span [{lo}, {hi}], the scheme allows [{rng.lo}, {rng.hi}]")
+    _check_code_spans(spans, (rng.lo, rng.hi), h.body_start)
     return h
+
+
+def _check_code_spans(spans: list[tuple[int, int]], allowed: tuple[int, int], body_start: int) -> None:
+    """Refuse codes outside the scheme's range ``allowed`` = (lo, hi), from the (min, max) that each
+    accumulated range saw (1-bit codes are ±1 by construction: never 0)."""
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    if lo < allowed[0] or hi > allowed[1]:
+        raise PayloadError(
+            f"body at offset {body_start}: codes span [{lo}, {hi}], the scheme allows [{allowed[0]}, {allowed[1]}]")
 
 
 def _steps(h: Header) -> np.ndarray:
@@ -369,10 +375,7 @@ class FixedPlan:
                                f"{self.norm.name} norm, {self.layout}; got {h.scheme.name} {h.coding.name} of "
                                f"{h.numel} values at {h.bits} bits, {h.norm.name} norm, {h.layout}")
         arr = _out_array(out, self.numel)
-        stored, computed = int(payload[-4:].view("<u4")[0]), crc32(payload[:-4])
-        if computed != stored:
-            raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {self.size - 4}, "
-                               f"computed {computed:#010x}")
+        wire.check_crc(memoryview(payload).cast("B"))
         scales = payload[self.scales_at : self.head_len - 4].view("<f4").astype(np.float32)
         if not np.isfinite(scales).all():
             raise PayloadError(f"non-finite scale in the scales at offset {self.scales_at}")
@@ -381,16 +384,11 @@ class FixedPlan:
         if not self.numel:
             return header
         body = payload[self.head_len : self.head_len + self.body_len]
-        tail = (self.numel * self.bits) % 8
-        if tail and body[-1] >> tail:
-            raise PayloadError(f"non-zero padding bits in the last body byte (offset {self.size - 5})")
+        _check_fixed_body(body, header, self.bits)
         steps = scales / np.float32(self.levels)  # float32 division, the floats of ``_steps``
         spans = self._run(fused.accumulate_range, body, self.bits, self._offset, self.bits == 1, self.starts, steps,
                           np.float32(weight), arr)
-        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-        if lo < self._range.lo or hi > self._range.hi:
-            raise PayloadError(f"body at offset {self.head_len}: codes span [{lo}, {hi}], "
-                               f"the scheme allows [{self._range.lo}, {self._range.hi}]")
+        _check_code_spans(spans, (self._range.lo, self._range.hi), self.head_len)
         return header
 
 

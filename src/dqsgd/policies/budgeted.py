@@ -105,10 +105,15 @@ class BudgetedDQSGD:
         ``norm`` is the latest ‖G‖ (drives B_step); ``forecast`` the norms of steps step+1..N−1.
         """
         m = self.total_steps - step
-        norms = np.concatenate([[norm], forecast]).astype(np.float64)
-        widths = self.planned_widths(step, norms)
         target = (remaining - m * self.header_bits) / max(self.numel, 1)  # Σ_j B_j to hit
-        k = solve_log_k(lambda logk: float(widths(math.exp(logk)).sum()), target)
+        return self.solve_widths(step, norm, forecast, lambda widths: float(widths.sum()), target)
+
+    def solve_widths(self, step: int, norm: float, forecast: np.ndarray, total: Callable[[np.ndarray], float],
+                     target: float) -> tuple[float, float]:
+        """(k, real B_step) with ``total(B_step..B_{N−1} at k) = target`` (:func:`solve_log_k`), the
+        widths planned from ``norm`` (the latest ‖G‖) and ``forecast`` (the norms of steps step+1..N−1)."""
+        widths = self.planned_widths(step, np.concatenate([[norm], forecast]).astype(np.float64))
+        k = solve_log_k(lambda logk: total(widths(math.exp(logk))), target)
         return k, widths.first(k)
 
     def planned_widths(self, step: int, norms: np.ndarray) -> PlannedWidths:

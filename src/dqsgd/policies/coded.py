@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from dqsgd.policies.base import GradStats, Rounding, integerize
-from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms, solve_log_k
+from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
 from dqsgd.quantizers.constants import levels_for_bits
 
 
@@ -137,14 +137,9 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
                       remaining: float) -> tuple[float, float]:
         """(k, real B_step) so that the predicted coded spend of steps step..N−1 — each width costed by
         ``cost`` (per width min..max), interpolated between integers — equals ``remaining``."""
-        widths = self.planned_widths(step, np.concatenate([[norm], forecast]).astype(np.float64))
         grid = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
-
-        def total(logk: float) -> float:
-            return float(np.interp(widths(math.exp(logk)), grid, cost).sum())
-
-        k = solve_log_k(total, remaining)
-        return k, widths.first(k)
+        return self.solve_widths(step, norm, forecast, lambda widths: float(np.interp(widths, grid, cost).sum()),
+                                 remaining)
 
     def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
         step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
