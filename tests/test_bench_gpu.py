@@ -103,3 +103,13 @@ def test_loopback_ddp_rounds_on_cpu() -> None:
     assert all(r["ms"] > 0 and r["min"] <= r["ratio"] <= r["max"] for r in rows.values())
     assert res["recompilations"] == 0
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_simulation_rows_on_cpu() -> None:
+    """Simulation steps per second on synthetic data: one row per method, SGD the reference."""
+    from dqsgd.bench_gpu import simulation
+
+    rows = simulation(torch.device("cpu"), ["cnn"], steps=1, warmup=1, workers=2)
+    assert [r["method"] for r in rows] == ["sgd", "qsgd-4bit", "dqsgd"]
+    assert rows[0]["vs_sgd"] == 1.0 and all(r["steps_per_s"] > 0 for r in rows)

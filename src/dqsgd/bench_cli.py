@@ -181,5 +181,8 @@ def add_gpu_parser(bsub: Any) -> None:
     g.add_argument("--ddp-rounds", type=int, default=5, help="interleaved DDP rounds (default: 5)")
     g.add_argument("--ddp-steps", type=int, default=3, help="steps per hook per round (default: 3)")
     g.add_argument("--batch", type=int, default=128, help="ResNet-18 batch (the transformer takes batch/8 sequences)")
+    g.add_argument("--sim-models", type=lambda t: [v for v in t.split(",") if v], default=["cnn", "resnet18"],
+                   help="simulation models (cnn = LeNet-5) (default: cnn,resnet18)")
+    g.add_argument("--sim-steps", type=int, default=10, help="timed simulation steps per method (default: 10)")
     g.add_argument("--device", choices=["auto", "cpu"], default="auto", help=argparse.SUPPRESS)  # tests: CPU, titled so
     g.set_defaults(func=lambda a: __import__("dqsgd.bench_gpu", fromlist=["bench_gpu"]).bench_gpu(a))

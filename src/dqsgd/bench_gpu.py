@@ -8,7 +8,8 @@ Sections (each a function here or in :mod:`dqsgd.bench_loopback`):
 * codec speed — encode, decode-accumulate and both, as a ratio to ``copy_`` of the same tensor in
   the same round (interleaved rounds, median), for the Triton kernels, the torch-ops codec
   (``torch.compile``) and, for reference, the host (numba) path;
-* DDP loopback step time, recompilations and peak memory (:mod:`dqsgd.bench_loopback`).
+* DDP loopback step time, recompilations and peak memory (:mod:`dqsgd.bench_loopback`);
+* simulation steps per second (W = 8 workers on the device) against plain SGD.
 
 Only torch, numba and (for its rows) Triton are needed; the data is synthetic. On a machine
 without CUDA it says so in one line and exits 2. ``--device cpu`` exists for the test suite: it
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["bench_gpu", "codec_speed", "correctness", "environment", "write_report"]
+__all__ = ["bench_gpu", "codec_speed", "correctness", "environment", "simulation", "write_report"]
 
 CHECK_BITS = (1, 2, 4, 8, 16)
 PATHS = ("triton", "torch-ops", "host")
@@ -162,6 +163,42 @@ def codec_speed(device: torch.device, sizes: list[int], bits_list: list[int], ro
     return rows
 
 
+def simulation(device: torch.device, models: list[str], steps: int, warmup: int = 2, workers: int = 8,
+               methods: tuple[str, ...] = ("sgd", "qsgd-4bit", "dqsgd")) -> list[dict[str, Any]]:
+    """Simulated training steps per second (all ``workers`` workers of one step on ``device``), per
+    model and method of ``table1-mnist``, on synthetic 3×32×32 data, interleaved; ``vs_sgd`` =
+    method step time / plain SGD step time."""
+    import dataclasses
+
+    from dqsgd.data.base import Dataset, Split
+    from dqsgd.train.config import load_experiment
+    from dqsgd.train.trainer import Trainer
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1024, 3, 32, 32, generator=g), torch.randint(0, 10, (1024,), generator=g)
+    data = Dataset("synthetic", Split(x, y), Split(x[:128], y[:128]), 10, (3, 32, 32), "image",
+                   note="Gaussian noise in CIFAR's shape: a timing input only")
+    sync, rows = _sync(device), []
+    for model in models:
+        # coded_every = 0: no best-coding measurement (a measurement beside the step, and it needs zstandard)
+        exp = load_experiment("table1-mnist", [f"train.model={model}", f"train.workers={workers}", "train.coded_every=0"])
+        trainers = {e.label: Trainer(dataclasses.replace(exp.train, dataset="synthetic"), e, data, 0, device=device)
+                    for e in exp.methods if e.label in methods}
+        times: dict[str, list[float]] = {k: [] for k in trainers}
+        for i in range(warmup + steps):
+            for k, tr in trainers.items():
+                sync()
+                t = time.perf_counter()
+                tr.step()
+                sync()
+                if i >= warmup:
+                    times[k].append(time.perf_counter() - t)
+        base = statistics.median(times["sgd"])
+        rows += [{"model": model, "method": k, "steps_per_s": 1 / statistics.median(ts),
+                  "vs_sgd": statistics.median(ts) / base} for k, ts in times.items()]
+    return rows
+
+
 # --------------------------------------------------------------------------------------- report
 
 
@@ -195,7 +232,7 @@ def write_report(result: dict[str, Any], out: Path) -> tuple[Path, Path]:
                                                                "peak_mb_over_none"]), "",
                       f"Recompilations after warm-up: {result[key]['recompilations']}.", ""]
     if "simulation" in result:
-        lines += ["## Simulation steps per second (W = 8)", "",
+        lines += ["## Simulation steps per second (W = 8 workers on the device; vs_sgd = step time / SGD's)", "",
                   *_table(result["simulation"], ["model", "method", "steps_per_s", "vs_sgd"]), ""]
     js, md = out / "gpu.json", out / "gpu.md"
     js.write_text(json.dumps(result, indent=1))
@@ -226,6 +263,8 @@ def bench_gpu(args: argparse.Namespace) -> int:
     result["codec"] = codec_speed(device, args.sizes, args.bits, args.rounds, args.torch_sizes)
     print("bench gpu: DDP loopback ...", flush=True)
     result["ddp"] = ddp_times(device, args.models, args.worlds, args.ddp_rounds, args.ddp_steps, args.batch)
+    print("bench gpu: simulation ...", flush=True)
+    result["simulation"] = simulation(device, args.sim_models, args.sim_steps)
     js, md = write_report(result, Path(args.out))
     print(md.read_text())
     print(f"wrote {js} and {md}")
