@@ -147,18 +147,15 @@ def build_model(name: str, width: int = 1024, layers: int = 8) -> tuple[torch.nn
 
 
 def _register(model: Any, hook: str, world: int, total_steps: int) -> LoopbackHook | None:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    """PyTorch's hooks as ``dqsgd bench hook`` registers them; dqsgd's methods as the loopback."""
+    if hook in ("none", "fp16", "powersgd-1"):
+        from dqsgd.bench_hook import _register as register_torch_hook
 
-    if hook == "fp16":
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif hook == "powersgd-1":
-        st = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
-        model.register_comm_hook(st, powerSGD_hook.powerSGD_hook)
-    elif hook != "none":
-        loop = LoopbackHook(hook, world, total_steps)
-        model.register_comm_hook(loop, loopback_hook)
-        return loop
-    return None
+        register_torch_hook(model, hook, total_steps)
+        return None
+    loop = LoopbackHook(hook, world, total_steps)
+    model.register_comm_hook(loop, loopback_hook)
+    return loop
 
 
 def _stepper(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor | None) -> Any:

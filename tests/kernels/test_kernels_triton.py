@@ -79,6 +79,17 @@ def test_triton_empty_zero_and_one_element() -> None:
                 assert torch.equal(out, want)
 
 
+def test_triton_norm_blocks_inside_one_segment() -> None:
+    """Norm blocks of 4096 coordinates that lie inside one segment (one atomic) beside ones that
+    straddle two (one atomic per coordinate), with buckets and with explicit sizes."""
+    n = 9001
+    x = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    x[5000] = 40.0  # the largest value, inside the second segment
+    for layout in (Layout(bucket=4096), Layout(sizes=(4096, 0, 700, n - 4796))):
+        p = encode_uniform_device(x, 4, RNG, layout=layout)
+        assert host(p) == encode_uniform_fast(x, 4, RNG, layout=layout)
+
+
 @pytest.mark.parametrize("n", [0, 1, 3, 255, 256, 257, 4099, 70_001])
 def test_triton_crc_is_zlibs(n: int) -> None:
     data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))

@@ -45,7 +45,7 @@ from dqsgd.quantizers import Layout
 __all__ = ["absmax_triton", "accumulate_triton", "quantize_pack_triton"]
 
 GROUPS = 128  # groups of 8 coordinates per program
-BLOCK = 1024  # coordinates per program of the norm kernel
+BLOCK = 4096  # coordinates per program of the norm kernel (one atomic each, in one segment)
 _GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
@@ -176,7 +176,7 @@ class _Segments:
 
     def __init__(self, layout: Layout, n: int, device: torch.device) -> None:
         self.nseg, self.bucket, self.steps = layout.num_segments(n), 1, 1
-        self.starts = torch.zeros(1, dtype=torch.int64, device=device)
+        self.starts = _starts_on((), device)  # [0]: unused outside MODE 2
         if layout.sizes is not None:
             self.mode, self.steps = 2, max(self.nseg - 1, 1).bit_length()
             self.starts = _starts_on(tuple(layout.sizes), device)
