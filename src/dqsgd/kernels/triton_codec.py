@@ -111,8 +111,10 @@ def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bu
     ok = idx < n
     x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
     inv = tl.load(inv_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
-    h = _mix64(key.to(tl.uint64) + (idx // 4 + 1).to(tl.uint64) * 0x9E3779B97F4A7C15)
-    field = (h >> ((idx % 4) * 16).to(tl.uint64)) & 0xFFFF
+    j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
+    h = _mix64(key.to(tl.uint64) + j * 0x9E3779B97F4A7C15)
+    k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
+    field = tl.reshape((h[:, :, None] >> k16[None, None, :]) & 0xFFFF, (GROUPS, 8))
     u = (field.to(tl.float32) + 0.5) * 1.52587890625e-05  # 2^-16
     if BITS == 1:
         v = tl.minimum(tl.maximum(x * inv, -1.0), 1.0)
