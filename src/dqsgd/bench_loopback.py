@@ -175,7 +175,7 @@ def _compiles() -> int:
     """Graphs compiled by torch.compile plus Triton kernel variants compiled so far (a counter)."""
     import sys
 
-    total = int(sum(torch._dynamo.utils.counters["stats"].values())) if "torch._dynamo" in sys.modules else 0
+    total = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if "torch._dynamo" in sys.modules else 0
     for name in ("dqsgd.kernels.triton_codec", "dqsgd.kernels.triton_crc"):
         mod = sys.modules.get(name)
         for k in (getattr(mod, a, None) for a in ("_encode_kernel", "_decode_kernel", "_absmax_kernel", "_crc_level")):
