@@ -181,7 +181,8 @@ def simulation(device: torch.device, models: list[str], steps: int, warmup: int 
     sync, rows = _sync(device), []
     for model in models:
         # coded_every = 0: no best-coding measurement (a measurement beside the step, and it needs zstandard)
-        exp = load_experiment("table1-mnist", [f"train.model={model}", f"train.workers={workers}", "train.coded_every=0"])
+        sets = [f"train.model={model}", f"train.workers={workers}", "train.coded_every=0"]
+        exp = load_experiment("table1-mnist", sets)
         trainers = {e.label: Trainer(dataclasses.replace(exp.train, dataset="synthetic"), e, data, 0, device=device)
                     for e in exp.methods if e.label in methods}
         times: dict[str, list[float]] = {k: [] for k in trainers}

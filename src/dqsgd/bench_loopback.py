@@ -64,8 +64,9 @@ class _Bucket:
 
 
 class LoopbackHook:
-    """The state of :func:`loopback_hook` (``model.register_comm_hook(h, loopback_hook)``), doing the sharded dqsgd hook's codec work
-    for ``world`` virtual ranks (module docstring). ``method``: a method name (``qsgd-4bit``, ``dqsgd``)."""
+    """The state of :func:`loopback_hook` (``model.register_comm_hook(h, loopback_hook)``): the sharded
+    dqsgd hook's codec work for ``world`` virtual ranks (module docstring). ``method``: a method name
+    (``qsgd-4bit``, ``dqsgd``)."""
 
     def __init__(self, method: str, world: int, total_steps: int = 1000, seed: int = 0) -> None:
         from dqsgd.methods import method_config

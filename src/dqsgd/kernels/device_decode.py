@@ -166,7 +166,8 @@ def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None
 
 
 def _accumulate_triton(payload: torch.Tensor, body: torch.Tensor, steps: torch.Tensor, out: torch.Tensor,
-                       weight: float, h: Header, head_flags: torch.Tensor, check: str, bad: torch.Tensor | None) -> None:
+                       weight: float, h: Header, head_flags: torch.Tensor, check: str,
+                       bad: torch.Tensor | None) -> None:
     """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): same checks, same sum. With
     ``check="sync"`` the codes are scanned first and added only once every check passed (so a
     refused payload leaves ``out`` untouched): two reads of the (small) body; ``defer``: one."""
