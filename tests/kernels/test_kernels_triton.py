@@ -178,3 +178,40 @@ def test_hook_codec_runs_the_triton_kernels() -> None:
         assert torch.equal(out, want) and not bool(flag)
     finally:
         ddp_codec.route_cpu_through_device_codec(False)
+
+
+@pytest.mark.slow
+def test_library_works_without_triton(tmp_path) -> None:  # noqa: ANN001 - pytest's tmp_path
+    """With the triton package absent: dqsgd imports, the device codec runs its torch ops, and a
+    CUDA device is told once that Triton is missing (a fresh process where ``import triton`` fails)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_triton.py"
+    script.write_text(
+        "import importlib.abc, importlib.machinery, sys, warnings\n"
+        "class L(importlib.abc.Loader):\n"
+        "    def create_module(self, spec): return None\n"
+        "    def exec_module(self, m): raise ModuleNotFoundError('no triton')\n"
+        "class F(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        return None if name.split('.')[0] != 'triton' else importlib.machinery.ModuleSpec(name, L())\n"
+        "sys.meta_path.insert(0, F())\n"
+        "import torch\n"
+        "from dqsgd.kernels import HashRNG, encode_uniform_fast\n"
+        "from dqsgd.kernels import device_common\n"
+        "from dqsgd.kernels.device import encode_uniform_device\n"
+        "device_common.triton_available = lambda: False  # find_spec sees this finder's spec\n"
+        "x = torch.randn(1000)\n"
+        "r = HashRNG(1, 2, 3)\n"
+        "assert bytes(encode_uniform_device(x, 4, r).numpy()) == encode_uniform_fast(x, 4, r)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert not device_common.use_triton(torch.device('cuda'))\n"
+        "    assert not device_common.use_triton(torch.device('cuda'))\n"
+        "assert len(w) == 1 and 'Triton is not installed' in str(w[0].message), w\n"
+        "assert not any(m.split('.')[0] == 'triton' and sys.modules[m] is not None for m in sys.modules)\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
