@@ -135,6 +135,21 @@ def test_triton_code_out_of_range_and_padding_refused() -> None:
             decode_accumulate_device(torch.tensor(list(q), dtype=torch.uint8), torch.zeros(n))
 
 
+def test_triton_decodes_sign_and_ternary_payloads_like_the_host() -> None:
+    """FIXED sign (1 bit) and ternary (2 bits) payloads also take the Triton decode: the host's sums."""
+    from dqsgd.codecs import encode
+    from dqsgd.quantizers import quantize_sign, quantize_ternary
+
+    n = 1301
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    for b in (encode(quantize_sign(x)), encode(quantize_ternary(x, torch.Generator().manual_seed(1))),
+              encode(quantize_sign(x, scaled=True, layout=Layout(sizes=(300, n - 300))))):
+        out, want = torch.ones(n), torch.ones(n)
+        decode_accumulate_device(torch.frombuffer(bytearray(b), dtype=torch.uint8), out, 0.5)
+        decode_accumulate(b, want, 0.5)
+        assert torch.equal(out, want)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # numpy casting the NaN codes
 def test_triton_refuses_nonfinite_input() -> None:
     x = torch.randn(2000)
