@@ -141,8 +141,9 @@ def _triton_runs(device: torch.device) -> bool:
 
 
 def codec_speed(device: torch.device, sizes: list[int], bits_list: list[int], rounds: int,
-                torch_sizes: list[int]) -> list[dict[str, Any]]:
-    """Rows (path, n, bits, enc, dec, both as ratios to copy_); torch-ops only at ``torch_sizes``."""
+                torch_sizes: list[int], torch_bits: list[int]) -> list[dict[str, Any]]:
+    """Rows (path, n, bits, enc, dec, both as ratios to copy_); torch-ops only at ``torch_sizes`` and
+    ``torch_bits`` (its graphs compile per shape and width: tens of seconds each on a GPU)."""
     from dqsgd.kernels.device_common import set_triton
 
     rows = []
@@ -151,7 +152,9 @@ def codec_speed(device: torch.device, sizes: list[int], bits_list: list[int], ro
         xh = x.cpu()
         for bits in bits_list:
             for path in PATHS:
-                if (path == "triton" and not _triton_runs(device)) or (path == "torch-ops" and n not in torch_sizes):
+                skip = {"triton": not _triton_runs(device), "host": False,
+                        "torch-ops": n not in torch_sizes or bits not in torch_bits}
+                if skip[path]:
                     continue
                 set_triton(path == "triton" if path != "host" else None)
                 try:
@@ -261,7 +264,7 @@ def bench_gpu(args: argparse.Namespace) -> int:
     print(f"bench gpu: correctness ({args.check_n} elements) ...", flush=True)
     result["correctness"] = correctness(device, args.check_n)
     print("bench gpu: codec speed ...", flush=True)
-    result["codec"] = codec_speed(device, args.sizes, args.bits, args.rounds, args.torch_sizes)
+    result["codec"] = codec_speed(device, args.sizes, args.bits, args.rounds, args.torch_sizes, args.torch_bits)
     print("bench gpu: DDP loopback ...", flush=True)
     result["ddp"] = ddp_times(device, args.models, args.worlds, args.ddp_rounds, args.ddp_steps, args.batch)
     print("bench gpu: simulation ...", flush=True)

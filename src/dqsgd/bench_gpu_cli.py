@@ -22,6 +22,8 @@ def add_gpu_parser(bsub: Any) -> None:
     g.add_argument("--bits", type=_ints, default=[1, 2, 4, 8], help="codec widths (default: 1,2,4,8)")
     g.add_argument("--torch-sizes", type=_ints, default=[25_000_000],
                    help="sizes at which the torch-ops codec is timed too (each compiles anew) (default: 25e6)")
+    g.add_argument("--torch-bits", type=_ints, default=[4],
+                   help="widths at which the torch-ops codec is timed (each compiles anew) (default: 4)")
     g.add_argument("--rounds", type=int, default=5, help="interleaved codec timing rounds (default: 5)")
     g.add_argument("--check-n", type=int, default=1_000_003, help="elements of the correctness checks")
     g.add_argument("--models", type=lambda t: [v for v in t.split(",") if v], default=["resnet18", "transformer"],
