@@ -130,6 +130,16 @@ def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
                          "overflows float32 (norms must be 0 or above s·2^-128)")
 
 
+def _triton_body_and_crc(flat: torch.Tensor, inv: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
+                         payload: torch.Tensor, head_len: int) -> None:
+    """The body and the crc of ``payload`` (header written) by the Triton kernels."""
+    from dqsgd.kernels.triton_codec import quantize_pack_triton
+    from dqsgd.kernels.triton_crc import crc32_triton
+
+    quantize_pack_triton(flat, inv.contiguous(), layout, key, bits, levels, payload[head_len:-4])
+    crc32_triton(payload[:-4], payload[-4:])
+
+
 def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
                           layout: Layout = Layout(), check: str = "sync") -> torch.Tensor:
     """The FIXED payload of the hash-RNG uniform quantizer of ``x``, as uint8 on ``x.device``.
@@ -169,11 +179,7 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     payload[:k] = head
     payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = scales.contiguous().view(torch.uint8)
     if tri:
-        from dqsgd.kernels.triton_codec import quantize_pack_triton
-        from dqsgd.kernels.triton_crc import crc32_triton
-
-        quantize_pack_triton(flat, inv.contiguous(), layout, rng.key, bits, levels, payload[k:-4])
-        crc32_triton(payload[:-4], payload[-4:])
+        _triton_body_and_crc(flat, inv, layout, rng.key, bits, levels, payload, k)
         return payload
     key = torch.full((), signed64(rng.key), dtype=torch.int64, device=dev)  # a fill: no host copy
     bucket = layout.bucket if layout.sizes is None else 0

@@ -28,7 +28,8 @@ Why the bytes equal the numba kernels' (:mod:`dqsgd.kernels.fused`) for the same
 * **Packing.** Eight w-bit values fill w bytes; a group is held as two uint64 halves (values 0..3
   and 4..7, 4·w ≤ 64 bits each) and byte b is cut from them as in :mod:`dqsgd.kernels.device_pack`.
 
-Each program handles ``GROUPS`` groups of 8 values (1024 coordinates). Segments: one, buckets
+Each program handles ``GROUPS`` groups of 8 values (1024 coordinates). Kernel arguments carry no
+type hints: Triton reads a parameter's annotation as its type. Segments: one, buckets
 (index // bucket) or explicit sizes (a branch-free binary search in the segment starts, no
 n-sized index tensor).
 """
