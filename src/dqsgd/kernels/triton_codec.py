@@ -72,7 +72,8 @@ def _segment(idx, ok, starts_ptr, nseg, bucket, MODE: tl.constexpr, STEPS: tl.co
 @triton.jit
 def _absmax_kernel(x_ptr, out_ptr, starts_ptr, n, nseg, bucket, BLOCK: tl.constexpr, MODE: tl.constexpr,
                    STEPS: tl.constexpr):
-    """out[k] = max of (float32 bits of x with the sign cleared) over segment k (out starts at 0)."""
+    """out[k] = max of (float32 bits of x with the sign cleared) over segment k (out starts at 0):
+    one segment, or explicit sizes (a block inside one segment takes one atomic, else one per coordinate)."""
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = idx < n
     x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
@@ -84,6 +85,19 @@ def _absmax_kernel(x_ptr, out_ptr, starts_ptr, n, nseg, bucket, BLOCK: tl.conste
         tl.atomic_max(out_ptr + first, tl.max(bits, axis=0))
     else:
         tl.atomic_max(out_ptr + seg, bits, mask=ok)
+
+
+@triton.jit
+def _absmax_bucket_kernel(x_ptr, out_ptr, n, bucket, chunks, SB: tl.constexpr):
+    """Bucket layouts: program p covers chunk p % chunks (SB coordinates) of bucket p // chunks, so
+    every program is inside one segment: one atomic each, whatever the bucket size."""
+    p = tl.program_id(0).to(tl.int64)
+    seg, c = p // chunks, p % chunks
+    at = c * SB + tl.arange(0, SB)
+    idx = seg * bucket + at
+    ok = (at < bucket) & (idx < n)
+    x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+    tl.atomic_max(out_ptr + seg, tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0))
 
 
 @triton.jit
@@ -226,8 +240,14 @@ def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor
     """max |x| per segment (float32, ``nseg`` of them) of a contiguous 1-D float tensor."""
     n = flat.numel()
     bits = torch.zeros(nseg, dtype=torch.int32, device=flat.device)
-    if n:
-        seg = _Segments(layout, n, flat.device)
+    if not n:
+        return bits.view(torch.float32)
+    seg = _Segments(layout, n, flat.device)
+    if seg.mode == 1:
+        sb = min(BLOCK, _pow2(seg.bucket))
+        chunks = triton.cdiv(seg.bucket, sb)
+        _absmax_bucket_kernel[(seg.nseg * chunks,)](flat, bits, n, seg.bucket, chunks, SB=sb)
+    else:
         _absmax_kernel[(triton.cdiv(n, BLOCK),)](flat, bits, seg.starts, n, seg.nseg, seg.bucket, BLOCK=BLOCK,
                                                  **seg.meta())
     return bits.view(torch.float32)
