@@ -33,6 +33,8 @@ def add_dq_arguments(ap: argparse.ArgumentParser) -> None:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="dotted override, e.g. --set run.lr=0.1 --set problem.subset=2000 "
                           "--set methods.asylpg.mu=1.0 (repeatable)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="check the configs, overrides and data, print the plan, and stop (nothing is run or written)")
     run.add_argument("-o", dest="overrides", action="append", help=argparse.SUPPRESS)  # the old spelling of --set
     sub.add_parser("list", help="list the algorithms and the shipped dq-* configs")
 
@@ -60,6 +62,11 @@ def run_command(args: argparse.Namespace) -> int:
     except DQConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        from dqsgd.plan import dq_plan
+
+        print("\n".join(dq_plan(exps, Path(args.out))))
+        return 0
     from dqsgd.dq.experiment import run_experiment  # torch + data only once the configs are valid
 
     for exp in exps:

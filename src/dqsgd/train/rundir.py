@@ -88,21 +88,40 @@ def holds_run(out: Path) -> bool:
 @contextlib.contextmanager
 def open_run(out: Path, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
     """Hold ``out`` exclusively while the block runs (see the module docstring for what is refused)."""
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
-    if resume and not out.is_dir():
-        raise RunDirError(f"--resume {out}: no such run directory")
+    _check_dir(out, resume)
     out.mkdir(parents=True, exist_ok=True)
     f = _lock(out)
     try:
-        if not resume and holds_run(out):
-            if not overwrite:
-                raise RunDirError(f"{out} already holds a run ({describe(out)}); continue it with --resume "
-                                  f"{out}, replace it with --overwrite, or choose another --out")
+        if _check_contents(out, resume, overwrite) == "replace":
             clear_run(out)
         yield out
     finally:
         f.close()  # closing the file drops the lock
+
+
+def check_run_dir(out: Path, resume: bool = False, overwrite: bool = False) -> str:
+    """What :func:`open_run` would do with ``out`` ("new", "resume" or "replace"), or its refusal,
+    without creating or locking anything (``--dry-run``)."""
+    _check_dir(out, resume)
+    return _check_contents(out, resume, overwrite)
+
+
+def _check_dir(out: Path, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    if resume and not out.is_dir():
+        raise RunDirError(f"--resume {out}: no such run directory")
+
+
+def _check_contents(out: Path, resume: bool, overwrite: bool) -> str:
+    if resume:
+        return "resume"
+    if not holds_run(out):
+        return "new"
+    if not overwrite:
+        raise RunDirError(f"{out} already holds a run ({describe(out)}); continue it with --resume "
+                          f"{out}, replace it with --overwrite, or choose another --out")
+    return "replace"
 
 
 def describe(out: Path) -> str:
