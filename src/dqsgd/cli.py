@@ -37,9 +37,13 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
-    for name, path in sorted(shipped_configs().items()):
+    configs = sorted(shipped_configs().items())
+    width = max(len(name) for name, _ in configs)
+    for name, path in configs:
         first = path.read_text().splitlines()[0].lstrip("# ").strip()
-        print(f"{name:<18} {first}")
+        print(f"{name:<{width}}  {first}")
+    print("\nRun a table1-* config with `dqsgd compare --config NAME`, a dq-* config with "
+          "`dqsgd dq run --config NAME`; `--dry-run` checks either without running it.")
     return 0
 
 

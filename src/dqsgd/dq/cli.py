@@ -53,9 +53,11 @@ def run_command(args: argparse.Namespace) -> int:
         for a in ALGORITHMS.values():
             print(f"  {a.name:<14} {a.description}")
         print("configs:")
-        for name, path in sorted(shipped().items()):
+        configs = sorted(shipped().items())
+        width = max(len(name) for name, _ in configs)
+        for name, path in configs:
             first = path.read_text().splitlines()[0]
-            print(f"  {name:<18} {first.lstrip('# ').strip()}")
+            print(f"  {name:<{width}}  {first.lstrip('# ').strip()}")
         return 0
     try:
         exps = [load(c, args.overrides, is_quick=args.quick) for c in (args.config or DEFAULT_CONFIGS)]
