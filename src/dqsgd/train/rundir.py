@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import platform
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -230,8 +231,28 @@ def environment() -> dict[str, Any]:
         numba_version = numba.__version__
     except ImportError:
         numba_version = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "numba": numba_version, "python": platform.python_version(), "platform": platform.platform()}
+            "numba": numba_version, "python": platform.python_version(), "platform": platform.platform(),
+            "gpu": gpu, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": source_commit()}
+
+
+def source_commit() -> str:
+    """The git commit of the dqsgd source that runs (with ``+changes`` if its tree differs), or "" when
+    it is not a git checkout (an installed wheel)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parents[1]  # the dqsgd package
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def experiment_of_run(out: Path) -> tuple[dict[str, Any], str, int]:
