@@ -7,7 +7,7 @@
 * :class:`CompareProgress` — "run k of N", total elapsed time and an ETA, and one line per finished run
   that stays on screen (the step bars of the runs disappear when the run ends).
 
-The ETA of a comparison is (elapsed / runs done in this session) × runs left: every run of a comparison
+The ETA of a comparison is (elapsed / runs done by this command) × runs left: every run of a comparison
 has the same number of steps, so the mean time per run is the natural estimate; runs kept by
 ``--resume`` take no time and are not counted.
 """
@@ -88,7 +88,7 @@ class CompareProgress:
     def __init__(self, total: int, enabled: bool = True) -> None:
         self.total, self.enabled = total, enabled
         self.k = 0            # runs handled (run, or kept by --resume)
-        self.ran = 0          # runs trained in this session: the ETA's denominator
+        self.ran = 0          # runs trained by this command: the ETA's denominator
         self.start = time.perf_counter()
         bar_cls = _tqdm() if enabled else None
         self.bar = NullBar() if bar_cls is None else bar_cls(
