@@ -4,9 +4,10 @@ faster than with spinning OpenMP threads), and the Hypothesis profiles.
 * ``dqsgd`` (the default, `make test`): derandomized (the examples follow from each test's source,
   the same on every machine) and no example database, so a failure saved by an earlier run in
   ``.hypothesis/`` is never replayed: `make test` gives the same verdict in every clone, every time.
-* ``fuzz`` (`make fuzz`, DQSGD_HYPOTHESIS=fuzz): random exploration with the seed that pytest's
-  ``--hypothesis-seed`` gives, failures saved to ``.hypothesis/`` and replayed by the next fuzz run.
-  Only the property tests are collected.
+* ``fuzz`` (`make fuzz`, DQSGD_HYPOTHESIS=fuzz): random exploration. `make fuzz` passes the seed it
+  prints as ``--hypothesis-seed`` (so a failure replays with ``make fuzz FUZZ_SEED=N``); run without a
+  seed, this profile saves failures to ``.hypothesis/`` and replays them first. Only the property tests
+  are collected.
 """
 
 from __future__ import annotations

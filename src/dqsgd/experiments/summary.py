@@ -181,7 +181,7 @@ def format_table(rows: list[dict[str, Any]], width: int = 100) -> str:
 
     w = max([len("method"), *(len(r["method"]) for r in rows)]) + 2
     cols = [(14, "test acc %", "(mean ± std)"), (10, "Δ vs SGD", "(pt)"), (9, "uplink", "fixed"),
-            (9, "uplink", "coded"), (7, "total", "ratio"), (7, "paper", "ratio"), (6, "mean", "bits"),
+            (9, "uplink", "coded"), (7, "total", "ratio"), (7, "paper", "ratio"), (7, "mean", "bits"),
             (8, "MB", "up"), (8, "MB", "down")]
     lines = ["method".ljust(w) + "".join(f"{a:>{n}}" for n, a, _ in cols),
              "".ljust(w) + "".join(f"{b:>{n}}" for n, _, b in cols)]
