@@ -16,7 +16,8 @@ def add_gpu_parser(bsub: Any) -> None:
                         description="Measure the GPU path: device correctness against the CPU kernels, codec speed "
                                     "as a ratio to copy_, loopback DDP step time per hook, simulation steps/s. "
                                     "Exits 2 without a GPU.")
-    g.add_argument("--out", required=True, help="directory for gpu.json and gpu.md")
+    g.add_argument("--out", default="runs/bench/gpu",
+                   help="directory for gpu.json and gpu.md (default: runs/bench/gpu)")
     g.add_argument("--sizes", type=_ints, default=[1_000_000, 25_000_000, 100_000_000],
                    help="codec sizes (default: 1e6,25e6,1e8)")
     g.add_argument("--bits", type=_ints, default=[1, 2, 4, 8], help="codec widths (default: 1,2,4,8)")
