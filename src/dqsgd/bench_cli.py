@@ -125,6 +125,9 @@ def add_bench_parser(sub: Any) -> None:
     _common(k, 5, 1, "runs/bench/compressors.json")
     k.set_defaults(func=_checkout_command("compressors", "bench_compressors.py", lambda m, a: m.bench_compressors(a)))
     add_hook_parser(bsub)  # dqsgd bench hook
+    from dqsgd.bench_gpu_cli import add_gpu_parser  # dqsgd bench gpu (its parser, torch-free like this one)
+
+    add_gpu_parser(bsub)
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout); "
                                         "`dqsgd bench network --help` lists its own options", add_help=False,
                         prefix_chars="+")  # no options of its own: every "-..." word goes to the script

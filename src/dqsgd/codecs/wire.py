@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 from numba import njit
 
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
@@ -72,9 +71,16 @@ def body_width(bits: int, coding: Coding) -> int:
     return next(w for w in (1, 2, 4, 8, 16, 32) if w >= bits)
 
 
+def _zstd():  # noqa: ANN202 - the zstandard module
+    """zstandard, imported where a ZSTD coding is used (the FIXED codec runs without it)."""
+    import zstandard
+
+    return zstandard
+
+
 def zstd_compress(body: np.ndarray | bytes) -> bytes:
     """One zstd frame (level 3, content size in the header) of ``body``: ZSTD and ZSTD_ALIGNED."""
-    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
+    return _zstd().ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
 
 
 @dataclass(frozen=True)
@@ -317,6 +323,7 @@ def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     itself bounds the output), with nothing after it."""
     if bytes(body[:4]) != _ZSTD_MAGIC:
         raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
+    zstandard = _zstd()
     if expected > zstd_content_bound(len(body)):
         raise PayloadError(f"ZSTD body at offset {offset}: {len(body)} bytes cannot decompress to the "
                            f"{expected} bytes the header's numel needs")
