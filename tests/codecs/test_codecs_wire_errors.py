@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import zstandard
-from codec_strategies import SETTINGS, quantized
+from codec_strategies import SETTINGS, identity_quantized, quantized
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -277,3 +277,28 @@ def test_identity_values_with_nan_refused_on_encode() -> None:
                   Norm.NONE, torch.tensor([1.0, float("nan")]))
     with pytest.raises(ValueError, match="NaN or Inf"):
         encode(q)
+
+
+@SETTINGS
+@given(q=identity_quantized(max_numel=40), resealed=st.booleans(), cut=st.integers(0, 3), data=st.data())
+def test_mutated_raw_payloads(q: Quantized, resealed: bool, cut: int, data: st.DataObject) -> None:
+    """The raw float32 schemes (IDENTITY and the count sketch's SKETCH table): mutated, cut or padded
+    payloads are refused or decode to a payload that re-encodes to the same bytes."""
+    payload = bytearray(encode(q, Coding.FIXED))
+    first = data.draw(st.sampled_from([0, 3]))
+    for _ in range(data.draw(st.integers(1, 4))):
+        payload[data.draw(st.integers(first, len(payload) - 1))] = data.draw(st.integers(0, 255))
+    if cut:
+        payload = payload[: len(payload) - cut] if cut < 3 else payload + b"\x00"
+    _check_canonical(reseal(payload) if resealed else bytes(payload))
+
+
+def test_sketch_payload_refuses_other_widths_and_codings() -> None:
+    table = torch.ones(6)
+    q = Quantized(Scheme.SKETCH, 32, 1, torch.zeros(0, dtype=torch.int32), torch.zeros(0), Layout(), (2, 3),
+                  Norm.NONE, table)
+    assert decode(encode(q)).scheme == Scheme.SKETCH
+    with pytest.raises(PayloadError, match="SKETCH needs bits = 32"):
+        decode(forge(scheme=Scheme.SKETCH, bits=16, dims=(2,), scales=(), body=b"\x00" * 4))
+    with pytest.raises(PayloadError, match="SKETCH payload with ELIAS"):
+        decode(forge(scheme=Scheme.SKETCH, bits=32, coding=Coding.ELIAS, dims=(1,), scales=(), body=b"\x00" * 4))

@@ -33,6 +33,7 @@ from dqsgd.data import Dataset
 from dqsgd.ledger import Ledger
 from dqsgd.models import build_model
 from dqsgd.pipeline import Method, MethodState
+from dqsgd.sketched import SketchedStep
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.step import ServerStep, ShardedStep, all_finite, codec_input
 from dqsgd.train.config import MethodEntry, TrainConfig
@@ -95,8 +96,9 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
-        self.exchange: ServerStep | ShardedStep = (
-            ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
+        self.exchange: ServerStep | ShardedStep | SketchedStep = (
+            SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
+            else ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
             else ServerStep(self.method, seed, self.topology))
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         self.next_step = 0
