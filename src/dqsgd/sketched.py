@@ -53,6 +53,8 @@ from dqsgd.transport.base import ShardedTransport, Transport
 class SketchedStep:
     """The step of a ``sketched-sgd`` method (built for the whole vector) on ``topology`` with ``workers``."""
 
+    rounds = 4  # message exchanges per step: sketches up, candidates down, values up, update down
+
     def __init__(self, method: Method, seed: int, topology: str, workers: int):
         if method.config.scheme != "sketch":
             raise ValueError(f"SketchedStep runs the sketch scheme, not {method.config.scheme!r}")

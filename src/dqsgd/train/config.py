@@ -59,6 +59,17 @@ class TrainConfig:
     downlink_bits: int = 8            # sharded: width of the downlink's stochastic rounding (2..16; 32 = fp32)
     coded_every: int = 1              # measure the uplink's size with the best coding (AUTO) on the steps
                                       # n % coded_every == 0; 0 = never. A measurement: nothing sent changes
+    # The simulated wall clock (dqsgd.train.slownodes): per-worker compute time, log-normal with median
+    # compute_s and spread compute_sigma, plus a stall of stall_s with probability stall_prob; links of
+    # link_mbps with link_latency_s per message round. backup_workers = b: the ps server aggregates the
+    # first W - b arrivals of each step (simulation).
+    compute_s: float = 0.1
+    compute_sigma: float = 0.25
+    stall_prob: float = 0.02
+    stall_s: float = 1.0
+    link_mbps: float = 1000.0
+    link_latency_s: float = 0.0005
+    backup_workers: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -75,9 +86,16 @@ class TrainConfig:
              and self.pad_to >= 0 and self.coded_every >= 0,
              "counts must be >= 0"),
         ]
+        checks.append((0 <= self.backup_workers < self.workers, "backup_workers must be in [0, workers - 1]"))
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"train: {msg}")
+        from dqsgd.train.slownodes import SlowNodes
+
+        try:
+            SlowNodes.of(self)
+        except ValueError as e:
+            raise ConfigError(f"train: {e}") from None
 
 
 def resolve_device(name: str) -> "torch.device":
