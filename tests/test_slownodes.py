@@ -23,7 +23,7 @@ QSGD = MethodEntry("qsgd", method_config("qsgd"))
 
 
 def test_compute_times_are_seeded_lognormal_with_rare_stalls() -> None:
-    m = SlowNodes(compute_s=0.2, compute_sigma=0.3, stall_prob=0.05, stall_s=10.0)
+    m = SlowNodes(dataclasses.replace(CFG, compute_s=0.2, compute_sigma=0.3, stall_prob=0.05, stall_s=10.0))
     assert np.array_equal(m.compute_times(7, 3, 8), m.compute_times(7, 3, 8))
     assert not np.array_equal(m.compute_times(7, 3, 8), m.compute_times(7, 4, 8))
     t = np.concatenate([m.compute_times(1, n, 8) for n in range(2000)])
@@ -57,7 +57,7 @@ def _train(cfg: TrainConfig, entry: MethodEntry = QSGD, slow_worker: int | None 
 
 def test_sim_time_adds_the_slowest_arrival_and_the_busiest_links(monkeypatch: pytest.MonkeyPatch) -> None:
     tr, recs = _train(CFG)
-    model, total = SlowNodes.of(CFG), 0.0
+    model, total = SlowNodes(CFG), 0.0
     for n, (rec, led) in enumerate(zip(recs, tr.ledger.records)):
         busiest = max(a + b for a, b in zip(led.rank_up, led.rank_down))
         total += float(model.compute_times(0, n, 4).max()) + model.comm_s(busiest, 2)

@@ -26,8 +26,6 @@ every worker's bytes and which were dropped (``wasted_up_bytes``).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,38 +34,23 @@ from dqsgd.ledger import wire_traffic
 from dqsgd.rng import COMPUTE_TIME, seed_for
 
 
-@dataclass(frozen=True)
 class SlowNodes:
-    """The compute-time and link model (``train.compute_s`` …, :class:`dqsgd.train.config.TrainConfig`)."""
+    """The compute-time and link model of a :class:`~dqsgd.train.config.TrainConfig` (its keys
+    ``compute_s``, ``compute_sigma``, ``stall_prob``, ``stall_s``, ``link_mbps``, ``link_latency_s``,
+    checked there)."""
 
-    compute_s: float = 0.1
-    compute_sigma: float = 0.25
-    stall_prob: float = 0.02
-    stall_s: float = 1.0
-    link_mbps: float = 1000.0
-    link_latency_s: float = 0.0005
-
-    def __post_init__(self) -> None:
-        ok = (self.compute_s >= 0 and self.compute_sigma >= 0 and 0 <= self.stall_prob <= 1 and self.stall_s >= 0
-              and self.link_mbps > 0 and self.link_latency_s >= 0
-              and all(math.isfinite(v) for v in (self.compute_s, self.compute_sigma, self.link_latency_s)))
-        if not ok:
-            raise ValueError(f"slow-node model: need compute_s, compute_sigma, stall_s, link_latency_s >= 0 (finite "
-                             f"except stall_s), stall_prob in [0, 1] and link_mbps > 0, got {self}")
-
-    @classmethod
-    def of(cls, cfg: Any) -> SlowNodes:
-        """The model of a :class:`~dqsgd.train.config.TrainConfig`."""
-        return cls(cfg.compute_s, cfg.compute_sigma, cfg.stall_prob, cfg.stall_s, cfg.link_mbps, cfg.link_latency_s)
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
 
     def compute_times(self, seed: int, step: int, workers: int) -> np.ndarray:
         """T_{n,w} for w = 0 … W−1 (float64)."""
+        c = self.cfg
         rng = np.random.Generator(np.random.PCG64(seed_for(seed, COMPUTE_TIME, step)))
         z, u = rng.standard_normal(workers), rng.random(workers)
-        return self.compute_s * np.exp(self.compute_sigma * z) + self.stall_s * (u < self.stall_prob)
+        return c.compute_s * np.exp(c.compute_sigma * z) + c.stall_s * (u < c.stall_prob)
 
     def comm_s(self, busiest_bytes: int, rounds: int) -> float:
-        return 8.0 * busiest_bytes / (self.link_mbps * 1e6) + rounds * self.link_latency_s
+        return 8.0 * busiest_bytes / (self.cfg.link_mbps * 1e6) + rounds * self.cfg.link_latency_s
 
 
 def arrivals(times: Sequence[float], keep: int) -> tuple[list[int], list[int], float]:

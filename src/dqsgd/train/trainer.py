@@ -106,7 +106,7 @@ class Trainer:
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         if cfg.backup_workers:
             check_backup(entry.config)
-        self.timer = StepTimer(SlowNodes.of(cfg), seed, cfg.workers, self.transport, cfg.backup_workers,
+        self.timer = StepTimer(SlowNodes(cfg), seed, cfg.workers, self.transport, cfg.backup_workers,
                                getattr(self.exchange, "rounds", 2))
         self.next_step = 0
         self.skipped = 0
