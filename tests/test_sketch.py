@@ -90,19 +90,24 @@ def run_steps(topology: str, steps: int = 3, W: int = 3, d: int = 900):
 
 @pytest.mark.parametrize("topology", ["ps", "allgather", "sharded"])
 def test_error_accumulation_invariant(topology: str) -> None:
-    """sent_w + e_w(new) == g_w + e_w(old) bitwise; the update is the mean of what was sent."""
+    """u_w = ρ·u_w + g_w; sent_w + e_w(new) == u_w + e_w(old) bitwise; u_w and e_w are zero where sent;
+    the update is the mean of what was sent."""
     step, out, t = run_steps(topology)
     assert t.steps == len(out)  # one completed step per step, although two rounds ran
+    assert step.rho == 0.9
     for grads, old, r in out:
         chosen = torch.nonzero(r.update).reshape(-1)
         assert 0 < chosen.numel() <= step.k
         total = torch.zeros(chosen.numel())
         for w, g in grads.items():
-            a = g if old[w] is None else old[w] + g
+            u = g if old[w] is None else 0.9 * old[w][0] + g
+            a = u if old[w] is None else old[w][1] + u
             sent = torch.zeros_like(a)
             sent[chosen] = a[chosen]
-            assert torch.equal(sent + r.residuals[w], a)
-            assert torch.equal(r.residuals[w][chosen], torch.zeros(chosen.numel()))
+            u_new, e_new = r.residuals[w]
+            assert torch.equal(sent + e_new, a)
+            assert torch.equal(u_new + torch.zeros_like(u).index_put((chosen,), u[chosen]), u)
+            assert torch.equal(e_new[chosen], torch.zeros(chosen.numel()))
             total = total + a[chosen]
         assert torch.equal(r.update[chosen], total / len(grads))
 
@@ -149,7 +154,7 @@ def test_encode_api_sketches_a_tensor() -> None:
 @pytest.mark.parametrize("opts, match", [
     (dict(topk_ratio=0.0), "topk_ratio"), (dict(sketch_rows=0), "sketch_rows"), (dict(sketch_p=0.5), "sketch_p"),
     (dict(error_feedback=True), "accumulates its own error"), (dict(bits=8), "bits must be 32"),
-    (dict(policy="dqsgd"), "policy"),
+    (dict(policy="dqsgd"), "policy"), (dict(sketch_momentum=1.0), "sketch_momentum"),
 ])
 def test_bad_sketch_configs_are_refused(opts: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -166,3 +171,14 @@ def test_one_message_pipeline_refuses_the_two_round_method() -> None:
     m = Method(method_config("sketched-sgd"), 100, 5)
     with pytest.raises(ValueError, match="two rounds"):
         m.encode(torch.ones(100), 32, torch.Generator())
+
+
+def test_trainer_refuses_a_second_momentum() -> None:
+    from dqsgd.data import load_dataset
+    from dqsgd.train.config import MethodEntry, TrainConfig
+    from dqsgd.train.trainer import Trainer
+
+    cfg = TrainConfig(dataset="synthetic", model="mlp", workers=2, steps=2, momentum=0.9)
+    with pytest.raises(ValueError, match="optimizer momentum to 0"):
+        Trainer(cfg, MethodEntry("s", method_config("sketched-sgd")), load_dataset("synthetic"), 0)
+    Trainer(cfg, MethodEntry("s", method_config("sketched-sgd"), momentum=0.0), load_dataset("synthetic"), 0)

@@ -78,11 +78,12 @@ class MethodConfig:
     kernel: KernelName = "fused"
     # Sketched SGD (scheme "sketch", dqsgd.sketched): k = max(1, round(topk_ratio·d)) coordinates per step,
     # an r × c count sketch with r = sketch_rows and c = ⌈sketch_cols·k⌉, and ⌈sketch_p·k⌉ candidates whose
-    # exact values the second round fetches.
+    # exact values the second round fetches; the workers' momentum sketch_momentum (the optimizer's should be 0).
     topk_ratio: float = 0.005
     sketch_rows: int = 5
     sketch_cols: float = 2.0
     sketch_p: float = 2.0
+    sketch_momentum: float = 0.9    # ρ of the workers' momentum (masked where coordinates were sent)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -169,6 +170,8 @@ def _validate(c: MethodConfig) -> None:
 def _validate_sketch(c: MethodConfig) -> None:
     if not 0 < c.topk_ratio <= 1:
         _fail(c, f"topk_ratio must be in (0, 1], got {c.topk_ratio}")
+    if not 0 <= c.sketch_momentum < 1:
+        _fail(c, f"sketch_momentum must be in [0, 1), got {c.sketch_momentum}")
     if c.sketch_rows < 1 or not (0 < c.sketch_cols < math.inf) or not (1 <= c.sketch_p < math.inf):
         _fail(c, f"a count sketch needs sketch_rows >= 1, sketch_cols > 0 and sketch_p >= 1, got "
                  f"{c.sketch_rows}, {c.sketch_cols}, {c.sketch_p}")

@@ -2,17 +2,21 @@
 
 One step n, worker w with error accumulator e_w (zero at the start):
 
-1. a_w = e_w + g_w; the worker sends the count sketch S(a_w), an r × c table (a SKETCH payload);
+1. u_w ← ρ·u_w + g_w (momentum on the worker), a_w = e_w + u_w; the worker sends the count sketch
+   S(a_w), an r × c table (a SKETCH payload);
 2. the sketches are summed, S = Σ_w S(a_w) = S(Σ_w a_w) (the sketch is linear), and the m = ⌈P·k⌉
    coordinates with the largest estimates |x̃_i| of Σ_w a_w become the candidates C;
 3. second round: every worker sends its exact a_w[C] (an IDENTITY payload of m values), and the sums
    V = Σ_w a_w[C] are exact;
 4. the k candidates of largest |V| form T; the update is G_T = V_T / W, zero elsewhere;
-5. every worker removes what was sent from its accumulator: e_w ← a_w with a_w[T] set to 0. So
-   sent_w + e_w(new) = g_w + e_w(old) exactly, and Σ_w sent_w / W = G.
+5. every worker removes what was sent from its accumulator and stops its momentum there ("momentum
+   masking"): e_w ← a_w and u_w ← u_w with the coordinates of T set to 0. So
+   sent_w + e_w(new) = u_w + e_w(old) exactly, and Σ_w sent_w / W = G. The optimizer applies G with the
+   learning rate and no momentum of its own (the method's momentum is ρ, ``sketch_momentum``).
 
 k = max(1, round(topk_ratio·d)), c = ⌈sketch_cols·k⌉, r = sketch_rows, m = min(d, ⌈sketch_p·k⌉)
-(:class:`dqsgd.methods.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``).
+(:class:`dqsgd.methods.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``). A worker's
+memory (``MethodState.residuals[w]``, checkpointed) is the (2, d) tensor [u_w; e_w].
 
 Topologies, each over its usual transport calls (:mod:`dqsgd.transport.base`):
 
@@ -63,6 +67,7 @@ class SketchedStep:
         self.k = min(d, max(1, round(c.topk_ratio * d)))
         self.cols = max(1, math.ceil(c.sketch_cols * self.k))
         self.m = min(d, math.ceil(c.sketch_p * self.k))
+        self.rho = c.sketch_momentum
         self.cs = CountSketch.draw(d, c.sketch_rows, self.cols, generator(seed, SKETCH))
         if topology == "sharded":
             if self.cols < workers:
@@ -80,8 +85,9 @@ class SketchedStep:
         return predicted_size(n, 32, 0, 1, Layout(), Coding.FIXED)
 
     # --- pieces ---------------------------------------------------------------------------------
-    def accumulate(self, grad: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        """a_w = e_w + g_w (float32, CPU)."""
+    def accumulate(self, grad: torch.Tensor, memory: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(u_w, a_w): the momentum u_w = ρ·u_w + g_w and the accumulator a_w = e_w + u_w (float32, CPU).
+        ``memory`` is the worker's (2, d) state [u_w; e_w] (None: zeros)."""
         g = grad.detach().reshape(-1).to(torch.float32).cpu()
         if g.numel() != self.method.numel:
             raise ValueError(f"gradient has {g.numel()} elements, the method was built for {self.method.numel}")
@@ -89,7 +95,10 @@ class SketchedStep:
             from dqsgd.quantizers import NonFiniteGradientError
 
             raise NonFiniteGradientError("sketched-sgd: the gradient has NaN or Inf values")
-        return g if residual is None else residual + g
+        if memory is None:
+            return g, g
+        u = self.rho * memory[0] + g if self.rho else g
+        return u, memory[1] + u
 
     def sum_payloads(self, payloads: Sequence[bytes], scheme: Scheme, shape: tuple[int, ...]) -> torch.Tensor:
         """Σ_w of the payloads' values (worker order), each checked to be ``scheme`` of ``shape``."""
@@ -120,11 +129,11 @@ class SketchedStep:
         return update
 
     @staticmethod
-    def residual_after(acc: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """e_w(new): the accumulator without the coordinates that were sent."""
-        res = acc.clone()
-        res[chosen] = 0.0
-        return res
+    def memory_after(u: torch.Tensor, acc: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """[u_w; e_w] after the step: the momentum and the accumulator without the coordinates sent."""
+        mem = torch.stack([u, acc])
+        mem[:, chosen] = 0.0
+        return mem
 
     # --- one step -------------------------------------------------------------------------------
     def run(self, t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
@@ -133,7 +142,8 @@ class SketchedStep:
         (fixed width) observes G. ``measure_coded``: fp32 payloads count their own length."""
         completed = t.steps  # two rounds per step: the transport counts one completed step
         t0 = time.perf_counter()
-        acc = {w: self.accumulate(g, state.residuals[w]) for w, g in grads.items()}
+        mom_acc = {w: self.accumulate(g, state.residuals[w]) for w, g in grads.items()}
+        acc = {w: a for w, (_, a) in mom_acc.items()}
         tables = {w: self.cs.sketch(a) for w, a in acc.items()}
         encode_s = time.perf_counter() - t0
         if self.topology == "sharded":
@@ -141,7 +151,7 @@ class SketchedStep:
         else:
             chosen, values, up, down, sent = self._server(t, acc, tables, state.bits)  # type: ignore[arg-type]
         t.steps = completed + 1
-        new_res = {w: self.residual_after(a, chosen) for w, a in acc.items()}
+        new_res = {w: self.memory_after(u, a, chosen) for w, (u, a) in mom_acc.items()}
         update = self.update_of(chosen, values)
         residuals = _with_residuals(state, new_res)
         if state.policy is not None:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.distributed
 
 CFG = TrainConfig(name="eq-sketch", dataset="synthetic", model="mlp", workers=4, steps=8, batch_size=16, lr=0.1,
                   momentum=0.9, eval_every=100, coded_every=2)
-ENTRY = MethodEntry("sketched-sgd", method_config("sketched-sgd", topk_ratio=0.01))
+ENTRY = MethodEntry("sketched-sgd", method_config("sketched-sgd", topk_ratio=0.01), momentum=0.0)
 CASES = [(topo, CFG, ENTRY, 0) for topo in ("allgather", "ps", "sharded")]
 
 

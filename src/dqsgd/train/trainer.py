@@ -91,6 +91,10 @@ class Trainer:
             raise ValueError(f"model {cfg.model!r} has no trainable parameters: nothing to train or send")
         self.lr = entry.lr if entry.lr is not None else cfg.lr
         momentum = entry.momentum if entry.momentum is not None else cfg.momentum
+        if momentum and entry.config.scheme == "sketch" and entry.config.sketch_momentum:
+            raise ValueError(f"method {entry.label!r}: Sketched SGD keeps its momentum on the workers "
+                             f"(sketch_momentum = {entry.config.sketch_momentum}); set its optimizer momentum to 0 "
+                             f"(methods.{entry.label}.momentum = 0.0) or sketch_momentum = 0")
         self.optimizer = torch.optim.SGD(self.params, lr=self.lr, momentum=momentum)
         self.method = Method(entry.config, self.numel, cfg.steps, sizes)
         self.state: MethodState = self.method.init_state(cfg.workers)
