@@ -28,14 +28,15 @@ def test_first_evaluation_reaching_the_target(tmp_path: Path) -> None:
     assert math.isinf(time_to_accuracy(tmp_path / "a" / "seed0" / "metrics.jsonl", 0.95))
 
 
-def test_unfinished_seeds_are_left_out_and_speedups_are_paired(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_running_seeds_count_once_there_and_speedups_are_paired(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for s, (tb, tv) in enumerate([(10.0, 5.0), (12.0, 4.0)]):
         _run(tmp_path / "base", s, [(tb, 0.8)])
         _run(tmp_path / "fast", s, [(tv, 0.8)])
-    _run(tmp_path / "fast", 2, [(1.0, 0.8)], finished=False)
-    assert seed_times(tmp_path / "fast", 0.75) == {0: 5.0, 1: 4.0}
+    _run(tmp_path / "fast", 2, [(1.0, 0.7)], finished=False)  # running, not there yet: left out
+    _run(tmp_path / "fast", 3, [(1.0, 0.8)], finished=False)  # running, there already: counted
+    assert seed_times(tmp_path / "fast", 0.75) == {0: 5.0, 1: 4.0, 3: 1.0}
     text = table([("base", tmp_path / "base"), ("fast", tmp_path / "fast")], 0.75)
     # speed-ups 2 and 3: mean 2.5, t(1) = 12.706, sd = 0.7071: half-width 6.353
-    assert "| fast | 2/2 reached | 4.5 [" in text and "2.50× [-3.85, 8.85]" in text
+    assert "| fast | 3/3 reached | 3.3 [" in text and "2.50× [-3.85, 8.85]" in text
     main(["--target", "0.75", f"base={tmp_path / 'base'}", f"fast={tmp_path / 'fast'}"])
     assert capsys.readouterr().out.strip() == text

@@ -1,7 +1,8 @@
 """Time-to-accuracy in simulated seconds, from runs' metrics (the clock of :mod:`dqsgd.train.slownodes`).
 
 A run reaches accuracy ``target`` at its first evaluation with ``test_acc >= target``; its time is that
-step's cumulative ``sim_time_s`` (so the resolution is ``train.eval_every`` steps). For each variant the
+step's cumulative ``sim_time_s`` (so the resolution is ``train.eval_every`` steps); a seed still running
+counts once it has reached the target. For each variant the
 seeds' times give a mean with a 95% t interval; the speed-up over the baseline variant is paired by seed
 (t_baseline / t_variant, the same seed meaning the same data and initial model) with its 95% interval.
 
@@ -35,11 +36,13 @@ def time_to_accuracy(metrics: Path, target: float) -> float:
 
 
 def seed_times(method_dir: Path, target: float) -> dict[int, float]:
-    """seed -> time-to-accuracy of every finished seed of ``method_dir``."""
+    """seed -> time-to-accuracy of every seed of ``method_dir`` that finished or already reached the
+    target (later steps cannot change when it was first reached)."""
     out = {}
     for seed_dir in sorted(method_dir.glob("seed*")):
-        if (seed_dir / "summary.json").exists():
-            out[int(seed_dir.name[4:])] = time_to_accuracy(seed_dir / "metrics.jsonl", target)
+        t = time_to_accuracy(seed_dir / "metrics.jsonl", target) if (seed_dir / "metrics.jsonl").exists() else math.inf
+        if (seed_dir / "summary.json").exists() or math.isfinite(t):
+            out[int(seed_dir.name[4:])] = t
     return out
 
 
