@@ -40,3 +40,10 @@ def test_running_seeds_count_once_there_and_speedups_are_paired(tmp_path: Path, 
     assert "| fast | 3/3 reached | 3.3 [" in text and "2.50× [-3.85, 8.85]" in text
     main(["--target", "0.75", f"base={tmp_path / 'base'}", f"fast={tmp_path / 'fast'}"])
     assert capsys.readouterr().out.strip() == text
+
+
+def test_never_reached_prints_a_dash(tmp_path: Path) -> None:
+    _run(tmp_path / "base", 0, [(1.0, 0.8)])
+    _run(tmp_path / "slow", 0, [(1.0, 0.5)])
+    text = table([("base", tmp_path / "base"), ("slow", tmp_path / "slow")], 0.75)
+    assert text.splitlines()[-1] == "| slow | 0/1 reached | — | — |"

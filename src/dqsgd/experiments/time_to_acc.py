@@ -53,6 +53,8 @@ def _interval(xs: list[float]) -> Interval:
 
 
 def _fmt(iv: Interval, unit: str = "") -> str:
+    if not iv.n or math.isinf(iv.mean):
+        return "—"
     if iv.n < 2 or math.isnan(iv.half):
         return f"{iv.mean:.1f}{unit} ({iv.n} seed{'s' if iv.n != 1 else ''})"
     return f"{iv.mean:.1f}{unit} [{iv.mean - iv.half:.1f}, {iv.mean + iv.half:.1f}]"
