@@ -154,6 +154,9 @@ class Method:
         c = self.config
         if grad.numel() != self.numel:
             raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
+        if self.quantizer.scheme == Scheme.SKETCH:
+            raise ValueError(f"method {c.name!r} sends count sketches in two rounds: the trainer runs it "
+                             "(dqsgd.sketched.SketchedStep); the one-message pipeline and the DDP hook do not")
         if self.fused:
             return quantize_uniform_fast(grad, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout)
         return self.quantizer.quantize(grad, bits, generator, layout=self.layout, norm=self.norm,

@@ -36,6 +36,7 @@ from dqsgd.kernels import fused
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.base import RAW_SCHEMES
 
 __all__ = [
     "FixedPlan", "decode_accumulate", "encode_uniform_fast", "fixed_plan", "inverse_norms", "quantize_uniform_fast",
@@ -214,7 +215,7 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     w = np.float32(weight)
     rng = wire.code_range(h.scheme, h.bits, h.levels)
     if (h.coding in (Coding.ELIAS, Coding.RANS) or h.numel == 0
-            or (h.scheme != Scheme.IDENTITY and not rng.zero_ok and h.bits > 1)):
+            or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
         # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
         data = wire.decode_body(buf, h)
         if h.numel:
@@ -227,7 +228,7 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     _check_fixed_body(body, h, width)
     data = np.frombuffer(body, dtype=np.uint8)
     chunks = -(-h.numel // fused.CHUNK)
-    if h.scheme == Scheme.IDENTITY:
+    if h.scheme in RAW_SCHEMES:
         run_split(fused.accumulate_values, chunks, data.view("<f4"), w, arr, min_per_thread=MIN_CHUNKS_PER_THREAD)
         return h
     bits, starts = h.bits, segment_starts(h.layout, h.numel)

@@ -230,5 +230,6 @@ def summarize(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr
         "test_loss": loss,
         "skipped_steps": tr.skipped,
         "wall_s": wall,
+        "sim_time_s": tr.timer.elapsed,
         **{f"ledger_{k}": v for k, v in tr.ledger.summary().items()},
     }
