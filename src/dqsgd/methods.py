@@ -79,7 +79,7 @@ class MethodConfig:
     # Sketched SGD (scheme "sketch", dqsgd.sketched): k = max(1, round(topk_ratio·d)) coordinates per step,
     # an r × c count sketch with r = sketch_rows and c = ⌈sketch_cols·k⌉, and ⌈sketch_p·k⌉ candidates whose
     # exact values the second round fetches; the workers' momentum sketch_momentum (the optimizer's should be 0).
-    topk_ratio: float = 0.005
+    topk_ratio: float = 0.01       # 1% of d, the setting of results/sketch-fashion
     sketch_rows: int = 5
     sketch_cols: float = 2.0
     sketch_p: float = 2.0
