@@ -8,7 +8,8 @@ from here, so they draw the same numbers.
 Streams: 1 — the global shard permutation of the training set; 2 — worker w's order in epoch e;
 3 — worker w's uplink quantization (a ``torch.Generator`` for the torch kernel, the key of the
 counter-based hash uniforms for the fused kernel); 4 — model initialization; 5 — the sharded
-topology's downlink rounding.
+topology's downlink rounding; 11 — the label-skewed (Dirichlet) split of the training set into
+worker shards.
 
 The Double Quantization engine (``dqsgd.dq``) draws from streams 6–10, one generator each, never
 shared between processes: 6 — the master's model quantization (``seed_for(seed, DQ_MASTER)``);
@@ -23,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["DATA_EPOCH", "DATA_SHARDS", "DOWNLINK", "DQ_DELAY", "DQ_MASTER", "DQ_QUANT", "DQ_SAMPLE", "DQ_SHARD",
+__all__ = ["DATA_EPOCH", "DATA_PARTITION", "DATA_SHARDS", "DOWNLINK", "DQ_DELAY", "DQ_MASTER", "DQ_QUANT", "DQ_SAMPLE", "DQ_SHARD",
            "MODEL_INIT", "QUANT", "generator", "seed_for"]
 
 DATA_SHARDS, DATA_EPOCH, QUANT, MODEL_INIT, DOWNLINK = 1, 2, 3, 4, 5
 DQ_MASTER, DQ_SAMPLE, DQ_QUANT, DQ_DELAY, DQ_SHARD = 6, 7, 8, 9, 10
+DATA_PARTITION = 11
 
 
 def seed_for(*parts: int) -> int:
