@@ -142,10 +142,10 @@ def resolve_device(name: str) -> "torch.device":
     return torch.device("cuda", torch.cuda.current_device())
 
 
-# [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods
-# and outer optimizers in one config file).
+# [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods,
+# outer optimizers and downlink widths in one config file).
 METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
-                     "outer_lr", "outer_momentum")
+                     "outer_lr", "outer_momentum", "downlink_bits")
 
 
 @dataclass(frozen=True)
