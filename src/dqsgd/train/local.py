@@ -42,10 +42,14 @@ if TYPE_CHECKING:
 __all__ = ["LocalRounds", "inner_optimizer", "outer_optimizer"]
 
 
-def outer_optimizer(cfg: TrainConfig, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """The optimizer that applies the averaged pseudo-gradient to the synchronized model."""
-    return torch.optim.SGD(params, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                           nesterov=cfg.outer_optimizer == "nesterov")
+def outer_optimizer(params: list[torch.Tensor], kind: str, lr: float, momentum: float) -> torch.optim.Optimizer:
+    """The optimizer that applies the averaged pseudo-gradient to the synchronized model: ``kind``
+    "sgd" (lr 1, no momentum: plain averaging) or "nesterov" (DiLoCo's outer step)."""
+    if kind not in ("sgd", "nesterov"):
+        raise ValueError(f"outer optimizer must be 'sgd' or 'nesterov', got {kind!r}")
+    if kind == "nesterov" and not momentum > 0:
+        raise ValueError("outer optimizer 'nesterov' needs a momentum > 0")
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=kind == "nesterov")
 
 
 def inner_optimizer(cfg: TrainConfig, lr: float, momentum: float, vector: torch.Tensor) -> torch.optim.Optimizer:

@@ -90,8 +90,8 @@ class Trainer:
         self.lr = entry.lr if entry.lr is not None else cfg.lr
         momentum = entry.momentum if entry.momentum is not None else cfg.momentum
         # Local SGD: this optimizer is the outer one, on the averaged pseudo-gradient (dqsgd.train.local)
-        self.optimizer = (outer_optimizer(cfg, self.params) if cfg.local
-                          else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
+        self.optimizer = (outer_optimizer(self.params, cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum)
+                          if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
         self.method = Method(entry.config, self.numel, cfg.rounds, sizes)  # the policy counts exchanges
         self.state: MethodState = self.method.init_state(cfg.workers)
         shards = partition_shards(cfg.partition, data.train.y, cfg.workers, cfg.dirichlet_alpha, cfg.batch_size, seed)
