@@ -187,3 +187,11 @@ def test_config_keys_are_checked() -> None:
         build_experiment({"methods": {"bad": {"method": "sgd", "outer_optimizer": "nesterov"}}})
     with pytest.raises(ConfigError, match="allowed: method, lr, momentum, local_steps"):
         build_experiment({"methods": {"sgd": {"local_step": 8}}})
+
+
+def test_a_model_with_batchnorm_statistics_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    d = DATA.train.x[0].numel()
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(d, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 10))
+    monkeypatch.setattr("dqsgd.train.trainer.build_model", lambda name, data: net)
+    with pytest.raises(ValueError, match="has buffers"):
+        trainer(local_steps=4)

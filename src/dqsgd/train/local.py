@@ -92,6 +92,10 @@ class LocalRounds:
     """The trainer's step in rounds: :meth:`step` is one inner step, and the exchange at a round's end."""
 
     def __init__(self, tr: Trainer, momentum: float):
+        buffers = [n for n, _ in tr.model.named_buffers()][:3]
+        if buffers:  # one process runs several workers on one module: their statistics would mix
+            raise ValueError(f"Local SGD: model {tr.cfg.model!r} has buffers ({', '.join(buffers)}, ...: BatchNorm "
+                             f"statistics), which the workers would share in the simulation; use a model without")
         self.tr, self.cfg = tr, tr.cfg
         self.period = Period(tr.cfg)
         self.start = tr.flat_params().to(tr.device)
