@@ -202,8 +202,8 @@ def test_report_keeps_every_record_before_a_torn_last_line(tmp_path: Path, capsy
 
 # --- one-line errors, exit code 2 -----------------------------------------------------------------
 @pytest.mark.parametrize("extra,msg", [
-    (["--timeout", "inf"], "--timeout must be > 0 seconds and finite"),
-    (["--timeout", "nan"], "--timeout must be > 0 seconds and finite"),
+    (["--timeout", "inf"], "--timeout must be in (0, 604800] seconds"),
+    (["--timeout", "nan"], "--timeout must be in (0, 604800] seconds"),
     (["--set", "train.lr=inf"], "train.lr must be a finite number"),
     (["--set", "train.lr=nan"], "train.lr must be a finite number"),
     (["--set", "methods.qsgd.lr=inf"], "methods.qsgd.lr must be a finite number"),

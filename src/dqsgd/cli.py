@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from dqsgd import __version__
-from dqsgd.timeouts import TRAIN_COLLECTIVE_S
+from dqsgd.timeouts import TRAIN_COLLECTIVE_S, check_wait
 from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, resolve_device, shipped_configs
 
 
@@ -70,8 +69,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     topology = args.topology or exp.train.topology or ("sharded" if args.transport == "torch" else "ps")
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, topology=topology))
     entry = exp.methods[0]
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
-        raise ConfigError(f"--timeout must be > 0 seconds and finite, got {args.timeout}")
+    if (why := check_wait("--timeout", args.timeout)) is not None:
+        raise ConfigError(why)
     if args.transport == "torch":
         from dqsgd.launch import train_distributed
 
