@@ -173,6 +173,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Pa
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(8))
     for p in (run / "checkpoint.pt", run / "checkpoint.prev.pt"):
         p.write_bytes(b"x" * 200)
+    (run / "summary.json").unlink()  # unfinished again (a finished run is left untouched)
     with pytest.raises(CheckpointError, match="every checkpoint of rank\\(s\\) \\[0\\] is damaged"):
         run_one(cfg(), qsgd(), DATA, 0, run, resume=True, progress=False)
 
@@ -184,6 +185,7 @@ def test_a_corrupt_middle_line_does_not_drop_later_records_on_resume(tmp_path: P
     lines[2] = lines[2][:15] + "\x00\x00 garbage"
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "checkpoint.pt").unlink()  # resume from .prev.pt: step 6
+    (tmp_path / "summary.json").unlink()  # as if stopped before the end
     run_one(cfg(), qsgd(), DATA, 0, tmp_path, resume=True, progress=False)
     assert "metrics.jsonl: skipped line(s) 3" in capsys.readouterr().err
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 3, 4, 5, 6, 7]

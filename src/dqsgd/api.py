@@ -217,7 +217,8 @@ def _narrowed(acc: torch.Tensor, h: Header) -> torch.Tensor:
         part = acc[start : start + _CHUNK]
         peak = float(part.abs().amax())
         if not peak <= limit:
-            raise PayloadError(f"{h.scheme.name} payload decodes to values beyond {h.dtype} or not finite (|x| up to {peak:.3e}: "
+            name = str(h.dtype).removeprefix("torch.")
+            raise PayloadError(f"{h.scheme.name} payload decodes to values beyond {name} or not finite (|x| up to {peak:.3e}: "
                                f"a forged scale?); refusing it")
         if out is not acc:
             out[start : start + _CHUNK] = part

@@ -80,8 +80,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
     args.resume_hint = f"dqsgd train --resume {shlex.quote(str(out))}"
     device = resolve_device(exp.train.device)
-    s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet,
-                overwrite=args.overwrite, device=device)
+    from dqsgd.train.rundir import RunFinished
+
+    try:
+        s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume),
+                    progress=not args.quiet, overwrite=args.overwrite, device=device)
+    except RunFinished as e:  # --resume of a finished run: reported, left untouched
+        print(f"dqsgd: {e}")
+        return 0
     from dqsgd.train.progress import result_line
 
     print(f"{result_line(s)}; metrics in {out}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,9 @@ from dqsgd.data import load_dataset
 from dqsgd.experiments.summary import write_tables
 from dqsgd.train.config import ExperimentConfig, resolve_device
 from dqsgd.train.progress import CompareProgress
+from dqsgd.train import reader
 from dqsgd.train.rundir import RunDirError, check_same_run, data_fingerprint, holds_run, resolved_of_run
+from dqsgd.train.runfiles import atomic_write, dir_lock
 from dqsgd.train.runner import run_dir, run_one
 
 
@@ -21,13 +23,16 @@ def load_data_for(exp: ExperimentConfig):
                         pad_to=t.pad_to or None)
 
 
-def finished(where: Path, steps: int, label: str, seed: int) -> bool:
-    """Whether ``where`` holds a completed run of (label, seed) with ``steps`` steps (its summary.json)."""
+def finished(where: Path, steps: int, label: str, seed: int, overwrite: bool = False) -> bool:
+    """Whether ``where`` holds a completed run of (label, seed) with ``steps`` steps (its summary.json
+    and all its metrics records; :func:`dqsgd.train.reader.finished`). A finished run whose metrics
+    were cut is refused, or with ``overwrite`` re-run."""
     try:
-        s = json.loads((where / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return s.get("steps") == steps and s.get("method") == label and s.get("seed") == seed
+        return reader.finished(where, steps, label, seed) is not None
+    except reader.RunDataError:
+        if overwrite:
+            return False
+        raise
 
 
 def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
@@ -46,20 +51,25 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
         raise ValueError(f"--methods {missing} not in the config; it has {[e.label for e in exp.methods]}")
     device = resolve_device(exp.train.device)  # refused before any data is loaded or any run starts
     require("matplotlib", "the comparison's report")  # fail now, not after the last run
-    data = load_data_for(exp)
-    fingerprint = data_fingerprint(data)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
-    _check_existing(exp, entries, out, fingerprint, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    if exp.source:
-        (out / "experiment.toml").write_text(Path(exp.source).read_text())
+    with contextlib.closing(dir_lock(out)):  # one comparison at a time writes here (its runs, its tables)
+        data = load_data_for(exp)
+        _check_existing(exp, entries, out, data_fingerprint(data), resume, overwrite)
+        if exp.source:
+            atomic_write(out / "experiment.toml", Path(exp.source).read_text())
+        return _run_all(exp, entries, out, data, device, progress, resume, overwrite)
+
+
+def _run_all(exp: ExperimentConfig, entries: list, out: Path, data: Any, device: Any, progress: bool, resume: bool,
+             overwrite: bool) -> list[dict[str, Any]]:
     overall = CompareProgress(len(exp.train.seeds) * len(entries), enabled=progress)
     for seed in exp.train.seeds:
         for entry in entries:
             where = run_dir(out, entry.label, seed)
             again = resume and holds_run(where)
-            if again and finished(where, exp.train.steps, entry.label, seed):
+            if again and finished(where, exp.train.steps, entry.label, seed, overwrite):
                 overall.kept(entry.label, seed)
                 continue  # kept as it is: a resumed comparison only runs what is missing
             overall.finished(run_one(exp.train, entry, data, seed, where, resume=again, progress=progress,

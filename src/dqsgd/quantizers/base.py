@@ -137,7 +137,8 @@ def _dequantize32(q: Quantized) -> torch.Tensor:
     step = q.scales.to(torch.float32) / float(q.levels)
     peak = float(step.abs().amax()) * float(q.codes.abs().amax()) if q.codes.numel() else 0.0
     if not peak <= dtype_limit(q.dtype):  # finite scales, but code × step overflows (a forged scale)
-        raise ValueError(f"{q.scheme.name} payload decodes to values beyond {q.dtype} (scale step "
+        name = str(q.dtype).removeprefix("torch.")
+        raise ValueError(f"{q.scheme.name} payload decodes to values beyond {name} (scale step "
                          f"{float(step.abs().amax()):.3e} × code {int(q.codes.abs().amax())}); refusing it")
     sizes = q.layout.segment_sizes(numel)
     if len(sizes) == 1:
