@@ -1,10 +1,12 @@
 """Run directories: one writer at a time, no silent overwrite, and the resolved config of a run.
 
 A run directory (``config.json``, ``metrics.jsonl``, ``summary.json``, checkpoints) belongs to one
-run. :func:`open_run` takes an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock`` for as long as the run
-writes (a second writer is refused at once, naming the holder's pid; the kernel drops the lock when
-the holder dies, so a crashed run never leaves a stale lock), and refuses a directory that already
-holds a run unless the caller resumes it or asked to overwrite it.
+run. :func:`open_run` holds ``RUN_DIR/.lock`` for as long as the run writes
+(:func:`dqsgd.train.runfiles.dir_lock`: a second writer is refused at once, naming the holder's
+pid), and refuses a directory that already holds a run unless the caller resumes it or asked to
+overwrite it; a restarted run is written through :func:`staged` and replaces the old run's files
+only when it finishes. Every file is written through :mod:`dqsgd.train.runfiles` (never through a
+symbolic link), and read back through :mod:`dqsgd.train.reader`.
 
 :func:`resolved` is the flat dict of every setting that changes a run's numbers: the train keys
 except those in :data:`NOT_COMPARED`, the method's config, the effective lr/momentum, the seed and a
