@@ -24,8 +24,8 @@ def _err(capsys) -> str:
 
 @pytest.mark.parametrize("setting,msg", [
     ("train.threads=100000", "train: threads must be in 0..1024"),
-    ("train.lr=1e308", "train: lr must be in (0, 1000]"),
-    ("methods.qsgd.lr=1e308", "methods.qsgd.lr must be in (0, 1000]"),
+    ("train.lr=1e308", "train: lr must be in (0, 1e+30]"),
+    ("methods.qsgd.lr=1e308", "methods.qsgd.lr must be in (0, 1e+30]"),
     ("train.pad_to=100000", "train: pad_to must be in 0..1024"),
     ("train.workers=100000000", "train: workers must be in 1..4096"),
 ])

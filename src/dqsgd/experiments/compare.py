@@ -72,8 +72,10 @@ def _run_all(exp: ExperimentConfig, entries: list, out: Path, data: Any, device:
             if again and finished(where, exp.train.steps, entry.label, seed, overwrite):
                 overall.kept(entry.label, seed)
                 continue  # kept as it is: a resumed comparison only runs what is missing
+            # resumed: an unfinished run continues from its checkpoint, or without one starts again
+            # (its old files replaced only when the new run finishes)
             overall.finished(run_one(exp.train, entry, data, seed, where, resume=again, progress=progress,
-                                     overwrite=overwrite, device=device))
+                                     overwrite=overwrite or again, device=device))
     overall.close()
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report

@@ -23,7 +23,7 @@ from dqsgd.config import (  # ConfigError, load_raw, shipped_configs: also publi
 from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
 
 DEVICES = ("auto", "cpu", "cuda")
-LR_MAX = 1e3          # learning rates above this only diverge (lr = 1e308 overflowed every weight)
+LR_MAX = 1e30         # the optimizer works in float32 (max 3.4e38): lr = 1e308 is inf there
 THREADS_MAX = 1024    # torch.set_num_threads(100000) crashes the process
 PAD_TO_MAX = 1024     # pad_to = 100000 asked for a 40 TB tensor
 
