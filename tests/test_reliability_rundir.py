@@ -170,3 +170,13 @@ def test_compare_resume_refuses_a_finished_run_with_cut_metrics(tmp_path: Path, 
     assert f"{root / 'qsgd' / 'seed0'}: summary.json says the run finished 6 steps" in line and "holds 2" in line
     assert compare(root, "--resume", "--overwrite") == 0  # re-run, the finished sgd run kept
     assert len(metrics.read_text().splitlines()) == 6
+
+
+def test_resume_of_a_finished_run_with_checkpoints_reports_it_and_touches_nothing(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    assert train(run, every=4) == 0
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert "already finished (8 steps" in capsys.readouterr().out
+    assert snapshot(run) == before

@@ -90,6 +90,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     from dqsgd.train.progress import result_line
 
+    if s.already_finished:
+        print(f"dqsgd: {RunFinished(out, s)}")
     print(f"{result_line(s)}; metrics in {out}")
     return 0
 

@@ -34,9 +34,10 @@ class RunSummary(dict):
     model's final flat parameters as the attribute ``final_params`` (a tensor, never written as
     JSON). ``s["final_params"]`` reads the attribute too, as earlier versions returned it as a key."""
 
-    def __init__(self, summary: dict[str, Any], final_params: torch.Tensor):
+    def __init__(self, summary: dict[str, Any], final_params: torch.Tensor, already_finished: bool = False):
         super().__init__(summary)
         self.final_params = final_params
+        self.already_finished = already_finished  # resumed a finished run: nothing was run or written
 
     def __missing__(self, key: str) -> Any:
         if key == "final_params":
@@ -83,6 +84,12 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
                     work = held.enter_context(staged(out))
                 elif restart:
                     clear_run(out)
+        except RunFinished as e:  # left untouched; its final model from its last checkpoint, if it has one
+            if not (local and any(out.glob("checkpoint*.pt"))):
+                error = e
+            else:
+                resume_from(tr, out)
+                return RunSummary(e.summary, tr.flat_params(), already_finished=True)
         except (RunDirError, OSError) as e:
             error = e
         agree_across_ranks(tr.transport, mine, error)
