@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +37,21 @@ def finished(where: Path, steps: int, label: str, seed: int, overwrite: bool = F
         raise
 
 
-def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
-                   only: list[str] | None = None, overwrite: bool = False) -> list[dict[str, Any]]:
-    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots.
+@dataclass(frozen=True)
+class Prepared:
+    """A comparison checked before anything is written: its (method, seed) runs, device and data."""
 
-    ``resume``: finished runs are kept and unfinished ones continued, each only if its recorded
-    config equals this experiment's (else refused, naming the keys). Without ``resume`` a run
-    directory that holds a run is refused unless ``overwrite``.
-    """
+    entries: list
+    device: Any
+    data: Any
+    fingerprint: str
+
+
+def prepare(exp: ExperimentConfig, out: Path, resume: bool = False, only: list[str] | None = None,
+            overwrite: bool = False) -> Prepared:
+    """Every check :func:`run_experiment` makes before its first run (``compare --dry-run`` stops here):
+    the methods, ``--methods``, the device, matplotlib, the data, the output directory and, with
+    ``resume``, that each kept run has this experiment's config."""
     if not exp.methods:
         raise ValueError(f"{exp.source or 'config'}: no [methods.NAME] tables: nothing to compare")
     entries = [e for e in exp.methods if not only or e.label in only]
@@ -51,22 +60,43 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
         raise ValueError(f"--methods {missing} not in the config; it has {[e.label for e in exp.methods]}")
     device = resolve_device(exp.train.device)  # refused before any data is loaded or any run starts
     require("matplotlib", "the comparison's report")  # fail now, not after the last run
+    data = load_data_for(exp)
+    fingerprint = data_fingerprint(data)
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    _check_existing(exp, entries, out, fingerprint, resume, overwrite)
+    return Prepared(entries, device, data, fingerprint)
+
+
+def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
+                   only: list[str] | None = None, overwrite: bool = False) -> list[dict[str, Any]]:
+    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots.
+
+    ``resume``: finished runs are kept and unfinished ones continued, each only if its recorded
+    config equals this experiment's (else refused, naming the keys). Without ``resume`` a run
+    directory that holds a run is refused unless ``overwrite``.
+    """
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.closing(dir_lock(out)):  # one comparison at a time writes here (its runs, its tables)
-        data = load_data_for(exp)
-        _check_existing(exp, entries, out, data_fingerprint(data), resume, overwrite)
+        try:
+            p = prepare(exp, out, resume, only, overwrite)
+        except BaseException:
+            if created:  # refused before anything was written: leave no directory behind
+                shutil.rmtree(out, ignore_errors=True)
+            raise
         if exp.source:
             atomic_write(out / "experiment.toml", Path(exp.source).read_text())
-        return _run_all(exp, entries, out, data, device, progress, resume, overwrite)
+        return _run_all(exp, p, out, progress, resume, overwrite)
 
 
-def _run_all(exp: ExperimentConfig, entries: list, out: Path, data: Any, device: Any, progress: bool, resume: bool,
+def _run_all(exp: ExperimentConfig, p: Prepared, out: Path, progress: bool, resume: bool,
              overwrite: bool) -> list[dict[str, Any]]:
-    overall = CompareProgress(len(exp.train.seeds) * len(entries), enabled=progress)
+    overall = CompareProgress(len(exp.train.seeds) * len(p.entries), enabled=progress)
     for seed in exp.train.seeds:
-        for entry in entries:
+        for entry in p.entries:
             where = run_dir(out, entry.label, seed)
             again = resume and holds_run(where)
             if again and finished(where, exp.train.steps, entry.label, seed, overwrite):
@@ -74,8 +104,8 @@ def _run_all(exp: ExperimentConfig, entries: list, out: Path, data: Any, device:
                 continue  # kept as it is: a resumed comparison only runs what is missing
             # resumed: an unfinished run continues from its checkpoint, or without one starts again
             # (its old files replaced only when the new run finishes)
-            overall.finished(run_one(exp.train, entry, data, seed, where, resume=again, progress=progress,
-                                     overwrite=overwrite or again, device=device))
+            overall.finished(run_one(exp.train, entry, p.data, seed, where, resume=again, progress=progress,
+                                     overwrite=overwrite or again, device=p.device))
     overall.close()
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report
