@@ -173,6 +173,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Pa
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(8))
     for p in (run / "checkpoint.pt", run / "checkpoint.prev.pt"):
         p.write_bytes(b"x" * 200)
+    (run / "summary.json").unlink()  # unfinished again (a finished run is left untouched)
     with pytest.raises(CheckpointError, match="every checkpoint of rank\\(s\\) \\[0\\] is damaged"):
         run_one(cfg(), qsgd(), DATA, 0, run, resume=True, progress=False)
 
@@ -184,6 +185,7 @@ def test_a_corrupt_middle_line_does_not_drop_later_records_on_resume(tmp_path: P
     lines[2] = lines[2][:15] + "\x00\x00 garbage"
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "checkpoint.pt").unlink()  # resume from .prev.pt: step 6
+    (tmp_path / "summary.json").unlink()  # as if stopped before the end
     run_one(cfg(), qsgd(), DATA, 0, tmp_path, resume=True, progress=False)
     assert "metrics.jsonl: skipped line(s) 3" in capsys.readouterr().err
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 3, 4, 5, 6, 7]
@@ -202,8 +204,8 @@ def test_report_keeps_every_record_before_a_torn_last_line(tmp_path: Path, capsy
 
 # --- one-line errors, exit code 2 -----------------------------------------------------------------
 @pytest.mark.parametrize("extra,msg", [
-    (["--timeout", "inf"], "--timeout must be > 0 seconds and finite"),
-    (["--timeout", "nan"], "--timeout must be > 0 seconds and finite"),
+    (["--timeout", "inf"], "--timeout must be in (0, 604800] seconds"),
+    (["--timeout", "nan"], "--timeout must be in (0, 604800] seconds"),
     (["--set", "train.lr=inf"], "train.lr must be a finite number"),
     (["--set", "train.lr=nan"], "train.lr must be a finite number"),
     (["--set", "methods.qsgd.lr=inf"], "methods.qsgd.lr must be a finite number"),

@@ -14,24 +14,29 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from types import ModuleType
 from typing import Any
 
 import torch
 
 from dqsgd.codecs import Coding, encode as encode_payload
-from dqsgd.codecs.header import PEEK_BYTES, peek_shape
-from dqsgd.codecs.wire import decode as decode_payload, read_header
+from dqsgd.codecs.header import PEEK_BYTES, Header, PayloadError, peek_shape
+from dqsgd.codecs.wire import body_width, decode as decode_payload, read_header
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
-from dqsgd.quantizers import Layout, Norm, dequantize, quantizer
+from dqsgd.quantizers import Layout, Norm, Scheme, dequantize, quantizer
+from dqsgd.quantizers.base import dtype_limit
 
-__all__ = ["DEFAULT_MAX_NUMEL", "decode", "decode_into", "encode", "encode_tensor"]
+__all__ = ["DEFAULT_MAX_DECODE_BYTES", "DEFAULT_MAX_NUMEL", "decode", "decode_into", "encode", "encode_tensor"]
 
-# The most elements ``decode`` accepts unless told ``numel=`` or ``max_numel=``: 2^26 = 67,108,864
-# (a 256 MiB float32 result). Some valid payloads of a few bytes describe far bigger tensors (an
-# Elias body codes trailing zeros in no bits, a one-symbol rANS body a constant tensor), so the
-# payload length cannot bound the result: this cap does.
-DEFAULT_MAX_NUMEL = 1 << 26
+# What ``decode`` may allocate unless told ``numel=`` or ``max_numel=``: 256 MiB. Some valid payloads
+# of a few bytes describe far bigger tensors (an Elias body codes trailing zeros in no bits, a
+# one-symbol rANS body a constant tensor), so the payload length cannot bound the result: this cap
+# does, for every dtype and coding (:func:`decode_bytes_per_element`). For a FIXED float32 payload
+# it is 2^26 = 67,108,864 elements (DEFAULT_MAX_NUMEL, the most any payload gets by default).
+DEFAULT_MAX_DECODE_BYTES = 256 << 20
+DEFAULT_MAX_NUMEL = DEFAULT_MAX_DECODE_BYTES // 4
+_CHUNK = 1 << 20  # elements narrowed to the payload's dtype at a time (a small temporary)
 _NORMS = {"inf": Norm.MAX, "2": Norm.L2, 2: Norm.L2}
 Payload = bytes | bytearray | memoryview | torch.Tensor
 
@@ -131,12 +136,32 @@ def _host_bytes(payload: Payload) -> bytes | bytearray | memoryview:
     return payload
 
 
+def decode_bytes_per_element(coding: Coding, bits: int, dtype: torch.dtype, scheme: Scheme = Scheme.UNIFORM) -> int:
+    """Bytes :func:`decode` holds per element at its peak (the payload itself not counted): the
+    float32 accumulator (4), the int32 codes where the body is decoded to codes first (ELIAS, RANS,
+    and SIGN codes wider than 1 bit: 4), the decompressed body of a zstd frame (its width / 8), and
+    the result in the payload's dtype when that is not float32 (its item size)."""
+    per = 4
+    if coding in (Coding.ELIAS, Coding.RANS) or (scheme == Scheme.SIGN and bits > 1):
+        per += 4
+    elif coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
+        per += -(-body_width(bits, coding) // 8)
+    return per + (0 if dtype == torch.float32 else dtype.itemsize)
+
+
+def _check_default_cap(numel: int, per_element: int, what: str) -> None:
+    if numel * per_element > DEFAULT_MAX_DECODE_BYTES:
+        raise PayloadError(f"payload declares {numel} elements ({what}: {per_element} bytes each while decoding), "
+                           f"more than the default cap of {DEFAULT_MAX_DECODE_BYTES >> 20} MiB; pass numel= or "
+                           f"max_numel= to decode it")
+
+
 def decode(
     payload: Payload,
     *,
     device: torch.device | str | None = None,
     numel: int | None = None,
-    max_numel: int = DEFAULT_MAX_NUMEL,
+    max_numel: int | None = None,
 ) -> torch.Tensor:
     """The tensor a payload stands for, in the encoded tensor's shape and dtype.
 
@@ -146,9 +171,11 @@ def decode(
     first ≤ 44 header bytes, which size the result, are read on the host).
 
     Bounds: ``numel`` (when the caller knows the size) must equal the payload's element count;
-    otherwise the payload may declare at most ``max_numel`` elements (default
-    :data:`DEFAULT_MAX_NUMEL` = 2^26). Both are checked before anything is allocated; so is what a
-    body of its length can carry (``dqsgd.codecs.bounds``).
+    else ``max_numel`` caps it; with neither, the decode may hold at most
+    :data:`DEFAULT_MAX_DECODE_BYTES` = 256 MiB (:func:`decode_bytes_per_element`: 2^26 elements of
+    a FIXED float32 payload, 2^25 of an Elias or rANS one, fewer for float64). All are checked
+    before anything is allocated; so is what a body of its length can carry (``dqsgd.codecs.bounds``).
+    A decoded value beyond the payload's dtype (a forged scale) is refused.
 
     Raises:
       PayloadError (a ValueError): a truncated, corrupted, foreign or oversized payload, or one
@@ -156,14 +183,46 @@ def decode(
     """
     target = torch.device(device) if device is not None else (
         payload.device if isinstance(payload, torch.Tensor) else torch.device("cpu"))
+    cap = DEFAULT_MAX_NUMEL if max_numel is None else max_numel
     if (mod := _device_kernels(target)) is None:
-        x = dequantize(decode_payload(_host_bytes(payload), max_numel=max_numel, numel=numel))
-        return x.to(target)
+        return _decode_host(_host_bytes(payload), cap, numel, max_numel is None and numel is None).to(target)
     dev_payload = _as_tensor(payload, target)
-    shape, dtype = peek_shape(dev_payload[:PEEK_BYTES].cpu().numpy(), max_numel, numel)
+    shape, dtype = peek_shape(dev_payload[:PEEK_BYTES].cpu().numpy(), cap, numel)
+    if max_numel is None and numel is None:
+        _check_default_cap(math.prod(shape), decode_bytes_per_element(Coding.FIXED, 8, dtype), "device decode")
     out = torch.zeros(shape, dtype=torch.float32, device=target)
     mod.decode_accumulate_device(dev_payload, out.view(-1), 1.0, max_numel=out.numel())
     return out.to(dtype)
+
+
+def _decode_host(buf: bytes | bytearray | memoryview, cap: int, numel: int | None, default_cap: bool) -> torch.Tensor:
+    """Decode on the host into one float32 accumulator (no temporary of the payload's size beyond
+    what :func:`decode_bytes_per_element` counts), then narrow it to the payload's dtype."""
+    h = read_header(buf, max_numel=cap, numel=numel)
+    if default_cap:
+        _check_default_cap(h.numel, decode_bytes_per_element(h.coding, h.bits, h.dtype, h.scheme), h.coding.name)
+    if h.numel == 0:  # forged empty shapes torch cannot represent are refused there
+        return dequantize(decode_payload(buf, max_numel=cap, numel=numel))
+    acc = torch.full((h.numel,), -0.0, dtype=torch.float32)  # -0.0 + x == x, signed zeros included
+    decode_accumulate(buf, acc, 1.0, header=h)
+    return _narrowed(acc, h).reshape(h.shape)
+
+
+def _narrowed(acc: torch.Tensor, h: Header) -> torch.Tensor:
+    """``acc`` in the payload's dtype, chunk by chunk; a value beyond that dtype (a forged scale:
+    finite in float32, ±inf after rounding) is refused."""
+    limit = dtype_limit(h.dtype)
+    out = acc if h.dtype == torch.float32 else torch.empty(acc.numel(), dtype=h.dtype)
+    for start in range(0, acc.numel(), _CHUNK):
+        part = acc[start : start + _CHUNK]
+        peak = float(part.abs().amax())
+        if not peak <= limit:
+            name = str(h.dtype).removeprefix("torch.")
+            raise PayloadError(f"{h.scheme.name} payload decodes to values beyond {name} or not finite (|x| up to {peak:.3e}: "
+                               f"a forged scale?); refusing it")
+        if out is not acc:
+            out[start : start + _CHUNK] = part
+    return out
 
 
 def decode_into(payload: Payload, out: torch.Tensor, weight: float = 1.0) -> torch.Tensor:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from dqsgd import __version__
-from dqsgd.timeouts import TRAIN_COLLECTIVE_S
+from dqsgd.timeouts import TRAIN_COLLECTIVE_S, check_wait
 from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, resolve_device, shipped_configs
 
 
@@ -79,8 +78,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     topology = args.topology or exp.train.topology or ("sharded" if args.transport == "torch" else "ps")
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, topology=topology))
     entry = exp.methods[0]
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
-        raise ConfigError(f"--timeout must be > 0 seconds and finite, got {args.timeout}")
+    if (why := check_wait("--timeout", args.timeout)) is not None:
+        raise ConfigError(why)
     if args.dry_run:
         from dqsgd.plan import train_plan
 
@@ -97,10 +96,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
     args.resume_hint = f"dqsgd train --resume {shlex.quote(str(out))}"
     device = resolve_device(exp.train.device)
-    s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume), progress=not args.quiet,
-                overwrite=args.overwrite, device=device)
+    from dqsgd.train.rundir import RunFinished
+
+    try:
+        s = run_one(exp.train, entry, load_data_for(exp), seed, out, resume=bool(args.resume),
+                    progress=not args.quiet, overwrite=args.overwrite, device=device)
+    except RunFinished as e:  # --resume of a finished run: reported, left untouched
+        print(f"dqsgd: {e}")
+        return 0
     from dqsgd.train.progress import result_line
 
+    if s.already_finished:
+        print(f"dqsgd: {RunFinished(out, s)}")
     print(f"{result_line(s)}; metrics in {out}")
     return 0
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 import typing
 from collections.abc import Iterator
@@ -30,13 +31,28 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "ConfigSchema", "coerce", "shipped_configs", "load_raw", "apply_overrides"]
+__all__ = ["ConfigError", "ConfigSchema", "check_name", "coerce", "shipped_configs", "load_raw", "apply_overrides"]
 
 SHIPPED_PACKAGE = "dqsgd.experiments"  # the shipped configs are this package's configs/*.toml
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be run: says which key and what is allowed."""
+
+
+# A name that becomes one path component (train.name, experiment.name, a method label): no
+# separator, never "." or "..", nothing a shell or a file system treats specially.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=@-]{0,127}")
+
+
+def check_name(where: str, value: Any, error: type[ValueError] = ConfigError) -> str:
+    """``value`` if it can be a directory name, else ``error`` naming ``where``: 1-128 characters
+    of letters, digits and ``. _ - + = @``, not starting with ``.``, ``-``, ``+``, ``=`` or ``@``
+    (so no ``/``, no ``..``, no empty or hidden name)."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise error(f"{where} = {value!r} cannot name a directory: use 1-128 letters, digits and . _ - + = @, "
+                    f"starting with a letter, digit or _ (no '/', no '..')")
+    return value
 
 
 def _is_number(v: Any) -> bool:
@@ -100,6 +116,10 @@ def load_raw(name_or_path: str, prefix: str = "", error: type[ValueError] = Conf
         return tomllib.loads(path.read_text()), str(path)
     except tomllib.TOMLDecodeError as e:
         raise error(f"{path}: malformed TOML: {e}") from None
+    except RecursionError:
+        raise error(f"{path}: arrays or tables nested too deep to read") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{path}: cannot read it ({e})") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str], sections: tuple[str, ...],
@@ -122,6 +142,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], sections: tuple[s
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text  # a bare word, e.g. train.dataset=fashion-mnist
+        except RecursionError:
+            raise error(f"override {path.strip()}: value nested too deep to read") from None
         if parts[0] in sections and len(parts) == 2:
             out.setdefault(parts[0], {})[parts[1]] = value
         elif parts[0] == "methods" and len(parts) == 3:
@@ -184,6 +206,7 @@ class ConfigSchema:
     def methods(self, raw: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(label, a copy of the table)`` for each ``[methods.LABEL]``, in file order."""
         for label, opts in dict(raw.get("methods", {})).items():
+            check_name(f"[methods.{label}] label", label, self.error)
             if not isinstance(opts, dict):
                 raise self.error(f"methods.{label} must be a table")
             yield label, dict(opts)

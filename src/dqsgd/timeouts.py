@@ -10,9 +10,17 @@ process management (``launch.py``, ``dq/dist.py``), which bound how long a faile
 
 from __future__ import annotations
 
-__all__ = ["BENCH_COLLECTIVE_S", "DQ_WAIT_S", "HOOK_COLLECTIVE_S", "TRAIN_COLLECTIVE_S"]
+__all__ = ["BENCH_COLLECTIVE_S", "DQ_WAIT_S", "HOOK_COLLECTIVE_S", "MAX_WAIT_S", "TRAIN_COLLECTIVE_S", "check_wait"]
 
 TRAIN_COLLECTIVE_S = 60.0   # `dqsgd train --transport torch` (--timeout) and launch.spawn_local
 HOOK_COLLECTIVE_S = 300.0   # the DDP hook (HookState(timeout=...)), inside a user's own training loop
 BENCH_COLLECTIVE_S = 120.0  # `dqsgd bench hook` (--timeout)
 DQ_WAIT_S = 120.0           # the Double Quantization torch transport (run.timeout_s)
+MAX_WAIT_S = 7 * 86400.0  # the longest limit accepted: a week (1e10 s overflowed the wait primitives)
+
+
+def check_wait(where: str, seconds: float) -> str | None:
+    """Why ``seconds`` cannot be a wait limit (must be > 0, finite and at most :data:`MAX_WAIT_S`), or None."""
+    if not 0 < seconds <= MAX_WAIT_S:
+        return f"{where} must be in (0, {MAX_WAIT_S:g}] seconds (a week), got {seconds!r}"
+    return None

@@ -143,6 +143,7 @@ def test_resume_picks_the_newest_step_every_rank_holds(reference: Path, tmp_path
     older = seal({**prev, "next_step": STEPS - 20})  # a valid (sealed) checkpoint of an older step
     torch.save(prev, r1)
     torch.save(older, run / "checkpoint-rank1.prev.pt")
+    (run / "summary.json").unlink()  # the crash came before the end (a finished run is left untouched)
     subprocess.run(DQSGD + ["--transport", "torch", "--workers", "2", "--timeout", "20", *ARGS, "--resume", str(run)],
                    check=True, env=ENV, timeout=150)
     _same_run(reference, run, "checkpoint.pt")
@@ -151,6 +152,7 @@ def test_resume_picks_the_newest_step_every_rank_holds(reference: Path, tmp_path
     for name in ("checkpoint-rank1.pt", "checkpoint-rank1.prev.pt"):
         c = torch.load(run / name, weights_only=True)
         torch.save(seal({**c, "next_step": c["next_step"] - 100}), run / name)
+    (run / "summary.json").unlink()
     p = subprocess.run(DQSGD + ["--transport", "torch", "--workers", "2", "--timeout", "20", *ARGS, "--resume", str(run)],
                        env=ENV, timeout=150, capture_output=True, text=True)
     assert p.returncode != 0 and "no step in common; cannot resume exactly" in p.stderr, p.stderr[-2000:]

@@ -16,7 +16,8 @@ def _run(root: Path, seed: int, curve: list[tuple[float, float | None]], finishe
     d.mkdir(parents=True)
     with (d / "metrics.jsonl").open("w") as f:
         for step, (t, acc) in enumerate(curve):
-            rec = {"step": step, "sim_time_s": t, **({} if acc is None else {"test_acc": acc})}
+            rec = {"step": step, "up_bytes": 100, "down_bytes": 100, "bits": 4, "compute_s": 0.01, "encode_s": 0.0,
+                   "decode_s": 0.0, "sim_time_s": t, **({} if acc is None else {"test_acc": acc})}
             f.write(json.dumps(rec) + "\n")
     if finished:
         (d / "summary.json").write_text("{}")

@@ -7,10 +7,13 @@ inputs there are).
 
 from __future__ import annotations
 
-from dqsgd.codecs.header import Coding, Header, PayloadError
+from dqsgd.codecs.bitpack import packed_size
+from dqsgd.codecs.elias import MAX_OMEGA, omega_length
+from dqsgd.codecs.header import Coding, Header, PayloadError, header_size, layout_segments
 from dqsgd.codecs.rans import M, RANS_L
+from dqsgd.quantizers.base import Layout
 
-__all__ = ["check_body_can_hold", "rans_numel_bound", "zstd_content_bound"]
+__all__ = ["check_body_can_hold", "max_body_bytes", "max_payload_bytes", "rans_numel_bound", "zstd_content_bound"]
 
 _ZSTD_BLOCK_MAX = 1 << 17  # RFC 8878 §3.1.1.2: a block decompresses to at most 128 KiB
 # After K = 1 and the symbol's varint, a one-symbol RANS body is its frequency M (varint) and the
@@ -67,3 +70,67 @@ def check_body_can_hold(body: memoryview, h: Header, offset: int) -> None:
     elif h.numel > rans_numel_bound(len(body)):
         raise PayloadError(f"RANS body at offset {offset}: {len(body)} bytes with two or more symbols carry "
                            f"fewer than {rans_numel_bound(len(body))} codes, the header declares {h.numel}")
+
+
+# --- the most bytes a valid payload of n elements can take ----------------------------------------
+_ZSTD_SMALL = 128 << 10
+
+
+def zstd_frame_bound(content: int) -> int:
+    """``ZSTD_compressBound``: the most bytes libzstd writes for ``content`` bytes in one frame,
+    ``content + content/256 (+ (128 KiB − content)/2048 below 128 KiB)``."""
+    return content + (content >> 8) + ((_ZSTD_SMALL - content) >> 11 if content < _ZSTD_SMALL else 0)
+
+
+def max_body_bytes(numel: int, bits: int, coding: Coding) -> int:
+    """The most body bytes dqsgd's encoder writes for ``numel`` codes of width ``bits`` (32: raw
+    float32, IDENTITY) with ``coding`` (any ``Coding`` but AUTO, which picks one of them):
+
+    * FIXED: exactly ``⌈n·b/8⌉``; ZSTD / ZSTD_ALIGNED: :func:`zstd_frame_bound` of the FIXED body
+      (at width ``A = body_width(b)`` for ZSTD_ALIGNED);
+    * ELIAS: ``⌈(L(n+1) + n·(2 + L(c_max)))/8⌉`` with ``L`` the ω length and ``c_max = 2^(b−1)``
+      (1 at b = 1), the largest magnitude b bits carry. The count word is ``L(nnz+1) ≤ L(n+1)``;
+      an item covering a gap g costs ``L(g) + 1 + L(|c|) ≤ g·(2 + L(|c|))`` since ``L(g) ≤ 2g − 1``,
+      so every element non-zero at the largest magnitude is the longest stream;
+    * RANS: the table (``1 + 2K`` varints of ≤ 3 bytes, ``K ≤ min(2^b, n)`` symbols), the 4-byte
+      state, and at most 2 stream bytes per code (``⌈(16 − ⌊log2 f⌋)/8⌉ ≤ 2``); 0 for n = 0.
+    """
+    from dqsgd.codecs.wire import body_width  # wire imports this module
+
+    coding = Coding(coding)
+    if coding == Coding.AUTO:
+        raise ValueError("AUTO is not a body coding: it writes one of FIXED, ELIAS, ZSTD_ALIGNED, RANS")
+    if coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
+        return zstd_frame_bound(packed_size(numel, body_width(bits, coding)))
+    if coding == Coding.ELIAS:
+        if bits == 32 or numel >= MAX_OMEGA:
+            raise ValueError(f"ELIAS codes integer levels of < 2^32 - 1 elements (bits {bits}, numel {numel})")
+        top = 1 if bits == 1 else 1 << (bits - 1)
+        return (omega_length(numel + 1) + numel * (2 + omega_length(top)) + 7) // 8
+    if coding == Coding.RANS:
+        if bits == 32:
+            raise ValueError("RANS codes integer levels, not raw float32 (bits 32)")
+        return 0 if numel == 0 else 3 * (1 + 2 * min(1 << bits, numel)) + 4 + 2 * numel
+    return packed_size(numel, bits)
+
+
+def max_payload_bytes(numel: int, bits: int, *, ndim: int = 1, layout: Layout = Layout(),
+                      coding: Coding | None = None) -> int:
+    """The most bytes any payload of ``numel`` elements in ``ndim`` dims at width ``bits`` (32:
+    IDENTITY, raw float32 with no scales) and ``layout`` can take: header + body + 4 crc bytes.
+
+    ``coding``: the one the receiver expects; ``None`` (or AUTO) bounds every coding the sender
+    may choose (AUTO only ever writes a body no longer than FIXED's). A receiver that knows
+    ``numel`` refuses any announced length above this before allocating a buffer for it; every
+    payload :func:`dqsgd.codecs.encode` writes fits (``measured ≤ bound``, tested at the extremes).
+    """
+    if numel < 0 or not 1 <= bits <= 32:
+        raise ValueError(f"need numel >= 0 and bits in 1..32, got numel {numel}, bits {bits}")
+    nseg = 0 if bits == 32 else layout_segments(layout, numel)
+    if coding is None or Coding(coding) == Coding.AUTO:
+        options = [Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED]
+        options += [Coding.ELIAS, Coding.RANS] if bits != 32 and numel < MAX_OMEGA else []
+        body = max(max_body_bytes(numel, bits, c) for c in options)
+    else:
+        body = max_body_bytes(numel, bits, Coding(coding))
+    return header_size(ndim, layout, nseg) + body + 4

@@ -331,11 +331,13 @@ def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
         declared = zstandard.get_frame_parameters(body).content_size
         if declared != expected:
             raise PayloadError(f"zstd frame at offset {offset} declares {declared} bytes, expected {expected}")
-        dobj = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).decompressobj()
-        out = dobj.decompress(body)
+        # One output buffer of the declared size (a decompressobj grows and joins, a transient copy).
+        out = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).decompress(body, allow_extra_data=False)
     except zstandard.ZstdError as e:
+        if "unused data" in str(e):
+            raise PayloadError(f"zstd body at offset {offset}: incomplete frame or trailing data") from None
         raise PayloadError(f"corrupt zstd body at offset {offset}: {e}") from None
-    if not dobj.eof or dobj.unused_data or len(out) != expected:
+    if len(out) != expected:
         raise PayloadError(f"zstd body at offset {offset}: incomplete frame or trailing data")
     return memoryview(out)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 from dqsgd.dq.gradq import Fp32Grad, GradCodec, LowPrecGrad, SparseLowPrecGrad
 from dqsgd.dq.modelq import FP32_MODEL, ModelPrecision
-from dqsgd.timeouts import DQ_WAIT_S
+from dqsgd.timeouts import DQ_WAIT_S, check_wait
 
 __all__ = ["Algorithm", "ALGORITHMS", "RunConfig", "RUN_FIELDS", "make_codecs"]
 
@@ -44,6 +44,11 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in [
     Algorithm("asyfpg", "fp32", "fp32", False, "AsyFPG: asynchronous prox-SVRG, fp32 both ways"),
     Algorithm("acc-asyfpg", "fp32", "fp32", True, "Acc-AsyFPG: Acc-AsyLPG with every message fp32 [OC]"),
 ]}
+
+
+MAX_EPOCHS = 10_000
+MAX_INNER = 10**7        # master updates per epoch (inner = 1e12 never finished)
+MAX_UPDATES = 10**8      # master updates of one run in all
 
 
 @dataclass(frozen=True)
@@ -76,23 +81,29 @@ class RunConfig:
     timeout_s: float = DQ_WAIT_S     # torch transport: every wait
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.algorithm in ALGORITHMS, f"algorithm must be one of {sorted(ALGORITHMS)}"),
-            (1 <= self.workers <= 64, "workers must be in 1..64"), (self.epochs >= 1, "epochs must be >= 1"),
-            (self.inner == 0 or self.inner >= self.workers, "inner must be 0 or >= workers"),
-            (self.lr > 0 and self.batch >= 1, "lr > 0 and batch >= 1"), (2 <= self.grad_bits <= 16, "grad_bits in 2..16"),
-            (self.mu > 0 and math.isfinite(self.mu), "mu must be > 0"), (2 <= self.bx_max <= 16, "bx_max in 2..16"),
-            (self.phi_div >= 1, "phi_div must be >= 1"), (self.tau >= 0, "tau must be >= 0"),
-            (0 <= self.theta <= 1, "theta in [0, 1] (0 = schedule)"),
-            (self.delay in ("exp", "lognormal"), "delay must be 'exp' or 'lognormal'"),
-            (self.compute_s > 0 and self.bandwidth_bps >= 0 and self.delay_sigma >= 0, "delay parameters"),
-            (self.eval_every >= 1 and self.max_updates >= 0, "eval_every >= 1, max_updates >= 0"),
-            (self.transport in ("sim", "torch"), "transport must be 'sim' or 'torch'"),
-            (self.timeout_s > 0, "timeout_s > 0"),
+        checks = [  # (holds, field, what is allowed)
+            (self.algorithm in ALGORITHMS, "algorithm", f"one of {sorted(ALGORITHMS)}"),
+            (1 <= self.workers <= 64, "workers", "in 1..64"), (1 <= self.epochs <= MAX_EPOCHS, "epochs", f"in 1..{MAX_EPOCHS}"),
+            (self.inner == 0 or self.workers <= self.inner <= MAX_INNER, "inner", f"0 or in workers..{MAX_INNER}"),
+            (self.inner * self.epochs <= MAX_UPDATES and 0 <= self.max_updates <= MAX_UPDATES, "inner/max_updates",
+             f"at most {MAX_UPDATES:.0e} master updates in all (epochs × inner, max_updates)"),
+            (0 < self.lr <= 1e3, "lr", "in (0, 1000]"), (1 <= self.batch <= 1 << 20, "batch", "in 1..2^20"),
+            (2 <= self.grad_bits <= 16, "grad_bits", "in 2..16"),
+            (0 < self.mu <= 1e6, "mu", "in (0, 1e6]"), (2 <= self.bx_max <= 16, "bx_max", "in 2..16"),
+            (1 <= self.phi_div <= 1e9, "phi_div", "in [1, 1e9]"), (0 <= self.tau <= 1 << 20, "tau", "in 0..2^20"),
+            (0 <= self.theta <= 1, "theta", "in [0, 1] (0 = schedule)"),
+            (self.delay in ("exp", "lognormal"), "delay", "'exp' or 'lognormal'"),
+            (0 <= self.delay_sigma <= 10, "delay_sigma", "in [0, 10] (a log-normal σ; exp(10) is already 22026×)"),
+            (0 < self.compute_s <= 3600, "compute_s", "in (0, 3600] seconds"),
+            (0 <= self.bandwidth_bps <= 1e15, "bandwidth_bps", "in [0, 1e15] (0 = instantaneous)"),
+            (1 <= self.eval_every <= MAX_UPDATES, "eval_every", f"in 1..{MAX_UPDATES:.0e}"),
+            (self.transport in ("sim", "torch"), "transport", "'sim' or 'torch'"),
+            (check_wait("timeout_s", self.timeout_s) is None, "timeout_s", "in (0, 604800] seconds (a week)"),
         ]
-        for ok, msg in checks:
+        for ok, name, allowed in checks:
             if not ok:
-                raise ValueError(f"run config: {msg} (got {self!r})")
+                got = getattr(self, name) if hasattr(self, name) else (self.inner, self.epochs, self.max_updates)
+                raise ValueError(f"run config: {name} must be {allowed}, got {got!r}")
 
     @property
     def staleness_bound(self) -> int:

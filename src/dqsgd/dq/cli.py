@@ -36,6 +36,8 @@ def add_dq_arguments(ap: argparse.ArgumentParser) -> None:
     run.add_argument("--dry-run", action="store_true",
                      help="check the configs, overrides and data, print the plan, and stop (nothing is run or written)")
     run.add_argument("-o", dest="overrides", action="append", help=argparse.SUPPRESS)  # the old spelling of --set
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the results of an experiment with other settings in the output (default: refuse)")
     sub.add_parser("list", help="list the algorithms and the shipped dq-* configs")
 
 
@@ -71,6 +73,12 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     from dqsgd.dq.experiment import run_experiment  # torch + data only once the configs are valid
 
-    for exp in exps:
-        run_experiment(exp, Path(args.out))
+    from dqsgd.train.runfiles import RunDirError
+
+    try:
+        for exp in exps:
+            run_experiment(exp, Path(args.out), overwrite=args.overwrite)
+    except (RunDirError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0

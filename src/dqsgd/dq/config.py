@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dqsgd.config import ConfigError, ConfigSchema
+from dqsgd.config import ConfigError, ConfigSchema, check_name
 from dqsgd.dq.algorithms import ALGORITHMS, RUN_FIELDS, RunConfig
 from dqsgd.dq.problem import ProblemSpec
 
@@ -44,6 +44,9 @@ class ExperimentSpec:
     phi_sweep: tuple[float, ...] = ()    # Sparse-AsyLPG over phi_div (label "sparse-asylpg")
 
     def __post_init__(self) -> None:
+        check_name("experiment.name", self.name, DQConfigError)
+        if not 1 <= self.fstar_iters <= 10**5:
+            raise DQConfigError(f"experiment: fstar_iters must be in 1..100000, got {self.fstar_iters}")
         if (self.target > 0) == (self.target_gap > 0):
             raise DQConfigError("experiment: give exactly one of target (> 0) and target_gap (> 0)")
         if any(v <= 0 for v in self.mu_sweep) or any(v < 1 for v in self.phi_sweep):

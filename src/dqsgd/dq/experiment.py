@@ -7,6 +7,7 @@ training-loss evaluation, then a ``summary`` line), ``results.json``, the PNG fi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -22,6 +23,8 @@ from dqsgd.dq.problem import Problem, lbfgs_minimum
 from dqsgd.dq.result import RunResult
 from dqsgd.dq.sim import run_sim
 from dqsgd.train.metrics import JsonlWriter
+from dqsgd.train.rundir import differing
+from dqsgd.train.runfiles import RunDirError, atomic_write, dir_lock
 
 __all__ = ["run_experiment", "resolve_target"]
 
@@ -54,19 +57,74 @@ def _write_jsonl(path: Path, mr: MethodRun, res: RunResult) -> None:
     w.close()
 
 
-def run_experiment(exp: Experiment, out_root: Path, *, log: Callable[[str], None] = print) -> dict:
-    """Run everything in ``exp``; returns the results dict also written to results.json."""
-    torch.set_num_threads(1)
+def run_experiment(exp: Experiment, out_root: Path, *, log: Callable[[str], None] = print,
+                   overwrite: bool = False) -> dict:
+    """Run everything in ``exp``; returns the results dict also written to results.json.
+
+    ``out_root/<name>`` is held exclusively while it runs (a second writer is refused at once), and
+    refused if it holds the results of an experiment with other settings, unless ``overwrite``.
+    """
     out = out_root / exp.spec.name
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(dir_lock(out)):  # one writer at a time
+        return _run_locked(exp, out, log, overwrite)
+
+
+def _settings(exp: Experiment) -> dict:
+    """What decides an experiment's results (``config.json`` minus the target, which is computed)."""
+    runs = [{"label": r.label, "group": r.group, **asdict(r.cfg)} for r in exp.runs()]
+    return json.loads(json.dumps({"experiment": asdict(exp.spec), "problem": asdict(exp.problem), "runs": runs}))
+
+
+def check_same_experiment(out: Path, exp: Experiment) -> None:
+    """Refuse ``out`` if it holds the results of an experiment with other settings (named)."""
+    try:
+        old = json.loads((out / "config.json").read_text())
+    except FileNotFoundError:
+        return
+    except (ValueError, RecursionError) as e:
+        raise RunDirError(f"{out}/config.json: unreadable ({e}); remove it or choose another --out") from None
+    if "settings" not in old:  # written before settings were recorded: the results file tells
+        if (out / "results.json").exists():
+            raise RunDirError(f"{out} holds results of an earlier experiment; use --overwrite or another --out")
+        return
+    mine = _settings(exp)
+    diff = differing(_flat(mine), _flat(old["settings"]))
+    if diff:
+        shown = "; ".join(f"{k}: {_flat(old['settings']).get(k)!r} -> {_flat(mine).get(k)!r}" for k in diff[:6])
+        raise RunDirError(f"{out} holds the results of an experiment with other settings ({shown}); replace them "
+                          f"with --overwrite, or choose another --out")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if k == "runs" and isinstance(v, list):
+            for r in v:
+                out.update(_flat({x: y for x, y in r.items() if x != "label"}, f"methods.{r.get('label')}."))
+        elif isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _run_locked(exp: Experiment, out: Path, log: Callable[[str], None], overwrite: bool) -> dict:
+    if not overwrite:
+        check_same_experiment(out, exp)
+    torch.set_num_threads(1)
     t0 = time.perf_counter()
     problem = Problem(exp.problem)
     log(f"{exp.spec.name}: {exp.problem.dataset}/{exp.problem.model}, n = {problem.n}, d = {problem.d} ({problem.note})")
     target, fstar, how = resolve_target(exp, problem, log)
     runs = [dataclasses.replace(mr, cfg=dataclasses.replace(mr.cfg, target=target)) for mr in exp.runs()]
-    (out / "config.json").write_text(json.dumps({
+    atomic_write(out / "config.json", json.dumps({
         "source": exp.source, "experiment": asdict(exp.spec), "problem": asdict(exp.problem),
-        "runs": [{"label": r.label, "group": r.group, **asdict(r.cfg)} for r in runs]}, indent=1))
+        "runs": [{"label": r.label, "group": r.group, **asdict(r.cfg)} for r in runs], "settings": _settings(exp)},
+        indent=1))
     results: dict[str, dict] = {}
     cpu0 = time.process_time()
     for mr in runs:
@@ -85,7 +143,7 @@ def run_experiment(exp: Experiment, out_root: Path, *, log: Callable[[str], None
            "n": problem.n, "d": problem.d, "data_note": problem.note, "problem": asdict(exp.problem),
            "baseline": exp.spec.baseline, "wall_s": time.perf_counter() - t0,
            "cpu_s": time.process_time() - cpu0, "runs": results}
-    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    atomic_write(out / "results.json", json.dumps(doc, indent=1, default=str))
     from dqsgd.dq.report import write_report  # matplotlib only when there is something to draw
 
     write_report(doc, out)

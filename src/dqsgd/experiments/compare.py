@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ from dqsgd.data import load_dataset
 from dqsgd.experiments.summary import write_tables
 from dqsgd.train.config import ExperimentConfig, resolve_device
 from dqsgd.train.progress import CompareProgress
+from dqsgd.train import reader
 from dqsgd.train.rundir import RunDirError, check_same_run, data_fingerprint, holds_run, resolved_of_run
+from dqsgd.train.runfiles import atomic_write, dir_lock
 from dqsgd.train.runner import run_dir, run_one
 
 
@@ -22,13 +25,16 @@ def load_data_for(exp: ExperimentConfig):
                         pad_to=t.pad_to or None)
 
 
-def finished(where: Path, steps: int, label: str, seed: int) -> bool:
-    """Whether ``where`` holds a completed run of (label, seed) with ``steps`` steps (its summary.json)."""
+def finished(where: Path, steps: int, label: str, seed: int, overwrite: bool = False) -> bool:
+    """Whether ``where`` holds a completed run of (label, seed) with ``steps`` steps (its summary.json
+    and all its metrics records; :func:`dqsgd.train.reader.finished`). A finished run whose metrics
+    were cut is refused, or with ``overwrite`` re-run."""
     try:
-        s = json.loads((where / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return s.get("steps") == steps and s.get("method") == label and s.get("seed") == seed
+        return reader.finished(where, steps, label, seed) is not None
+    except reader.RunDataError:
+        if overwrite:
+            return False
+        raise
 
 
 @dataclass(frozen=True)
@@ -70,20 +76,36 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     config equals this experiment's (else refused, naming the keys). Without ``resume`` a run
     directory that holds a run is refused unless ``overwrite``.
     """
-    p = prepare(exp, out, resume, only, overwrite)
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    if exp.source:
-        (out / "experiment.toml").write_text(Path(exp.source).read_text())
+    with contextlib.closing(dir_lock(out)):  # one comparison at a time writes here (its runs, its tables)
+        try:
+            p = prepare(exp, out, resume, only, overwrite)
+        except BaseException:
+            if created:  # refused before anything was written: leave no directory behind
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        if exp.source:
+            atomic_write(out / "experiment.toml", Path(exp.source).read_text())
+        return _run_all(exp, p, out, progress, resume, overwrite)
+
+
+def _run_all(exp: ExperimentConfig, p: Prepared, out: Path, progress: bool, resume: bool,
+             overwrite: bool) -> list[dict[str, Any]]:
     overall = CompareProgress(len(exp.train.seeds) * len(p.entries), enabled=progress)
     for seed in exp.train.seeds:
         for entry in p.entries:
             where = run_dir(out, entry.label, seed)
             again = resume and holds_run(where)
-            if again and finished(where, exp.train.steps, entry.label, seed):
+            if again and finished(where, exp.train.steps, entry.label, seed, overwrite):
                 overall.kept(entry.label, seed)
                 continue  # kept as it is: a resumed comparison only runs what is missing
+            # resumed: an unfinished run continues from its checkpoint, or without one starts again
+            # (its old files replaced only when the new run finishes)
             overall.finished(run_one(exp.train, entry, p.data, seed, where, resume=again, progress=progress,
-                                     overwrite=overwrite, device=p.device))
+                                     overwrite=overwrite or again, device=p.device))
     overall.close()
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report

@@ -9,7 +9,6 @@ are left out of it and named in :func:`notes`; skipped steps (``loss`` null) are
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from dqsgd._extras import require
 from dqsgd.experiments.summary import ordered_labels, aggregate, method_order, run_dirs, summarize_run
-from dqsgd.train.metrics import read_jsonl
+from dqsgd.train.reader import read_run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -57,8 +56,7 @@ def _num(v: Any) -> float:
 
 def load_run(run_dir: Path) -> Run:
     summary = summarize_run(run_dir)
-    facts = json.loads((run_dir / "config.json").read_text())
-    recs = list(read_jsonl(run_dir / "metrics.jsonl"))
+    facts, recs = read_run(run_dir)
     skipped = np.array([bool(r.get("skipped")) for r in recs], dtype=bool)
     col = lambda k: np.array([_num(r.get(k)) for r in recs], dtype=float)  # noqa: E731
     bits = col("bits")

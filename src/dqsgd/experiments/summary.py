@@ -24,12 +24,13 @@ import csv
 import json
 import math
 import statistics
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from dqsgd.train import reader
 from dqsgd.train.config import METHOD_TRAIN_KEYS
-from dqsgd.train.metrics import read_jsonl
 from dqsgd.train.rundir import differing, explain, resolved_of_facts
 
 COLUMNS = ["method", "dataset", "stand_in_for", "model", "workers", "steps", "seeds", "test_acc_mean", "test_acc_std",
@@ -38,7 +39,8 @@ COLUMNS = ["method", "dataset", "stand_in_for", "model", "workers", "steps", "se
 
 
 def run_dirs(root: Path) -> list[Path]:
-    return sorted(p.parent for p in root.rglob("metrics.jsonl") if (p.parent / "config.json").exists())
+    """The run directories under ``root`` (:func:`dqsgd.train.reader.run_dirs`: none in progress)."""
+    return reader.run_dirs(root)
 
 
 def method_order(root: Path) -> list[str]:
@@ -49,6 +51,16 @@ def method_order(root: Path) -> list[str]:
     return list(tomllib.loads(path.read_text()).get("methods", {}))  # tomllib keeps the file's order
 
 
+def missing_runs(root: Path, runs: list[dict[str, Any]]) -> list[str]:
+    """``LABEL/seedK`` of every run ``root/experiment.toml`` asks for that has no run directory."""
+    path = root / "experiment.toml"
+    if not path.is_file():
+        return []
+    seeds = tomllib.loads(path.read_text()).get("train", {}).get("seeds", [0])
+    have = {(r["method"], r["seed"]) for r in runs}
+    return [f"{m}/seed{s}" for s in seeds for m in method_order(root) if (m, s) not in have]
+
+
 def ordered_labels(labels: list[str], order: list[str] | None) -> list[str]:
     """``order`` first (those present), then the remaining labels in first-seen order."""
     seen = list(dict.fromkeys(labels))
@@ -57,8 +69,7 @@ def ordered_labels(labels: list[str], order: list[str] | None) -> list[str]:
 
 
 def summarize_run(run: Path) -> dict[str, Any]:
-    facts = json.loads((run / "config.json").read_text())
-    recs = list(read_jsonl(run / "metrics.jsonl"))
+    facts, recs = reader.read_run(run)  # every number checked: file, line and field of a bad one
     steps = [r for r in recs if not r.get("skipped")]
     evals = [r for r in recs if r.get("test_acc") is not None]
     up = sum(int(r["up_bytes"]) for r in steps)
@@ -132,7 +143,7 @@ def check_comparable(dirs: list[Path]) -> None:
     """Refuse to put runs into one table unless they share every train key and the data, and runs of
     one method share everything but the seed (a quick ``train`` into a compare tree, a changed config).
     The Local SGD keys a method may set for itself (``METHOD_TRAIN_KEYS``) may differ between methods."""
-    facts = {d: resolved_of_facts(json.loads((d / "config.json").read_text())) for d in dirs}
+    facts = {d: resolved_of_facts(reader.read_facts(d)) for d in dirs}
     first: dict[str, Path] = {}
     own = tuple(f"train.{k}" for k in METHOD_TRAIN_KEYS)
     for d, res in facts.items():
@@ -152,7 +163,11 @@ def write_tables(root: Path) -> list[dict[str, Any]]:
     order = ordered_labels([r["method"] for r in runs], method_order(root))
     runs.sort(key=lambda r: (order.index(r["method"]), r["seed"]))
     rows = aggregate(runs, order=order)
-    (root / "summary.json").write_text(json.dumps({"runs": runs, "methods": rows}, indent=2))
+    missing = missing_runs(root, runs)
+    if missing:
+        print(f"dqsgd: warning: {root}: run(s) {', '.join(missing)} of experiment.toml missing (no config.json with "
+              f"metrics.jsonl): left out of the tables", file=sys.stderr, flush=True)
+    (root / "summary.json").write_text(json.dumps({"runs": runs, "methods": rows, "missing": missing}, indent=2))
     with open(root / "summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()

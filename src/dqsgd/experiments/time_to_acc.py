@@ -14,24 +14,24 @@ Each ``NAME=DIR`` is a method's folder of a run (``DIR/seed<k>/metrics.jsonl``);
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Sequence
 
 from dqsgd.experiments.stats import Interval, paired_interval, t975
+from dqsgd.train import reader
 
 
 def time_to_accuracy(metrics: Path, target: float) -> float:
     """The simulated seconds at the first evaluation reaching ``target`` (inf: never reached)."""
-    with metrics.open() as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("test_acc", -1.0) >= target:
-                if "sim_time_s" not in rec:
-                    raise ValueError(f"{metrics}: no sim_time_s (a run from before the simulated clock)")
-                return float(rec["sim_time_s"])
+    for rec in reader.read_records(metrics):  # every number checked, bad ones named by file and line
+        if rec.get("test_acc", -1.0) >= target:
+            t = rec.get("sim_time_s")
+            if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+                raise ValueError(f"{metrics}: step {rec.get('step')}: no valid sim_time_s ({t!r}; a run from "
+                                 f"before the simulated clock?)")
+            return float(t)
     return math.inf
 
 

@@ -19,10 +19,13 @@ if TYPE_CHECKING:
     import torch
 
 from dqsgd.config import (  # ConfigError, load_raw, shipped_configs: also public names of this module
-    ConfigError, ConfigSchema, apply_overrides as _apply_overrides, coerce, load_raw, shipped_configs)
+    ConfigError, ConfigSchema, apply_overrides as _apply_overrides, check_name, coerce, load_raw, shipped_configs)
 from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
 
 DEVICES = ("auto", "cpu", "cuda")
+LR_MAX = 1e30         # the optimizer works in float32 (max 3.4e38): lr = 1e308 is inf there
+THREADS_MAX = 1024    # torch.set_num_threads(100000) crashes the process
+PAD_TO_MAX = 1024     # pad_to = 100000 asked for a 40 TB tensor
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.workers >= 1, "workers must be >= 1"), (self.steps >= 1, "steps must be >= 1"),
-            (self.batch_size >= 1, "batch_size must be >= 1"), (0 < self.lr < math.inf, "lr must be finite and > 0"),
+            (1 <= self.workers <= 4096, "workers must be in 1..4096"), (1 <= self.steps <= 10**9, "steps must be in 1..10^9"),
+            (1 <= self.batch_size <= 1 << 20, "batch_size must be in 1..2^20"),
+            (0 < self.lr <= LR_MAX, f"lr must be in (0, {LR_MAX:g}], got {self.lr!r}"),
+            (self.threads <= THREADS_MAX, f"threads must be in 0..{THREADS_MAX} (0 = PyTorch's default), got {self.threads}"),
+            (self.pad_to <= PAD_TO_MAX, f"pad_to must be in 0..{PAD_TO_MAX} pixels, got {self.pad_to}"),
+            (1 <= self.max_len <= 1 << 20, "max_len must be in 1..2^20"),
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"), (0 <= self.weight_decay < math.inf, "weight_decay must be finite and >= 0"),
             (self.lr_schedule in ("constant", "cosine"), "lr_schedule must be 'constant' or 'cosine'"),
             (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
@@ -109,6 +116,7 @@ class TrainConfig:
         for ok, msg in checks + self._local_checks():
             if not ok:
                 raise ConfigError(f"train: {msg}")
+        check_name("train.name", self.name)
 
     def _local_checks(self) -> list[tuple[bool, str]]:
         return [
@@ -217,6 +225,8 @@ def build_experiment(raw: dict[str, Any], source: str = "") -> ExperimentConfig:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"methods.{label}: {e}") from None
         lr = None if lr is None else coerce(f"methods.{label}.lr", lr, 0.0)
+        if lr is not None and not 0 < lr <= LR_MAX:
+            raise ConfigError(f"methods.{label}.lr must be in (0, {LR_MAX:g}], got {lr!r}")
         mom = None if mom is None else coerce(f"methods.{label}.momentum", mom, 0.0)
         entry = MethodEntry(label, cfg, lr, mom, tuple(sorted(own.items())))
         entry.train_config(train)  # refused here, not when the run starts

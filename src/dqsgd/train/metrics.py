@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from dqsgd.train.rundir import atomic_write
+from dqsgd.train.runfiles import atomic_write, open_text
 
 
 def _clean(v: Any) -> Any:
@@ -21,7 +21,7 @@ class JsonlWriter:
     def __init__(self, path: Path, append: bool = False):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._f = open(path, "a" if append else "w", encoding="utf-8")
+        self._f = open_text(path, "a" if append else "w")  # never through a link planted in the run dir
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
@@ -40,7 +40,7 @@ def _parsed(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
                 continue
             try:
                 rec = json.loads(text)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 rec = None
             yield n, line, rec if isinstance(rec, dict) else None
 
@@ -51,15 +51,16 @@ def _warn_skipped(path: Path, skipped: list[int], why: str) -> None:
         print(f"dqsgd: warning: {path}: skipped line(s) {shown}: not a JSON record ({why})", file=sys.stderr, flush=True)
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Every valid record of ``path``. A line that is not a JSON object (a torn last line after a
-    crash, a damaged line) is skipped and named on stderr: the valid records around it are kept."""
+def read_jsonl(path: Path, numbered: bool = False) -> Iterator[Any]:
+    """Every valid record of ``path`` (``numbered``: as (line number, record)). A line that is not
+    a JSON object (a torn last line after a crash, a damaged line) is skipped and named on stderr:
+    the valid records around it are kept."""
     skipped: list[int] = []
     for n, _, rec in _parsed(path):
         if rec is None:
             skipped.append(n)
         else:
-            yield rec
+            yield (n, rec) if numbered else rec
     _warn_skipped(path, skipped, "a torn or damaged line")
 
 

@@ -1,10 +1,12 @@
 """Run directories: one writer at a time, no silent overwrite, and the resolved config of a run.
 
 A run directory (``config.json``, ``metrics.jsonl``, ``summary.json``, checkpoints) belongs to one
-run. :func:`open_run` takes an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock`` for as long as the run
-writes (a second writer is refused at once, naming the holder's pid; the kernel drops the lock when
-the holder dies, so a crashed run never leaves a stale lock), and refuses a directory that already
-holds a run unless the caller resumes it or asked to overwrite it.
+run. :func:`open_run` holds ``RUN_DIR/.lock`` for as long as the run writes
+(:func:`dqsgd.train.runfiles.dir_lock`: a second writer is refused at once, naming the holder's
+pid), and refuses a directory that already holds a run unless the caller resumes it or asked to
+overwrite it; a restarted run is written through :func:`staged` and replaces the old run's files
+only when it finishes. Every file is written through :mod:`dqsgd.train.runfiles` (never through a
+symbolic link), and read back through :mod:`dqsgd.train.reader`.
 
 :func:`resolved` is the flat dict of every setting that changes a run's numbers: the train keys
 except those in :data:`NOT_COMPARED`, the method's config, the effective lr/momentum, the seed and a
@@ -17,17 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import json
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import Any, Iterator
 
 import torch
+
+from dqsgd.train.runfiles import RunDirError, atomic_write, dir_lock  # RunDirError, atomic_write: also public here
 
 # Train keys that do not change the trained model or its measured bytes, so resume ignores them:
 NOT_COMPARED = {
@@ -42,62 +45,65 @@ NOT_COMPARED = {
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")
 
 
-class RunDirError(ValueError):
-    """A run directory that cannot be used as asked (in use, holds another run, not a directory)."""
+STAGING = ".next"  # a restarted run is written here and replaces the old run's files only when it finishes
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``path`` via ``path.tmp`` + fsync + rename; on any error (full or read-only disk) the
-    temporary file is removed, so a failed write leaves the old file and no ``.tmp`` behind."""
-    tmp = path.with_name(path.name + ".tmp")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+class RunFinished(RunDirError):
+    """``--resume`` of a run that already finished: nothing to do (``summary`` is its summary.json)."""
 
-
-def _lock(out: Path) -> IO[str]:
-    f = open(out / ".lock", "a+", encoding="utf-8")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EAGAIN, errno.EACCES):
-            f.close()
-            raise
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise RunDirError(f"{out} is in use by another dqsgd process (pid {holder}); "
-                          f"wait for it to finish or choose another --out") from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
+    def __init__(self, out: Path, summary: dict[str, Any]):
+        super().__init__(f"{out} already finished ({summary.get('steps')} steps, method {summary.get('method')}, "
+                         f"seed {summary.get('seed')}); nothing to do (left untouched)")
+        self.summary = summary
 
 
 def holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in RUN_FILES) or any(out.glob("checkpoint*.pt"))
+    return any((out / name).exists() or (out / name).is_symlink() for name in RUN_FILES) or any(out.glob("checkpoint*.pt"))
 
 
 @contextlib.contextmanager
 def open_run(out: Path, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
-    """Hold ``out`` exclusively while the block runs (see the module docstring for what is refused)."""
+    """Hold ``out`` exclusively while the block runs (:func:`dqsgd.train.runfiles.dir_lock`).
+
+    Refused: ``out`` a file; ``resume`` of a missing directory; a directory that holds a run unless
+    the caller resumes it or asked to overwrite it (the runner then restarts it through
+    :func:`staged`: the old files stay until the new run finishes).
+    """
     _check_dir(out, resume)
     out.mkdir(parents=True, exist_ok=True)
-    f = _lock(out)
+    f = dir_lock(out)
     try:
-        if _check_contents(out, resume, overwrite) == "replace":
-            clear_run(out)
+        _check_contents(out, resume, overwrite)
         yield out
     finally:
         f.close()  # closing the file drops the lock
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A fresh ``out/.next`` for a restarted run (a leftover of an earlier restart is removed); when
+    the block ends without error its files replace the run's in ``out`` (``summary.json`` last, so
+    a run is never reported finished before its files are in place). On an error ``out`` keeps the
+    old run as it was."""
+    stage = out / STAGING
+    if stage.is_symlink():
+        raise RunDirError(f"{stage} is a symbolic link; remove it")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    yield stage
+    (out / "summary.json").unlink(missing_ok=True)
+    for p in out.glob("checkpoint*.pt"):
+        if not (stage / p.name).exists():
+            p.unlink()
+    names = sorted((p.name for p in stage.iterdir()), key=lambda n: n == "summary.json")
+    for name in names:
+        target = out / name
+        if target.is_symlink():
+            raise RunDirError(f"{target} is a symbolic link; remove it (the new run is kept in {stage})")
+        if target.is_dir():  # e.g. tensorboard/: replaced as a whole
+            shutil.rmtree(target)
+        os.replace(stage / name, target)
+    stage.rmdir()
 
 
 def check_run_dir(out: Path, resume: bool = False, overwrite: bool = False) -> str:
@@ -129,12 +135,12 @@ def describe(out: Path) -> str:
     try:
         facts = json.loads((out / "config.json").read_text())
         return f"method {facts.get('method')}, seed {facts.get('seed')}"
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError, AttributeError):
         return "files " + ", ".join(sorted(p.name for p in out.iterdir() if p.name != ".lock"))
 
 
 def clear_run(out: Path) -> None:
-    """Remove the files of the run in ``out`` (``--overwrite``); other files are left alone."""
+    """Remove the files of the run in ``out``; other files are left alone."""
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     for p in out.glob("checkpoint*.pt"):
@@ -175,7 +181,12 @@ def resolved(train: dict[str, Any], method: str, method_config: dict[str, Any], 
     out: dict[str, Any] = {f"train.{k}": v for k, v in train.items() if k not in NOT_COMPARED}
     out.update({f"method.{k}": v for k, v in method_config.items() if k != "description"})
     out.update(method=method, seed=seed, lr=lr, momentum=momentum, data=data)
-    return json.loads(json.dumps(out))
+    return _effective(json.loads(json.dumps(out)))
+
+
+def _effective(res: dict[str, Any]) -> dict[str, Any]:
+    """Topology "" (the transport's default) as the simulation's ps: `compare` runs record "", `train` the name."""
+    return {**res, "train.topology": "ps"} if res.get("train.topology") == "" else res
 
 
 def resolved_of_run(cfg: Any, entry: Any, seed: int, data_fp: str) -> dict[str, Any]:
@@ -187,7 +198,7 @@ def resolved_of_run(cfg: Any, entry: Any, seed: int, data_fp: str) -> dict[str, 
 def resolved_of_facts(facts: dict[str, Any]) -> dict[str, Any]:
     """The resolved config a ``config.json`` records (older files: rebuilt from their fields)."""
     if "resolved" in facts:
-        return facts["resolved"]
+        return _effective(facts["resolved"])
     return resolved(facts.get("train_config", {}), facts.get("method"), facts.get("method_config", {}),
                     facts.get("seed"), facts.get("lr"), None, None)
 
@@ -208,7 +219,7 @@ def check_same_run(out: Path, mine: dict[str, Any]) -> None:
         facts = json.loads((out / "config.json").read_text())
     except FileNotFoundError:
         return  # nothing recorded yet (a run stopped before its first write): the checkpoint meta still guards
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise RunDirError(f"{out}/config.json: unreadable ({e}); cannot check that the resumed run is the same") from None
     theirs = resolved_of_facts(facts)
     keys = differing(mine, theirs)
@@ -263,7 +274,7 @@ def experiment_of_run(out: Path) -> tuple[dict[str, Any], str, int]:
     except FileNotFoundError:
         kind = "no such run directory" if not out.exists() else "no config.json (not a dqsgd run directory)"
         raise RunDirError(f"--resume {out}: {kind}") from None
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise RunDirError(f"{out}/config.json: unreadable ({e})") from None
     mc, train = dict(facts["method_config"]), dict(facts["train_config"])
     mc.pop("lr", None)  # a config's methods.LABEL.lr is the optimizer's lr (method_lr below), never this field

@@ -22,8 +22,9 @@ from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.metrics import JsonlWriter, truncate_jsonl
 from dqsgd.train.progress import eval_line, on_terminal, step_bar, write
 from dqsgd.train.tensorboard import open_logger
-from dqsgd.train.rundir import (RunDirError, atomic_write, check_same_run, data_fingerprint, environment, open_run,
-                                resolved_of_run)
+from dqsgd.train.reader import RunDataError, finished
+from dqsgd.train.rundir import (RunDirError, RunFinished, atomic_write, check_same_run, clear_run, data_fingerprint,
+                                environment, holds_run, open_run, resolved_of_run, staged)
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
 from dqsgd.transport.torch_dist import RankDisagreement
@@ -33,9 +34,10 @@ class RunSummary(dict):
     model's final flat parameters as the attribute ``final_params`` (a tensor, never written as
     JSON). ``s["final_params"]`` reads the attribute too, as earlier versions returned it as a key."""
 
-    def __init__(self, summary: dict[str, Any], final_params: torch.Tensor):
+    def __init__(self, summary: dict[str, Any], final_params: torch.Tensor, already_finished: bool = False):
         super().__init__(summary)
         self.final_params = final_params
+        self.already_finished = already_finished  # resumed a finished run: nothing was run or written
 
     def __missing__(self, key: str) -> Any:
         if key == "final_params":
@@ -67,18 +69,56 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
     cfg = entry.train_config(cfg)  # the method's own Local SGD keys (resolved, compared on resume)
     tr = Trainer(cfg, entry, data, seed, transport, device)
     writes = out is not None and tr.transport.is_server and tr.transport.rank == 0
-    mine = resolved_of_run(cfg, entry, seed, data_fingerprint(data))
+    mine = resolved_of_run(dataclasses.replace(cfg, topology=tr.topology), entry, seed, data_fingerprint(data))
+    local = len(tr.transport.local_workers) == tr.transport.workers
     with contextlib.ExitStack() as held:
         error: Exception | None = None
+        work, restart = out, False
         try:
             if writes:
                 held.enter_context(open_run(out, resume, overwrite))
                 if resume:
                     check_same_run(out, mine)
+                restart = check_resumable(out, cfg.steps, entry.label, seed, overwrite) if resume else (
+                    overwrite and holds_run(out))
+                if restart and local:  # the old run's files stay until the new run finishes
+                    work = held.enter_context(staged(out))
+                elif restart:
+                    clear_run(out)
+        except RunFinished as e:  # left untouched; its final model from its last checkpoint, if it has one
+            if not (local and any(out.glob("checkpoint*.pt"))):
+                error = e
+            else:
+                resume_from(tr, out)
+                return RunSummary(e.summary, tr.flat_params(), already_finished=True)
         except (RunDirError, OSError) as e:
             error = e
         agree_across_ranks(tr.transport, mine, error)
-        return _train(cfg, entry, data, seed, out, tr, resume, progress, writes, mine)
+        return _train(cfg, entry, data, seed, work, tr, resume and not restart, progress, writes, mine)
+
+
+def check_resumable(out: Path, steps: int, label: str, seed: int, overwrite: bool) -> bool:
+    """Whether ``--resume out`` must restart the run (only when ``overwrite`` asks for it).
+
+    Raises:
+      RunFinished: the run already finished (left untouched), unless ``overwrite``.
+      RunDirError: the run is unfinished but holds no checkpoint to continue from (its recorded
+        steps would be lost), or its metrics were cut after it finished; unless ``overwrite``.
+    """
+    try:
+        done = finished(out, steps, label, seed)
+    except RunDataError as e:
+        if overwrite:
+            return True
+        raise RunDirError(str(e)) from None
+    if done is not None and not overwrite:
+        raise RunFinished(out, done)
+    has_records = (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size > 0
+    if done is None and not any(out.glob("checkpoint*.pt")) and has_records and not overwrite:
+        raise RunDirError(f"{out} holds an unfinished run with no checkpoint to continue from (train.checkpoint_every "
+                          f"= 0); restart it with --resume {out} --overwrite (its files are replaced only when the "
+                          f"new run finishes)")
+    return overwrite and (done is not None or not any(out.glob("checkpoint*.pt")))
 
 
 def agree_across_ranks(transport: Transport, mine: dict[str, Any], error: Exception | None = None) -> None:

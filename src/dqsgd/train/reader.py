@@ -1,0 +1,157 @@
+"""The one reader of run directories: ``config.json``, ``metrics.jsonl`` and ``summary.json``,
+every number checked before a table, a figure or ``compare --resume`` uses it.
+
+A record's fields are checked against :data:`FIELDS`: present where required, of the right type,
+finite and in range. A value that is not — a missing ``up_bytes``, ``Infinity``, ``1e308`` bytes,
+``test_acc: Infinity`` — stops the reader with :class:`RunDataError` naming the file, the line and
+the field (``dqsgd`` prints it on one line, exit code 2). A line that is not a JSON record at all
+(the torn last line of a crash) is skipped and named on stderr, as :func:`dqsgd.train.metrics.read_jsonl`
+does. A damaged ``config.json`` is refused naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from dqsgd.train.metrics import read_jsonl
+from dqsgd.train.runfiles import lock_holder
+
+__all__ = ["FIELDS", "RunDataError", "finished", "read_facts", "read_records", "read_run", "run_dirs"]
+
+_BYTES = 1 << 53      # byte counts are exact integers below 2^53 (8 PiB)
+_SECONDS = 1e9
+
+
+class RunDataError(ValueError):
+    """A run directory whose files hold something no run writes: names the file, line and field."""
+
+
+# field: (required, kind, low, high); kind "int" (not bool), "num" (finite), "loss" (finite, null
+# or the writer's "inf"/"-inf" for a diverged run), "acc" (null or in range), "bool".
+FIELDS: dict[str, tuple[bool, str, float, float]] = {
+    "step": (True, "int", 0, _BYTES),
+    "up_bytes": (True, "int", 0, _BYTES),
+    "down_bytes": (True, "int", 0, _BYTES),
+    "side_bytes": (False, "int", 0, _BYTES),
+    "rank_total_bytes": (False, "int", 0, _BYTES),
+    "coded_up_bytes": (False, "int", 0, _BYTES),
+    "bits": (True, "num", 0, 64),
+    "loss": (False, "loss", -math.inf, math.inf),
+    "test_acc": (False, "acc", 0, 1),
+    "test_loss": (False, "loss", -math.inf, math.inf),
+    "compute_s": (True, "num", 0, _SECONDS),
+    "encode_s": (True, "num", 0, _SECONDS),
+    "decode_s": (True, "num", 0, _SECONDS),
+    "skipped": (False, "bool", 0, 1),
+    "sim_time_s": (False, "num", 0, 1e15),  # the simulated clock (dqsgd.train.slownodes)
+}
+_FACTS: dict[str, tuple[type, ...]] = {"method": (str,), "seed": (int,), "workers": (int,), "numel": (int,),
+                                       "dataset": (str,), "train_config": (dict,)}
+
+
+def _why(kind: str, low: float, high: float, v: Any) -> str | None:
+    if kind == "bool":
+        return None if isinstance(v, bool) else "must be true or false"
+    if kind in ("loss", "acc") and (v is None or (kind == "loss" and v in ("inf", "-inf"))):
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "must be a number"
+    if kind == "int" and not isinstance(v, int):
+        return "must be an integer"
+    if not math.isfinite(v):
+        return "must be finite"
+    if not low <= v <= high:
+        return f"must be in [{low:g}, {high:g}]"
+    return None
+
+
+def check_record(rec: dict[str, Any], where: str) -> dict[str, Any]:
+    """``rec`` if every field of :data:`FIELDS` in it is valid (and the required ones present)."""
+    for name, (required, kind, low, high) in FIELDS.items():
+        if name not in rec:
+            if required and not (rec.get("skipped") and name == "bits"):
+                raise RunDataError(f"{where}: field {name!r} is missing")
+            continue
+        why = _why(kind, low, high, rec[name])
+        if why is not None:
+            raise RunDataError(f"{where}: field {name!r} {why}, got {rec[name]!r}")
+    return rec
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every record of a ``metrics.jsonl``, each checked (:func:`check_record`)."""
+    out = []
+    for n, rec in read_jsonl(path, numbered=True):
+        out.append(check_record(rec, f"{path}:{n}"))
+    return out
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (ValueError, RecursionError, OSError) as e:
+        raise RunDataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def read_facts(run: Path) -> dict[str, Any]:
+    """A run's ``config.json``, checked to be a JSON object with the fields the tables use."""
+    path = run / "config.json"
+    facts = _json(path)
+    if not isinstance(facts, dict):
+        raise RunDataError(f"{path}: not a JSON object")
+    for name, types in _FACTS.items():
+        v = facts.get(name)
+        if not isinstance(v, types) or isinstance(v, bool):
+            raise RunDataError(f"{path}: field {name!r} must be {types[0].__name__}, got {v!r}")
+    if facts["workers"] < 1 or facts["numel"] < 0 or facts["seed"] < 0:
+        raise RunDataError(f"{path}: workers must be >= 1 and numel, seed >= 0")
+    return facts
+
+
+def read_run(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(config.json, the checked records of metrics.jsonl) of one run directory."""
+    return read_facts(run), read_records(run / "metrics.jsonl")
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """The run directories under ``root`` (a ``metrics.jsonl`` with a ``config.json``; none inside a
+    hidden directory such as a restart's ``.next``). Refused while another process writes one of
+    them or ``root`` itself: a table never includes a run in progress."""
+    found = sorted(p.parent for p in root.rglob("metrics.jsonl")
+                   if (p.parent / "config.json").exists()
+                   and not any(part.startswith(".") for part in p.parent.relative_to(root).parts))
+    for d in [root, *found]:
+        holder = lock_holder(d)
+        if holder is not None and holder != str(os.getpid()):
+            raise RunDataError(f"{d} is being written by another dqsgd process (pid {holder}); "
+                               f"wait for it to finish, then report")
+    return found
+
+
+def finished(where: Path, steps: int, label: str, seed: int) -> dict[str, Any] | None:
+    """The ``summary.json`` of a completed run of (label, seed) with ``steps`` steps, else None.
+
+    Raises:
+      RunDataError: the summary says the run finished but ``metrics.jsonl`` does not hold its
+        ``steps`` records (cut or damaged): the run must be re-run, not reported.
+    """
+    try:
+        s = _json(where / "summary.json")
+    except FileNotFoundError:
+        return None
+    if not isinstance(s, dict) or (s.get("steps"), s.get("method"), s.get("seed")) != (steps, label, seed):
+        return None
+    try:
+        held = len({r["step"] for r in read_records(where / "metrics.jsonl")})
+    except FileNotFoundError:
+        held = 0
+    if held != steps:
+        raise RunDataError(f"{where}: summary.json says the run finished {steps} steps, but metrics.jsonl holds "
+                           f"{held} step records (cut or damaged); re-run this run with --overwrite")
+    return s
