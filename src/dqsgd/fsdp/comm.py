@@ -116,6 +116,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
 
         mine = [*self.state.fingerprint(), self.index, u.numel, *u.pieces[: len(u.pieces) // u.world][:8]]
         rows = self._net(group).all_gather_ints([*mine, *([0] * (16 - len(mine)))])
+        self.state.side_bytes += (u.world - 1) * 16 * 8  # 16 int64 to every peer
         if any(r != rows[0] for r in rows):
             bad = [w for w, r in enumerate(rows) if r != rows[0]]
             raise RankDisagreement(f"FSDP unit {self.index}: ranks {bad} run another dqsgd configuration or unit "
@@ -140,7 +141,8 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
                       world: int) -> None:
         kind = _kind(op)[0]
         native = kind in (dist.ReduceOp.AVG, dist.ReduceOp.SUM) or dist.get_backend(group) == "nccl"
-        work = dist.reduce_scatter_tensor(out, x, op=op if native else dist.ReduceOp.SUM, group=group, async_op=True)
+        work = dist.reduce_scatter_single(output=out, input=x, op=op if native else dist.ReduceOp.SUM, group=group,
+                                          async_op=True)
         protocol.wait(work, self.state.timeout, "exact reduce-scatter")
         if not native:
             out.mul_(scale)

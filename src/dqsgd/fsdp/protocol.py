@@ -22,13 +22,36 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from dqsgd.methods import MethodConfig
+from dqsgd.pipeline import Method
 from dqsgd.policies import GradStats
+from dqsgd.step import FP32, ShardedStep, shard_methods
 from dqsgd.transport.torch_dist import TorchShardedTransport, TransportError, make_transport
 
 if TYPE_CHECKING:
     from dqsgd.fsdp.state import UnitState
 
 STATS = 2  # per rank: max |G_j| (or Σ|G_j|^p for a finite p) and Σ G_j², sent as float32 like G's sample
+
+
+class ShardedMethod(Method):
+    """A unit's method whose message is what one rank really sends: W shard payloads, each with its
+    own header. Its policy (and a budget's arithmetic) costs a width B as Σ_j message_bits_j(B), so a
+    budget counts every shard's header — with the whole vector's single header, a unit small enough for
+    headers to matter would overspend its budget."""
+
+    def __init__(self, config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int):
+        self.shard_methods = shard_methods(config, numel, total_steps, pieces, world)[1]
+        super().__init__(config, numel, total_steps, pieces)
+
+    def message_bits(self, bits: int) -> int:
+        return sum(Method.message_bits(m, bits) for m in self.shard_methods)
+
+
+def sharded_step(config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int,
+                 seed: int) -> ShardedStep:
+    """The unit's sharded protocol: its W shards, its keys (``seed``), the downlink left out (fp32)."""
+    return ShardedStep(ShardedMethod(config, numel, total_steps, pieces, world), pieces, world, seed, FP32)
 
 
 def transport(group: dist.ProcessGroup, timeout: float | None) -> TorchShardedTransport:

@@ -133,13 +133,11 @@ class FSDPState:
                 raise ValueError(f"FSDP unit {index}: reduce-scatter of {numel} elements over {world} ranks, "
                                  f"earlier {u.numel} over {u.world}")
             return u
-        from dqsgd.pipeline import Method
-        from dqsgd.step import FP32, ShardedStep
+        from dqsgd.fsdp.protocol import sharded_step
 
         rank_gen = torch.Generator().manual_seed(seed_for(unit_seed(self.seed, index), QUANT, rank))
-        method = Method(self.config, numel, self.total_steps, list(pieces))
-        u = UnitState(numel, world, pieces, ShardedStep(method, list(pieces), world, unit_seed(self.seed, index),
-                                                        FP32), method.policy.init(), rank_gen)
+        step = sharded_step(self.config, numel, self.total_steps, list(pieces), world, unit_seed(self.seed, index))
+        u = UnitState(numel, world, pieces, step, step.method.policy.init(), rank_gen)
         self.units[index] = u
         if index in self._loaded:
             u.load(self._loaded.pop(index), index)
