@@ -122,6 +122,7 @@ def add_bench_parser(sub: Any) -> None:
     _common(k, 5, 1, "bench/compressors.json")
     k.set_defaults(func=_checkout_command("compressors", "bench_compressors.py", lambda m, a: m.bench_compressors(a)))
     add_hook_parser(bsub)  # dqsgd bench hook
+    add_fsdp_parser(bsub)  # dqsgd bench fsdp
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout); "
                                         "`dqsgd bench network --help` lists its own options", add_help=False,
                         prefix_chars="+")  # no options of its own: every "-..." word goes to the script
@@ -159,3 +160,19 @@ def add_hook_parser(bsub: Any) -> None:
     h.add_argument("--deadline", type=float, default=3600.0, help="seconds the whole benchmark may take")
     h.add_argument("--out", default="bench/hook.json", help="JSON results ('' for none)")
     h.set_defaults(func=lambda a: (__import__("dqsgd.bench_hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])
+
+
+def add_fsdp_parser(bsub: Any) -> None:
+    """``bench fsdp`` (:mod:`dqsgd.fsdp.bench`) under an argparse ``bench`` sub-parser set."""
+    f = bsub.add_parser("fsdp", help="FSDP2 gradient bytes and step time: dqsgd's reduce-scatter vs FSDP's own")
+    f.add_argument("--methods", default="qsgd-4bit,dqsgd", help="comma-separated dqsgd methods")
+    f.add_argument("--sizes", default="1024,1024,1024,1024", help="MLP widths (each Linear an FSDP unit)")
+    f.add_argument("--world", type=int, default=4, help="gloo processes on CPU")
+    f.add_argument("--batch", type=int, default=64, help="batch per rank (synthetic)")
+    f.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    f.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (at least 1)")
+    f.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    f.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
+    f.add_argument("--deadline", type=float, default=1800.0, help="seconds the whole benchmark may take")
+    f.add_argument("--out", default="bench/fsdp.json", help="JSON results ('' for none)")
+    f.set_defaults(func=lambda a: (__import__("dqsgd.fsdp.bench", fromlist=["bench"]).bench_fsdp(a), 0)[1])
