@@ -76,9 +76,11 @@ def _bench_rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, An
                 times.append(time.perf_counter() - t0)
             if s == args.warmup - 1:
                 before = gradient_bytes(model, variant, state, world)
+                rs_before = state.seconds if state is not None else 0.0
         total = gradient_bytes(model, variant, state, world)
         per_step = total if state is None else (total - before) / args.steps
-        out[variant] = {"ms": 1000 * statistics.median(times), "bytes": per_step}
+        rs_ms = 1000 * (state.seconds - rs_before) / args.steps if state is not None else float("nan")
+        out[variant] = {"ms": 1000 * statistics.median(times), "bytes": per_step, "rs_ms": rs_ms}
     return out
 
 
@@ -97,11 +99,12 @@ def bench_fsdp(args: argparse.Namespace) -> None:
     ref = rows["fsdp fp32"]
     print(f"FSDP2 gradient reduce-scatter, W = {args.world} gloo ranks (CPU), MLP {args.sizes}, batch {args.batch}/rank, "
           f"median of {args.steps} steps after {args.warmup}")
-    print(f"{'variant':<14} {'grad bytes/rank/step':>21} {'vs fp32':>8} {'ms/step':>9} {'vs fp32':>8}")
+    print(f"{'variant':<14} {'grad bytes/rank/step':>21} {'vs fp32':>8} {'ms/step':>9} {'vs fp32':>8} "
+          f"{'ms in dqsgd RS':>15}")
     for name, r in rows.items():
         busiest = max(res.value[name]["bytes"] for res in results)
         print(f"{name:<14} {busiest:>21,.0f} {ref['bytes'] / busiest:>7.2f}x {r['ms']:>9.1f} "
-              f"{ref['ms'] / r['ms']:>7.2f}x")
+              f"{ref['ms'] / r['ms']:>7.2f}x {r['rs_ms']:>15.1f}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(plain), "ranks": [r.value for r in results]},

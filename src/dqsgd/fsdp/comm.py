@@ -12,6 +12,7 @@ divides before and after) or ``PREMUL_SUM(1/f)`` (``set_gradient_divide_factor(f
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -88,6 +89,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> dist.Work | None:
+        t0 = time.perf_counter()
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         scale = reduce_scale(op, world)
         _check_tensors(output_tensor, input_tensor, world)
@@ -100,6 +102,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         else:
             self._compressed(u, output_tensor, input_tensor, group, scale, rank)
         u.calls += 1
+        st.seconds += time.perf_counter() - t0
         return _Done() if async_op else None
 
     # --- pieces ---------------------------------------------------------------------------------

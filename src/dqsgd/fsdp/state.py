@@ -108,6 +108,7 @@ class FSDPState:
         self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
         self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
         self.units: dict[int, UnitState] = {}
+        self.seconds = 0.0  # wall time spent inside the reduce-scatter calls (encode, exchange, decode)
         self._loaded: dict[int, dict[str, Any]] = {}
         for name in _COUNTERS:
             setattr(self, name, 0)
@@ -162,7 +163,7 @@ class FSDPState:
         return {"bytes_sent": self.bytes_sent, "side_bytes": self.side_bytes, "exact_bytes": self.exact_bytes,
                 "total_sent": sent, "bytes_received": self.bytes_received, "fp32_rs_bytes": self.fp32_bytes,
                 "ratio": self.fp32_bytes / sent if sent else math.nan, "calls": self.calls,
-                "mean_bits": self.bit_coords / self.coords if self.coords else math.nan}
+                "mean_bits": self.bit_coords / self.coords if self.coords else math.nan, "seconds": self.seconds}
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
