@@ -6,7 +6,7 @@
 For each seed it trains the same model with FSDP's own fp32 reduce-scatter and with each dqsgd
 method, and prints the test accuracy, the final training loss and the gradient bytes each rank handed
 to the process group per step. The only dqsgd lines are the two marked ``<- dqsgd`` in ``build``
-(through :func:`dqsgd.fsdp.bench.mlp`): ``FSDPState(...)`` and ``compress(model, state)``.
+(through :func:`dqsgd.bench_fsdp.mlp`): ``FSDPState(...)`` and ``compress(model, state)``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dqsgd.data import load_dataset
-from dqsgd.fsdp.bench import gradient_bytes, mlp
+from dqsgd.bench_fsdp import gradient_bytes, mlp
 
 SIZES = [784, 256, 256, 10]
 

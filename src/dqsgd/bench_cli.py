@@ -163,7 +163,7 @@ def add_hook_parser(bsub: Any) -> None:
 
 
 def add_fsdp_parser(bsub: Any) -> None:
-    """``bench fsdp`` (:mod:`dqsgd.fsdp.bench`) under an argparse ``bench`` sub-parser set."""
+    """``bench fsdp`` (:mod:`dqsgd.bench_fsdp`) under an argparse ``bench`` sub-parser set."""
     f = bsub.add_parser("fsdp", help="FSDP2 gradient bytes and step time: dqsgd's reduce-scatter vs FSDP's own")
     f.add_argument("--methods", default="qsgd-4bit,dqsgd", help="comma-separated dqsgd methods")
     f.add_argument("--sizes", default="1024,1024,1024,1024", help="MLP widths (each Linear an FSDP unit)")
@@ -175,4 +175,4 @@ def add_fsdp_parser(bsub: Any) -> None:
     f.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
     f.add_argument("--deadline", type=float, default=1800.0, help="seconds the whole benchmark may take")
     f.add_argument("--out", default="bench/fsdp.json", help="JSON results ('' for none)")
-    f.set_defaults(func=lambda a: (__import__("dqsgd.fsdp.bench", fromlist=["bench"]).bench_fsdp(a), 0)[1])
+    f.set_defaults(func=lambda a: (__import__("dqsgd.bench_fsdp", fromlist=["bench"]).bench_fsdp(a), 0)[1])
