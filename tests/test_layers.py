@@ -30,8 +30,8 @@ LAYERS: list[list[str]] = [  # lowest first
     ["dqsgd.transport"],
     ["dqsgd.data", "dqsgd.models"],
     ["dqsgd.train", "dqsgd.integrations", "dqsgd.ddp", "dqsgd.dq", "dqsgd.fsdp"],
-    ["dqsgd.experiments", "dqsgd.launch", "dqsgd.bench", "dqsgd.bench_cli", "dqsgd.bench_hook", "dqsgd.bench_fsdp", "dqsgd.cli",
-     "dqsgd.__main__"],
+    ["dqsgd.experiments", "dqsgd.launch", "dqsgd.bench", "dqsgd.bench_cli", "dqsgd.bench_hook", "dqsgd.bench_fsdp",
+     "dqsgd.cli", "dqsgd.__main__"],
 ]
 THEORY = "dqsgd.experiments.theory"
 THEORY_LAYERS: list[list[str]] = [  # the theory checks' modules, lowest first
