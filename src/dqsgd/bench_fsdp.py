@@ -109,3 +109,4 @@ def bench_fsdp(args: argparse.Namespace) -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"args": vars(plain), "ranks": [r.value for r in results]},
                                              indent=1, default=str))
+        print(f"\nwrote {args.out}")
