@@ -83,10 +83,11 @@ def _common(p: argparse.ArgumentParser, repeats: int, threads: int, out: str) ->
 
 
 def add_bench_parser(sub: Any) -> None:
-    """Add ``bench codec|step|compressors|network`` to an argparse sub-parsers object."""
+    """Add ``bench codec|step|compressors|hook|fsdp|gpu|network`` to an argparse sub-parsers object."""
     bench = sub.add_parser("bench", help="benchmarks: codec (throughput), step (training-step overhead), "
-                           "compressors (vs PyTorch's DDP hooks), hook (DDP step time per comm hook), network "
-                           "(tc-shaped links); results under runs/bench/",
+                           "compressors (vs PyTorch's DDP hooks), hook (DDP step time per comm hook), fsdp (FSDP2 "
+                           "reduce-scatter), gpu (the GPU path in one run), network (tc-shaped links); results under "
+                           "runs/bench/",
                            description="Benchmarks. Speeds are ratios against out.copy_(g) (or plain SGD) in the "
                                        "same process, so other jobs on the machine cancel out. Each prints a table "
                                        "and writes JSON (--out, by default under runs/bench/).")
@@ -128,6 +129,7 @@ def add_bench_parser(sub: Any) -> None:
     from dqsgd.bench_gpu_cli import add_gpu_parser  # dqsgd bench gpu (its parser, torch-free like this one)
 
     add_gpu_parser(bsub)
+    add_fsdp_parser(bsub)  # dqsgd bench fsdp
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout); "
                                         "`dqsgd bench network --help` lists its own options", add_help=False,
                         prefix_chars="+")  # no options of its own: every "-..." word goes to the script
@@ -166,3 +168,20 @@ def add_hook_parser(bsub: Any) -> None:
     h.add_argument("--out", default="runs/bench/hook.json", help="JSON file for the results, '' for none "
                    "(default: runs/bench/hook.json)")
     h.set_defaults(func=lambda a: (__import__("dqsgd.bench_hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])
+
+
+def add_fsdp_parser(bsub: Any) -> None:
+    """``bench fsdp`` (:mod:`dqsgd.bench_fsdp`) under an argparse ``bench`` sub-parser set."""
+    f = bsub.add_parser("fsdp", help="FSDP2 gradient bytes and step time: dqsgd's reduce-scatter vs FSDP's own")
+    f.add_argument("--methods", default="qsgd-4bit,dqsgd", help="comma-separated dqsgd methods")
+    f.add_argument("--sizes", default="1024,1024,1024,1024", help="MLP widths (each Linear an FSDP unit)")
+    f.add_argument("--world", type=int, default=4, help="gloo processes on CPU")
+    f.add_argument("--batch", type=int, default=64, help="batch per rank (synthetic)")
+    f.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    f.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (at least 1)")
+    f.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    f.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
+    f.add_argument("--deadline", type=float, default=1800.0, help="seconds the whole benchmark may take")
+    f.add_argument("--out", default="runs/bench/fsdp.json", help="JSON file for the results, '' for none "
+                   "(default: runs/bench/fsdp.json)")
+    f.set_defaults(func=lambda a: (__import__("dqsgd.bench_fsdp", fromlist=["bench"]).bench_fsdp(a), 0)[1])

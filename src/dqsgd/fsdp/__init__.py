@@ -1,0 +1,18 @@
+"""Compressed gradients for FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+    model = ...                                  # fully_shard each block, then the root
+    state = dqsgd.fsdp.FSDPState("dqsgd", seed=0, total_steps=N)
+    dqsgd.fsdp.compress(model, state)            # one ReduceScatter per FSDP unit
+    ...                                          # train as usual
+    print(state.stats())                         # bytes this rank handed to the process group
+
+What is compressed: the gradient reduce-scatter of every FSDP unit — the uplink leg of dqsgd's
+``sharded`` protocol (rank w quantizes chunk j of its flat gradient for rank j; one all-to-all moves
+the coded bytes; rank j decodes and averages its chunk). What is not: the parameter all-gather of
+the forward and backward passes stays FSDP's own, exact. See docs/fsdp.md.
+"""
+
+from dqsgd.fsdp.comm import DQSGDReduceScatter, compress, reduce_scale
+from dqsgd.fsdp.state import FSDPState, UnitState, unit_seed
+
+__all__ = ["DQSGDReduceScatter", "FSDPState", "UnitState", "compress", "reduce_scale", "unit_seed"]

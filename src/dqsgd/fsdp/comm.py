@@ -1,0 +1,238 @@
+"""The ``ReduceScatter`` that FSDP2 calls for one unit's gradients, and :func:`compress`, which
+installs one on every FSDP unit of a model.
+
+FSDP (torch 2.13, ``_fsdp_collectives.foreach_reduce``) copies a unit's gradients into one flat
+buffer of W·n elements in the reduce dtype — chunk j holds every parameter's padded shard j —,
+calls ``comm(output_tensor=out, input_tensor=flat, group=shard_group, op=op)`` with
+``async_op=False`` and ignores the return value, then reads ``out`` (n elements) as this rank's
+reduced shard. ``op`` is ``AVG`` (fp32/bf16 reduce dtype), ``SUM`` (fp16, or a forced sum; FSDP
+divides before and after) or ``PREMUL_SUM(1/f)`` (``set_gradient_divide_factor(f)``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from dqsgd.fsdp import protocol
+from dqsgd.fsdp.state import FSDPState, UnitState
+
+if TYPE_CHECKING:
+    from dqsgd.transport.torch_dist import TorchShardedTransport
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TESTED_TORCH = "2.13"
+
+
+def _base() -> type:
+    try:  # the interface class lives in a private torch module; its absence is reported by compress()
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    except ImportError:
+        return object
+    return ReduceScatter
+
+
+class _Done(dist.Work):
+    """A finished collective (``async_op=True``): the reduction ran before the call returned."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
+def _kind(op: Any) -> tuple[Any, Any]:
+    """(the op's RedOpType, its PREMUL_SUM factor or None), from a RedOpType or a ReduceOp."""
+    if isinstance(op, dist.ReduceOp.RedOpType):
+        return op, None
+    state = op.__getstate__() if isinstance(op, dist.ReduceOp) else None
+    return state if isinstance(state, tuple) else (op, None)
+
+
+def reduce_scale(op: Any, world: int) -> float:
+    """The factor applied to Σ_w g_w: AVG → 1/W, SUM → 1, PREMUL_SUM(f) → f."""
+    kind, factor = _kind(op)
+    if kind == dist.ReduceOp.AVG:
+        return 1.0 / world
+    if kind == dist.ReduceOp.SUM:
+        return 1.0
+    if kind == dist.ReduceOp.PREMUL_SUM and factor is not None:
+        f = float(factor.item() if isinstance(factor, torch.Tensor) else factor)
+        if math.isfinite(f):
+            return f
+    raise ValueError(f"dqsgd's FSDP reduce-scatter supports op AVG, SUM and PREMUL_SUM(factor); got {op!r}")
+
+
+class DQSGDReduceScatter(_base()):  # type: ignore[misc]
+    """FSDP2's reduce-scatter for one unit: the gradient's shards quantized by ``state``'s method and
+    moved as coded bytes (the ``sharded`` protocol's uplink leg); this rank's shard decoded, averaged
+    and written to the output. Synchronous: the output is complete when the call returns."""
+
+    def __init__(self, state: FSDPState, unit: int, pieces: Sequence[int] | None = None):
+        self.state, self.index = state, unit
+        self.pieces = None if pieces is None else tuple(int(p) for p in pieces)
+        self._transport: TorchShardedTransport | None = None
+        self._checked = False
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> dist.Work | None:
+        t0 = time.perf_counter()
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        scale = reduce_scale(op, world)
+        _check_tensors(output_tensor, input_tensor, world)
+        st = self.state
+        u = st.unit(self.index, input_tensor.numel(), world, rank, self._layout(input_tensor.numel(), world))
+        if not self._checked:
+            self._agree(group, u)
+        if self._exact(u, input_tensor):
+            self._exact_reduce(output_tensor, input_tensor, group, op, scale, world)
+        else:
+            self._compressed(u, output_tensor, input_tensor, group, scale, rank)
+        u.calls += 1
+        st.seconds += time.perf_counter() - t0
+        return _Done() if async_op else None
+
+    # --- pieces ---------------------------------------------------------------------------------
+    def _layout(self, numel: int, world: int) -> tuple[int, ...]:
+        """The flat buffer's pieces: every parameter's padded shard, once per chunk (one piece per
+        chunk when the parameter sizes are unknown or do not add up)."""
+        if self.pieces is not None and sum(self.pieces) * world == numel:
+            return self.pieces * world
+        return (numel // world,) * world
+
+    def _agree(self, group: dist.ProcessGroup, u: UnitState) -> None:
+        """Every rank's configuration and unit size, compared once per unit (one small all-gather)."""
+        from dqsgd.transport.torch_dist import RankDisagreement
+
+        mine = [*self.state.fingerprint(), self.index, u.numel, *u.pieces[: len(u.pieces) // u.world][:8]]
+        rows = self._net(group).all_gather_ints([*mine, *([0] * (16 - len(mine)))])
+        self.state.side_bytes += (u.world - 1) * 16 * 8  # 16 int64 to every peer
+        if any(r != rows[0] for r in rows):
+            bad = [w for w, r in enumerate(rows) if r != rows[0]]
+            raise RankDisagreement(f"FSDP unit {self.index}: ranks {bad} run another dqsgd configuration or unit "
+                                   f"layout than rank 0 (this rank: {self.state.describe()}, {u.numel} elements); "
+                                   "every rank needs the same FSDPState and model")
+        self._checked = True
+
+    def _net(self, group: dist.ProcessGroup) -> TorchShardedTransport:
+        if self._transport is None or self._transport.group is not group:
+            self._transport = protocol.transport(group, self.state.timeout)
+        return self._transport
+
+    # --- the two paths --------------------------------------------------------------------------
+    def _exact(self, u: UnitState, x: torch.Tensor) -> bool:
+        """Warm-up, small units and units that would not compress enough go as FSDP's own reduce-scatter."""
+        st = self.state
+        if u.calls < st.start_iter or u.numel < max(st.min_numel, u.world):
+            return True
+        return u.numel * x.element_size() < st.min_compression_rate * protocol.payload_bytes(u)
+
+    def _exact_reduce(self, out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup, op: Any, scale: float,
+                      world: int) -> None:
+        kind = _kind(op)[0]
+        native = kind in (dist.ReduceOp.AVG, dist.ReduceOp.SUM) or dist.get_backend(group) == "nccl"
+        work = dist.reduce_scatter_single(output=out, input=x, op=op if native else dist.ReduceOp.SUM, group=group,
+                                          async_op=True)
+        protocol.wait(work, self.state.timeout, "exact reduce-scatter")
+        if not native:
+            out.mul_(scale)
+        nbytes = x.numel() * x.element_size()
+        self.state.count(0, 0, 0, x.numel(), world, 8 * x.element_size(), exact=(world - 1) * nbytes // world)
+
+    def _compressed(self, u: UnitState, out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup, scale: float,
+                    rank: int) -> None:
+        st, t = self.state, self._net(group)
+        flat = x.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
+        finite = bool(torch.isfinite(flat).all())
+        side = 0
+        scalers = None
+        if u.method.shares_scalers:
+            local = protocol.local_scalers(u, flat if finite else torch.zeros_like(flat))
+            scalers = t.max_reduce([local])
+            side += 2 * (u.world - 1) * local.numel() * local.element_size() // u.world
+        if finite:
+            row, residual = protocol.encode(u, flat, rank, scalers)
+        else:  # announced as W empty payloads: every rank learns of it from the sizes, nothing else is sent
+            row, residual = [b""] * u.world, u.residual
+        payloads, sizes = protocol.exchange(t, u, row)
+        side += (u.world - 1) * 8 * u.world  # the size exchange: W int64 to every peer
+        bad = any(sum(r) == 0 for r in sizes)
+        u.residual = residual
+        if bad:  # a rank's gradient was NaN/Inf (AMP overflow): NaN everywhere, as FSDP's own sum gives
+            out.fill_(float("nan"))
+        else:
+            avg = protocol.average(u, payloads, rank)
+            out.copy_((avg if u.world * scale == 1.0 else avg * (u.world * scale)).reshape(out.shape))
+            spent = 8 * max(sum(r) for r in sizes)
+            u.spent.append(spent)
+            if u.method.config.dynamic:
+                side += protocol.observe(u, group, st.timeout, avg, rank, spent)
+        st.count(sum(sizes[rank]) - sizes[rank][rank], sum(r[rank] for r in sizes) - sizes[rank][rank], side,
+                 u.numel, u.world, u.method.width(u.bits) if not bad else 0)
+        u.n += 1
+
+
+def _check_tensors(out: torch.Tensor, x: torch.Tensor, world: int) -> None:
+    if x.dtype not in DTYPES or out.dtype != x.dtype:
+        raise TypeError(f"dqsgd's FSDP reduce-scatter reduces float32, bfloat16 or float16 gradients "
+                        f"(MixedPrecisionPolicy.reduce_dtype); got input {x.dtype}, output {out.dtype}")
+    if x.numel() != world * out.numel():
+        raise ValueError(f"reduce-scatter input of {x.numel()} elements for an output of {out.numel()} "
+                         f"over {world} ranks (need input = W · output)")
+
+
+def compress(model: torch.nn.Module, state: FSDPState) -> list[DQSGDReduceScatter]:
+    """Install a :class:`DQSGDReduceScatter` on every FSDP unit of ``model`` (every module that
+    ``fully_shard`` was applied to and that owns parameters), numbered in ``model.modules()`` order —
+    the same on every rank. Returns them. Call after ``fully_shard`` and before the first backward."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        FSDPModule = None
+    if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter") or _base() is object:
+        raise RuntimeError(f"dqsgd.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter (torch {TESTED_TORCH} "
+                           f"is the version dqsgd is tested with); this torch is {torch.__version__}")
+    comms, index = [], 0
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        groups = list(getattr(module._get_fsdp_state(), "_fsdp_param_groups", []))
+        if not groups:
+            continue  # a unit without parameters of its own issues no reduce-scatter
+        _check_mesh(groups[0], index)
+        pieces = _pieces(groups[0])
+        comm = DQSGDReduceScatter(state, index, pieces)
+        module.set_custom_reduce_scatter(comm)  # raises for several parameter groups (per-parameter meshes)
+        comms.append(comm)
+        index += 1
+    if not comms:
+        raise ValueError("compress: no FSDP unit with parameters in this model: apply fully_shard first")
+    return comms
+
+
+def _check_mesh(group: Any, index: int) -> None:
+    params = [fp.sharded_param for fp in getattr(group, "fsdp_params", [])]
+    mesh = getattr(params[0], "device_mesh", None) if params else None
+    if mesh is not None and mesh.ndim != 1:
+        raise ValueError(f"FSDP unit {index} is sharded on a {mesh.ndim}-D mesh (HSDP): dqsgd compresses the "
+                         "reduce-scatter of 1-D FSDP meshes only (init_device_mesh(device, (W,)))")
+
+
+def _pieces(group: Any) -> list[int] | None:
+    try:
+        return [int(fp.padded_sharded_param_size.numel()) for fp in group.fsdp_params]
+    except AttributeError:
+        return None

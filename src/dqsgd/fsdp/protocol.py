@@ -1,0 +1,150 @@
+"""The uplink leg of the ``sharded`` protocol, as the FSDP reduce-scatter uses it.
+
+Every call into the protocol (encode one rank's W shard payloads, move them with the sharded
+transport's all-to-all, decode and average one's own shard, feed the policy) is in this module, so
+that the FSDP compressor follows the protocol the trainer and its transports run rather than a copy
+of it: the payloads are :meth:`dqsgd.step.ShardedStep.encode_worker`'s, the exchange is
+:meth:`dqsgd.transport.torch_dist.TorchShardedTransport.exchange` (sizes first, each one checked
+against the method's largest payload before anything is allocated) and the average is
+:meth:`dqsgd.pipeline.Method.aggregate` of the unit's own shard.
+
+With downlink_bits = fp32 the sharded simulation's update is the concatenation of these averages,
+so rank j's reduced shard is bitwise shard j of the simulation's update for the same gradients,
+seed and step (the protocol's keys: ``HashRNG(seed_for(unit_seed, QUANT), n, w·W + j)``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from dqsgd.methods import MethodConfig
+from dqsgd.pipeline import Method
+from dqsgd.policies import GradStats
+from dqsgd.step import FP32, ShardedStep, shard_methods
+from dqsgd.transport.torch_dist import TorchShardedTransport, TransportError, make_transport
+
+if TYPE_CHECKING:
+    from dqsgd.fsdp.state import UnitState
+
+STATS = 2  # per rank: max |G_j| (or Σ|G_j|^p for a finite p) and Σ G_j², sent as float32 like G's sample
+
+
+class ShardedMethod(Method):
+    """A unit's method whose message is what one rank really sends: W shard payloads, each with its
+    own header. Its policy (and a budget's arithmetic) costs a width B as Σ_j message_bits_j(B), so a
+    budget counts every shard's header — with the whole vector's single header, a unit small enough for
+    headers to matter would overspend its budget."""
+
+    def __init__(self, config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int):
+        self.shard_methods = shard_methods(config, numel, total_steps, pieces, world)[1]
+        super().__init__(config, numel, total_steps, pieces)
+
+    def message_bits(self, bits: int) -> int:
+        return sum(Method.message_bits(m, bits) for m in self.shard_methods)
+
+
+def sharded_step(config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int,
+                 seed: int) -> ShardedStep:
+    """The unit's sharded protocol: its W shards, its keys (``seed``), the downlink left out (fp32)."""
+    return ShardedStep(ShardedMethod(config, numel, total_steps, pieces, world), pieces, world, seed, FP32)
+
+
+def transport(group: dist.ProcessGroup, timeout: float | None) -> TorchShardedTransport:
+    return make_transport("sharded", group, torch.device("cpu"), timeout)  # type: ignore[return-value]
+
+
+def caps(u: UnitState) -> list[int]:
+    """The largest payload each shard's method produces at this step's width (the receive cap)."""
+    return [m.max_payload_bytes(u.bits) for m in u.step.shards]
+
+
+def payload_bytes(u: UnitState) -> int:
+    """Predicted bytes of one rank's W fixed-coded shard payloads at this step's width."""
+    return sum(m.message_bits(u.method.width(u.bits)) for m in u.step.shards) // 8
+
+
+def encode(u: UnitState, flat: torch.Tensor, rank: int,
+           scalers: torch.Tensor | None) -> tuple[list[bytes], torch.Tensor | None]:
+    """This rank's W shard payloads of ``flat`` (float32, CPU) and its new error-feedback residual."""
+    return u.step.encode_worker(rank, flat, u.bits, u.n, u.generator, u.residual, scalers)
+
+
+def local_scalers(u: UnitState, flat: torch.Tensor) -> torch.Tensor:
+    """TernGrad: every shard's per-segment scalers (max-reduced over the ranks before encoding)."""
+    return u.step.local_scalers(flat)
+
+
+def exchange(t: TorchShardedTransport, u: UnitState, row: list[bytes]) -> tuple[list[bytes], list[list[int]]]:
+    """The all-to-all of shard payloads: every rank's payload for this rank's shard, and the W×W
+    table of sizes (``sizes[w][j]``: rank w's payload for shard j)."""
+    served, sizes = t.exchange([row], caps(u))
+    return served[t.rank], sizes
+
+
+def average(u: UnitState, payloads: list[bytes], rank: int) -> torch.Tensor:
+    """(1/W) Σ_w decode(payload_w) for this rank's shard, float32 (decoded in rank order)."""
+    return u.step.shards[rank].aggregate(payloads, u.bits)
+
+
+def observe(u: UnitState, group: dist.ProcessGroup, timeout: float | None, avg: torch.Tensor, rank: int,
+            spent_bits: int) -> int:
+    """Feed the unit's policy the statistics of the averaged gradient G = [G_0, …, G_{W−1}], of which
+    this rank holds G_rank: one all-gather of every rank's partial statistics (and, for a policy that
+    reads G itself, of its share of the policy's fixed-stride sample of G). Returns the bytes this
+    rank handed to the group. ‖G‖_∞ = max_j ‖G_j‖_∞ exactly; ‖G‖₂² = Σ_j ‖G_j‖₂² (summed in rank order)."""
+    m, world = u.method, u.world
+    p = m.p
+    a = avg.to(torch.float64)
+    part = a.abs().amax() if math.isinf(p) else a.abs().pow(p).sum()
+    mine = [part.reshape(1), a.square().sum().reshape(1)]
+    stride, n = 0, avg.numel()
+    if m.policy.needs_grad:
+        stride = max(1, -(-u.numel // m.policy.sample))
+        mine.append(_padded_sample(avg, rank * n, stride, _sample_len(n, stride)))
+    vec = torch.cat(mine).to(torch.float32)
+    rows = [torch.empty_like(vec) for _ in range(world)]
+    wait(dist.all_gather(rows, vec, group=group, async_op=True), timeout, "policy statistics")
+    parts = torch.stack(rows)
+    norm = float(parts[:, 0].max()) if math.isinf(p) else float(parts[:, 0].sum() ** (1.0 / p))
+    rms = math.sqrt(float(parts[:, 1].sum())) / math.sqrt(u.numel)
+    grad = None
+    if stride:
+        pieces = [parts[w, STATS:STATS + _count(w * n, (w + 1) * n, stride)] for w in range(world)]
+        grad = torch.cat(pieces).to(torch.float32)
+    stats = GradStats(u.n, norm, rms, spent_bits, grad)
+    u.policy = m.policy.update(u.policy, stats)
+    return (world - 1) * vec.numel() * vec.element_size()
+
+
+def _count(lo: int, hi: int, stride: int) -> int:
+    """How many multiples of ``stride`` lie in [lo, hi)."""
+    return -(-hi // stride) - -(-lo // stride)
+
+
+def _sample_len(n: int, stride: int) -> int:
+    return -(-n // stride) + 1  # the most multiples of stride any n consecutive integers hold
+
+
+def _padded_sample(avg: torch.Tensor, lo: int, stride: int, length: int) -> torch.Tensor:
+    """``G[i]`` for the global indices i ≡ 0 (mod stride) inside this shard, zero padded to ``length``."""
+    first = -(-lo // stride) * stride - lo
+    picked = avg[first::stride].to(torch.float64)
+    return torch.cat([picked, torch.zeros(length - picked.numel(), dtype=torch.float64)])  # cast with the stats
+
+
+def wait(work: dist.Work, timeout: float | None, what: str) -> None:
+    """Wait for ``work`` at most ``timeout`` seconds; a failed or late collective raises
+    :class:`~dqsgd.transport.torch_dist.TransportError` naming it."""
+    try:
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except (RuntimeError, dist.DistError) as e:
+        raise TransportError(f"FSDP reduce-scatter: {what} failed (a peer crashed, stopped or did not answer "
+                             f"within the timeout): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e

@@ -1,0 +1,197 @@
+"""State of the FSDP2 gradient compressor: one :class:`FSDPState` per model, one unit state per FSDP unit.
+
+A unit is one ``fully_shard``-ed module; FSDP calls its reduce-scatter once per backward with a
+flat gradient of W·n elements (W the shard group's size, n the unit's padded shard). The unit is
+the protocol's bucket: its own :class:`~dqsgd.pipeline.Method` and policy (one width per step for
+the whole unit), its error-feedback residual, its step counter and its seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dqsgd.methods import MethodConfig, method_config
+from dqsgd.rng import QUANT, seed_for
+from dqsgd.timeouts import HOOK_COLLECTIVE_S
+
+if TYPE_CHECKING:
+    from dqsgd.pipeline import Method
+    from dqsgd.step import ShardedStep
+
+STATE_VERSION = 1
+_COUNTERS = ("bytes_sent", "bytes_received", "exact_bytes", "side_bytes", "fp32_bytes", "bit_coords", "coords",
+             "calls")
+
+
+def unit_seed(seed: int, unit: int) -> int:
+    """The seed of unit ``unit``'s sharded protocol (its quantization keys derive from it)."""
+    return seed_for(seed, QUANT, unit)
+
+
+@dataclass
+class UnitState:
+    """One FSDP unit: its protocol, policy state, residual, generator and counters."""
+
+    numel: int                           # W·n, the flat gradient FSDP hands to the reduce-scatter
+    world: int
+    pieces: tuple[int, ...]              # the parameters' padded shard sizes, W times (the flat layout)
+    step: ShardedStep                    # the sharded protocol of this unit (its own seed)
+    policy: Any                          # the policy state; .bits is this step's width
+    generator: torch.Generator           # TernGrad's rounding (the other schemes draw hash uniforms)
+    residual: torch.Tensor | None = None  # error-feedback memory (whole flat gradient)
+    n: int = 0                           # compressed steps so far (the hash-RNG step)
+    calls: int = 0                       # reduce-scatters so far (warm-up included)
+    spent: list[int] = field(default_factory=list)  # per compressed step: max over ranks of uplink bits
+
+    @property
+    def method(self) -> Method:
+        return self.step.method
+
+    @property
+    def bits(self) -> int:
+        return int(self.policy.bits)
+
+    def state_dict(self) -> dict[str, Any]:
+        from dqsgd.policies import state_to_dict
+
+        return {"numel": self.numel, "world": self.world, "pieces": self.pieces, "n": self.n, "calls": self.calls,
+                "policy": state_to_dict(self.policy), "generator": self.generator.get_state(),
+                "residual": None if self.residual is None else self.residual.clone(), "spent": list(self.spent)}
+
+    def load(self, d: dict[str, Any], unit: int) -> None:
+        from dqsgd.policies import state_from_dict
+
+        for key in ("numel", "world", "pieces"):
+            got = tuple(d[key]) if key == "pieces" else d[key]
+            if got != getattr(self, key):
+                raise ValueError(f"FSDP unit {unit}: the checkpoint's {key} is {d[key]}, this model's "
+                                 f"{getattr(self, key)} (same model, same sharding and world size needed)")
+        self.policy = state_from_dict(type(self.policy), d["policy"])
+        self.n, self.calls, self.spent = int(d["n"]), int(d["calls"]), list(d["spent"])
+        self.generator.set_state(d["generator"])
+        self.residual = None if d["residual"] is None else d["residual"].clone()
+
+
+class FSDPState:
+    """Configuration and state of :func:`dqsgd.fsdp.compress` for one model (like the DDP hook's
+    ``HookState``): the method, seed, horizon, manners and every unit's state.
+
+    ``method``: a registered name (``"qsgd-4bit"``, ``"dqsgd"``, ``"dqsgd-coded"``, ``"ef-signsgd"``,
+    ``"terngrad"``, ``"sgd"``, …) or a :class:`~dqsgd.methods.MethodConfig`; ``seed`` of the quantization
+    randomness; ``total_steps``: the horizon N of dynamic policies (a budget is spread over N steps of
+    each unit); ``timeout``: seconds any collective may take; ``start_iter``: backward passes sent as
+    FSDP's exact reduce-scatter first (PowerSGD's ``start_powerSGD_iter``); ``min_numel``: a unit with
+    fewer gradient elements (W·n) is reduced exactly; ``min_compression_rate``: a unit whose predicted
+    ratio (bytes in the reduce dtype / payload bytes) is below this is reduced exactly.
+    """
+
+    def __init__(self, method: str | MethodConfig = "dqsgd", seed: int = 0, total_steps: int = 1000, *,
+                 timeout: float | None = HOOK_COLLECTIVE_S, start_iter: int = 0, min_numel: int = 0,
+                 min_compression_rate: float = 1.0):
+        if isinstance(method, str):
+            method = method_config(method)  # raises ValueError naming the registered methods
+        if not isinstance(method, MethodConfig):
+            raise TypeError(f"method must be a method name or a dqsgd.methods.MethodConfig, got {type(method).__name__}")
+        for name, value, low in (("seed", seed, 0), ("total_steps", total_steps, 1), ("start_iter", start_iter, 0),
+                                 ("min_numel", min_numel, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"timeout must be a finite number of seconds > 0 (or None), got {timeout!r}")
+        if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
+            raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
+        check_method(method)
+        self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
+        self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
+        self.units: dict[int, UnitState] = {}
+        self.seconds = 0.0  # wall time spent inside the reduce-scatter calls (encode, exchange, decode)
+        self._loaded: dict[int, dict[str, Any]] = {}
+        for name in _COUNTERS:
+            setattr(self, name, 0)
+
+    def fingerprint(self) -> list[int]:
+        """Integers every rank must agree on (compared at each unit's first reduce-scatter)."""
+        import zlib
+
+        text = repr((self.config, self.seed, self.total_steps, self.start_iter, self.min_numel,
+                     self.min_compression_rate, STATE_VERSION))
+        return [zlib.crc32(text.encode()), self.seed & 0x7FFFFFFF, self.total_steps, self.start_iter]
+
+    def describe(self) -> str:
+        return (f"method {self.config.name!r}, seed {self.seed}, total_steps {self.total_steps}, start_iter "
+                f"{self.start_iter}, min_numel {self.min_numel}, min_compression_rate {self.min_compression_rate}")
+
+    # --- units ----------------------------------------------------------------------------------
+    def unit(self, index: int, numel: int, world: int, rank: int, pieces: tuple[int, ...]) -> UnitState:
+        """Unit ``index``'s state, built on first use (then restored from a loaded state_dict)."""
+        u = self.units.get(index)
+        if u is not None:
+            if (u.numel, u.world) != (numel, world):
+                raise ValueError(f"FSDP unit {index}: reduce-scatter of {numel} elements over {world} ranks, "
+                                 f"earlier {u.numel} over {u.world}")
+            return u
+        from dqsgd.fsdp.protocol import sharded_step
+
+        rank_gen = torch.Generator().manual_seed(seed_for(unit_seed(self.seed, index), QUANT, rank))
+        step = sharded_step(self.config, numel, self.total_steps, list(pieces), world, unit_seed(self.seed, index))
+        u = UnitState(numel, world, pieces, step, step.method.policy.init(), rank_gen)
+        self.units[index] = u
+        if index in self._loaded:
+            u.load(self._loaded.pop(index), index)
+        return u
+
+    def count(self, sent: int, received: int, side: int, numel: int, world: int, width: int, exact: int = 0) -> None:
+        """One reduce-scatter's bytes as this rank handed them to the process group; ``fp32_bytes``
+        grows by what an fp32 reduce-scatter of the same gradient sends per rank, (W−1)/W·4·numel."""
+        self.bytes_sent += sent
+        self.bytes_received += received
+        self.side_bytes += side
+        self.exact_bytes += exact
+        self.fp32_bytes += (world - 1) * 4 * numel // world
+        self.bit_coords += width * numel
+        self.coords += numel
+        self.calls += 1
+
+    def stats(self) -> dict[str, float]:
+        """Bytes this rank sent (compressed payloads, side traffic, exact reduce-scatters), the fp32
+        reduce-scatter's bytes for the same calls ((W−1)/W·4·numel), and their ratio."""
+        sent = self.bytes_sent + self.side_bytes + self.exact_bytes
+        return {"bytes_sent": self.bytes_sent, "side_bytes": self.side_bytes, "exact_bytes": self.exact_bytes,
+                "total_sent": sent, "bytes_received": self.bytes_received, "fp32_rs_bytes": self.fp32_bytes,
+                "ratio": self.fp32_bytes / sent if sent else math.nan, "calls": self.calls,
+                "mean_bits": self.bit_coords / self.coords if self.coords else math.nan, "seconds": self.seconds}
+
+    # --- checkpointing --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed job needs to continue bitwise: per-unit policy states (the budget's
+        ledger), residuals, generators and step counters; the traffic counters."""
+        units = {i: u.state_dict() for i, u in self.units.items()}
+        return {"version": STATE_VERSION, "method": self.config.name, "seed": self.seed,
+                "counters": {k: getattr(self, k) for k in _COUNTERS}, "units": {**self._loaded, **units}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a unit's state applies at its next reduce-scatter."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a dqsgd FSDPState state_dict (version {STATE_VERSION})")
+        if state["method"] != self.config.name or state["seed"] != self.seed:
+            raise ValueError(f"state_dict is for method {state['method']!r}, seed {state['seed']}; this FSDPState "
+                             f"runs {self.config.name!r}, seed {self.seed}")
+        for k in _COUNTERS:
+            setattr(self, k, state["counters"][k])
+        self.units, self._loaded = {}, dict(state["units"])
+
+
+def check_method(cfg: MethodConfig) -> None:
+    """Refuse what a reduce-scatter cannot be: a sign vote (not a sum), a policy needing the whole
+    averaged gradient (FSDP never assembles it)."""
+    if cfg.aggregate == "majority":
+        raise ValueError(f"method {cfg.name!r}: a majority vote is not a sum, so it cannot stand for FSDP's "
+                         "reduce-scatter; use ef-signsgd (error-fed scaled signs, averaged)")
+    if cfg.policy in ("adaqs",):
+        raise ValueError(f"method {cfg.name!r}: policy {cfg.policy!r} keeps statistics of every coordinate of the "
+                         "averaged gradient, which no FSDP rank holds; supported: fixed widths, dqsgd, dqsgd-coded, "
+                         "the dqsgd rules and adaptive")

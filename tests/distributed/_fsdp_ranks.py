@@ -1,0 +1,223 @@
+"""Rank functions for the FSDP2 compressor tests (run inside ``spawn_local`` processes)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import dqsgd.fsdp as dfsdp
+from dqsgd.fsdp import protocol
+
+SEED, STEPS, CODED_STEPS = 5, 3, 40
+
+
+def model(world: int, compress: dfsdp.FSDPState | None) -> nn.Module:
+    """Two FSDP units with dim-0 padding at W = 2 and 4 (37 and 5 rows), and the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(12, 37), nn.Tanh(), nn.Linear(37, 5))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (m[0], m[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    if compress is not None:
+        dfsdp.compress(m, compress)
+    return m
+
+
+def batch(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(16, 12, generator=torch.Generator().manual_seed(1000 * step + rank))
+
+
+def train(m: nn.Module, rank: int, steps: range) -> None:
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for s in steps:
+        m(batch(rank, s)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def params(m: nn.Module) -> list[torch.Tensor]:
+    return [p.to_local().detach().clone() for p in m.parameters()]
+
+
+class Recorder:
+    """Every call of the compressor: unit, width used, input, output, and the bytes handed to the
+    process group (all_to_all_single, all_gather, all_reduce, reduce_scatter_single) during it."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world, self.calls, self.active, self.handed = rank, world, [], False, 0
+        self._orig = dfsdp.DQSGDReduceScatter.__call__
+        rec = self
+
+        def call(comm, output_tensor, input_tensor, group, op, async_op=False):
+            u = comm.state.units.get(comm.index)
+            bits = None if u is None else u.bits
+            before = comm.state.stats()["total_sent"]
+            x = input_tensor.clone()
+            rec.active, rec.handed = True, 0
+            try:
+                out = rec._orig(comm, output_tensor, input_tensor, group, op, async_op)
+            finally:
+                rec.active = False
+            rec.calls.append({"unit": comm.index, "bits": bits, "input": x, "output": output_tensor.clone(),
+                              "handed": rec.handed, "counted": comm.state.stats()["total_sent"] - before})
+            return out
+
+        self._patches = [(dfsdp.DQSGDReduceScatter, "__call__", call)]
+        for name, fn in (("all_to_all_single", self._a2a), ("all_gather", self._ag), ("all_reduce", self._ar),
+                         ("reduce_scatter_single", self._rs)):
+            self._patches.append((dist, name, self._wrap(getattr(dist, name), fn)))
+
+    def _wrap(self, orig: Any, count: Any) -> Any:
+        def wrapped(*args: Any, **kw: Any) -> Any:
+            if self.active:
+                self.handed += count(*args, **kw)
+            return orig(*args, **kw)
+
+        return wrapped
+
+    def _a2a(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Any = None, in_splits: Any = None, **kw: Any) -> int:
+        return (sum(in_splits) - in_splits[self.rank]) * inp.element_size()
+
+    def _ag(self, outs: list, t: torch.Tensor, **kw: Any) -> int:
+        return (self.world - 1) * t.numel() * t.element_size()
+
+    def _ar(self, t: torch.Tensor, **kw: Any) -> int:
+        return 2 * (self.world - 1) * t.numel() * t.element_size() // self.world
+
+    def _rs(self, **kw: Any) -> int:
+        return (self.world - 1) * kw["input"].numel() * kw["input"].element_size() // self.world
+
+    def __enter__(self) -> "Recorder":
+        self._saved = [(obj, name, getattr(obj, name)) for obj, name, _ in self._patches]
+        for obj, name, fn in self._patches:
+            setattr(obj, name, fn)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for obj, name, fn in self._saved:
+            setattr(obj, name, fn)
+
+
+def run_case(rank: int, world: int, method: str, kw: dict) -> dict[str, Any]:
+    state = dfsdp.FSDPState(method, seed=SEED, total_steps=STEPS, timeout=30, **kw)
+    m = model(world, state)
+    with Recorder(rank, world) as rec:
+        train(m, rank, range(STEPS))
+    return {"calls": rec.calls, "params": params(m), "spent": {i: u.spent for i, u in state.units.items()},
+            "budget": {i: u.method.budget_bits() for i, u in state.units.items()},
+            "pieces": {c.index: c.pieces for c in _comms(m)}, "stats": state.stats()}
+
+
+def _comms(m: nn.Module) -> list:
+    out = []
+    for mod in m.modules():
+        for g in getattr(mod._get_fsdp_state(), "_fsdp_param_groups", []) if hasattr(mod, "_get_fsdp_state") else []:
+            if isinstance(g._reduce_scatter_comm, dfsdp.DQSGDReduceScatter):
+                out.append(g._reduce_scatter_comm)
+    return out
+
+
+def resume(rank: int, world: int, method: str) -> dict[str, Any]:
+    """STEPS + 2 steps straight, against STEPS steps, save, a new model and state, load, 2 more."""
+    straight = dfsdp.FSDPState(method, seed=SEED, total_steps=STEPS + 2, timeout=30)
+    a = model(world, straight)
+    train(a, rank, range(STEPS + 2))
+    first = dfsdp.FSDPState(method, seed=SEED, total_steps=STEPS + 2, timeout=30)
+    b = model(world, first)
+    train(b, rank, range(STEPS))
+    buf = io.BytesIO()
+    torch.save({"dqsgd": first.state_dict(), "params": params(b)}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    second = dfsdp.FSDPState(method, seed=SEED, total_steps=STEPS + 2, timeout=30)
+    c = model(world, second)
+    with torch.no_grad():
+        for p, v in zip(c.parameters(), saved["params"]):
+            p.to_local().copy_(v)
+    second.load_state_dict(saved["dqsgd"])
+    train(c, rank, range(STEPS, STEPS + 2))
+    return {"straight": params(a), "resumed": params(c)}
+
+
+def refusals(rank: int, world: int) -> dict[str, str]:
+    """Each rank's error for: ranks with different methods; a forged size; a corrupted payload."""
+    out = {}
+    method = "qsgd-4bit" if rank == 0 else "qsgd-2bit"
+    out["config"] = _error(lambda: train(model(world, dfsdp.FSDPState(method, seed=SEED, timeout=10)), rank, range(1)))
+    orig = protocol.encode
+
+    def forged(u, flat, r, scalers):
+        row, res = orig(u, flat, r, scalers)
+        return ([row[0] + bytes(protocol.caps(u)[0] + 1 - len(row[0]))] + row[1:] if r == 1 else row), res
+
+    def corrupt(u, flat, r, scalers):  # every rank corrupts its payload for the next rank: each receiver refuses
+        row, res = orig(u, flat, r, scalers)
+        j = (r + 1) % world
+        p = bytearray(row[j])
+        p[len(p) // 2] ^= 0xFF
+        return row[:j] + [bytes(p)] + row[j + 1:], res
+
+    for name, fake in (("forged", forged), ("corrupt", corrupt)):
+        protocol.encode = fake
+        try:
+            out[name] = _error(lambda: train(model(world, dfsdp.FSDPState("qsgd-4bit", seed=SEED, timeout=10)),
+                                             rank, range(1)))
+        finally:
+            protocol.encode = orig
+    return out
+
+
+def _error(fn: Any) -> str:
+    """Run ``fn``; its error (or "") — then one all-gather, so the ranks leave the case together."""
+    try:
+        fn()
+        err = ""
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        err = f"{type(e).__name__}: {e}"
+    flag = torch.tensor([1 if err else 0])
+    dist.all_gather([torch.zeros_like(flag) for _ in range(dist.get_world_size())], flag)
+    return err
+
+
+def cases(rank: int, world: int, spec: list[tuple[str, dict]], extras: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    default = model(world, None)
+    train(default, rank, range(STEPS))
+    out: dict[str, Any] = {"default": params(default), "runs": {}}
+    for method, kw in spec:
+        out["runs"][method] = run_case(rank, world, method, kw)
+    if extras:
+        out["resume"] = {m: resume(rank, world, m) for m in ("dqsgd", "ef-signsgd")}
+        out["refusals"] = refusals(rank, world)
+        out["coded_budget"] = coded_budget(rank, world, CODED_STEPS)
+    return out
+
+
+def coded_budget(rank: int, world: int, steps: int) -> dict[str, Any]:
+    """dqsgd-coded over ``steps`` steps on a unit of 16 640 elements (and the root's 257): every
+    unit's coded bits per rank, step by step, and its budget."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 1))
+    mesh = init_device_mesh("cpu", (world,))
+    fully_shard(m[0], mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    state = dfsdp.FSDPState("dqsgd-coded", seed=SEED, total_steps=steps, timeout=30, min_numel=1000)
+    dfsdp.compress(m, state)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    for s in range(steps):
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1000 * s + rank))
+        (m(x) - x[:, :1]).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return {i: (u.spent, u.method.budget_bits()) for i, u in state.units.items()}

@@ -1,0 +1,138 @@
+"""dqsgd.fsdp under real FSDP2 (``fully_shard``) on gloo processes, W = 2 and 4.
+
+Against default FSDP (lossless method), against dqsgd's own sharded simulation (bitwise), the bytes
+handed to the process group against the prediction, the budget, resume, and refusals.
+"""
+
+import pytest
+import torch
+
+import _fsdp_ranks as fr
+from dqsgd.fsdp import unit_seed
+from dqsgd.fsdp.protocol import sharded_step
+from dqsgd.methods import method_config
+from dqsgd.pipeline import Method
+from dqsgd.rng import QUANT, seed_for
+from dqsgd.launch import spawn_local
+from dqsgd.transport.sim import SimTransport
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+LOSSLESS = {"min_compression_rate": 0.0}
+W2 = [("sgd", LOSSLESS), ("qsgd-4bit", {}), ("dqsgd", {}), ("dqsgd-coded", {}), ("ef-signsgd", {}),
+      ("terngrad", {})]
+W4 = [("sgd", LOSSLESS), ("qsgd-4bit", {}), ("dqsgd", {})]
+
+
+def _spawn(world: int, spec: list, extras: bool) -> list[dict]:
+    results = spawn_local(fr.cases, world, (spec, extras), timeout=60, deadline=400)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    return [r.value for r in results]
+
+
+@pytest.fixture(scope="module")
+def w2() -> list[dict]:
+    return _spawn(2, W2, True)
+
+
+@pytest.fixture(scope="module")
+def w4() -> list[dict]:
+    return _spawn(4, W4, False)
+
+
+def _worlds(w2, w4):
+    return [(w2, [m for m, _ in W2]), (w4, [m for m, _ in W4])]
+
+
+def _by_unit(run: dict) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for c in run["calls"]:
+        out.setdefault(c["unit"], []).append(c)
+    return out
+
+
+def simulate(method: str, ranks: list[dict], unit: int) -> None:
+    """Replay unit ``unit``'s reduce-scatters of every rank through ShardedStep (downlink fp32) in one
+    process; rank j's reduced shard must be bitwise shard j of the simulated update, the widths equal."""
+    world = len(ranks)
+    calls = [_by_unit(r)[unit] for r in ranks]
+    numel = calls[0][0]["input"].numel()
+    pieces = list(ranks[0]["pieces"][unit]) * world
+    step = sharded_step(method_config(method), numel, fr.STEPS, pieces, world, unit_seed(fr.SEED, unit))
+    m = step.method
+    state = m.init_state(world)
+    gens = {w: torch.Generator().manual_seed(seed_for(unit_seed(fr.SEED, unit), QUANT, w)) for w in range(world)}
+    t = SimTransport(world, "sharded")
+    n = numel // world
+    for s in range(len(calls[0])):
+        if calls[0][s]["bits"] is not None:
+            assert [c[s]["bits"] for c in calls] == [state.bits] * world, f"{method} unit {unit} step {s}"
+        ex = step.run(t, {w: calls[w][s]["input"].float() for w in range(world)}, state, s, gens)
+        state = ex.state
+        for j in range(world):
+            assert torch.equal(calls[j][s]["output"], ex.update[j * n:(j + 1) * n]), f"{method} unit {unit} step {s}"
+
+
+@pytest.mark.timeout(600)
+def test_lossless_matches_default_fsdp(w2, w4) -> None:
+    for ranks, _ in _worlds(w2, w4):
+        for r in ranks:
+            for got, want in zip(r["runs"]["sgd"]["params"], r["default"]):
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+            assert r["runs"]["sgd"]["stats"]["exact_bytes"] == 0  # every call went through the protocol
+
+
+@pytest.mark.timeout(600)
+def test_reduced_shards_equal_sharded_simulation_bitwise(w2, w4) -> None:
+    for ranks, methods in _worlds(w2, w4):
+        for method in methods:
+            runs = [r["runs"][method] for r in ranks]
+            for unit in _by_unit(runs[0]):
+                simulate(method, runs, unit)
+
+
+@pytest.mark.timeout(600)
+def test_bytes_handed_equal_counters_and_prediction(w2, w4) -> None:
+    for ranks, methods in _worlds(w2, w4):
+        world = len(ranks)
+        for method in methods:
+            for r in ranks:
+                for c in r["runs"][method]["calls"]:
+                    assert c["handed"] == c["counted"] > 0, (method, c["unit"])
+        for r in ranks:  # fixed width: payload sizes known in advance
+            seen = set()
+            for c in r["runs"]["qsgd-4bit"]["calls"]:
+                shard = Method(method_config("qsgd-4bit"), c["output"].numel(), fr.STEPS).message_bits(4) // 8
+                agree = 0 if c["unit"] in seen else (world - 1) * 16 * 8  # the unit's first call compares configs
+                seen.add(c["unit"])
+                assert c["handed"] == (world - 1) * shard + 8 * world * (world - 1) + agree
+
+
+@pytest.mark.timeout(600)
+def test_budget_never_overspent(w2) -> None:
+    """The bit budget (dqsgd: arithmetic, every step) and the byte budget (dqsgd-coded: by its reserve's
+    margin, over 40 steps of a 16 640-element unit) hold for the bits each rank really sent."""
+    for r in w2:
+        run = r["runs"]["dqsgd"]
+        for unit, spent in run["spent"].items():
+            assert len(spent) == fr.STEPS and sum(spent) <= run["budget"][unit], (unit, spent)
+        coded = {u: v for u, v in r["coded_budget"].items() if v[0]}
+        assert list(coded) == [1]  # the root's 257 elements go exact (min_numel)
+        for unit, (spent, budget) in coded.items():
+            assert len(spent) == fr.CODED_STEPS and 0.9 * budget <= sum(spent) <= budget, (unit, sum(spent), budget)
+
+
+@pytest.mark.timeout(600)
+def test_save_load_resumes_bitwise(w2) -> None:
+    for method, res in w2[0]["resume"].items():
+        for r in w2:
+            for a, b in zip(r["resume"][method]["straight"], r["resume"][method]["resumed"]):
+                assert torch.equal(a, b), method
+
+
+@pytest.mark.timeout(600)
+def test_refusals_on_every_rank(w2) -> None:
+    errors = [r["refusals"] for r in w2]
+    assert all("RankDisagreement" in e["config"] and "configuration" in e["config"] for e in errors), errors
+    assert all("PayloadError" in e["forged"] and "refused before allocating" in e["forged"] for e in errors), errors
+    assert all("PayloadError" in e["corrupt"] for e in errors), errors
