@@ -116,7 +116,7 @@ def test_received_payload_of_another_width_is_refused_as_before() -> None:
         codec.accumulate(m, [p], 4, torch.zeros(m.numel))
     bad = p.clone()
     bad[-1] ^= 1
-    with pytest.raises(PayloadError, match="rank 0: crc mismatch"):
+    with pytest.raises(PayloadError, match="worker 0: crc mismatch"):
         codec.accumulate(m, [bad], 5, torch.zeros(m.numel))
 
 
