@@ -222,7 +222,7 @@ class Method:
         if self.config.aggregate == "majority":
             return vote(self, received, bits)
         total = torch.zeros(self.numel, dtype=torch.float32)
-        accumulate(self, received, bits, total, 1.0 / len(received))
+        accumulate(self, received, bits, total, weight=1.0 / len(received))
         return total
 
     def encode_downlink(self, update: torch.Tensor) -> bytes:

@@ -142,7 +142,7 @@ class BucketProtocol:
             return v if out is None else out.copy_(v)
         if out is None:
             out = torch.zeros(m.numel, dtype=torch.float32, device=received[0].device)
-        payloads.accumulate(m, list(received), bits, out, 1.0 / self.workers, bad)
+        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / self.workers)
         return out
 
     # --- downlink leg ---------------------------------------------------------------------------
@@ -185,3 +185,15 @@ class BucketProtocol:
 def replace_kernel(config: MethodConfig, kernel: str) -> MethodConfig:
     """``config`` with ``kernel`` where its quantizer has that kernel (the hook's hash uniforms)."""
     return dataclasses.replace(config, kernel=kernel) if config.quantizer.fused and config.kernel != kernel else config
+
+
+def run_in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, step: int,
+                   generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+    """One step of ``proto`` for W workers' flat gradients in one process, without memory or scalers
+    (what every rank of a real run computes): the update every rank applies."""
+    gens = generators if generators is not None else [None] * len(flats)
+    sent = [proto.encode(w, g, bits, step, gens[w])[0] for w, g in enumerate(flats)]
+    avg = [proto.reduce(j, [row[j] for row in sent], bits) for j in range(len(proto.shards))]
+    if proto.topology == "allgather":
+        return avg[0]
+    return proto.decode_down([proto.encode_down(j, a, step) for j, a in enumerate(avg)])

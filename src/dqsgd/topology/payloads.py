@@ -143,8 +143,8 @@ def encode_shard(m: Method, x: torch.Tensor, bits: int, rng: HashRNG, generator:
     return bytes_tensor(payload, x.device), res
 
 
-def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor, weight: float = 1.0,
-               bad: torch.Tensor | None = None) -> None:
+def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor,
+               bad: torch.Tensor | None = None, *, weight: float = 1.0) -> None:
     """``out += Σ_w weight·x̂_w`` in rank order, each payload scaled before it is added (a mean of
     finite values stays finite); ``bad``: deferred validation on the device path
     (:func:`decode_accumulate_payload`)."""
