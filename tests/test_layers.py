@@ -137,6 +137,8 @@ KERNEL_HOMES = ("dqsgd.codecs", "dqsgd.kernels")
 TORCH_PRIVATES_USED = {  # module: the private torch names it reaches, each guarded where it is used
     # the rendezvous store of the default group, read for peers' error reports (best effort: None on failure)
     "dqsgd.transport.torch_dist": ["dist…_get_default_store"],
+    # the autograd engine's end-of-backward callback: the hook raises a bucket's error there, with its type
+    "dqsgd.integrations.ddp_hook": ["torch…_execution_engine"],
 }
 
 
