@@ -96,7 +96,7 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
-        self.exchange: ServerStep | ShardedStep = (
+        self.step_runner: ServerStep | ShardedStep = (
             ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
             else ServerStep(self.method, seed, self.topology))
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
@@ -195,7 +195,7 @@ class Trainer:
             self.skipped += 1
             self.next_step += 1
             return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
-        r = self.exchange.run(t, grads, self.state, n, self.qgen, measure_coded=self.measures_coded(n))  # type: ignore[arg-type]
+        r = self.step_runner.run(t, grads, self.state, n, self.qgen, measure_coded=self.measures_coded(n))  # type: ignore[arg-type]
         t2 = time.perf_counter()
         coded = None if r.coded is None else self.gather_coded(r.coded)
         coded_s = r.coded_s + time.perf_counter() - t2
