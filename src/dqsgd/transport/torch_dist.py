@@ -255,10 +255,11 @@ class TorchPSTransport(_TorchTransport):
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
         self._collective("broadcast (header)", dist.broadcast, header, src=0)
         status, size, count = (int(v) for v in header.tolist())
-        if count != len(ints):
+        if status == OK and count != len(ints):
             raise ProtocolError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
                                 f"the server announced {count}")
         check_sizes([size], [max_bytes if status == OK else _MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
+        count = count if status == OK else 0
         body = torch.empty(size + 8 * count, dtype=torch.uint8, device=self.device)
         self._collective("broadcast", dist.broadcast, body, src=0)
         if status != OK:
