@@ -22,17 +22,17 @@ def _gen(seed: int = 7) -> torch.Generator:
 
 
 def test_what_each_scheme_declares() -> None:
-    assert list(QUANTIZERS) == ["identity", "uniform", "sign", "scaled-sign", "ternary", "lowprec"]
+    assert list(QUANTIZERS) == ["identity", "uniform", "sign", "scaled-sign", "ternary", "lowprec", "sketch"]
     assert all(q.name == name for name, q in QUANTIZERS.items())
-    assert registry.method_schemes() == ("identity", "uniform", "sign", "ternary")
+    assert registry.method_schemes() == ("identity", "uniform", "sign", "ternary", "sketch")
     assert {n: q.nominal_bits(5) for n, q in QUANTIZERS.items()} == {
-        "identity": 32, "uniform": 5, "sign": 1, "scaled-sign": 1, "ternary": 2, "lowprec": 5}
+        "identity": 32, "uniform": 5, "sign": 1, "scaled-sign": 1, "ternary": 2, "lowprec": 5, "sketch": 32}
     assert {n for n, q in QUANTIZERS.items() if q.dynamic} == {"uniform", "lowprec"}
     assert {n for n, q in QUANTIZERS.items() if q.fused} == {"uniform"}
     assert {n for n, q in QUANTIZERS.items() if q.shares_scalers} == {"ternary"}
-    assert {n for n, q in QUANTIZERS.items() if not q.segment_scales} == {"identity"}
-    assert [QUANTIZERS[n].scheme for n in ("identity", "uniform", "sign", "ternary", "lowprec")] == [
-        Scheme.IDENTITY, Scheme.UNIFORM, Scheme.SIGN, Scheme.TERNARY, Scheme.LOWPREC]
+    assert {n for n, q in QUANTIZERS.items() if not q.segment_scales} == {"identity", "sketch"}
+    assert [QUANTIZERS[n].scheme for n in ("identity", "uniform", "sign", "ternary", "lowprec", "sketch")] == [
+        Scheme.IDENTITY, Scheme.UNIFORM, Scheme.SIGN, Scheme.TERNARY, Scheme.LOWPREC, Scheme.SKETCH]
 
 
 def test_bits_a_method_may_configure() -> None:
@@ -71,10 +71,10 @@ def test_each_entry_quantizes_as_its_function(layout: Layout) -> None:
 
 
 def test_unknown_schemes_and_scalers_are_clear_errors() -> None:
-    known = "identity, uniform, sign, scaled-sign, ternary or lowprec"
+    known = "identity, uniform, sign, scaled-sign, ternary, lowprec or sketch"
     with pytest.raises(ValueError, match=f"unknown scheme 'fp8'; use {known}"):
         quantizer("fp8")
-    allowed = r"\('identity', 'uniform', 'sign', 'ternary'\)"
+    allowed = r"\('identity', 'uniform', 'sign', 'ternary', 'sketch'\)"
     with pytest.raises(ValueError, match=rf"scheme must be one of {allowed}, got 'lowprec'"):
         method_config("qsgd", scheme="lowprec")
     with pytest.raises(ValueError, match="policy 'dqsgd-budget' needs the uniform scheme"):

@@ -42,6 +42,7 @@ class StepRecord:
     rank_up: list[int] = field(default_factory=list)    # per rank, uplink phase (wire_traffic)
     rank_down: list[int] = field(default_factory=list)  # per rank, downlink phase
     coded_up: list[int] | None = None  # per worker, the uplink with the best coding (None: not measured)
+    dropped: list[int] = field(default_factory=list)  # backup workers: workers whose uplink was sent, not used
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Ledger:
 
     def record(self, step: int, bits: int, up_bytes: list[int], down_bytes: int, side_bytes: int = 0,
                rank_up: Sequence[int] = (), rank_down: Sequence[int] = (),
-               coded_up: Sequence[int] | None = None) -> StepRecord:
+               coded_up: Sequence[int] | None = None, dropped: Sequence[int] = ()) -> StepRecord:
         """``down_bytes``: the downlink bytes each worker receives (sharded: all W shards' messages);
         ``coded_up``: per worker, the uplink's coded size (:func:`dqsgd.codecs.coded_size`; sharded:
         summed over the worker's W shard payloads), on the steps where it was measured."""
@@ -68,8 +69,10 @@ class Ledger:
             raise ValueError(f"ledger: {len(coded_up)} coded uplink sizes for {self.workers} workers")
         if any(b < 0 for b in [*up_bytes, down_bytes, side_bytes, *rank_up, *rank_down, *(coded_up or ())]):
             raise ValueError("ledger: byte counts must be >= 0")
+        if any(not 0 <= w < self.workers for w in dropped) or len(set(dropped)) != len(dropped):
+            raise ValueError(f"ledger: dropped workers {list(dropped)} are not distinct workers of {self.workers}")
         rec = StepRecord(step, bits, list(up_bytes), down_bytes, side_bytes, list(rank_up), list(rank_down),
-                         None if coded_up is None else [int(b) for b in coded_up])
+                         None if coded_up is None else [int(b) for b in coded_up], sorted(int(w) for w in dropped))
         self.records.append(rec)
         return rec
 
@@ -90,6 +93,11 @@ class Ledger:
     @property
     def up_bytes(self) -> int:
         return sum(sum(r.up_bytes) for r in self.records)
+
+    @property
+    def wasted_up_bytes(self) -> int:
+        """Uplink bytes sent by workers whose gradients were dropped (backup workers)."""
+        return sum(r.up_bytes[w] for r in self.records for w in r.dropped)
 
     @property
     def down_bytes(self) -> int:
@@ -167,6 +175,7 @@ class Ledger:
         return {
             "steps": self.steps,
             "up_bytes": self.up_bytes,
+            "wasted_up_bytes": self.wasted_up_bytes,
             "down_bytes": self.down_bytes,
             "side_bytes": self.side_bytes,
             "fp32_up_bytes": self.fp32_up_bytes(),
@@ -189,7 +198,7 @@ class Ledger:
         return {
             "numel": self.numel, "workers": self.workers, "budget_bits": self.budget_bits, "topology": self.topology,
             "records": [[r.step, r.bits, list(r.up_bytes), r.down_bytes, r.side_bytes, list(r.rank_up), list(r.rank_down),
-                         None if r.coded_up is None else list(r.coded_up)]
+                         None if r.coded_up is None else list(r.coded_up), list(r.dropped)]
                         for r in self.records],
         }
 
@@ -198,9 +207,10 @@ class Ledger:
         led = cls(int(d["numel"]), int(d["workers"]), d["budget_bits"],  # type: ignore[arg-type]
                   topology=str(d.get("topology", "ps")))
         for step, bits, up, down, side, *rest in d["records"]:  # type: ignore[union-attr]
-            # older checkpoints: no per-rank accounting (5 fields), no coded sizes (7 fields)
-            ru, rd, coded = [*rest, *[[], [], None][len(rest):]]
+            # older checkpoints: no per-rank accounting (5 fields), no coded sizes (7), no dropped workers (8)
+            ru, rd, coded, dropped = [*rest, *[[], [], None, []][len(rest):]]
             led.records.append(StepRecord(int(step), int(bits), [int(b) for b in up], int(down), int(side),
                                           [int(b) for b in ru], [int(b) for b in rd],
-                                          None if coded is None else [int(b) for b in coded]))
+                                          None if coded is None else [int(b) for b in coded],
+                                          [int(w) for w in dropped]))
         return led

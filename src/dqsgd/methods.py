@@ -76,6 +76,14 @@ class MethodConfig:
     # uniforms of (seed, step, worker); "torch" = torch ops + the worker's torch.Generator (other
     # schemes: torch). Both are unbiased with the same variance; their payloads differ.
     kernel: KernelName = "fused"
+    # Sketched SGD (scheme "sketch", dqsgd.sketched): k = max(1, round(topk_ratio·d)) coordinates per step,
+    # an r × c count sketch with r = sketch_rows and c = ⌈sketch_cols·k⌉, and ⌈sketch_p·k⌉ candidates whose
+    # exact values the second round fetches; the workers' momentum sketch_momentum (the optimizer's should be 0).
+    topk_ratio: float = 0.01       # 1% of d, the setting of results/sketch-fashion
+    sketch_rows: int = 5
+    sketch_cols: float = 2.0
+    sketch_p: float = 2.0
+    sketch_momentum: float = 0.9    # ρ of the workers' momentum (masked where coordinates were sent)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -153,8 +161,23 @@ def _validate(c: MethodConfig) -> None:
         _fail(c, "majority-vote aggregation needs the sign scheme")
     if c.downlink == "sign" and c.aggregate != "majority":
         _fail(c, "a 1-bit sign downlink needs majority-vote aggregation")
+    if c.scheme == "sketch":
+        _validate_sketch(c)
     if c.error_feedback and c.aggregate == "majority":
         _fail(c, "error feedback with majority vote is not a defined method; use ef-signsgd (mean of scaled signs)")
+
+
+def _validate_sketch(c: MethodConfig) -> None:
+    if not 0 < c.topk_ratio <= 1:
+        _fail(c, f"topk_ratio must be in (0, 1], got {c.topk_ratio}")
+    if not 0 <= c.sketch_momentum < 1:
+        _fail(c, f"sketch_momentum must be in [0, 1), got {c.sketch_momentum}")
+    if c.sketch_rows < 1 or not (0 < c.sketch_cols < math.inf) or not (1 <= c.sketch_p < math.inf):
+        _fail(c, f"a count sketch needs sketch_rows >= 1, sketch_cols > 0 and sketch_p >= 1, got "
+                 f"{c.sketch_rows}, {c.sketch_cols}, {c.sketch_p}")
+    if c.error_feedback or c.aggregate != "mean" or c.downlink != "fp32" or c.coding != "fixed":
+        _fail(c, "sketched SGD accumulates its own error on the workers and sends fp32 sums: leave "
+                 "error_feedback, aggregate, downlink and coding at their defaults")
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -179,6 +202,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
                          description="DQSGD strongly convex rule, eq. (18): B = log2(k·α^((N-n)/2)·‖g‖+1)+1"),
     "dqsgd-nonconvex": dict(scheme="uniform", bits=6, policy="dqsgd", k=20.0,
                             description="DQSGD non-convex rule, eq. (20): B = log2(t·‖g‖+1)+1 (t given as k)"),
+    "sketched-sgd": dict(scheme="sketch", bits=32,
+                         description="Sketched SGD: count sketches summed, top-k from the sum, their exact values "
+                                     "in a second round, error accumulation on the workers (Ivkin et al. 2019)"),
     "dqsgd-error": dict(scheme="uniform", bits=6, policy="dqsgd-error", eps_q=1e-3,
                         description="DQ-SGD error target [OC]: fewest bits with the quantization term <= eps_q"),
 }

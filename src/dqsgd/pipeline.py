@@ -137,6 +137,9 @@ class Method:
         c = self.config
         if grad.numel() != self.numel:
             raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
+        if self.quantizer.scheme == Scheme.SKETCH:
+            raise ValueError(f"method {c.name!r} sends count sketches in two rounds: the trainer runs it "
+                             "(dqsgd.sketched.SketchedStep); the one-message pipeline and the DDP hook do not")
         if self.fused:
             return quantize_uniform_fast(grad, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout)
         return self.quantizer.quantize(grad, bits, generator, layout=self.layout, norm=self.norm,
@@ -161,6 +164,11 @@ class Method:
             if self.fused and self.coding in (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED):
                 if flat.numel() != self.numel:
                     raise ValueError(f"gradient has {flat.numel()} elements, the method was built for {self.numel}")
+                if flat.device.type == "cuda" and self.coding == Coding.FIXED:  # the device codec: same bytes
+                    from dqsgd.kernels.device import encode_uniform_device
+
+                    return encode_uniform_device(flat, bits, self._need_rng(hash_rng), norm=self.norm,
+                                                 layout=self.layout).cpu().numpy().tobytes(), None
                 return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm,
                                            layout=self.layout, coding=self.coding), None
             return encode_payload(self.compress(flat, bits, generator, scalers, hash_rng), self.coding), None

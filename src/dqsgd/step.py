@@ -117,7 +117,7 @@ def codec_input(g: torch.Tensor, method: Method) -> torch.Tensor:
     return g.cpu()
 
 
-def _with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) -> list[torch.Tensor | None]:
+def with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) -> list[torch.Tensor | None]:
     res = list(state.residuals)
     for w, r in new.items():
         res[w] = r
@@ -163,7 +163,7 @@ class ServerStep:
             payloads.append(tensor_bytes(pays[0]))
             new_res[w] = res[0]
         encode_s = time.perf_counter() - t0
-        residuals = _with_residuals(state, new_res)
+        residuals = with_residuals(state, new_res)
         gathered = t.gather(payloads, P.caps(bits)[0])
         down, up, after = None, [], None
         if t.is_server and gathered is not None:
@@ -227,7 +227,7 @@ class ShardedStep:
                 for j, payloads in served.items()}
         shared = t.share(down, max(P.down_sizes()))
         update = P.decode_down([bytes_tensor(p) for p in shared])
-        after = self.method.observe(MethodState(state.policy, _with_residuals(state, new_res)), update, step,
+        after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res)), update, step,
                                     P.spent_bits(up))
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 
 # No example database: the tests must not write outside tests/ and src/ (shared tree).
 SETTINGS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -104,14 +104,16 @@ def quantized(
 
 @st.composite
 def identity_quantized(draw: st.DrawFn, max_numel: int = 300) -> Quantized:
+    """A raw float32 message: IDENTITY, or SKETCH (a count sketch's table; the same body)."""
     shape = draw(shapes(max_numel))
+    scheme = draw(st.sampled_from(sorted(RAW_SCHEMES)))
     numel = math.prod(shape)
     seed = draw(st.integers(0, 2**32 - 1))
     values = random_scales(seed, numel)
     if numel and draw(st.booleans()):  # extreme but finite raw values (NaN/Inf are refused both ways)
         values[0] = np.float32(3.4e38)
     empty_i, empty_f = torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.float32)
-    return Quantized(Scheme.IDENTITY, 32, 1, empty_i, empty_f, Layout(), shape, Norm.NONE, torch.from_numpy(values))
+    return Quantized(scheme, 32, 1, empty_i, empty_f, Layout(), shape, Norm.NONE, torch.from_numpy(values))
 
 
 def assert_same(a: Quantized, b: Quantized) -> None:
@@ -121,7 +123,7 @@ def assert_same(a: Quantized, b: Quantized) -> None:
     assert a.codes.dtype == b.codes.dtype == torch.int32
     assert torch.equal(a.codes, b.codes)
     assert np.array_equal(a.scales.numpy().view(np.uint32), b.scales.numpy().view(np.uint32))
-    if a.scheme == Scheme.IDENTITY:
+    if a.scheme in RAW_SCHEMES:
         assert np.array_equal(a.values.numpy().view(np.uint32), b.values.numpy().view(np.uint32))
     else:
         assert a.layout.segment_sizes(a.numel) == b.layout.segment_sizes(b.numel)

@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dqsgd.codecs import Coding, decode, elias_encode, encode, header_size, pack_bits, predicted_size
-from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 
 CODINGS = [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED, Coding.RANS]
 
 
 def _nseg(q: Quantized) -> int:
-    return 0 if q.scheme == Scheme.IDENTITY else q.layout.num_segments(q.numel)
+    return 0 if q.scheme in RAW_SCHEMES else q.layout.num_segments(q.numel)
 
 
 @SETTINGS

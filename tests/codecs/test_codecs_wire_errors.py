@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import zstandard
-from codec_strategies import SETTINGS, quantized
+from codec_strategies import SETTINGS, identity_quantized, quantized
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -210,6 +210,8 @@ def _check_canonical(payload: bytes) -> None:
     again = encode(q, Coding(payload[5]))
     if payload[5] in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         assert decode(again).codes.tolist() == q.codes.tolist()
+    elif payload[2] == 1:  # a (mutated into a) version 1 payload is written back as version 2: only the
+        assert again == reseal(payload[:2] + b"\x02" + payload[3:])  # version byte and the crc differ
     else:
         assert again == payload
 
@@ -232,13 +234,17 @@ def test_random_bytes(data: bytes) -> None:
 def test_mutated_payloads(q: Quantized, coding: Coding, resealed: bool, cut: int, data: st.DataObject) -> None:
     """Overwrite 1-4 bytes (after the magic and version half of the time, to reach deeper checks),
     optionally fix the crc, optionally cut or pad."""
-    payload = bytearray(encode(q, coding))
+    _check_canonical(_mutated(encode(q, coding), resealed, cut, data))
+
+
+def _mutated(payload: bytes, resealed: bool, cut: int, data: st.DataObject) -> bytes:
+    out = bytearray(payload)
     first = data.draw(st.sampled_from([0, 3]))
     for _ in range(data.draw(st.integers(1, 4))):
-        payload[data.draw(st.integers(first, len(payload) - 1))] = data.draw(st.integers(0, 255))
+        out[data.draw(st.integers(first, len(out) - 1))] = data.draw(st.integers(0, 255))
     if cut:
-        payload = payload[: len(payload) - cut] if cut < 3 else payload + b"\x00"
-    _check_canonical(reseal(payload) if resealed else bytes(payload))
+        out = out[: len(out) - cut] if cut < 3 else out + b"\x00"
+    return reseal(out) if resealed else bytes(out)
 
 
 def test_elias_body_matches_encoder_inside_payload() -> None:
@@ -277,3 +283,30 @@ def test_identity_values_with_nan_refused_on_encode() -> None:
                   Norm.NONE, torch.tensor([1.0, float("nan")]))
     with pytest.raises(ValueError, match="NaN or Inf"):
         encode(q)
+
+
+@SETTINGS
+@given(q=identity_quantized(max_numel=40), resealed=st.booleans(), cut=st.integers(0, 3), data=st.data())
+def test_mutated_raw_payloads(q: Quantized, resealed: bool, cut: int, data: st.DataObject) -> None:
+    """The raw float32 schemes (IDENTITY and the count sketch's SKETCH table): mutated, cut or padded
+    payloads are refused or decode to a payload that re-encodes to the same bytes."""
+    _check_canonical(_mutated(encode(q, Coding.FIXED), resealed, cut, data))
+
+
+def test_sketch_payload_refuses_other_widths_and_codings() -> None:
+    table = torch.ones(6)
+    q = Quantized(Scheme.SKETCH, 32, 1, torch.zeros(0, dtype=torch.int32), torch.zeros(0), Layout(), (2, 3),
+                  Norm.NONE, table)
+    assert decode(encode(q)).scheme == Scheme.SKETCH
+    with pytest.raises(PayloadError, match="SKETCH needs bits = 32"):
+        decode(forge(scheme=Scheme.SKETCH, bits=16, dims=(2,), scales=(), body=b"\x00" * 4))
+    with pytest.raises(PayloadError, match="SKETCH payload with ELIAS"):
+        decode(forge(scheme=Scheme.SKETCH, bits=32, coding=Coding.ELIAS, dims=(1,), scales=(), body=b"\x00" * 4))
+
+
+def test_version_1_payload_reencodes_as_version_2() -> None:
+    """Found by the raw-payload fuzz: a payload mutated into version 1 (with its crc fixed) decodes."""
+    p = bytearray(encode(Quantized(Scheme.IDENTITY, 32, 1, torch.zeros(0, dtype=torch.int32), torch.zeros(0),
+                                   Layout(), (3,), Norm.NONE, torch.ones(3))))
+    p[2] = 1
+    _check_canonical(reseal(p))

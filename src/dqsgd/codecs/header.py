@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dqsgd.quantizers.base import Layout, Norm, Scheme
+from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Scheme
 
 __all__ = [
     "DTYPES", "MAX_NUMEL", "Coding", "Header", "MAGIC", "PayloadError", "VERSION",
@@ -279,7 +279,7 @@ def parse_header(buf: memoryview, max_numel: int, numel: int | None = None) -> H
     shape = tuple(struct.unpack(f"<{ndim}I", r.take(4 * ndim, f"{ndim} dims")))
     numel = _check_numel(math.prod(shape), max_numel, numel)
     layout, nseg = _read_layout(r, numel)
-    if scheme == Scheme.IDENTITY:
+    if scheme in RAW_SCHEMES:
         nseg = 0
     at = r.pos
     scales = np.frombuffer(r.take(4 * nseg, f"{nseg} scales"), dtype="<f4").astype(np.float32)

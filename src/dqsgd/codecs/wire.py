@@ -10,7 +10,7 @@ Bodies, by coding (b = bits, n = numel):
 
 * FIXED: ``pack_bits`` of u_i, exactly ⌈n·b/8⌉ bytes, padding bits zero.  b ≥ 2: offset binary
   ``u = code + 2^(b−1)``; b = 1: codes are ±1 and ``u = 1 if code > 0 else 0``.
-  IDENTITY: the raw float32 values, little-endian (b = 32).
+  IDENTITY and SKETCH (a count sketch's table): the raw float32 values, little-endian (b = 32).
 * ELIAS: the Elias-omega stream of :mod:`dqsgd.codecs.elias` (integer schemes only).
 * ZSTD: one zstd frame (level 3) of the FIXED body, content size in the frame header.
 * ZSTD_ALIGNED: one zstd frame (level 3) of the codes packed as FIXED but at the width
@@ -28,8 +28,8 @@ Bodies, by coding (b = bits, n = numel):
 
 Which codes are valid (checked on encode and decode): width b = 1 allows {−1, +1}, b ≥ 2 allows
 [−2^(b−1), 2^(b−1) − 1]; within that UNIFORM needs |c| ≤ levels, SIGN c ∈ {−1, +1}, TERNARY
-c ∈ {−1, 0, +1}, LOWPREC any.  Integer schemes need 1 ≤ b ≤ 16 and levels ≥ 1; IDENTITY b = 32,
-no codes and no scales.  Every decoded payload re-encodes to the same bytes (FIXED, ELIAS, RANS; ZSTD
+c ∈ {−1, 0, +1}, LOWPREC any.  Integer schemes need 1 ≤ b ≤ 16 and levels ≥ 1; the raw schemes
+(IDENTITY, SKETCH) b = 32, no codes and no scales.  Every decoded payload re-encodes to the same bytes (FIXED, ELIAS, RANS; ZSTD
 frames are validated but only their content is canonical; with the same zstd library the bytes
 are the same too).  The crc of big payloads is computed on several threads
 (:func:`dqsgd.codecs.threads.crc32`: the same value).
@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 from numba import njit
 
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
@@ -54,7 +53,7 @@ from dqsgd.codecs.header import (
 )
 from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
 from dqsgd.codecs.threads import crc32
-from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
+from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 
 __all__ = ["Coding", "PayloadError", "body_width", "coded_size", "decode", "encode", "header_size", "predicted_size"]
 
@@ -72,9 +71,16 @@ def body_width(bits: int, coding: Coding) -> int:
     return next(w for w in (1, 2, 4, 8, 16, 32) if w >= bits)
 
 
+def _zstd():  # noqa: ANN202 - the zstandard module
+    """zstandard, imported where a ZSTD coding is used (the FIXED codec runs without it)."""
+    import zstandard
+
+    return zstandard
+
+
 def zstd_compress(body: np.ndarray | bytes) -> bytes:
     """One zstd frame (level 3, content size in the header) of ``body``: ZSTD and ZSTD_ALIGNED."""
-    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
+    return _zstd().ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,8 @@ def code_range(scheme: Scheme, bits: int, levels: int) -> _Range:
 
 def scheme_error(scheme: Scheme, bits: int, levels: int) -> str | None:
     """Why (scheme, bits, levels) is not allowed, or None."""
-    if scheme == Scheme.IDENTITY:
-        return None if bits == 32 else f"IDENTITY needs bits = 32, got {bits}"
+    if scheme in RAW_SCHEMES:
+        return None if bits == 32 else f"{scheme.name} needs bits = 32, got {bits}"
     if not 1 <= bits <= MAX_CODE_BITS:
         return f"{scheme.name} needs bits in 1..{MAX_CODE_BITS}, got {bits}"
     if not 1 <= levels <= U32_MAX:
@@ -167,21 +173,21 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
     numel = q.numel
     nseg = check_layout(q.layout, numel)
     dtype_code(q.dtype)  # the header can restore it
-    if scheme == Scheme.IDENTITY:
+    if scheme in RAW_SCHEMES:
         nseg = 0  # raw values carry no scales
         if q.values is None:
-            raise ValueError("IDENTITY needs values")
-        _as_numpy(q.codes, torch.int32, 0, "IDENTITY codes")
+            raise ValueError(f"{scheme.name} needs values")
+        _as_numpy(q.codes, torch.int32, 0, f"{scheme.name} codes")
         data = _as_numpy(q.values, torch.float32, numel, "values")
         if data.size and not np.isfinite(data).all():
-            raise ValueError("IDENTITY values contain NaN or Inf; refusing to encode (decode would refuse them too)")
+            raise ValueError(f"{scheme.name} values contain NaN or Inf; refusing to encode (decode would refuse them too)")
     else:
         data = _as_numpy(q.codes, torch.int32, numel, "codes")
         if (err := _range_error(data, code_range(scheme, q.bits, q.levels))) is not None:
             raise ValueError(f"{scheme.name} at {q.bits} bits, levels {q.levels}: {err}")
     if isinstance(q.scales, torch.Tensor) and q.scales.dim() == 1 and q.scales.numel() != nseg:
         raise ValueError(f"{q.scales.numel()} scales, but the layout has {nseg} segments for {numel} elements"
-                         + (" (IDENTITY carries no scales)" if scheme == Scheme.IDENTITY else ""))
+                         + (f" ({scheme.name} carries no scales)" if scheme in RAW_SCHEMES else ""))
     scales = _as_numpy(q.scales, torch.float32, nseg, "scales")
     if not np.isfinite(scales).all():
         raise ValueError("scales must be finite")
@@ -190,7 +196,7 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
 
 def _fixed_body(data: np.ndarray, bits: int, width: int) -> np.ndarray:
     """FIXED's packing of the codes (offset binary of ``bits``) at ``width`` ≥ bits."""
-    if bits == 32:  # IDENTITY: raw little-endian float32
+    if bits == 32:  # IDENTITY, SKETCH: raw little-endian float32
         return data.astype("<f4", copy=False).view(np.uint8)
     if bits == 1:
         return pack_bits(data > 0, width)
@@ -198,8 +204,8 @@ def _fixed_body(data: np.ndarray, bits: int, width: int) -> np.ndarray:
 
 
 def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme) -> tuple[Coding, bytes | np.ndarray]:
-    if scheme == Scheme.IDENTITY and coding in (Coding.ELIAS, Coding.RANS):
-        raise ValueError(f"IDENTITY payloads cannot use {coding.name} coding (no integer codes)")
+    if scheme in RAW_SCHEMES and coding in (Coding.ELIAS, Coding.RANS):
+        raise ValueError(f"{scheme.name} payloads cannot use {coding.name} coding (no integer codes)")
     if coding == Coding.AUTO:
         return _smallest_body(data, bits, scheme)
     if coding == Coding.ELIAS:
@@ -216,7 +222,7 @@ def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding,
     """AUTO: the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties go to the earlier one)."""
     best: tuple[Coding, bytes | np.ndarray] = (Coding.FIXED, _fixed_body(data, bits, bits))
     size = memoryview(best[1]).nbytes
-    if scheme != Scheme.IDENTITY:
+    if scheme not in RAW_SCHEMES:
         # Elias wins iff its ⌈L/8⌉ bytes < size, i.e. L ≤ 8·size − 8: no need to scan further.
         budget = 8 * size - 8
         if elias_bit_length(data, stop_above=budget) <= budget:
@@ -226,7 +232,7 @@ def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding,
     zbody = zstd_compress(aligned)
     if len(zbody) < size:
         best, size = (Coding.ZSTD_ALIGNED, zbody), len(zbody)
-    if scheme != Scheme.IDENTITY:
+    if scheme not in RAW_SCHEMES:
         rbody = rans_encode(data, bits)
         if rbody.size < size:
             best = (Coding.RANS, rbody)
@@ -317,6 +323,7 @@ def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     itself bounds the output), with nothing after it."""
     if bytes(body[:4]) != _ZSTD_MAGIC:
         raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
+    zstandard = _zstd()
     if expected > zstd_content_bound(len(body)):
         raise PayloadError(f"ZSTD body at offset {offset}: {len(body)} bytes cannot decompress to the "
                            f"{expected} bytes the header's numel needs")
@@ -343,16 +350,16 @@ def decode_body(buf: memoryview, h: Header) -> np.ndarray:
     elif h.coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         data = _unpack_fixed(unzstd(body, packed_size(h.numel, width), offset), h, offset, width)
     elif h.coding == Coding.RANS:
-        if h.scheme == Scheme.IDENTITY:
-            raise PayloadError("IDENTITY payload with RANS coding (offset 5)")
+        if h.scheme in RAW_SCHEMES:
+            raise PayloadError(f"{h.scheme.name} payload with RANS coding (offset 5)")
         rng = code_range(h.scheme, h.bits, h.levels)
         try:
             return rans_decode(body, h.numel, h.bits, rng.lo, rng.hi, rng.zero_ok)
         except RansError as e:
             raise PayloadError(f"RANS body at offset {offset}: {e}") from None
     else:
-        if h.scheme == Scheme.IDENTITY:
-            raise PayloadError("IDENTITY payload with ELIAS coding (offset 5)")
+        if h.scheme in RAW_SCHEMES:
+            raise PayloadError(f"{h.scheme.name} payload with ELIAS coding (offset 5)")
         rng = code_range(h.scheme, h.bits, h.levels)
         try:
             data, nnz = elias_decode(body, h.numel, min_code=rng.lo, max_code=rng.hi)
@@ -363,12 +370,12 @@ def decode_body(buf: memoryview, h: Header) -> np.ndarray:
                 f"Elias body at offset {offset} has zero codes, which {h.scheme.name} at {h.bits} bits cannot carry"
             )
         return data
-    if h.scheme != Scheme.IDENTITY:
+    if h.scheme not in RAW_SCHEMES:
         if (err := _range_error(data, code_range(h.scheme, h.bits, h.levels))) is not None:
             raise PayloadError(f"body at offset {offset}: {err}")
     elif data.size and not np.isfinite(data).all():
         # encode() refuses non-finite values (the quantizers do too), so such a body is corrupt.
-        raise PayloadError(f"IDENTITY body at offset {offset} holds NaN or Inf values")
+        raise PayloadError(f"{h.scheme.name} body at offset {offset} holds NaN or Inf values")
     return data
 
 
@@ -390,7 +397,7 @@ def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUME
     data = decode_body(buf, h)
     empty_i = torch.zeros(0, dtype=torch.int32)
     scales = torch.from_numpy(h.scales)
-    if h.scheme == Scheme.IDENTITY:
+    if h.scheme in RAW_SCHEMES:
         return Quantized(h.scheme, h.bits, h.levels, empty_i, scales, h.layout, h.shape, h.norm, torch.from_numpy(data),
                          h.dtype)
     return Quantized(h.scheme, h.bits, h.levels, torch.from_numpy(data), scales, h.layout, h.shape, h.norm,
@@ -407,13 +414,13 @@ def coded_size(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_
     result is at most ``len(payload)`` whenever the payload's own coding is one AUTO chooses from
     (FIXED, ELIAS, ZSTD_ALIGNED, RANS or AUTO itself); only a ZSTD payload may be shorter.
 
-    IDENTITY (fp32) payloads carry no levels to entropy-code: their coded size is the payload's own
+    Raw (IDENTITY, SKETCH: fp32) payloads carry no levels to entropy-code: their coded size is the payload's own
     length (only the header and CRC are checked, the floats are not decoded).
 
     Raises:
       PayloadError: a payload :func:`decode` refuses.
     """
     buf = memoryview(payload).cast("B")
-    if read_header(buf, max_numel=max_numel).scheme == Scheme.IDENTITY:
+    if read_header(buf, max_numel=max_numel).scheme in RAW_SCHEMES:
         return len(buf)
     return len(encode(decode(buf, max_numel=max_numel), Coding.AUTO))

@@ -5,7 +5,8 @@
 * :func:`decode_accumulate` — payload → ``out += w·x̂`` without temporaries.
 * :func:`quantize_uniform_hash` — the torch-ops reference (any device) they are tested against.
 * :func:`encode_uniform_device`, :func:`decode_accumulate_device`, :func:`decode_device` — the same
-  codec in torch ops on the tensor's device (:mod:`dqsgd.kernels.device`).
+  codec on the tensor's device (:mod:`dqsgd.kernels.device`): Triton kernels on CUDA where Triton is
+  installed (:mod:`dqsgd.kernels.triton_codec`, the ``gpu`` extra), torch ops elsewhere.
 """
 
 from typing import TYPE_CHECKING

@@ -35,6 +35,7 @@ from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
+from dqsgd.quantizers.base import RAW_SCHEMES
 from dqsgd.quantizers.segments import check_bits, flat_float, require_finite, segment_reduce
 
 __all__ = [
@@ -213,7 +214,7 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     w = np.float32(weight)
     rng = wire.code_range(h.scheme, h.bits, h.levels)
     if (h.coding in (Coding.ELIAS, Coding.RANS) or h.numel == 0
-            or (h.scheme != Scheme.IDENTITY and not rng.zero_ok and h.bits > 1)):
+            or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
         # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
         data = wire.decode_body(buf, h)
         if h.numel:
@@ -226,7 +227,7 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     _check_fixed_body(body, h, width)
     data = np.frombuffer(body, dtype=np.uint8)
     chunks = -(-h.numel // fused.CHUNK)
-    if h.scheme == Scheme.IDENTITY:
+    if h.scheme in RAW_SCHEMES:
         run_split(fused.accumulate_values, chunks, data.view("<f4"), w, arr, min_per_thread=MIN_CHUNKS_PER_THREAD)
         return h
     bits, starts = h.bits, segment_starts(h.layout, h.numel)

@@ -23,12 +23,15 @@ Header. It depends only on (shape, bits, norm, layout): a host template is writt
 place (so nothing here hard-codes header offsets), and the device-computed float32 scales are
 spliced in there as bytes.
 
-Compilation. On CUDA the n-sized kernels (max norm, quantize + pack, the crc tree, and decoding)
-run under ``torch.compile(dynamic=False)``: inductor fuses the hash, rounding and packing of
-each element into one pass, which eager ops (one kernel and one full-size temporary per op) cannot;
-Triton is only reached through it, so there is no new dependency. On CPU the eager ops run by
-default (the numba kernels are the CPU fast path); :func:`set_compile` forces either. GPU speed:
-not measured here.
+Kernels. On CUDA, where Triton is installed (the ``gpu`` extra), the n-sized passes (max norm,
+quantize + pack, the crc, and decoding) are the Triton kernels of :mod:`dqsgd.kernels.triton_codec`:
+one pass per stage, same bytes. Everything per segment or per payload (l2 norms, s/r, refusals,
+header) stays here, shared by both paths. Without Triton (or with ``set_triton(False)``) the
+torch ops below run under ``torch.compile(dynamic=False)`` on CUDA (inductor fuses the hash,
+rounding and packing of each element into one pass); :func:`dqsgd.kernels.device_common.use_triton`
+is the one place that decides, and warns once when CUDA runs without Triton. On CPU the eager ops
+run by default (the numba kernels are the CPU fast path); :func:`set_compile` forces either. GPU
+speed: not measured here (``dqsgd bench gpu`` measures it).
 
 What costs a host sync: see :func:`encode_uniform_device` and :func:`decode_accumulate_device`.
 """
@@ -38,7 +41,9 @@ from __future__ import annotations
 import torch
 
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
-from dqsgd.kernels.device_common import expected_header, head_on, kernel, per_element, seg_ids_of, set_compile, template
+from dqsgd.kernels.device_common import (
+    expected_header, head_on, kernel, per_element, seg_ids_of, set_compile, set_triton, template, use_triton,
+)
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
 from dqsgd.kernels.device_pack import pack_device
@@ -46,9 +51,11 @@ from dqsgd.kernels.hashrng import HashRNG, signed64, hash_uniform_torch
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, levels_for_bits
 from dqsgd.quantizers.segments import check_bits, flat_float, segment_reduce
 
-__all__ = ["decode_accumulate_device", "decode_device", "encode_uniform_device", "expected_header", "set_compile"]
+__all__ = ["decode_accumulate_device", "decode_device", "encode_uniform_device", "expected_header", "set_compile",
+           "set_triton"]
 
 _CHECKS = ("sync", "defer")
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # read as they are by the Triton kernels
 
 # ------------------------------------------------------------------------------ encode
 
@@ -98,11 +105,16 @@ def _crc_bytes(data: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.T
     return ((crc >> torch.arange(0, 32, 8, device=data.device)) & 0xFF).to(torch.uint8)
 
 
-def _scales(flat: torch.Tensor, norm: Norm, layout: Layout, seg_ids: torch.Tensor | None, nseg: int) -> torch.Tensor:
+def _scales(x: torch.Tensor, norm: Norm, layout: Layout, nseg: int, tri: bool) -> torch.Tensor:
+    """Per-segment norms of the flat input ``x`` (any float dtype; float32 on the torch-ops path)."""
     if norm == Norm.L2:  # the host kernel's own expression (summation order matters for the bits)
-        return segment_reduce(flat, layout, "l2").to(torch.float32)
+        return segment_reduce(x.to(torch.float32), layout, "l2").to(torch.float32)
+    if tri:
+        from dqsgd.kernels.triton_codec import absmax_triton
+
+        return absmax_triton(x, layout, nseg)
     bucket = layout.bucket if layout.sizes is None else 0
-    return kernel(_absmax, flat.device)(flat, seg_ids, bucket, nseg)
+    return kernel(_absmax, x.device)(x, seg_ids_of(layout, x.device), bucket, nseg)
 
 
 def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
@@ -116,6 +128,16 @@ def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
         r = float(scales[~torch.isfinite(inv)][0])
         raise ValueError(f"device uniform quantizer: a segment norm of {r:.3g} is too small: s/norm = {levels}/{r:.3g} "
                          "overflows float32 (norms must be 0 or above s·2^-128)")
+
+
+def _triton_body_and_crc(flat: torch.Tensor, inv: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
+                         payload: torch.Tensor, head_len: int) -> None:
+    """The body and the crc of ``payload`` (header written) by the Triton kernels."""
+    from dqsgd.kernels.triton_codec import quantize_pack_triton
+    from dqsgd.kernels.triton_crc import crc32_triton
+
+    quantize_pack_triton(flat, inv.contiguous(), layout, key, bits, levels, payload[head_len:-4])
+    crc32_triton(payload[:-4], payload[-4:])
 
 
 def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
@@ -138,27 +160,30 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
         raise ValueError(f"device uniform quantizer: norm must be Norm.MAX or Norm.L2, got {norm!r}")
     if check not in _CHECKS:
         raise ValueError(f"check must be one of {_CHECKS}, got {check!r}")
-    flat = flat_float(x).contiguous()
+    tri = isinstance(x, torch.Tensor) and x.dtype in _TRITON_DTYPES and use_triton(x.device)
+    flat = x.detach().reshape(-1).contiguous() if tri else flat_float(x).contiguous()  # Triton widens in-kernel
     shape, n = tuple(int(d) for d in x.shape), flat.numel()
     if n >= 1 << 32 or len(shape) > wire.MAX_NDIM or any(d > wire.U32_MAX for d in shape):
         raise ValueError(f"shape {shape}: need ndim ≤ {wire.MAX_NDIM}, every dim < 2^32 and < 2^32 elements")
     tpl = template(shape, bits, Norm(norm), layout, x.dtype)
     dev, levels = flat.device, levels_for_bits(bits)
-    seg_ids = seg_ids_of(layout, dev)
-    scales = _scales(flat, norm, layout, seg_ids, tpl.nseg)
+    scales = _scales(flat, norm, layout, tpl.nseg, tri)
     inv = torch.where(scales > 0, levels / scales, torch.zeros_like(scales))  # the host's expression
     if check == "sync":
         _refuse(scales, inv, levels)
     else:
         scales = torch.where(torch.isfinite(inv), scales, torch.full_like(scales, float("nan")))
+    head, _ = head_on(tpl, dev)
+    k = len(tpl.head)
+    payload = torch.empty(k + tpl.body_len + 4, dtype=torch.uint8, device=dev)
+    payload[:k] = head
+    payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = scales.contiguous().view(torch.uint8)
+    if tri:
+        _triton_body_and_crc(flat, inv, layout, rng.key, bits, levels, payload, k)
+        return payload
     key = torch.full((), signed64(rng.key), dtype=torch.int64, device=dev)  # a fill: no host copy
     bucket = layout.bucket if layout.sizes is None else 0
-    body = kernel(_quantize_pack, dev)(flat, inv, seg_ids, key, bits, levels, bucket)
-    head, _ = head_on(tpl, dev)
-    payload = torch.empty(len(tpl.head) + tpl.body_len + 4, dtype=torch.uint8, device=dev)
-    payload[: len(tpl.head)] = head
-    payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = scales.contiguous().view(torch.uint8)
-    payload[len(tpl.head) : -4] = body
+    payload[k:-4] = kernel(_quantize_pack, dev)(flat, inv, seg_ids_of(layout, dev), key, bits, levels, bucket)
     m = payload.numel() - 4
     payload[-4:] = kernel(_crc_bytes, dev)(payload[:-4], crc_tables(dev, m), crc32_length_constant(m))
     return payload

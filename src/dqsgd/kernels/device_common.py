@@ -1,11 +1,14 @@
-"""Shared parts of the device codec: compilation switch, segment indices, header templates.
+"""Shared parts of the device codec: which kernels run (Triton or torch ops), compilation switch,
+segment indices, header templates.
 
 See :mod:`dqsgd.kernels.device` for what the codec computes and why.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,7 +22,47 @@ from dqsgd.codecs.header import Header, parse_header, write_header
 from dqsgd.quantizers import Layout, Norm, Scheme, levels_for_bits
 
 __all__ = ["LazyBytes", "Template", "expected_header", "head_on", "kernel", "per_element", "seg_ids_of", "set_compile",
-           "template"]
+           "set_triton", "template", "triton_available", "use_triton"]
+
+
+# ------------------------------------------------------------------------------ Triton or torch ops
+
+_FORCE_TRITON: bool | None = None
+_WARNED_NO_TRITON = False
+
+
+def set_triton(mode: bool | None) -> None:
+    """``True``: the n-sized passes of the FIXED uniform codec run as the Triton kernels of
+    :mod:`dqsgd.kernels.triton_codec` on every device (CPU tensors need ``TRITON_INTERPRET=1`` set
+    before Triton is first imported: the tests' way of running them without a GPU); ``False``: torch
+    ops everywhere; ``None`` (default): Triton on CUDA where it is installed, torch ops elsewhere."""
+    global _FORCE_TRITON
+    _FORCE_TRITON = mode
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package can be imported (the ``gpu`` extra)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether the codec on ``device`` runs the Triton kernels: the one place that decides.
+
+    On CUDA without Triton it runs the torch-ops codec and says so once (a warning)."""
+    global _WARNED_NO_TRITON
+    if _FORCE_TRITON is not None:
+        if _FORCE_TRITON and not triton_available():
+            raise RuntimeError("set_triton(True), but the triton package is not installed (pip install 'dqsgd[gpu]')")
+        return _FORCE_TRITON
+    if device.type != "cuda":
+        return False
+    if triton_available():
+        return True
+    if not _WARNED_NO_TRITON:
+        _WARNED_NO_TRITON = True
+        warnings.warn("Triton is not installed: the CUDA codec runs as torch ops under torch.compile instead of the "
+                      "Triton kernels (same bytes, slower); pip install 'dqsgd[gpu]'", RuntimeWarning, stacklevel=3)
+    return False
 
 
 # ------------------------------------------------------------------------------ compilation

@@ -13,7 +13,7 @@ from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
 from dqsgd.kernels.codec import decode_accumulate
-from dqsgd.kernels.device_common import LazyBytes, head_on, kernel, per_element, seg_ids_of, template
+from dqsgd.kernels.device_common import LazyBytes, head_on, kernel, per_element, seg_ids_of, template, use_triton
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
 from dqsgd.quantizers import Scheme
@@ -142,18 +142,46 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
         scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
         head_flags = torch.zeros(2, dtype=torch.int64, device=dev)
     steps = scales / torch.full_like(scales, float(h.levels))  # a tensor divisor: correctly rounded everywhere
+    payload = payload.contiguous()
     body = payload[h.body_start : h.body_start + h.body_len]
+    if use_triton(dev):
+        _accumulate_triton(payload, body, steps, out, weight, h, head_flags, check, bad)
+        return
     w = torch.full((), weight, dtype=torch.float32, device=dev)
     bucket = h.layout.bucket if h.layout.sizes is None else 0
     dx, code_stats = kernel(_dequantize, dev)(body, steps, seg_ids_of(h.layout, dev), w, h.bits, bucket, h.numel)
     pad = padding_bits(body, h.bits, h.numel).to(torch.int64).reshape(1)
     stats = torch.cat([head_flags, kernel(_crc_pair, dev)(payload, crc_tables(dev, payload.numel() - 4),
                                                    crc32_length_constant(payload.numel() - 4)), pad, code_stats])
+    _settle(stats, h, check, bad)
+    out.view(-1).add_(dx)  # eager and separate: never contracted into an FMA (module docstring)
+
+
+def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None) -> None:
+    """Raise on the first failed check (``sync``: the one sync, 8 integers) or OR them into ``bad``."""
     if check == "sync":
-        _raise_first(stats.tolist(), h)  # the one sync: 8 integers
+        _raise_first(stats.tolist(), h)
     else:
         bad |= _flagged(stats, h)
-    out.view(-1).add_(dx)  # eager and separate: never contracted into an FMA (module docstring)
+
+
+def _accumulate_triton(payload: torch.Tensor, body: torch.Tensor, steps: torch.Tensor, out: torch.Tensor,
+                       weight: float, h: Header, head_flags: torch.Tensor, check: str,
+                       bad: torch.Tensor | None) -> None:
+    """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): same checks, same sum. With
+    ``check="sync"`` the codes are scanned first and added only once every check passed (so a
+    refused payload leaves ``out`` untouched): two reads of the (small) body; ``defer``: one."""
+    from dqsgd.kernels.triton_codec import accumulate_triton
+    from dqsgd.kernels.triton_crc import crc32_triton
+
+    dev, flat = payload.device, out.view(-1)
+    code_stats = accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, write=check == "defer")
+    stored = (payload[-4:].to(torch.int64) << torch.arange(0, 32, 8, device=dev)).sum().reshape(1)
+    computed = (crc32_triton(payload[:-4]).to(torch.int64) & 0xFFFFFFFF).reshape(1)
+    pad = padding_bits(body, h.bits, h.numel).to(torch.int64).reshape(1)
+    _settle(torch.cat([head_flags, computed, stored, pad, code_stats]), h, check, bad)
+    if check == "sync":
+        accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, write=True)
 
 
 def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: float = 1.0, *,

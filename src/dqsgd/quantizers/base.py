@@ -13,6 +13,7 @@ SIGN          ``±1``                    l1-mean or 1      1
 TERNARY       ``{-1, 0, +1}``            max-norm / c·σ    1
 LOWPREC       ``k_i ∈ [-2^(b-1), 2^(b-1)-1]``  δ              1
 IDENTITY      (raw float32 in ``values``)  —               —
+SKETCH        (raw float32 count-sketch table r × c in ``values``)  —  —
 ============  =======================  =================  ==================================
 
 The codec (``dqsgd.codecs``) only moves this structure to bytes and back; it never needs to
@@ -36,6 +37,11 @@ class Scheme(enum.IntEnum):
     SIGN = 2
     TERNARY = 3
     LOWPREC = 4
+    SKETCH = 5  # a count sketch's r × c table of float32 sums (dqsgd.quantizers.sketch)
+
+
+RAW_SCHEMES = frozenset({Scheme.IDENTITY, Scheme.SKETCH})
+"""Schemes whose messages carry raw float32 ``values`` (32 bits, no integer codes, no scales)."""
 
 
 class Norm(enum.IntEnum):
@@ -88,7 +94,7 @@ class Quantized:
       layout: the segmentation that ``scales`` refers to.
       shape: the original tensor's shape.
       norm: which norm the scales are (informational).
-      values: float32, 1-D raw values (IDENTITY only, else None).
+      values: float32, 1-D raw values (the raw schemes, IDENTITY and SKETCH, only; else None).
       dtype: the dtype of the tensor that was quantized; :func:`dequantize` returns it (the
         arithmetic is float32 either way) and the payload header records it.
     """
@@ -119,7 +125,7 @@ def dequantize(q: Quantized) -> torch.Tensor:
 
 
 def _dequantize32(q: Quantized) -> torch.Tensor:
-    if q.scheme == Scheme.IDENTITY:
+    if q.scheme in RAW_SCHEMES:
         assert q.values is not None
         return q.values.reshape(q.shape)
     numel = q.numel

@@ -20,6 +20,7 @@ from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
 from dqsgd.quantizers.identity import IDENTITY
 from dqsgd.quantizers.lowprec import LOWPREC
 from dqsgd.quantizers.sign import SCALED_SIGN, SIGN
+from dqsgd.quantizers.sketch import SKETCH
 from dqsgd.quantizers.ternary import TERNARY
 from dqsgd.quantizers.uniform import UNIFORM
 
@@ -77,6 +78,7 @@ QUANTIZERS: dict[str, Quantizer] = {q.name: q for q in (
     SCALED_SIGN,
     TERNARY,
     LOWPREC,
+    SKETCH,
 )}
 
 

@@ -59,6 +59,17 @@ class TrainConfig:
     downlink_bits: int = 8            # sharded: width of the downlink's stochastic rounding (2..16; 32 = fp32)
     coded_every: int = 1              # measure the uplink's size with the best coding (AUTO) on the steps
                                       # n % coded_every == 0; 0 = never. A measurement: nothing sent changes
+    # The simulated wall clock (dqsgd.train.slownodes): per-worker compute time, log-normal with median
+    # compute_s and spread compute_sigma, plus a stall of stall_s with probability stall_prob; links of
+    # link_mbps with link_latency_s per message round. backup_workers = b: the ps server aggregates the
+    # first W - b arrivals of each step (simulation).
+    compute_s: float = 0.1
+    compute_sigma: float = 0.25
+    stall_prob: float = 0.02
+    stall_s: float = 1.0
+    link_mbps: float = 1000.0
+    link_latency_s: float = 0.0005
+    backup_workers: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -74,6 +85,14 @@ class TrainConfig:
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0
              and self.pad_to >= 0 and self.coded_every >= 0,
              "counts must be >= 0"),
+        ]
+        checks += [
+            (0 <= self.backup_workers < self.workers, "backup_workers must be in [0, workers - 1]"),
+            (0 <= self.compute_s < math.inf and 0 <= self.compute_sigma < math.inf and self.stall_s >= 0,
+             "compute_s and compute_sigma must be finite and >= 0, stall_s >= 0"),
+            (0 <= self.stall_prob <= 1, "stall_prob must be in [0, 1]"),
+            (0 < self.link_mbps and 0 <= self.link_latency_s < math.inf,
+             "link_mbps must be > 0 and link_latency_s finite and >= 0"),
         ]
         for ok, msg in checks:
             if not ok:

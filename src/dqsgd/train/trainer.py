@@ -34,10 +34,12 @@ from dqsgd.data import Dataset
 from dqsgd.ledger import Ledger
 from dqsgd.models import build_model
 from dqsgd.pipeline import Method, MethodState
+from dqsgd.sketched import SketchedStep
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.step import ServerStep, ShardedStep, all_finite, codec_input
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, seed_for
+from dqsgd.train.slownodes import SlowNodes, StepTimer, check_backup
 from dqsgd.transport import SimTransport, Transport
 
 
@@ -56,6 +58,8 @@ class StepResult:
     decode_s: float
     coded_up: list[int] | None = None  # per worker, the uplink with the best coding (measured steps only)
     coded_s: float = 0.0               # seconds this process spent measuring it (not in encode_s/decode_s)
+    sim_time_s: float = 0.0            # the simulated wall clock after this step (dqsgd.train.slownodes)
+    dropped: list[int] | None = None   # backup workers: the workers whose gradients this step dropped
 
 
 STATE_FORMAT = 2  # the layout of Trainer.state_dict (and of checkpoint files)
@@ -88,6 +92,10 @@ class Trainer:
             raise ValueError(f"model {cfg.model!r} has no trainable parameters: nothing to train or send")
         self.lr = entry.lr if entry.lr is not None else cfg.lr
         momentum = entry.momentum if entry.momentum is not None else cfg.momentum
+        if momentum and entry.config.scheme == "sketch" and entry.config.sketch_momentum:
+            raise ValueError(f"method {entry.label!r}: Sketched SGD keeps its momentum on the workers "
+                             f"(sketch_momentum = {entry.config.sketch_momentum}); set its optimizer momentum to 0 "
+                             f"(methods.{entry.label}.momentum = 0.0) or sketch_momentum = 0")
         self.optimizer = torch.optim.SGD(self.params, lr=self.lr, momentum=momentum)
         self.method = Method(entry.config, self.numel, cfg.steps, sizes)
         self.state: MethodState = self.method.init_state(cfg.workers)
@@ -96,10 +104,15 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
-        self.step_runner: ServerStep | ShardedStep = (
-            ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
+        self.step_runner: ServerStep | ShardedStep | SketchedStep = (
+            SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
+            else ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
             else ServerStep(self.method, seed, self.topology))
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
+        if cfg.backup_workers:
+            check_backup(entry.config)
+        self.timer = StepTimer(SlowNodes(cfg), seed, cfg.workers, self.transport, cfg.backup_workers,
+                               getattr(self.step_runner, "rounds", 2))
         self.next_step = 0
         self.skipped = 0
 
@@ -195,13 +208,16 @@ class Trainer:
             self.skipped += 1
             self.next_step += 1
             return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
-        r = self.step_runner.run(t, grads, self.state, n, self.qgen, measure_coded=self.measures_coded(n))  # type: ignore[arg-type]
+        self.timer.start(n)
+        r = self.step_runner.run(self.timer.transport(t), grads, self.state, n, self.qgen,  # type: ignore[arg-type]
+                                 measure_coded=self.measures_coded(n))
         t2 = time.perf_counter()
         coded = None if r.coded is None else self.gather_coded(r.coded)
         coded_s = r.coded_s + time.perf_counter() - t2
-        up, down = r.uplink(), sum(r.down)
+        up, wire, dropped, _ = self.timer.account(r.uplink(), r.up, r.down, self.topology, r.wire() if r.up else ([], []))
+        down = sum(r.down)
         if up:  # the aggregating process (a ps rank other than the server sees no uplink sizes)
-            self.ledger.record(n, bits, up, down, r.side, *r.wire(), coded_up=coded)
+            self.ledger.record(n, bits, up, down, r.side, *wire, coded_up=coded, dropped=dropped)
         assert r.state is not None
         self.state = r.state
         lr = self.lr_at(n)
@@ -209,7 +225,8 @@ class Trainer:
         t3 = time.perf_counter()
         self.next_step += 1
         return StepResult(n, t.mean_loss(losses), lr, bits, False, up, down, r.side, t1 - t0, r.encode_s,
-                          t3 - t1 - r.encode_s - coded_s, coded, coded_s)
+                          t3 - t1 - r.encode_s - coded_s, coded, coded_s, self.timer.elapsed,
+                          dropped if self.cfg.backup_workers else None)
 
     # --- state ----------------------------------------------------------------------------------
     def run_meta(self) -> dict[str, Any]:
@@ -237,6 +254,7 @@ class Trainer:
             "ledger": self.ledger.state_dict() if server else None,
             "qgen": {int(w): g.get_state() for w, g in self.qgen.items()},
             "bits": self.state.bits,
+            "sim_time_s": self.timer.elapsed,
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -264,6 +282,7 @@ class Trainer:
             self.qgen[int(w)].set_state(st)
         self.next_step = int(sd["next_step"])
         self.skipped = int(sd["skipped"])
+        self.timer.elapsed = float(sd.get("sim_time_s", 0.0))  # states written before the simulated clock: 0
         self.transport.steps = self.next_step  # error messages count completed steps
 
     # --- evaluation -----------------------------------------------------------------------------
@@ -294,9 +313,10 @@ def record_of(r: StepResult, ledger: Ledger) -> dict[str, Any]:
         "rank_up_bytes": max(last.rank_up), "rank_down_bytes": max(last.rank_down),
         "rank_total_bytes": max(a + b for a, b in zip(last.rank_up, last.rank_down))}
     coded = {} if r.coded_up is None else {"coded_up_bytes": sum(r.coded_up), "coded_s": r.coded_s}
+    backup = {} if r.dropped is None else {"dropped": list(r.dropped)}
     return {
         "step": r.step, "loss": r.loss, "lr": r.lr, "bits": r.bits, "skipped": r.skipped,
         "up_bytes": sum(r.up_bytes), "down_bytes": r.down_bytes * len(r.up_bytes), "side_bytes": r.side_bytes, **ranks,
         **coded, "budget_left": ledger.budget_left(), "compute_s": r.compute_s, "encode_s": r.encode_s,
-        "decode_s": r.decode_s,
+        "decode_s": r.decode_s, "sim_time_s": r.sim_time_s, **backup,
     }

@@ -1,0 +1,282 @@
+"""Triton kernels of the FIXED uniform codec: max norm, quantize + pack, and unpack + decode-accumulate.
+
+The host functions here run only the n-sized passes; :mod:`dqsgd.kernels.device` and
+:mod:`dqsgd.kernels.device_decode` call them (when :func:`dqsgd.kernels.device_common.use_triton`
+says so) and keep everything per segment or per payload (inverse norms, header, refusals) in the one
+place the torch-ops path uses too. The crc is :mod:`dqsgd.kernels.triton_crc`.
+
+Why the bytes equal the numba kernels' (:mod:`dqsgd.kernels.fused`) for the same input and key:
+
+* **Uniforms.** u_i is field (i mod 4) of h_⌊i/4⌋ = mix64(key + (⌊i/4⌋ + 1)·γ) in uint64 arithmetic
+  (wrapping multiply and add, logical shifts: the same bits on every backend), then
+  (field + 1/2)·2^-16 in float32: exact.
+* **Max norm.** An integer maximum of the float32 bit patterns with the sign cleared: exact in any
+  order (atomics included), and NaN/Inf lie above every finite pattern, so a non-finite input gives
+  a non-finite scale (refused as the host refuses it). float16/bfloat16 inputs are widened to
+  float32 in the kernel (exact), as ``flat_float`` widens them for the host.
+* **l2 norm and s/r.** Not computed here: the caller evaluates the host's own torch expressions on
+  the float32 input and on the per-segment tensor (a float reduction's bits depend on its order,
+  and Triton's float32 ``/`` is not correctly rounded on CUDA; torch's ``levels / r`` is
+  ``r.reciprocal()·levels`` with a correctly rounded reciprocal, what the numba kernel computes).
+* **Rounding.** float32 in the numba kernel's order: a = min(|x|·inv, s), ⌊a⌋ + [u < a − ⌊a⌋]
+  clamped to s, the sign of x; one bit: [u < (clamp(x·inv, −1, 1) + 1)·½]. No product feeds an
+  addition directly there, so no FMA can form.
+* **Decode.** ``out + w·(c·step)`` *is* an FMA pattern: the kernel is launched with
+  ``enable_fp_fusion=False`` (two roundings, as numba's non-fast-math loop), so the sum is the
+  host's bit for bit. The CPU interpreter (what CI runs) evaluates with numpy and never fuses;
+  on a GPU the same tests run natively.
+* **Packing.** Eight w-bit values fill w bytes; a group is held as two uint64 halves (values 0..3
+  and 4..7, 4·w ≤ 64 bits each) and byte b is cut from them as in :mod:`dqsgd.kernels.device_pack`.
+
+Each program handles ``GROUPS`` groups of 8 values (1024 coordinates). Kernel arguments carry no
+type hints: Triton reads a parameter's annotation as its type. Segments: one, buckets
+(index // bucket) or explicit sizes (a branch-free binary search in the segment starts, no
+n-sized index tensor).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from dqsgd.quantizers import Layout
+
+__all__ = ["absmax_triton", "accumulate_triton", "quantize_pack_triton"]
+
+GROUPS = 128  # groups of 8 coordinates per program
+BLOCK = 4096  # coordinates per program of the norm kernel (one atomic each, in one segment)
+_GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+@triton.jit
+def _segment(idx, ok, starts_ptr, nseg, bucket, MODE: tl.constexpr, STEPS: tl.constexpr):
+    """The segment of each coordinate: 0 (MODE 0), idx // bucket (MODE 1), or the last k with
+    starts[k] ≤ idx (MODE 2, STEPS halvings of [0, nseg − 1]: empty segments are skipped)."""
+    if MODE == 0:
+        return tl.zeros_like(idx)
+    elif MODE == 1:
+        return idx // bucket
+    else:
+        lo = tl.zeros_like(idx)
+        hi = tl.zeros_like(idx) + (nseg - 1)
+        for _ in tl.static_range(STEPS):
+            mid = (lo + hi + 1) // 2
+            below = tl.load(starts_ptr + mid, mask=ok, other=0) <= idx
+            lo = tl.where(below, mid, lo)
+            hi = tl.where(below, hi, mid - 1)
+        return lo
+
+
+@triton.jit
+def _absmax_kernel(x_ptr, out_ptr, starts_ptr, n, nseg, bucket, BLOCK: tl.constexpr, MODE: tl.constexpr,
+                   STEPS: tl.constexpr):
+    """out[k] = max of (float32 bits of x with the sign cleared) over segment k (out starts at 0):
+    one segment, or explicit sizes (a block inside one segment takes one atomic, else one per coordinate)."""
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < n
+    x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    seg = _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
+    first = tl.min(tl.where(ok, seg, nseg), axis=0)
+    last = tl.max(tl.where(ok, seg, -1), axis=0)
+    if first == last:  # the whole block in one segment: one atomic
+        tl.atomic_max(out_ptr + first, tl.max(bits, axis=0))
+    else:
+        tl.atomic_max(out_ptr + seg, bits, mask=ok)
+
+
+@triton.jit
+def _absmax_bucket_kernel(x_ptr, out_ptr, n, bucket, chunks, SB: tl.constexpr):
+    """Bucket layouts: program p covers chunk p % chunks (SB coordinates) of bucket p // chunks, so
+    every program is inside one segment: one atomic each, whatever the bucket size."""
+    p = tl.program_id(0).to(tl.int64)
+    seg, c = p // chunks, p % chunks
+    at = c * SB + tl.arange(0, SB)
+    idx = seg * bucket + at
+    ok = (at < bucket) & (idx < n)
+    x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+    tl.atomic_max(out_ptr + seg, tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0))
+
+
+@triton.jit
+def _mix64(z):
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _or_halves(v, GROUPS: tl.constexpr):
+    """(lo, hi) of (GROUPS, 8) disjoint-bit uint64 fields: OR of values 0..3 and of values 4..7."""
+    a, b = tl.split(tl.reshape(v, (GROUPS, 2, 2, 2)))
+    a, b = tl.split(a | b)
+    return tl.split(a | b)
+
+
+@triton.jit(do_not_specialize=["key"])
+def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bucket,
+                   BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
+                   MODE: tl.constexpr, STEPS: tl.constexpr):
+    """Stochastic rounding of GROUPS·8 coordinates and their FIXED packing into ``out`` (nbytes)."""
+    g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    t = tl.arange(0, 8)
+    idx = g[:, None] * 8 + t[None, :]
+    ok = idx < n
+    x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
+    inv = tl.load(inv_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
+    j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
+    h = _mix64(key.to(tl.uint64) + j * 0x9E3779B97F4A7C15)
+    k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
+    field = tl.reshape((h[:, :, None] >> k16[None, None, :]) & 0xFFFF, (GROUPS, 8))
+    u = (field.to(tl.float32) + 0.5) * 1.52587890625e-05  # 2^-16
+    if BITS == 1:
+        v = tl.minimum(tl.maximum(x * inv, -1.0), 1.0)
+        val = (u < (v + 1.0) * 0.5).to(tl.uint64)
+    else:
+        sf = LEVELS * 1.0
+        a = tl.minimum(tl.abs(x) * inv, sf)
+        low = tl.floor(a)
+        q = tl.minimum(low + (u < a - low).to(tl.float32), sf).to(tl.int32)
+        val = (tl.where(x < 0, -q, q) + (1 << (BITS - 1))).to(tl.uint64)
+    val = tl.where(ok, val, 0) << ((t % 4) * BITS).to(tl.uint64)[None, :]
+    lo, hi = _or_halves(val, GROUPS)
+    b = tl.arange(0, WB)
+    d = 8 * b - 4 * BITS  # where byte b starts relative to hi
+    from_lo = lo[:, None] >> tl.minimum(8 * b, 63).to(tl.uint64)[None, :]
+    hi_r = hi[:, None] >> tl.maximum(d, 0).to(tl.uint64)[None, :]
+    hi_l = hi[:, None] << tl.minimum(tl.maximum(-d, 0), 63).to(tl.uint64)[None, :]
+    straddle = ((d > -8) & (d < 0))[None, :]
+    byte = tl.where((d < 0)[None, :], from_lo | tl.where(straddle, hi_l, 0), hi_r) & 0xFF
+    at = g[:, None] * BITS + b[None, :]
+    tl.store(out_ptr + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
+
+
+@triton.jit
+def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, w, n, nbytes, nseg, bucket,
+                   BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
+                   STEPS: tl.constexpr, WRITE: tl.constexpr):
+    """Unpack GROUPS·8 codes; WRITE: out += w·(c·step); stats = [min c, max c, zero count] (atomics)."""
+    g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    b = tl.arange(0, WB)
+    at = g[:, None] * BITS + b[None, :]
+    byte = tl.load(body_ptr + at, mask=(b < BITS)[None, :] & (at < nbytes), other=0).to(tl.uint64)
+    d = 8 * b - 4 * BITS
+    lo = tl.sum(tl.where((d < 0)[None, :], byte << tl.minimum(8 * b, 63).to(tl.uint64)[None, :], 0), axis=1)
+    hi_l = byte << tl.maximum(d, 0).to(tl.uint64)[None, :]
+    hi_r = byte >> tl.minimum(tl.maximum(-d, 0), 63).to(tl.uint64)[None, :]
+    hi = tl.sum(tl.where((d >= 0)[None, :], hi_l, tl.where((d > -8)[None, :], hi_r, 0)), axis=1)
+    t = tl.arange(0, 8)
+    half = tl.where((t < 4)[None, :], lo[:, None], hi[:, None])
+    v = ((half >> ((t % 4) * BITS).to(tl.uint64)[None, :]) & ((1 << BITS) - 1)).to(tl.int32)
+    if BITS == 1:
+        c = 2 * v - 1
+    else:
+        c = v - (1 << (BITS - 1))
+    idx = g[:, None] * 8 + t[None, :]
+    ok = idx < n
+    tl.atomic_min(stats_ptr, tl.min(tl.where(ok, c, 0x7FFFFFFF)))
+    tl.atomic_max(stats_ptr + 1, tl.max(tl.where(ok, c, -0x7FFFFFFF)))
+    tl.atomic_add(stats_ptr + 2, tl.sum((ok & (c == 0)).to(tl.int32)))
+    if WRITE:
+        st = tl.load(step_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
+        o = tl.load(out_ptr + idx, mask=ok, other=0.0)
+        tl.store(out_ptr + idx, o + w * (c.to(tl.float32) * st), mask=ok)
+
+
+# ------------------------------------------------------------------------------------ host side
+
+
+class _Segments:
+    """How a kernel finds a coordinate's segment: (MODE, STEPS, starts tensor, nseg, bucket)."""
+
+    def __init__(self, layout: Layout, n: int, device: torch.device) -> None:
+        self.nseg, self.bucket, self.steps = layout.num_segments(n), 1, 1
+        self.starts = _starts_on((), device)  # [0]: unused outside MODE 2
+        if layout.sizes is not None:
+            self.mode, self.steps = 2, max(self.nseg - 1, 1).bit_length()
+            self.starts = _starts_on(tuple(layout.sizes), device)
+        elif 0 < layout.bucket < n:
+            self.mode, self.bucket = 1, layout.bucket
+        else:
+            self.mode = 0
+
+    def args(self) -> tuple:
+        return self.starts, self.nseg, self.bucket
+
+    def meta(self) -> dict:
+        return {"MODE": self.mode, "STEPS": self.steps}
+
+
+_STARTS: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+
+
+def _starts_on(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    key = (sizes, str(device))
+    if key not in _STARTS:
+        if len(_STARTS) > 64:
+            _STARTS.clear()
+        starts = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64))))
+        _STARTS[key] = torch.from_numpy(starts).to(device)
+    return _STARTS[key]
+
+
+_STATS_INIT: dict[str, torch.Tensor] = {}
+
+
+def _stats_init(device: torch.device) -> torch.Tensor:
+    key = str(device)
+    if key not in _STATS_INIT:
+        _STATS_INIT[key] = torch.tensor([0x7FFFFFFF, -0x7FFFFFFF, 0], dtype=torch.int32).to(device)
+    return _STATS_INIT[key]
+
+
+def _pow2(w: int) -> int:
+    return 1 << (w - 1).bit_length()
+
+
+def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor:
+    """max |x| per segment (float32, ``nseg`` of them) of a contiguous 1-D float tensor."""
+    n = flat.numel()
+    bits = torch.zeros(nseg, dtype=torch.int32, device=flat.device)
+    if not n:
+        return bits.view(torch.float32)
+    seg = _Segments(layout, n, flat.device)
+    if seg.mode == 1:
+        sb = min(BLOCK, _pow2(seg.bucket))
+        chunks = triton.cdiv(seg.bucket, sb)
+        _absmax_bucket_kernel[(seg.nseg * chunks,)](flat, bits, n, seg.bucket, chunks, SB=sb)
+    else:
+        _absmax_kernel[(triton.cdiv(n, BLOCK),)](flat, bits, seg.starts, n, seg.nseg, seg.bucket, BLOCK=BLOCK,
+                                                 **seg.meta())
+    return bits.view(torch.float32)
+
+
+def quantize_pack_triton(flat: torch.Tensor, inv: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
+                         body: torch.Tensor) -> None:
+    """Write the FIXED body of ``flat`` (contiguous, 1-D, float32/16/bf16) at ``bits`` into ``body``
+    (contiguous uint8 of ⌈n·bits/8⌉ bytes); ``inv``: float32 s/r per segment; ``key``: the
+    HashRNG key (unsigned)."""
+    n = flat.numel()
+    if not n:
+        return
+    seg = _Segments(layout, n, flat.device)
+    grid = (triton.cdiv(triton.cdiv(n, 8), GROUPS),)
+    _encode_kernel[grid](flat, inv, seg.starts, body, key, n, body.numel(), seg.nseg, seg.bucket, BITS=bits,
+                         LEVELS=levels, WB=_pow2(bits), GROUPS=GROUPS, **seg.meta())
+
+
+def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, weight: float, bits: int, n: int,
+                      out: torch.Tensor, write: bool) -> torch.Tensor:
+    """[min code, max code, zero count] (int64, on the device) of a FIXED body of n codes; with
+    ``write`` also ``out += weight·(c·step)`` (out: contiguous float32 of n elements)."""
+    dev = body.device
+    stats = _stats_init(dev).clone()  # a device copy: no host transfer per call
+    if n:
+        seg = _Segments(layout, n, dev)
+        grid = (triton.cdiv(triton.cdiv(n, 8), GROUPS),)
+        _decode_kernel[grid](body, steps, seg.starts, out, stats, float(np.float32(weight)), n, body.numel(),
+                             seg.nseg, seg.bucket, BITS=bits, WB=_pow2(bits), GROUPS=GROUPS, WRITE=write,
+                             enable_fp_fusion=False, **seg.meta())
+    return stats.to(torch.int64)

@@ -1,0 +1,144 @@
+"""zlib's CRC-32 of a ``uint8`` tensor in Triton kernels: a 256-ary tree of table lookups.
+
+The algebra is :mod:`dqsgd.kernels.device_crc`'s: ``raw(D)`` (the register after feeding D into a
+register that starts at 0) is linear over GF(2), leading zero bytes leave it unchanged, and
+``zlib.crc32(D) = raw(D) ⊕ zlib.crc32(0^|D|)``. Here the tree has fan-in 256 instead of 2, so a
+100 MB stream takes four small kernel launches instead of 25 levels of torch ops:
+
+* level 0: the stream is padded *in front* with zero bytes to whole blocks of 256 bytes (free: the
+  padding is leading zeros). Byte b at position q of a block contributes ``T0[q][b]`` = raw of the
+  256-byte block that is zero but for b at q; ``raw(block) = ⊕_q T0[q][block[q]]`` (linearity), one
+  table lookup per byte and an XOR reduction per program (XOR is associative and commutative, so
+  the reduction order of the compiler cannot change the result).
+* level ℓ ≥ 1: the raws of the previous level, each standing for S = 256^ℓ bytes, again padded in
+  front (with zero raws: zero blocks, leading zeros) to groups of 256. Raw r at position q of a
+  group contributes ``M_{(255−q)·S}·r`` (the shift across the bytes of the raws after it), applied
+  as four lookups in 256-entry tables (``M`` is linear: ``M·r = ⊕_j M·(byte_j(r) << 8j)``).
+* the last level has one program; it adds the length constant and writes the four crc bytes.
+
+All lookups are exact integer operations: the crc is zlib's bit for bit on every backend. The
+tables (level 0: 256×256, each further level 256×4×256 int32) are computed on the host from zlib's
+polynomial arithmetic once and copied to each device once.
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from dqsgd.codecs.threads import multmodp
+from dqsgd.kernels.device_crc import _byte_tables, _x8n, crc32_length_constant
+
+__all__ = ["crc32_triton"]
+
+FAN = 256  # bytes per level-0 block, raws per group above it
+ROWS = 8  # groups per program
+
+
+@triton.jit
+def _xor_rows(c, ROWS: tl.constexpr):
+    """⊕ along axis 1 of a (ROWS, 256) tensor as a tree of halvings (reshape + split): exact in any
+    order, and unlike ``tl.xor_sum`` fast in the CPU interpreter too."""
+    for s in tl.static_range(8):
+        a, b = tl.split(tl.reshape(c, (ROWS, 128 >> s, 2)))
+        c = a ^ b
+    return tl.reshape(c, (ROWS,))
+
+
+@triton.jit
+def _crc_level(src_ptr, tab_ptr, raw_ptr, dst_ptr, n, pad, groups, k_const,
+               ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr):
+    """raw_ptr[g] = ⊕_q (contribution of element q of group g) for the ROWS groups of this program;
+    elements are bytes (LOOKUPS = 1) or raws (LOOKUPS = 4). FINAL (one group): also write
+    ``raw ⊕ k_const`` as 4 little-endian bytes at dst_ptr."""
+    g = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    q = tl.arange(0, 256)
+    i = g[:, None] * 256 + q[None, :] - pad
+    ok = (i >= 0) & (i < n)
+    v = tl.load(src_ptr + i, mask=ok, other=0).to(tl.int32)
+    if LOOKUPS == 1:
+        c = tl.load(tab_ptr + q[None, :] * 256 + (v & 0xFF))
+    else:
+        at = q[None, :] * 1024
+        c = tl.load(tab_ptr + at + (v & 0xFF))
+        c ^= tl.load(tab_ptr + at + 256 + ((v >> 8) & 0xFF))
+        c ^= tl.load(tab_ptr + at + 512 + ((v >> 16) & 0xFF))
+        c ^= tl.load(tab_ptr + at + 768 + ((v >> 24) & 0xFF))
+    raw = _xor_rows(c, ROWS)
+    tl.store(raw_ptr + g, raw, mask=g < groups)
+    if FINAL:
+        crc = tl.sum(tl.where(g == 0, raw, 0), axis=0) ^ k_const
+        k = tl.arange(0, 4)
+        tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+
+
+def _int32(tab: np.ndarray) -> np.ndarray:
+    return (tab.astype(np.int64) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+
+
+def _apply_np(tabs: np.ndarray, c: np.ndarray) -> np.ndarray:
+    out = tabs[0][c & 0xFF]
+    for j in range(1, 4):
+        out = out ^ tabs[j][(c >> (8 * j)) & 0xFF]
+    return out
+
+
+@lru_cache(maxsize=None)
+def _level_table(level: int) -> np.ndarray:
+    """Level 0: (256, 256), T0[q][b]; level ℓ ≥ 1: (256, 4, 256), the tables of M_{(255−q)·256^ℓ}.
+
+    Built backwards from q = 255 (no shift): the entries at q are M_S applied to those at q + 1
+    (S = 1 byte at level 0, 256^ℓ above), four vectorized lookups per step."""
+    size = FAN ** level
+    step = _byte_tables(np.array([multmodp(_x8n(size), 1 << i) for i in range(32)], dtype=np.int64))
+    if level == 0:
+        zero = zlib.crc32(b"\0")
+        cur = np.array([zlib.crc32(bytes([b])) ^ zero for b in range(256)], dtype=np.int64)
+    else:
+        cur = (np.arange(256, dtype=np.int64)[None, :] << (8 * np.arange(4, dtype=np.int64))[:, None])
+    rows = [cur]
+    for _ in range(FAN - 1):
+        cur = _apply_np(step, cur)
+        rows.append(cur)
+    return _int32(np.stack(rows[::-1]))
+
+
+_DEVICE_TABLES: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _table_on(device: torch.device, level: int) -> torch.Tensor:
+    key = (str(device), level)
+    if key not in _DEVICE_TABLES:
+        _DEVICE_TABLES[key] = torch.from_numpy(_level_table(level).reshape(-1).copy()).to(device)
+    return _DEVICE_TABLES[key]
+
+
+def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
+    """``zlib.crc32(data)`` of a 1-D contiguous uint8 tensor as a 0-dim int32 tensor holding its bits
+    (``& 0xFFFFFFFF`` of its int64 value), on ``data.device``, with no host sync; ``dst`` (4 uint8
+    on the same device), if given, receives it as 4 little-endian bytes."""
+    if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
+        raise ValueError(f"crc32 needs a contiguous 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
+    n, dev = data.numel(), data.device
+    dst = torch.empty(4, dtype=torch.uint8, device=dev) if dst is None else dst
+    k_const = crc32_length_constant(n)
+    k_signed = k_const - (1 << 32) if k_const >= 1 << 31 else k_const
+    if n == 0:
+        dst.copy_(torch.tensor(list(k_const.to_bytes(4, "little")), dtype=torch.uint8))
+        return torch.full((), k_signed, dtype=torch.int32, device=dev)
+    src, count, level = data, n, 0
+    while True:
+        groups = -(-count // FAN)
+        raws = torch.empty(groups, dtype=torch.int32, device=dev)
+        final = groups == 1
+        rows = ROWS if groups >= ROWS else 1
+        _crc_level[(-(-groups // rows),)](src, _table_on(dev, level), raws, dst, count, groups * FAN - count, groups,
+                                          k_signed, ROWS=rows, LOOKUPS=1 if level == 0 else 4, FINAL=final)
+        if final:
+            return (raws[0] ^ k_signed).reshape(())
+        src, count, level = raws, groups, level + 1

@@ -1,0 +1,232 @@
+"""The Triton kernels of the FIXED uniform codec write the numba kernels' payload byte for byte and
+decode it bit for bit, run on the CPU through Triton's interpreter.
+
+``TRITON_INTERPRET=1`` must be in the environment when the kernels are decorated (Triton reads it
+in ``triton.jit``) and when they are first launched, so it is set here, before the kernel modules
+are imported, and left set for the process (it changes nothing for code that does not use Triton).
+The interpreter evaluates with numpy (no FMA contraction); on a GPU the same assertions are what
+``dqsgd bench gpu`` checks natively.
+"""
+
+import os
+import warnings
+import zlib
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="the triton package (the 'gpu' extra) is not installed")
+
+from dqsgd.codecs import Coding, PayloadError  # noqa: E402
+from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast  # noqa: E402
+from dqsgd.kernels import device_common  # noqa: E402
+from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header  # noqa: E402
+from dqsgd.kernels.triton_crc import crc32_triton  # noqa: E402
+from dqsgd.quantizers import Layout, NonFiniteGradientError, Norm  # noqa: E402
+
+RNG = HashRNG(7, 3, 5)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@pytest.fixture(autouse=True)
+def triton_on_cpu():
+    device_common.set_triton(True)
+    yield
+    device_common.set_triton(None)
+
+
+def host(p: torch.Tensor) -> bytes:
+    return bytes(p.numpy())
+
+
+def layout_for(case: int, n: int) -> Layout:
+    return (Layout(), Layout(bucket=97), Layout(sizes=(n // 3, 0, n - n // 3)))[case % 3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", range(1, 17))
+def test_triton_payload_and_sum_equal_numba(bits: int) -> None:
+    """Widths 1..16, both norms, three dtypes, sizes that are not multiples of the 1024-coordinate
+    block nor of the 8-value group: the same bytes; decoding them gives the same floats."""
+    n = 1000 + 37 * bits
+    case = 0
+    for norm in (Norm.MAX, Norm.L2):
+        for dtype in DTYPES:
+            x = (torch.randn(n, generator=torch.Generator().manual_seed(bits * 10 + case)) * 3).to(dtype)
+            layout = layout_for(case + bits, n)
+            case += 1
+            p = encode_uniform_device(x, bits, RNG, norm=norm, layout=layout)
+            ref = encode_uniform_fast(x, bits, RNG, norm=norm, layout=layout, coding=Coding.FIXED)
+            assert host(p) == ref, (norm, dtype, layout)
+        base = torch.randn(n)
+        want, got = base.clone(), base.clone()
+        decode_accumulate(ref, want, 0.625)
+        decode_accumulate_device(p, got, 0.625)
+        assert torch.equal(got, want)
+
+
+def test_triton_empty_zero_and_one_element() -> None:
+    for n in (0, 1, 9):
+        for x in (torch.zeros(n), torch.randn(n)):
+            for bits in (1, 13):
+                p = encode_uniform_device(x, bits, RNG, layout=Layout(bucket=4))
+                assert host(p) == encode_uniform_fast(x, bits, RNG, layout=Layout(bucket=4))
+                out = torch.zeros(n)
+                decode_accumulate_device(p, out)
+                want = torch.zeros(n)
+                decode_accumulate(host(p), want)
+                assert torch.equal(out, want)
+
+
+def test_triton_norm_blocks_inside_one_segment() -> None:
+    """Norm blocks of 4096 coordinates that lie inside one segment (one atomic) beside ones that
+    straddle two (one atomic per coordinate), with buckets and with explicit sizes."""
+    n = 9001
+    x = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    x[5000] = 40.0  # the largest value, inside the second segment
+    for layout in (Layout(bucket=4096), Layout(sizes=(4096, 0, 700, n - 4796))):
+        p = encode_uniform_device(x, 4, RNG, layout=layout)
+        assert host(p) == encode_uniform_fast(x, 4, RNG, layout=layout)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 255, 256, 257, 4099, 70_001])
+def test_triton_crc_is_zlibs(n: int) -> None:
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    dst = torch.zeros(4, dtype=torch.uint8)
+    crc = crc32_triton(data, dst)
+    want = zlib.crc32(bytes(data.numpy()))
+    assert int(crc) & 0xFFFFFFFF == want and bytes(dst.numpy()) == want.to_bytes(4, "little")
+
+
+def test_triton_decode_refuses_corruption_and_leaves_out_untouched() -> None:
+    n, bits = 1500, 3
+    x = torch.randn(n)
+    p = encode_uniform_device(x, bits, RNG, layout=Layout(bucket=100))
+    hdr = expected_header((n,), bits, layout=Layout(bucket=100))
+    for at in (len(p) - 2, len(p) - 20, 30):  # crc, body, header
+        bad_p = p.clone()
+        bad_p[at] ^= 0x10
+        out = torch.randn(n)
+        before = out.clone()
+        with pytest.raises(PayloadError):
+            decode_accumulate_device(bad_p, out)
+        assert torch.equal(out, before)
+        flag = torch.zeros((), dtype=torch.bool)
+        decode_accumulate_device(bad_p, torch.zeros(n), header=hdr, check="defer", bad=flag)
+        assert bool(flag)
+    flag = torch.zeros((), dtype=torch.bool)
+    decode_accumulate_device(p, torch.zeros(n), header=hdr, check="defer", bad=flag)
+    assert not bool(flag)
+
+
+def test_triton_code_out_of_range_and_padding_refused() -> None:
+    n, bits = 13, 4  # 52 bits: 4 padding bits in the last byte
+    p = encode_uniform_device(torch.randn(n), bits, RNG)
+    h = expected_header((n,), bits)
+    for corrupt in ("code", "pad"):
+        q = bytearray(host(p))
+        if corrupt == "code":
+            q[h.body_start] &= 0xF0  # value 0 = code −8, outside [−7, 7]
+        else:
+            q[h.body_start + h.body_len - 1] |= 0x80
+        q[-4:] = zlib.crc32(bytes(q[:-4])).to_bytes(4, "little")
+        with pytest.raises(PayloadError, match="codes span|padding"):
+            decode_accumulate_device(torch.tensor(list(q), dtype=torch.uint8), torch.zeros(n))
+
+
+def test_triton_decodes_sign_and_ternary_payloads_like_the_host() -> None:
+    """FIXED sign (1 bit) and ternary (2 bits) payloads also take the Triton decode: the host's sums."""
+    from dqsgd.codecs import encode
+    from dqsgd.quantizers import quantize_sign, quantize_ternary
+
+    n = 1301
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    for b in (encode(quantize_sign(x)), encode(quantize_ternary(x, torch.Generator().manual_seed(1))),
+              encode(quantize_sign(x, scaled=True, layout=Layout(sizes=(300, n - 300))))):
+        out, want = torch.ones(n), torch.ones(n)
+        decode_accumulate_device(torch.frombuffer(bytearray(b), dtype=torch.uint8), out, 0.5)
+        decode_accumulate(b, want, 0.5)
+        assert torch.equal(out, want)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # numpy casting the NaN codes
+def test_triton_refuses_nonfinite_input() -> None:
+    x = torch.randn(2000)
+    x[1234] = float("nan")
+    with pytest.raises(NonFiniteGradientError):
+        encode_uniform_device(x, 4, RNG, layout=Layout(bucket=500))
+    p = encode_uniform_device(x, 4, RNG, layout=Layout(bucket=500), check="defer")  # a NaN scale, refused later
+    with pytest.raises(PayloadError, match="non-finite scale"):
+        decode_accumulate_device(p, torch.zeros(2000), header=expected_header((2000,), 4, layout=Layout(bucket=500)))
+
+
+def test_dispatch_default_and_warning_without_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    device_common.set_triton(None)
+    assert not device_common.use_triton(torch.device("cpu"))
+    assert device_common.use_triton(torch.device("cuda"))
+    monkeypatch.setattr(device_common, "triton_available", lambda: False)
+    monkeypatch.setattr(device_common, "_WARNED_NO_TRITON", False)
+    with pytest.warns(RuntimeWarning, match="Triton is not installed"):
+        assert not device_common.use_triton(torch.device("cuda"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once only
+        assert not device_common.use_triton(torch.device("cuda"))
+    device_common.set_triton(True)
+    with pytest.raises(RuntimeError, match="not installed"):
+        device_common.use_triton(torch.device("cpu"))
+
+
+def test_hook_codec_runs_the_triton_kernels() -> None:
+    """The DDP hook's device path (``ddp_codec``) reaches the Triton kernels through the dispatch."""
+    from dqsgd.integrations import ddp_codec
+
+    ddp_codec.route_cpu_through_device_codec(True)
+    try:
+        x, layout = torch.randn(1100), Layout(bucket=256)
+        p = ddp_codec.encode_uniform_payload(x, 2, RNG, norm=Norm.MAX, layout=layout)
+        assert host(p) == encode_uniform_fast(x, 2, RNG, layout=layout)
+        out, want = torch.zeros(1100), torch.zeros(1100)
+        flag = torch.zeros((), dtype=torch.bool)
+        ddp_codec.decode_accumulate_payload(p, out, max_numel=1100, expect=(2, Norm.MAX, layout), bad=flag)
+        decode_accumulate(host(p), want)
+        assert torch.equal(out, want) and not bool(flag)
+    finally:
+        ddp_codec.route_cpu_through_device_codec(False)
+
+
+@pytest.mark.slow
+def test_library_works_without_triton(tmp_path) -> None:  # noqa: ANN001 - pytest's tmp_path
+    """With the triton package absent: dqsgd imports, the device codec runs its torch ops, and a
+    CUDA device is told once that Triton is missing (a fresh process where ``import triton`` fails)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_triton.py"
+    script.write_text(
+        "import importlib.abc, importlib.machinery, sys, warnings\n"
+        "class L(importlib.abc.Loader):\n"
+        "    def create_module(self, spec): return None\n"
+        "    def exec_module(self, m): raise ModuleNotFoundError('no triton')\n"
+        "class F(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        return None if name.split('.')[0] != 'triton' else importlib.machinery.ModuleSpec(name, L())\n"
+        "sys.meta_path.insert(0, F())\n"
+        "import torch\n"
+        "from dqsgd.kernels import HashRNG, encode_uniform_fast\n"
+        "from dqsgd.kernels import device_common\n"
+        "from dqsgd.kernels.device import encode_uniform_device\n"
+        "device_common.triton_available = lambda: False  # find_spec sees this finder's spec\n"
+        "x = torch.randn(1000)\n"
+        "r = HashRNG(1, 2, 3)\n"
+        "assert bytes(encode_uniform_device(x, 4, r).numpy()) == encode_uniform_fast(x, 4, r)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert not device_common.use_triton(torch.device('cuda'))\n"
+        "    assert not device_common.use_triton(torch.device('cuda'))\n"
+        "assert len(w) == 1 and 'Triton is not installed' in str(w[0].message), w\n"
+        "assert not any(m.split('.')[0] == 'triton' and sys.modules[m] is not None for m in sys.modules)\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
