@@ -19,7 +19,8 @@ quantization (``seed_for(seed, DQ_QUANT, w)``); 9 — the simulation's delays
 
 11 — Sketched SGD's count-sketch hashes, drawn once per run and the same on every process
 (``generator(seed, SKETCH)``); 12 — the slow-node model's per-worker compute times
-(``seed_for(seed, COMPUTE_TIME)``, :mod:`dqsgd.train.slownodes`).
+(``seed_for(seed, COMPUTE_TIME)``, :mod:`dqsgd.train.slownodes`); 13 — the label-skewed
+(Dirichlet) split of the training set into worker shards (``train.partition = "dirichlet"``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["COMPUTE_TIME", "DATA_EPOCH", "DATA_SHARDS", "DOWNLINK", "DQ_DELAY", "DQ_MASTER", "DQ_QUANT", "DQ_SAMPLE", "DQ_SHARD",
-           "MODEL_INIT", "QUANT", "SKETCH", "generator", "seed_for"]
+__all__ = ["COMPUTE_TIME", "DATA_EPOCH", "DATA_PARTITION", "DATA_SHARDS", "DOWNLINK", "DQ_DELAY", "DQ_MASTER", "DQ_QUANT",
+           "DQ_SAMPLE", "DQ_SHARD", "MODEL_INIT", "QUANT", "SKETCH", "generator", "seed_for"]
 
 DATA_SHARDS, DATA_EPOCH, QUANT, MODEL_INIT, DOWNLINK = 1, 2, 3, 4, 5
 DQ_MASTER, DQ_SAMPLE, DQ_QUANT, DQ_DELAY, DQ_SHARD = 6, 7, 8, 9, 10
-SKETCH, COMPUTE_TIME = 11, 12
+SKETCH, COMPUTE_TIME, DATA_PARTITION = 11, 12, 13
 
 
 def seed_for(*parts: int) -> int:

@@ -28,6 +28,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from dqsgd.train.config import METHOD_TRAIN_KEYS
 from dqsgd.train.metrics import read_jsonl
 from dqsgd.train.rundir import differing, explain, resolved_of_facts
 
@@ -129,11 +130,13 @@ def aggregate(runs: list[dict[str, Any]], baseline: str = "sgd", order: list[str
 
 def check_comparable(dirs: list[Path]) -> None:
     """Refuse to put runs into one table unless they share every train key and the data, and runs of
-    one method share everything but the seed (a quick ``train`` into a compare tree, a changed config)."""
+    one method share everything but the seed (a quick ``train`` into a compare tree, a changed config).
+    The Local SGD keys a method may set for itself (``METHOD_TRAIN_KEYS``) may differ between methods."""
     facts = {d: resolved_of_facts(json.loads((d / "config.json").read_text())) for d in dirs}
     first: dict[str, Path] = {}
+    own = tuple(f"train.{k}" for k in METHOD_TRAIN_KEYS)
     for d, res in facts.items():
-        shared = tuple(k for k in res if not (k.startswith("train.") or k == "data"))
+        shared = tuple(k for k in res if not (k.startswith("train.") or k == "data")) + own
         for ref, ignore in ((dirs[0], shared), (first.setdefault(str(res.get("method")), d), ("seed",))):
             keys = differing(res, facts[ref], ignore)
             if keys:

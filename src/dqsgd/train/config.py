@@ -70,6 +70,18 @@ class TrainConfig:
     link_mbps: float = 1000.0
     link_latency_s: float = 0.0005
     backup_workers: int = 0
+    # Local SGD (docs/local-sgd.md): rounds of H inner steps per worker, then the pseudo-gradients
+    # Δ_w = θ_start − θ_w are exchanged like gradients and an outer optimizer applies their average.
+    local_steps: int = 1              # H; 1 with the defaults below = the per-step exchange of gradients
+    local_period: str = "fixed"       # "fixed" | "adaptive": H_r shrinks from local_steps toward
+                                      # local_steps_min as the round's training loss falls
+    local_steps_min: int = 1          # adaptive: the smallest H
+    inner_optimizer: str = "sgd"      # per worker within a round: "sgd" (lr, momentum) | "adamw" (lr, weight_decay)
+    outer_optimizer: str = "sgd"      # on the averaged Δ: "sgd" | "nesterov" (DiLoCo)
+    outer_lr: float = 1.0             # outer SGD with lr 1 and no momentum = plain model averaging
+    outer_momentum: float = 0.0
+    partition: str = "iid"            # the workers' shards: "iid" | "dirichlet" (label-skewed)
+    dirichlet_alpha: float = 0.5      # dirichlet: concentration α of each class's split over the workers
 
     def __post_init__(self) -> None:
         checks = [
@@ -94,9 +106,40 @@ class TrainConfig:
             (0 < self.link_mbps and 0 <= self.link_latency_s < math.inf,
              "link_mbps must be > 0 and link_latency_s finite and >= 0"),
         ]
-        for ok, msg in checks:
+        for ok, msg in checks + self._local_checks():
             if not ok:
                 raise ConfigError(f"train: {msg}")
+
+    def _local_checks(self) -> list[tuple[bool, str]]:
+        return [
+            (self.local_steps >= 1, "local_steps must be >= 1"),
+            (self.local_period in ("fixed", "adaptive"), "local_period must be 'fixed' or 'adaptive'"),
+            (1 <= self.local_steps_min <= self.local_steps, "local_steps_min must be in [1, local_steps]"),
+            (self.inner_optimizer in ("sgd", "adamw"), "inner_optimizer must be 'sgd' or 'adamw'"),
+            (self.outer_optimizer in ("sgd", "nesterov"), "outer_optimizer must be 'sgd' or 'nesterov'"),
+            (0 < self.outer_lr < math.inf, "outer_lr must be finite and > 0"),
+            (0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)"),
+            (self.outer_optimizer != "nesterov" or self.outer_momentum > 0, "outer_optimizer 'nesterov' needs outer_momentum > 0"),
+            (self.partition in ("iid", "dirichlet"), "partition must be 'iid' or 'dirichlet'"),
+            (0 < self.dirichlet_alpha < math.inf, "dirichlet_alpha must be finite and > 0"),
+            (not (self.local and self.vmap_workers), "vmap_workers needs one model for all workers: not with Local SGD"),
+        ]
+
+    @property
+    def local(self) -> bool:
+        """Whether the run trains in rounds (Local SGD) rather than exchanging every step's gradient:
+        any H > 1, an adaptive period, AdamW inside, or an outer optimizer other than plain averaging."""
+        return (self.local_steps > 1 or self.local_period == "adaptive" or self.inner_optimizer != "sgd"
+                or self.outer_optimizer != "sgd" or self.outer_lr != 1.0 or self.outer_momentum != 0.0)
+
+    @property
+    def rounds(self) -> int:
+        """The number of exchanges the bit policy plans for: ``steps`` per-step, ⌈steps/H⌉ in rounds of
+        a fixed H, and with an adaptive period the most it can take, ⌈steps/local_steps_min⌉."""
+        if not self.local:
+            return self.steps
+        h = self.local_steps_min if self.local_period == "adaptive" else self.local_steps
+        return -(-self.steps // h)
 
 
 def resolve_device(name: str) -> "torch.device":
@@ -118,14 +161,31 @@ def resolve_device(name: str) -> "torch.device":
     return torch.device("cuda", torch.cuda.current_device())
 
 
+# [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods,
+# outer optimizers and downlink widths in one config file).
+METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
+                     "outer_lr", "outer_momentum", "downlink_bits")
+
+
 @dataclass(frozen=True)
 class MethodEntry:
-    """One method of a comparison: its validated config and optimizer overrides."""
+    """One method of a comparison: its validated config, optimizer overrides and its own values of
+    the Local SGD keys of ``[train]`` (:data:`METHOD_TRAIN_KEYS`)."""
 
     label: str
     config: MethodConfig
     lr: float | None = None
     momentum: float | None = None
+    train: tuple[tuple[str, Any], ...] = ()
+
+    def train_config(self, cfg: TrainConfig) -> TrainConfig:
+        """``cfg`` with this method's own ``[train]`` values."""
+        if not self.train:
+            return cfg
+        try:
+            return dataclasses.replace(cfg, **dict(self.train))
+        except ConfigError as e:
+            raise ConfigError(f"methods.{self.label}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -145,16 +205,21 @@ def build_experiment(raw: dict[str, Any], source: str = "") -> ExperimentConfig:
     for label, opts in SCHEMA.methods(raw):
         base = opts.pop("method", label)
         lr, mom = opts.pop("lr", None), opts.pop("momentum", None)
+        own = SCHEMA.fields(TrainConfig, f"methods.{label}", {k: opts.pop(k) for k in METHOD_TRAIN_KEYS if k in opts},
+                            base=train)
         bad = sorted(set(opts) - set(METHOD_FIELDS))
         if bad:
-            raise ConfigError(f"methods.{label}: unknown key(s) {bad}; allowed: method, lr, momentum, {', '.join(METHOD_FIELDS)}")
+            raise ConfigError(f"methods.{label}: unknown key(s) {bad}; allowed: method, lr, momentum, "
+                              f"{', '.join(METHOD_TRAIN_KEYS)}, {', '.join(METHOD_FIELDS)}")
         try:
             cfg = method_config(base, **opts)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"methods.{label}: {e}") from None
         lr = None if lr is None else coerce(f"methods.{label}.lr", lr, 0.0)
         mom = None if mom is None else coerce(f"methods.{label}.momentum", mom, 0.0)
-        entries.append(MethodEntry(label, cfg, lr, mom))
+        entry = MethodEntry(label, cfg, lr, mom, tuple(sorted(own.items())))
+        entry.train_config(train)  # refused here, not when the run starts
+        entries.append(entry)
     return ExperimentConfig(train, tuple(entries), source)
 
 

@@ -63,6 +63,7 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
     the newest checkpoint step all ranks hold (a fresh start if none), only under the same resolved
     config. Before the first step all ranks agree on the config and data (:func:`agree_across_ranks`).
     """
+    cfg = entry.train_config(cfg)  # the method's own Local SGD keys (resolved, compared on resume)
     tr = Trainer(cfg, entry, data, seed, transport, device)
     writes = out is not None and tr.transport.is_server and tr.transport.rank == 0
     mine = resolved_of_run(cfg, entry, seed, data_fingerprint(data))

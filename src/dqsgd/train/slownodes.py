@@ -115,8 +115,10 @@ class StepTimer:
         """The transport the step runs on: ``t``, or ``t`` behind the backup workers' gather."""
         return t if self.backup is None else self.backup
 
-    def start(self, step: int) -> None:
-        times = self.model.compute_times(self.seed, step, self.workers)
+    def start(self, step: int, count: int = 1) -> None:
+        """A step (or a Local SGD round of ``count`` steps ending at ``step``) begins: what each worker
+        computes before it can send."""
+        times = sum(self.model.compute_times(self.seed, s, self.workers) for s in range(step - count + 1, step + 1))
         self.wait = float(times.max()) if self.backup is None else self.backup.begin(times)
 
     def account(self, up: list[int], up_rows: list[list[int]], down: list[int], topology: str,

@@ -38,7 +38,8 @@ from dqsgd.sketched import SketchedStep
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.step import ServerStep, ShardedStep, all_finite, codec_input
 from dqsgd.train.config import MethodEntry, TrainConfig
-from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, seed_for
+from dqsgd.train.local import LocalRounds, outer_optimizer
+from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, partition_shards, seed_for
 from dqsgd.train.slownodes import SlowNodes, StepTimer, check_backup
 from dqsgd.transport import SimTransport, Transport
 
@@ -72,6 +73,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int,
                  transport: Transport | None = None, device: torch.device | str = "cpu"):
+        cfg = entry.train_config(cfg)  # the method's own Local SGD keys, if it sets any
         self.cfg, self.entry, self.data, self.seed = cfg, entry, data, seed
         self.transport = transport or SimTransport(cfg.workers, cfg.topology or "ps")
         if self.transport.workers != cfg.workers:
@@ -96,10 +98,13 @@ class Trainer:
             raise ValueError(f"method {entry.label!r}: Sketched SGD keeps its momentum on the workers "
                              f"(sketch_momentum = {entry.config.sketch_momentum}); set its optimizer momentum to 0 "
                              f"(methods.{entry.label}.momentum = 0.0) or sketch_momentum = 0")
-        self.optimizer = torch.optim.SGD(self.params, lr=self.lr, momentum=momentum)
-        self.method = Method(entry.config, self.numel, cfg.steps, sizes)
+        # Local SGD: this optimizer is the outer one, on the averaged pseudo-gradient (dqsgd.train.local)
+        self.optimizer = (outer_optimizer(self.params, cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum)
+                          if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
+        self.method = Method(entry.config, self.numel, cfg.rounds, sizes)  # the policy counts exchanges
         self.state: MethodState = self.method.init_state(cfg.workers)
-        self.batches = WorkerBatches(len(data.train.y), cfg.workers, cfg.batch_size, seed)
+        shards = partition_shards(cfg.partition, data.train.y, cfg.workers, cfg.dirichlet_alpha, cfg.batch_size, seed)
+        self.batches = WorkerBatches(len(data.train.y), cfg.workers, cfg.batch_size, seed, shards)
         self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
@@ -115,6 +120,7 @@ class Trainer:
                                getattr(self.step_runner, "rounds", 2))
         self.next_step = 0
         self.skipped = 0
+        self.local = LocalRounds(self, momentum) if cfg.local else None
 
     # --- pieces of a step -----------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -122,7 +128,9 @@ class Trainer:
             return self.lr * 0.5 * (1.0 + math.cos(math.pi * step / self.cfg.steps))
         return self.lr
 
-    def worker_gradient(self, worker: int, step: int) -> tuple[torch.Tensor, float]:
+    def worker_gradient(self, worker: int, step: int, l2: bool = True) -> tuple[torch.Tensor, float]:
+        """Worker ``worker``'s flat gradient at step ``step`` and its loss; ``l2``: with the
+        ``weight_decay`` term (AdamW inside Local SGD decays the weights itself instead)."""
         idx = self.batches.indices(worker, step)
         x = self.data.train.x[idx].to(self.device)
         y = self.data.train.y[idx].to(self.device)
@@ -130,7 +138,7 @@ class Trainer:
         loss = F.cross_entropy(self.model(x), y)
         grads = torch.autograd.grad(loss, self.params)
         flat = torch.cat([g.reshape(-1) for g in grads])
-        if self.cfg.weight_decay:
+        if self.cfg.weight_decay and l2:
             flat = flat + self.cfg.weight_decay * torch.cat([p.detach().reshape(-1) for p in self.params])
         return flat, float(loss.detach())
 
@@ -200,17 +208,34 @@ class Trainer:
 
     # --- one step -------------------------------------------------------------------------------
     def step(self) -> StepResult:
-        n, bits, t = self.next_step, self.state.bits, self.transport
-        t0 = time.perf_counter()
-        grads, losses = self.local_gradients(n)
+        """Step ``next_step``: every local worker's gradient, its exchange and the optimizer step (Local
+        SGD: one inner step, and at the end of a round the exchange of pseudo-gradients)."""
+        if self.local is not None:
+            res = self.local.step()
+        else:
+            n = self.next_step
+            t0 = time.perf_counter()
+            grads, losses = self.local_gradients(n)
+            res = self.communicate(grads, n, n, self.lr_at(n), losses, time.perf_counter() - t0)
+        self.next_step += 1
+        return res
+
+    def communicate(self, vectors: dict[int, torch.Tensor], n: int, index: int, lr: float, losses: list[float],
+                    compute_s: float, compute_steps: int = 1) -> StepResult:
+        """Exchange ``vectors`` (one per local worker) as the ``index``-th exchange (its quantization
+        keys and the policy's step), record its bytes in the ledger as step ``n``, and apply the
+        decoded average with the optimizer at ``lr``; skipped when a vector is not finite.
+        ``compute_steps``: the training steps each worker computed since the last exchange (a Local SGD
+        round's length), which the simulated clock waits for."""
+        bits, t = self.state.bits, self.transport
         t1 = time.perf_counter()
-        if not all_finite(t, grads, n, self.cfg.on_nonfinite):
+        if not all_finite(t, vectors, index, self.cfg.on_nonfinite):
             self.skipped += 1
-            self.next_step += 1
-            return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
-        self.timer.start(n)
-        r = self.step_runner.run(self.timer.transport(t), grads, self.state, n, self.qgen,  # type: ignore[arg-type]
-                                 measure_coded=self.measures_coded(n))
+            return StepResult(n, float("nan"), lr, bits, True, [], 0, 0, compute_s, 0.0, 0.0,
+                              sim_time_s=self.timer.elapsed)
+        self.timer.start(n, compute_steps)
+        r = self.step_runner.run(self.timer.transport(t), vectors, self.state, index, self.qgen,  # type: ignore[arg-type]
+                                 measure_coded=self.measures_coded(index))
         t2 = time.perf_counter()
         coded = None if r.coded is None else self.gather_coded(r.coded)
         coded_s = r.coded_s + time.perf_counter() - t2
@@ -220,21 +245,20 @@ class Trainer:
             self.ledger.record(n, bits, up, down, r.side, *wire, coded_up=coded, dropped=dropped)
         assert r.state is not None
         self.state = r.state
-        lr = self.lr_at(n)
         self.apply_update(r.update.to(self.device), lr)
         t3 = time.perf_counter()
-        self.next_step += 1
-        return StepResult(n, t.mean_loss(losses), lr, bits, False, up, down, r.side, t1 - t0, r.encode_s,
+        return StepResult(n, t.mean_loss(losses), lr, bits, False, up, down, r.side, compute_s, r.encode_s,
                           t3 - t1 - r.encode_s - coded_s, coded, coded_s, self.timer.elapsed,
                           dropped if self.cfg.backup_workers else None)
 
     # --- state ----------------------------------------------------------------------------------
     def run_meta(self) -> dict[str, Any]:
         """What identifies this run and rank; a state dict of another run is refused."""
-        return {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
+        meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
                 "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
                 "downlink_bits": self.cfg.downlink_bits,
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
+        return meta if self.local is None else {**meta, "local_steps": self.cfg.local_steps}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything that decides the rest of the run, as plain containers, numbers and tensors
@@ -255,6 +279,7 @@ class Trainer:
             "qgen": {int(w): g.get_state() for w, g in self.qgen.items()},
             "bits": self.state.bits,
             "sim_time_s": self.timer.elapsed,
+            **({} if self.local is None else {"local": self.local.state_dict()}),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -280,6 +305,8 @@ class Trainer:
             self.ledger = Ledger.from_state_dict(sd["ledger"])
         for w, st in sd["qgen"].items():
             self.qgen[int(w)].set_state(st)
+        if self.local is not None:
+            self.local.load_state_dict(sd["local"])
         self.next_step = int(sd["next_step"])
         self.skipped = int(sd["skipped"])
         self.timer.elapsed = float(sd.get("sim_time_s", 0.0))  # states written before the simulated clock: 0
