@@ -10,6 +10,7 @@ overrides and shipped-config lookup are :mod:`dqsgd.config`'s, shared with :mod:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
