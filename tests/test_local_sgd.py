@@ -32,7 +32,7 @@ def per_step_reference(tr: Trainer) -> torch.Tensor:
     state = tr.state
     for n in range(tr.cfg.steps):
         grads = {w: tr.worker_gradient(w, n)[0] for w in range(tr.cfg.workers)}
-        ex = tr.exchange.run(tr.transport, grads, state, n, tr.qgen)
+        ex = tr.step_runner.run(tr.transport, grads, state, n, tr.qgen)
         state = ex.state
         tr.apply_update(ex.update, tr.lr_at(n))
     return tr.flat_params()

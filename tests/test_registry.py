@@ -106,7 +106,8 @@ def test_a_new_scheme_is_one_entry_and_one_registry_line(monkeypatch) -> None:
     gs = [torch.randn(50, generator=_gen(w)) for w in range(3)]
     msgs = [m.encode(g, 3, None)[0] for g in gs]
     assert all(len(p) == m.max_payload_bytes(3) == m.message_bits(3) // 8 for p in msgs)
-    want = sum(dequantize(_Nearest().quantize(g, 3)) for g in gs) / 3
+    weight = torch.tensor(1.0 / 3, dtype=torch.float32)  # each payload scaled before the sum
+    want = sum(weight * dequantize(_Nearest().quantize(g, 3)) for g in gs)
     assert torch.equal(m.aggregate(msgs, 3), want)
     with pytest.raises(ProtocolError, match="expected a UNIFORM message of 50 values at 3 bits"):
         m.aggregate([dqsgd.encode(gs[0], bits=4, generator=_gen())], 3)

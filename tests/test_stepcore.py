@@ -9,7 +9,7 @@ import torch
 from dqsgd.data import load_dataset
 from dqsgd.methods import method_config
 from dqsgd.pipeline import Method, MethodState
-from dqsgd.step import Exchange, ServerStep, ShardedResult, ShardedStep, all_finite
+from dqsgd.step import StepOutcome, ServerStep, ShardedStep, all_finite
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
@@ -47,7 +47,7 @@ class OtherRank(SimTransport):
     def gather(self, payloads, max_bytes=None):  # type: ignore[no-untyped-def]
         return None
 
-    def broadcast(self, payload, ints):  # type: ignore[no-untyped-def]
+    def broadcast(self, payload, ints, max_bytes=None):  # type: ignore[no-untyped-def]
         assert payload is None and len(ints) == len(self.ints)
         return self.down, list(self.ints)
 
@@ -104,11 +104,10 @@ def test_method_state_width_rules() -> None:
 def test_every_topology_has_one_step_object_with_the_same_result_shape() -> None:
     for topology, kind in (("ps", ServerStep), ("allgather", ServerStep), ("sharded", ShardedStep)):
         tr = Trainer(cfg(topology=topology), MethodEntry("dqsgd", method_config("dqsgd")), DATA, 0)
-        assert type(tr.exchange) is kind
-        r = tr.exchange.run(tr.transport, tr.local_gradients(0)[0], tr.state, 0, tr.qgen)
-        assert isinstance(r, Exchange) and r.topology == topology and len(r.up) == W
+        assert type(tr.step_runner) is kind
+        r = tr.step_runner.run(tr.transport, tr.local_gradients(0)[0], tr.state, 0, tr.qgen)
+        assert isinstance(r, StepOutcome) and r.topology == topology and len(r.up) == W
         assert r.update.shape == (tr.numel,) and r.state is not None
-    assert ShardedResult is Exchange
     with pytest.raises(ValueError, match="'ps' or 'allgather'"):
         ServerStep(Method(method_config("dqsgd"), D, 10), 0, "sharded")
 
@@ -147,10 +146,21 @@ def test_state_dict_round_trip_continues_exactly() -> None:
         again.step()
     assert torch.equal(again.flat_params(), full.flat_params())
     assert again.state.bits == full.state.bits
-    with pytest.raises(ValueError, match="this run is"):
+    with pytest.raises(ValueError, match="seed: 0 saved, 1 here"):
         Trainer(cfg(), e, DATA, 1).load_state_dict(sd)
     with pytest.raises(ValueError, match="format"):
         again.load_state_dict({**sd, "format": 1})
+
+
+def test_a_state_saved_under_another_method_config_is_refused_naming_the_keys() -> None:
+    """Same method name, 8 bits saved, 2 bits here: refused, naming method.bits (and nothing loads)."""
+    saved = Trainer(cfg(), MethodEntry("q", method_config("qsgd", bits=8)), DATA, 0)
+    saved.step()
+    other = Trainer(cfg(), MethodEntry("q", method_config("qsgd", bits=2)), DATA, 0)
+    before = other.flat_params().clone()
+    with pytest.raises(ValueError, match=r"method.bits: 8 saved, 2 here"):
+        other.load_state_dict(saved.state_dict())
+    assert torch.equal(other.flat_params(), before) and other.next_step == 0
 
 
 def test_a_checkpoint_without_policy_state_loads_as_the_width_alone(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ HOOKS = ("none", "fp16", "powersgd-1", "qsgd-4bit sharded", "qsgd-4bit allgather
          "dqsgd allgather")
 MODELS = ("mlp", "cnn", "resnet18")
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     return [int(float(v)) for v in text.split(",") if v]
 
 
@@ -95,9 +95,9 @@ def add_bench_parser(sub: Any) -> None:
     c = bsub.add_parser("codec", help="encode/decode GB/s vs copy_, coded bits vs entropy",
                         description="Codec throughput (GB/s of fp32 input) against a copy in the same run, "
                                     "and the coded bits per coordinate against the levels' entropy.")
-    c.add_argument("--sizes", type=_ints, default=[1_000_000, 25_000_000],
+    c.add_argument("--sizes", type=int_list, default=[1_000_000, 25_000_000],
                    help="gradient sizes (coordinates), comma-separated, e.g. 1e6,25e6 (default: 1000000,25000000)")
-    c.add_argument("--bits", type=_ints, default=[1, 2, 4, 6, 8, 16],
+    c.add_argument("--bits", type=int_list, default=[1, 2, 4, 6, 8, 16],
                    help="bit widths to time, comma-separated (default: 1,2,4,6,8,16)")
     c.add_argument("--torch-repeats", type=int, default=2,
                    help="timing rounds of the slower torch-ops reference path (default: 2)")

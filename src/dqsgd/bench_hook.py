@@ -39,7 +39,7 @@ def build(name: str) -> nn.Module:
     return build_model(name, DatasetInfo(num_classes=10, input_shape=CIFAR))
 
 
-def _register(model: Any, hook: str, total_steps: int) -> None:
+def register_hook(model: Any, hook: str, total_steps: int) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     import dqsgd.ddp
@@ -86,7 +86,7 @@ def rank_times(rank: int, world: int, models: list[str], hooks: list[str], steps
             # several buckets, they get out of order across ranks (a size mismatch abort): one bucket.
             cap = {"bucket_cap_mb": 1 << 12} if (h == "powersgd-1" and not cuda) else {}
             model = DDP(copy.deepcopy(net), device_ids=[rank] if cuda else None, **cap)
-            _register(model, h, total_steps=warmup + rounds * steps + 1)
+            register_hook(model, h, total_steps=warmup + rounds * steps + 1)
             steppers[h] = _stepper(model, x, y)
             for _ in range(warmup):
                 steppers[h]()

@@ -150,7 +150,7 @@ def build_model(name: str, width: int = 1024, layers: int = 8) -> tuple[torch.nn
 def _register(model: Any, hook: str, world: int, total_steps: int) -> LoopbackHook | None:
     """PyTorch's hooks as ``dqsgd bench hook`` registers them; dqsgd's methods as the loopback."""
     if hook in ("none", "fp16", "powersgd-1"):
-        from dqsgd.bench_hook import _register as register_torch_hook
+        from dqsgd.bench_hook import register_hook as register_torch_hook
 
         register_torch_hook(model, hook, total_steps)
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -19,14 +19,14 @@ from dqsgd import memory
 from dqsgd.codecs import (
     Coding, PayloadError, coded_size, decode as decode_payload, encode as encode_payload, predicted_size,
 )
-from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header
+from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_fast
 from dqsgd.methods import MethodConfig
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
     grad_stats,
 )
 from dqsgd.quantizers import (
-    Layout, Norm, Quantized, Scheme, dequantize, majority_vote, quantize_identity, quantize_sign,
+    Layout, Norm, Quantized, Scheme, dequantize, quantize_identity, quantize_sign,
 )
 
 
@@ -108,27 +108,10 @@ class Method:
         return int(math.floor(self.total_steps * (header + self.numel * c.target_bits)))
 
     def _make_policy(self) -> Any:
-        c, n = self.config, self.total_steps
-        if c.policy == "fixed":
-            return FixedBits(c.nominal_bits())
-        if c.policy == "dqsgd":
-            return DQSGDRule(c.k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding))
-        if c.policy == "dqsgd-error":
-            from dqsgd import theory
-
-            k = (theory.error_target_k(n, c.smoothness, self.numel, c.lr, c.alpha, c.eps_q) if c.convex
-                 else theory.error_target_t(c.smoothness, c.lr, self.numel, c.eps_q))
-            return DQSGDRule(k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding),
-                             name="dqsgd-error")
-        if c.policy == "dqsgd-budget":
-            return BudgetedDQSGD(self.budget_bits() or 0, n, self.numel, self.message_bits, c.convex, c.alpha,
-                                 c.min_bits, c.max_bits)
-        if c.policy == "dqsgd-coded":
-            return CodedBudgetedDQSGD(self.budget_bits() or 0, n, self.numel, self.message_bits, c.convex, c.alpha,
-                                      c.min_bits, c.max_bits)
-        if c.policy == "adaptive":
-            return AdaptiveRMS(c.bits, c.min_bits, c.max_bits, c.calib_steps)
-        return AdaQS(self.numel, c.bits, c.min_bits, c.max_bits, c.calib_steps)
+        factory = POLICIES.get(self.config.policy)
+        if factory is None:
+            raise ValueError(f"unknown policy {self.config.policy!r}: use one of {', '.join(POLICIES)}")
+        return factory(self)
 
     def init_state(self, workers: int) -> MethodState:
         if workers < 1:
@@ -209,10 +192,10 @@ class Method:
             q = decode_payload(payload, max_numel=max(self.numel, 1))
         except PayloadError as e:
             raise PayloadError(f"worker {worker}: {e}") from None
-        self._check_uplink(q.scheme, q.numel, q.bits, bits, worker)
+        self.check_uplink(q.scheme, q.numel, q.bits, bits, worker)
         return q
 
-    def _check_uplink(self, scheme: Scheme, numel: int, got_bits: int, bits: int, worker: int) -> None:
+    def check_uplink(self, scheme: Scheme, numel: int, got_bits: int, bits: int, worker: int) -> None:
         expected, want_bits = self.quantizer.scheme, self.width(bits)
         if scheme != expected or numel != self.numel or got_bits != want_bits:
             raise ProtocolError(
@@ -221,23 +204,17 @@ class Method:
             )
 
     def aggregate(self, payloads: Sequence[bytes], bits: int) -> torch.Tensor:
-        """G = (1/W) Σ_w decode(payload_w), or the majority vote of the signs (worker order fixed).
+        """G = Σ_w (1/W)·decode(payload_w) (each payload scaled before it is added: a mean of finite
+        values stays finite), or the majority vote of the signs; worker order fixed. The one
+        aggregation of :class:`dqsgd.topology.bucket.BucketProtocol`."""
+        from dqsgd.topology.payloads import accumulate, bytes_tensor, vote
 
-        The mean adds each payload into one running sum (decode-accumulate, no per-worker x̂):
-        bit-identical to summing ``dequantize(decode(p))`` in worker order.
-        """
+        received = [bytes_tensor(p) for p in payloads]
         if self.config.aggregate == "majority":
-            qs = [self.decode_uplink(p, bits, w) for w, p in enumerate(payloads)]
-            return majority_vote([q.codes for q in qs]).to(torch.float32)
+            return vote(self, received, bits)
         total = torch.zeros(self.numel, dtype=torch.float32)
-        for w, p in enumerate(payloads):
-            try:
-                h = read_header(p, max_numel=max(self.numel, 1))
-                self._check_uplink(h.scheme, h.numel, h.bits, bits, w)
-                decode_accumulate(p, total, header=h)
-            except PayloadError as e:
-                raise PayloadError(f"worker {w}: {e}") from None
-        return total / len(payloads)
+        accumulate(self, received, bits, total, weight=1.0 / len(received))
+        return total
 
     def encode_downlink(self, update: torch.Tensor) -> bytes:
         if self.config.downlink == "sign":
@@ -256,3 +233,27 @@ class Method:
             raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
         stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)
         return MethodState(self.policy.update(state.policy, stats), state.residuals)
+
+
+def _dqsgd_error(m: Method) -> DQSGDRule:
+    from dqsgd import theory
+
+    c, n = m.config, m.total_steps
+    k = (theory.error_target_k(n, c.smoothness, m.numel, c.lr, c.alpha, c.eps_q) if c.convex
+         else theory.error_target_t(c.smoothness, c.lr, m.numel, c.eps_q))
+    return DQSGDRule(k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding), name="dqsgd-error")
+
+
+# The bit policies by name (``MethodConfig.policy``): each builds the policy of a method.
+POLICIES: dict[str, Callable[[Method], Any]] = {
+    "fixed": lambda m: FixedBits(m.config.nominal_bits()),
+    "dqsgd": lambda m: DQSGDRule(m.config.k, m.total_steps, m.config.alpha, m.config.convex, m.config.bits,
+                                 m.config.min_bits, m.config.max_bits, Rounding(m.config.rounding)),
+    "dqsgd-error": _dqsgd_error,
+    "dqsgd-budget": lambda m: BudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
+                                            m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
+    "dqsgd-coded": lambda m: CodedBudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
+                                                m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
+    "adaptive": lambda m: AdaptiveRMS(m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
+    "adaqs": lambda m: AdaQS(m.numel, m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
+}

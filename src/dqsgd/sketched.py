@@ -50,7 +50,7 @@ from dqsgd.quantizers import Layout, Scheme, quantize_identity
 from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
 from dqsgd.rng import SKETCH, generator
 from dqsgd.sharding import shard_bounds
-from dqsgd.step import Exchange, _with_residuals
+from dqsgd.step import StepOutcome, with_residuals
 from dqsgd.transport.base import ShardedTransport, Transport
 
 
@@ -137,7 +137,7 @@ class SketchedStep:
 
     # --- one step -------------------------------------------------------------------------------
     def run(self, t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
-            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> Exchange:
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """Steps 1-5 of the module docstring for the local workers ``grads`` over ``t``; then the policy
         (fixed width) observes G. ``measure_coded``: fp32 payloads count their own length."""
         completed = t.steps  # two rounds per step: the transport counts one completed step
@@ -153,14 +153,14 @@ class SketchedStep:
         t.steps = completed + 1
         new_res = {w: self.memory_after(u, a, chosen) for w, (u, a) in mom_acc.items()}
         update = self.update_of(chosen, values)
-        residuals = _with_residuals(state, new_res)
+        residuals = with_residuals(state, new_res)
         if state.policy is not None:
             after = self.method.observe(MethodState(state.policy, residuals), update, step,
                                         8 * max((sum(r) for r in up), default=0))
         else:
             after = MethodState(None, residuals, state.bits)
         coded = {w: sent[w] for w in grads} if measure_coded else None
-        return Exchange(update, up, down, 0, new_res, encode_s, coded, 0.0, self.topology, after)
+        return StepOutcome(update, up, down, 0, new_res, encode_s, coded, 0.0, self.topology, after)
 
     def _server(self, t: Transport, acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor],
                 bits: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:

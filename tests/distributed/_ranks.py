@@ -48,7 +48,7 @@ def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, Metho
     t = make_transport("allgather")
     tr = Trainer(dataclasses.replace(cases[0][1], topology="allgather"), cases[0][2], load_dataset("synthetic"), 0, t)
     honest = t.broadcast
-    t.broadcast = lambda payload, ints: honest(payload, [ints[0] + int(rank == 1)])  # type: ignore[method-assign]
+    t.broadcast = lambda payload, ints, cap=None: honest(payload, [ints[0] + int(rank == 1)], cap)  # type: ignore[method-assign]
     try:
         tr.step()
     except RankDisagreement as e:
@@ -74,19 +74,21 @@ def train_with_fault(rank: int, world: int, topology: str, cfg: TrainConfig, ent
 
         Trainer.step = dying_step  # type: ignore[method-assign]
     if rank == bad_rank and fault == "garbage":
-        encode = Method.encode
+        from dqsgd.topology import payloads
 
-        def garbage_encode(self: Method, grad: torch.Tensor, bits: int, *args: Any, **kw: Any):
-            msg, res = encode(self, grad, bits, *args, **kw)
-            return (bytes(len(msg)) if garbage_encode.calls >= at_step else msg), res
+        encode = payloads.encode_shard  # every payload of the bucket protocol, one per shard
 
-        def counted(self: Method, *args: Any, **kw: Any):
-            out = garbage_encode(self, *args, **kw)
+        def garbage_encode(*args: Any, **kw: Any):
+            msg, res = encode(*args, **kw)
+            return (torch.zeros_like(msg) if garbage_encode.calls >= at_step else msg), res
+
+        def counted(*args: Any, **kw: Any):
+            out = garbage_encode(*args, **kw)
             garbage_encode.calls += 1
             return out
 
         garbage_encode.calls = 0
-        Method.encode = counted  # type: ignore[method-assign]
+        payloads.encode_shard = counted  # type: ignore[assignment]
     t = make_transport(topology)
     with t.guard():
         return train(cfg, entry, 0, t)

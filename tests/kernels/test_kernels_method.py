@@ -20,7 +20,8 @@ def grads(seed: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("kernel", ["fused", "torch"])
 @pytest.mark.parametrize("name", sorted(set(METHODS) - {"sketched-sgd"}) + ["qsgd-2bit", "qsgd-8bit"])
-def test_aggregate_is_bit_identical_to_the_sum_of_dequantized(name: str, kernel: str) -> None:
+def test_aggregate_is_bit_identical_to_the_scaled_sum_of_dequantized(name: str, kernel: str) -> None:
+    """G = Σ_w (1/W)·x̂_w in worker order, each term rounded to float32 (the scale before the sum)."""
     m = Method(method_config(name, kernel=kernel), D, 20, [600, 300, 100])
     bits = m.init_state(W).bits
     gs = grads(0)
@@ -29,10 +30,10 @@ def test_aggregate_is_bit_identical_to_the_sum_of_dequantized(name: str, kernel:
                      hash_rng=HashRNG(0, 0, w) if m.fused else None)[0] for w, g in enumerate(gs)]
     agg = m.aggregate(msgs, bits)
     if m.config.aggregate == "mean":
-        total = torch.zeros(D)
+        total, weight = torch.zeros(D), torch.tensor(1.0 / W, dtype=torch.float32)
         for p in msgs:
-            total += dequantize(decode(p)).reshape(-1)
-        assert torch.equal(agg, total / W)
+            total += weight * dequantize(decode(p)).reshape(-1)
+        assert torch.equal(agg, total)
 
 
 @pytest.mark.parametrize("coding", ["fixed", "zstd", "zstd-aligned", "elias", "rans", "auto"])

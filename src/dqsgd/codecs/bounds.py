@@ -13,6 +13,14 @@ from dqsgd.codecs.header import Coding, Header, PayloadError, header_size, layou
 from dqsgd.codecs.rans import M, RANS_L
 from dqsgd.quantizers.base import Layout
 
+
+def body_width(bits: int, coding: Coding) -> int:
+    """Bits per code in the (decompressed) body: ``bits``, or for ZSTD_ALIGNED the smallest of
+    1, 2, 4, 8, 16, 32 that holds ``bits``."""
+    if coding != Coding.ZSTD_ALIGNED:
+        return bits
+    return next(w for w in (1, 2, 4, 8, 16, 32) if w >= bits)
+
 __all__ = ["check_body_can_hold", "max_body_bytes", "max_payload_bytes", "rans_numel_bound", "zstd_content_bound"]
 
 _ZSTD_BLOCK_MAX = 1 << 17  # RFC 8878 §3.1.1.2: a block decompresses to at most 128 KiB
@@ -95,7 +103,6 @@ def max_body_bytes(numel: int, bits: int, coding: Coding) -> int:
     * RANS: the table (``1 + 2K`` varints of ≤ 3 bytes, ``K ≤ min(2^b, n)`` symbols), the 4-byte
       state, and at most 2 stream bytes per code (``⌈(16 − ⌊log2 f⌋)/8⌉ ≤ 2``); 0 for n = 0.
     """
-    from dqsgd.codecs.wire import body_width  # wire imports this module
 
     coding = Coding(coding)
     if coding == Coding.AUTO:

@@ -45,7 +45,7 @@ import torch
 from numba import njit
 
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
-from dqsgd.codecs.bounds import check_body_can_hold, zstd_content_bound
+from dqsgd.codecs.bounds import body_width, check_body_can_hold, zstd_content_bound
 from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode
 from dqsgd.codecs.header import (
     MAX_NUMEL, U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
@@ -63,14 +63,6 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd clamps a frame's window to its declared content size (which must equal the expected size);
 # level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
 _ZSTD_MAX_WINDOW = 1 << 23
-def body_width(bits: int, coding: Coding) -> int:
-    """Bits per code in the (decompressed) body: ``bits``, or for ZSTD_ALIGNED the smallest of
-    1, 2, 4, 8, 16, 32 that holds ``bits``."""
-    if coding != Coding.ZSTD_ALIGNED:
-        return bits
-    return next(w for w in (1, 2, 4, 8, 16, 32) if w >= bits)
-
-
 def _zstd():  # noqa: ANN202 - the zstandard module
     """zstandard, imported where a ZSTD coding is used (the FIXED codec runs without it)."""
     import zstandard

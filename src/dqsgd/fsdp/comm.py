@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 import torch.distributed as dist
 
-from dqsgd.fsdp import protocol
+import dqsgd.fsdp.protocol as protocol
 from dqsgd.fsdp.state import FSDPState, UnitState
 
 if TYPE_CHECKING:

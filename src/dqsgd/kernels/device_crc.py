@@ -39,7 +39,7 @@ __all__ = ["crc32_device", "crc32_length_constant", "crc32_with", "crc_tables"]
 _ALL_ONES = 0xFFFFFFFF
 
 
-def _x8n(nbytes: int) -> int:
+def x8n(nbytes: int) -> int:
     """x^(8·nbytes) mod p(x) (zlib's ``x2nmodp(nbytes, 3)``)."""
     p, k, n = 1 << 31, 3, nbytes
     while n:
@@ -50,7 +50,7 @@ def _x8n(nbytes: int) -> int:
     return p
 
 
-def _byte_tables(images: np.ndarray) -> np.ndarray:
+def byte_tables(images: np.ndarray) -> np.ndarray:
     """(4, 256) int64: ``tab[j][b]`` = ⊕ of ``images[8j + i]`` over the set bits i of b, for a linear
     map given by its images of the 32 basis vectors (bit i of the input)."""
     b = np.arange(256, dtype=np.int64)
@@ -64,8 +64,8 @@ def _byte_tables(images: np.ndarray) -> np.ndarray:
 @lru_cache(maxsize=None)
 def _shift_tables(level: int) -> np.ndarray:
     """The four lookup tables of M_L, L = 4·2^level bytes."""
-    xl = _x8n(4 << level)
-    return _byte_tables(np.array([multmodp(xl, 1 << i) for i in range(32)], dtype=np.int64))
+    xl = x8n(4 << level)
+    return byte_tables(np.array([multmodp(xl, 1 << i) for i in range(32)], dtype=np.int64))
 
 
 @lru_cache(maxsize=None)
@@ -132,7 +132,7 @@ def crc32_with(data: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.T
 @lru_cache(maxsize=1024)
 def crc32_length_constant(nbytes: int) -> int:
     """``K(n) = zlib.crc32(bytes(n))`` in O(log n) host time."""
-    return multmodp(_x8n(nbytes), _ALL_ONES) ^ _ALL_ONES
+    return multmodp(x8n(nbytes), _ALL_ONES) ^ _ALL_ONES
 
 
 def crc32_device(data: torch.Tensor) -> torch.Tensor:

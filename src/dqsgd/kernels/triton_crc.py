@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from dqsgd.codecs.threads import multmodp
-from dqsgd.kernels.device_crc import _byte_tables, _x8n, crc32_length_constant
+from dqsgd.kernels.device_crc import byte_tables, crc32_length_constant, x8n
 
 __all__ = ["crc32_triton"]
 
@@ -95,7 +95,7 @@ def _level_table(level: int) -> np.ndarray:
     Built backwards from q = 255 (no shift): the entries at q are M_S applied to those at q + 1
     (S = 1 byte at level 0, 256^ℓ above), four vectorized lookups per step."""
     size = FAN ** level
-    step = _byte_tables(np.array([multmodp(_x8n(size), 1 << i) for i in range(32)], dtype=np.int64))
+    step = byte_tables(np.array([multmodp(x8n(size), 1 << i) for i in range(32)], dtype=np.int64))
     if level == 0:
         zero = zlib.crc32(b"\0")
         cur = np.array([zlib.crc32(bytes([b])) ^ zero for b in range(256)], dtype=np.int64)

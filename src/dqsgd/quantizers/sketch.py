@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dqsgd.quantizers._common import flat_float, require_finite
+from dqsgd.quantizers.segments import flat_float, require_finite
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 
 DEFAULT_ROWS = 5

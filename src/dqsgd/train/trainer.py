@@ -21,6 +21,7 @@ Everything that decides the rest of a run is in :meth:`Trainer.state_dict` (load
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
-        self.exchange: ServerStep | ShardedStep | SketchedStep = (
+        self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
             else ServerStep(self.method, seed, self.topology))
@@ -116,7 +117,7 @@ class Trainer:
         if cfg.backup_workers:
             check_backup(entry.config)
         self.timer = StepTimer(SlowNodes(cfg), seed, cfg.workers, self.transport, cfg.backup_workers,
-                               getattr(self.exchange, "rounds", 2))
+                               getattr(self.step_runner, "rounds", 2))
         self.next_step = 0
         self.skipped = 0
         self.local = LocalRounds(self, momentum) if cfg.local else None
@@ -233,8 +234,8 @@ class Trainer:
             return StepResult(n, float("nan"), lr, bits, True, [], 0, 0, compute_s, 0.0, 0.0,
                               sim_time_s=self.timer.elapsed)
         self.timer.start(n, compute_steps)
-        r = self.exchange.run(self.timer.transport(t), vectors, self.state, index, self.qgen,  # type: ignore[arg-type]
-                              measure_coded=self.measures_coded(index))
+        r = self.step_runner.run(self.timer.transport(t), vectors, self.state, index, self.qgen,  # type: ignore[arg-type]
+                                 measure_coded=self.measures_coded(index))
         t2 = time.perf_counter()
         coded = None if r.coded is None else self.gather_coded(r.coded)
         coded_s = r.coded_s + time.perf_counter() - t2
@@ -254,7 +255,9 @@ class Trainer:
     def run_meta(self) -> dict[str, Any]:
         """What identifies this run and rank; a state dict of another run is refused."""
         meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
-                "workers": self.cfg.workers, "rank": self.transport.rank}
+                "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
+                "downlink_bits": self.cfg.downlink_bits,
+                **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
         return meta if self.local is None else {**meta, "local_steps": self.cfg.local_steps}
 
     def state_dict(self) -> dict[str, Any]:
@@ -283,8 +286,12 @@ class Trainer:
         """Continue from ``sd`` (a :meth:`state_dict` of this run and rank)."""
         if sd.get("format") != STATE_FORMAT:
             raise ValueError(f"not a trainer state of format {STATE_FORMAT} (format {sd.get('format')!r})")
-        if sd["meta"] != self.run_meta():
-            raise ValueError(f"the state is for {sd['meta']}, this run is {self.run_meta()}")
+        saved, mine = sd["meta"], self.run_meta()
+        # Keys an older state lacks are not compared (its method config was not recorded).
+        differ = [k for k in mine if (k in saved or not k.startswith("method.")) and saved.get(k) != mine[k]]
+        if differ:
+            shown = ", ".join(f"{k}: {saved.get(k, '(absent)')!r} saved, {mine[k]!r} here" for k in differ[:8])
+            raise ValueError(f"the state was saved by another run or configuration: {shown}")
         self.model.load_state_dict(sd["model"])
         self.optimizer.load_state_dict(sd["optimizer"])
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers
