@@ -156,7 +156,7 @@ def refusals(rank: int, world: int) -> dict[str, str]:
 
     def forged(u, flat, r, scalers):
         row, res = orig(u, flat, r, scalers)
-        return ([row[0] + bytes(protocol.caps(u)[0] + 1 - len(row[0]))] + row[1:] if r == 1 else row), res
+        return ([row[0] + bytes(u.protocol.caps(u.bits)[0] + 1 - len(row[0]))] + row[1:] if r == 1 else row), res
 
     def corrupt(u, flat, r, scalers):  # every rank corrupts its payload for the next rank: each receiver refuses
         row, res = orig(u, flat, r, scalers)

@@ -9,11 +9,12 @@ import torch
 
 import _fsdp_ranks as fr
 from dqsgd.fsdp import unit_seed
-from dqsgd.fsdp.protocol import sharded_step
+from dqsgd.fsdp.protocol import ShardedMethod
+from dqsgd.launch import spawn_local
 from dqsgd.methods import method_config
 from dqsgd.pipeline import Method
-from dqsgd.rng import QUANT, seed_for
-from dqsgd.launch import spawn_local
+from dqsgd.step import FP32, ShardedStep
+from dqsgd.topology.keys import worker_generator
 from dqsgd.transport.sim import SimTransport
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -58,10 +59,10 @@ def simulate(method: str, ranks: list[dict], unit: int) -> None:
     calls = [_by_unit(r)[unit] for r in ranks]
     numel = calls[0][0]["input"].numel()
     pieces = list(ranks[0]["pieces"][unit]) * world
-    step = sharded_step(method_config(method), numel, fr.STEPS, pieces, world, unit_seed(fr.SEED, unit))
-    m = step.method
+    m = ShardedMethod(method_config(method), numel, fr.STEPS, pieces, world)
+    step = ShardedStep(m, pieces, world, unit_seed(fr.SEED, unit), FP32)
     state = m.init_state(world)
-    gens = {w: torch.Generator().manual_seed(seed_for(unit_seed(fr.SEED, unit), QUANT, w)) for w in range(world)}
+    gens = {w: worker_generator(unit_seed(fr.SEED, unit), w) for w in range(world)}
     t = SimTransport(world, "sharded")
     n = numel // world
     for s in range(len(calls[0])):

@@ -115,7 +115,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
 
     def _agree(self, group: dist.ProcessGroup, u: UnitState) -> None:
         """Every rank's configuration and unit size, compared once per unit (one small all-gather)."""
-        from dqsgd.transport.torch_dist import RankDisagreement
+        from dqsgd.topology.agreement import RankDisagreement
 
         mine = [*self.state.fingerprint(), self.index, u.numel, *u.pieces[: len(u.pieces) // u.world][:8]]
         rows = self._net(group).all_gather_ints([*mine, *([0] * (16 - len(mine)))])
@@ -176,7 +176,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         else:
             avg = protocol.average(u, payloads, rank)
             out.copy_((avg if u.world * scale == 1.0 else avg * (u.world * scale)).reshape(out.shape))
-            spent = 8 * max(sum(r) for r in sizes)
+            spent = protocol.spent_bits(u, sizes)
             u.spent.append(spent)
             if u.method.config.dynamic:
                 side += protocol.observe(u, group, st.timeout, avg, rank, spent)

@@ -1,16 +1,17 @@
 """The uplink leg of the ``sharded`` protocol, as the FSDP reduce-scatter uses it.
 
-Every call into the protocol (encode one rank's W shard payloads, move them with the sharded
-transport's all-to-all, decode and average one's own shard, feed the policy) is in this module, so
-that the FSDP compressor follows the protocol the trainer and its transports run rather than a copy
-of it: the payloads are :meth:`dqsgd.step.ShardedStep.encode_worker`'s, the exchange is
-:meth:`dqsgd.transport.torch_dist.TorchShardedTransport.exchange` (sizes first, each one checked
-against the method's largest payload before anything is allocated) and the average is
-:meth:`dqsgd.pipeline.Method.aggregate` of the unit's own shard.
+Every call into the protocol is in this module: a unit is one
+:class:`~dqsgd.topology.bucket.BucketProtocol` of topology ``sharded`` (the object the trainer's
+steps, the torch transports and the DDP hook run), of which the reduce-scatter uses the uplink leg:
+:meth:`~dqsgd.topology.bucket.BucketProtocol.encode` of this rank's W shard payloads, the exchange
+of :meth:`dqsgd.transport.torch_dist.TorchShardedTransport.exchange` (sizes first, each checked
+against :meth:`~dqsgd.topology.bucket.BucketProtocol.caps` before anything is allocated) and
+:meth:`~dqsgd.topology.bucket.BucketProtocol.reduce` of this rank's shard (the mean, each payload
+scaled by 1/W before it is added).
 
-With downlink_bits = fp32 the sharded simulation's update is the concatenation of these averages,
-so rank j's reduced shard is bitwise shard j of the simulation's update for the same gradients,
-seed and step (the protocol's keys: ``HashRNG(seed_for(unit_seed, QUANT), n, w·W + j)``).
+Unit u is the bucket 0 of a protocol seeded with ``unit_seed(seed, u)``: its keys are the trainer's
+keys for a model of its own, so rank j's reduced shard is bitwise shard j of
+:class:`dqsgd.step.ShardedStep`'s update (downlink fp32) for the same gradients, seed and step.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch.distributed as dist
 from dqsgd.methods import MethodConfig
 from dqsgd.pipeline import Method
 from dqsgd.policies import GradStats
-from dqsgd.step import FP32, ShardedStep, shard_methods
+from dqsgd.topology import FP32
+from dqsgd.topology.bucket import BucketProtocol, shard_methods
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.transport.torch_dist import TorchShardedTransport, TransportError, make_transport
 
 if TYPE_CHECKING:
@@ -48,47 +51,52 @@ class ShardedMethod(Method):
         return sum(Method.message_bits(m, bits) for m in self.shard_methods)
 
 
-def sharded_step(config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int,
-                 seed: int) -> ShardedStep:
-    """The unit's sharded protocol: its W shards, its keys (``seed``), the downlink left out (fp32)."""
-    return ShardedStep(ShardedMethod(config, numel, total_steps, pieces, world), pieces, world, seed, FP32)
+def unit_protocol(config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int,
+                  seed: int) -> BucketProtocol:
+    """The unit's sharded protocol: its W shards, its keys (``seed``), no downlink (fp32)."""
+    method = ShardedMethod(config, numel, total_steps, pieces, world)
+    return BucketProtocol(config, numel, pieces, topology="sharded", workers=world, seed=seed,
+                          total_steps=total_steps, downlink_bits=FP32, method=method)
 
 
 def transport(group: dist.ProcessGroup, timeout: float | None) -> TorchShardedTransport:
     return make_transport("sharded", group, torch.device("cpu"), timeout)  # type: ignore[return-value]
 
 
-def caps(u: UnitState) -> list[int]:
-    """The largest payload each shard's method produces at this step's width (the receive cap)."""
-    return [m.max_payload_bytes(u.bits) for m in u.step.shards]
-
-
 def payload_bytes(u: UnitState) -> int:
     """Predicted bytes of one rank's W fixed-coded shard payloads at this step's width."""
-    return sum(m.message_bits(u.method.width(u.bits)) for m in u.step.shards) // 8
+    return u.method.message_bits(u.method.width(u.bits)) // 8
 
 
 def encode(u: UnitState, flat: torch.Tensor, rank: int,
            scalers: torch.Tensor | None) -> tuple[list[bytes], torch.Tensor | None]:
     """This rank's W shard payloads of ``flat`` (float32, CPU) and its new error-feedback residual."""
-    return u.step.encode_worker(rank, flat, u.bits, u.n, u.generator, u.residual, scalers)
+    P = u.protocol
+    shards = None if u.residual is None else [u.residual[lo:hi] for lo, hi in P.bounds]
+    pays, res = P.encode(rank, flat, u.bits, u.n, u.generator, shards, scalers)
+    return [tensor_bytes(p) for p in pays], (None if res[0] is None else torch.cat(res))  # type: ignore[arg-type]
 
 
 def local_scalers(u: UnitState, flat: torch.Tensor) -> torch.Tensor:
     """TernGrad: every shard's per-segment scalers (max-reduced over the ranks before encoding)."""
-    return u.step.local_scalers(flat)
+    return u.protocol.local_scalers(flat)
 
 
 def exchange(t: TorchShardedTransport, u: UnitState, row: list[bytes]) -> tuple[list[bytes], list[list[int]]]:
     """The all-to-all of shard payloads: every rank's payload for this rank's shard, and the W×W
     table of sizes (``sizes[w][j]``: rank w's payload for shard j)."""
-    served, sizes = t.exchange([row], caps(u))
+    served, sizes = t.exchange([row], u.protocol.caps(u.bits))
     return served[t.rank], sizes
 
 
 def average(u: UnitState, payloads: list[bytes], rank: int) -> torch.Tensor:
-    """(1/W) Σ_w decode(payload_w) for this rank's shard, float32 (decoded in rank order)."""
-    return u.step.shards[rank].aggregate(payloads, u.bits)
+    """Σ_w (1/W)·decode(payload_w) for this rank's shard, float32 (rank order)."""
+    return u.protocol.reduce(rank, [bytes_tensor(p) for p in payloads], u.bits)
+
+
+def spent_bits(u: UnitState, sizes: list[list[int]]) -> int:
+    """The policy's spent bits of a step: the longest rank's uplink, all its shards together."""
+    return u.protocol.spent_bits(sizes)
 
 
 def observe(u: UnitState, group: dist.ProcessGroup, timeout: float | None, avg: torch.Tensor, rank: int,

@@ -20,7 +20,7 @@ from dqsgd.timeouts import HOOK_COLLECTIVE_S
 
 if TYPE_CHECKING:
     from dqsgd.pipeline import Method
-    from dqsgd.step import ShardedStep
+    from dqsgd.topology.bucket import BucketProtocol
 
 STATE_VERSION = 1
 _COUNTERS = ("bytes_sent", "bytes_received", "exact_bytes", "side_bytes", "fp32_bytes", "bit_coords", "coords",
@@ -39,7 +39,7 @@ class UnitState:
     numel: int                           # W·n, the flat gradient FSDP hands to the reduce-scatter
     world: int
     pieces: tuple[int, ...]              # the parameters' padded shard sizes, W times (the flat layout)
-    step: ShardedStep                    # the sharded protocol of this unit (its own seed)
+    protocol: BucketProtocol             # the sharded protocol of this unit (its own seed)
     policy: Any                          # the policy state; .bits is this step's width
     generator: torch.Generator           # TernGrad's rounding (the other schemes draw hash uniforms)
     residual: torch.Tensor | None = None  # error-feedback memory (whole flat gradient)
@@ -49,7 +49,7 @@ class UnitState:
 
     @property
     def method(self) -> Method:
-        return self.step.method
+        return self.protocol.method
 
     @property
     def bits(self) -> int:
@@ -134,11 +134,12 @@ class FSDPState:
                 raise ValueError(f"FSDP unit {index}: reduce-scatter of {numel} elements over {world} ranks, "
                                  f"earlier {u.numel} over {u.world}")
             return u
-        from dqsgd.fsdp.protocol import sharded_step
+        from dqsgd.fsdp.protocol import unit_protocol
+        from dqsgd.topology.keys import worker_generator
 
-        rank_gen = torch.Generator().manual_seed(seed_for(unit_seed(self.seed, index), QUANT, rank))
-        step = sharded_step(self.config, numel, self.total_steps, list(pieces), world, unit_seed(self.seed, index))
-        u = UnitState(numel, world, pieces, step, step.method.policy.init(), rank_gen)
+        seed = unit_seed(self.seed, index)
+        proto = unit_protocol(self.config, numel, self.total_steps, list(pieces), world, seed)
+        u = UnitState(numel, world, pieces, proto, proto.method.policy.init(), worker_generator(seed, rank))
         self.units[index] = u
         if index in self._loaded:
             u.load(self._loaded.pop(index), index)
