@@ -24,9 +24,9 @@ def test_shards_follow_shard_bounds_and_sizes_are_predicted() -> None:
     assert [m.layout.sizes for m in b.shards] == [None] * 3  # qsgd: one scale per shard (bucket layout)
     g = torch.randn(N, generator=torch.Generator().manual_seed(0))
     for j, ((lo, hi), m) in enumerate(zip(b.bounds, b.shards)):
-        p, _ = codec.encode_shard(m, g[lo:hi], 4, HashRNG(b.seeds[j], 0, 1), b.generator, None, None)
+        p, _ = codec.encode_shard(m, g[lo:hi], 4, b.proto.uplink_rng(0, 1, j), b.generator, None, None)
         assert p.dtype == torch.uint8 and p.numel() == m.message_bits(4) // 8
-        d = codec.encode_downlink(m, g[lo:hi], 8, HashRNG(b.down_seed, 0, j))
+        d = codec.encode_downlink(m, g[lo:hi], 8, b.proto.downlink_rng(0, j))
         assert d.numel() == codec.downlink_size(m, 8)
         assert codec.encode_downlink(m, g[lo:hi], codec.FP32, HashRNG(1, 0, 0)).numel() == codec.downlink_size(m, 32)
 
@@ -64,7 +64,7 @@ def test_state_dict_round_trip_and_pickle() -> None:
         b.catch_up(2)
         assert c.policy == b.policy and c.bits == b.bits
     with pytest.raises(ValueError, match="elements"):
-        v = HookState("dqsgd", seed=4, total_steps=50)
+        v = HookState("dqsgd", seed=4, total_steps=50, downlink_bits="fp32")
         v.load_state_dict(s.state_dict())
         v.bucket(0, torch.zeros(N + 3), [N + 3], 0, 2)
 
@@ -89,7 +89,7 @@ def test_in_place_messages_are_the_concatenated_shard_payloads(world: int, metho
     b = HookState(method).bucket(0, torch.zeros(n), [n], rank=1, world=world)
     g = torch.randn(n, generator=torch.Generator().manual_seed(world))
     for bits in (2, 4, 11):
-        rngs = [HashRNG(b.seeds[j], 3, 1) for j in range(world)]
+        rngs = [b.proto.uplink_rng(3, 1, j) for j in range(world)]
         send, sizes = codec.encode_messages(b.shards, b.bounds, g, bits, rngs)
         payloads = [codec.encode_shard(m, g[lo:hi], bits, r, b.generator, None, None)[0]
                     for (lo, hi), m, r in zip(b.bounds, b.shards, rngs)]
@@ -98,8 +98,8 @@ def test_in_place_messages_are_the_concatenated_shard_payloads(world: int, metho
         assert torch.equal(send, codec.messages(payloads, flag))
         assert all(torch.equal(v, p) for v, p in zip(views, payloads))
         for j, ((lo, hi), m) in enumerate(zip(b.bounds, b.shards)):
-            want = codec.encode_downlink(m, g[lo:hi], 8, HashRNG(b.down_seed, 3, j))
-            padded, size = codec.encode_downlink_padded(m, g[lo:hi], 8, HashRNG(b.down_seed, 3, j), want.numel() + 3)
+            want = codec.encode_downlink(m, g[lo:hi], 8, b.proto.downlink_rng(3, j))
+            padded, size = codec.encode_downlink_padded(m, g[lo:hi], 8, b.proto.downlink_rng(3, j), want.numel() + 3)
             assert size == want.numel() and torch.equal(padded, codec.pad(want, want.numel() + 3))
             parsed, planned = torch.zeros(hi - lo), torch.zeros(hi - lo)
             codec.decode_accumulate_payload(payloads[j], parsed, max_numel=hi - lo)
@@ -116,17 +116,16 @@ def test_received_payload_of_another_width_is_refused_as_before() -> None:
         codec.accumulate(m, [p], 4, torch.zeros(m.numel))
     bad = p.clone()
     bad[-1] ^= 1
-    with pytest.raises(PayloadError, match="rank 0: crc mismatch"):
+    with pytest.raises(PayloadError, match="worker 0: crc mismatch"):
         codec.accumulate(m, [bad], 5, torch.zeros(m.numel))
 
 
 def test_cached_sizes_follow_width_and_new_shards() -> None:
-    s = HookState("terngrad")  # per-tensor layout: a reordered bucket's shards have other segment counts
+    s = HookState("terngrad", downlink_bits=3)  # per-tensor layout: a reordered bucket's shards have other segments
     b = s.bucket(0, torch.zeros(N), SIZES, rank=0, world=2)
     for width in (2, 5, 2):
         assert b.uplink_bytes(width) == sum(m.message_bits(width) for m in b.shards) // 8
-    for dbits in (8, codec.FP32, 3):
-        assert b.downlink_sizes(dbits) == [codec.downlink_size(m, dbits) for m in b.shards]
-    before = b.downlink_sizes(8)
+    assert b.proto.down_sizes() == [codec.downlink_size(m, 3) for m in b.shards]
+    before = b.proto.down_sizes()
     b2 = s.bucket(0, torch.zeros(N), SIZES[::-1], rank=0, world=2)
-    assert b2 is b and b.downlink_sizes(8) == [codec.downlink_size(m, 8) for m in b.shards] != before
+    assert b2 is b and b.proto.down_sizes() == [codec.downlink_size(m, 3) for m in b.shards] != before

@@ -21,12 +21,13 @@ import dqsgd
 SRC = Path(dqsgd.__file__).parent
 LAYERS: list[list[str]] = [  # lowest first
     ["dqsgd._lazy", "dqsgd._extras", "dqsgd.errors", "dqsgd.rng",
-     "dqsgd.sharding", "dqsgd.timeouts", "dqsgd.config"],
+     "dqsgd.sharding", "dqsgd.timeouts", "dqsgd.config", "dqsgd.topology.names", "dqsgd.topology.agreement"],
     ["dqsgd.quantizers"],
     ["dqsgd.codecs"],
     ["dqsgd.kernels"],
-    ["dqsgd.policies", "dqsgd.ledger", "dqsgd.memory", "dqsgd.theory", "dqsgd.methods"],  # methods reads quantizers
-    ["dqsgd.pipeline", "dqsgd.api", "dqsgd.step"],
+    ["dqsgd.policies", "dqsgd.ledger", "dqsgd.memory", "dqsgd.theory", "dqsgd.methods",  # methods reads quantizers
+     "dqsgd.topology.traffic", "dqsgd.topology.limits", "dqsgd.topology.keys"],
+    ["dqsgd.pipeline", "dqsgd.api", "dqsgd.topology", "dqsgd.step"],  # topology: the per-bucket protocol
     ["dqsgd.transport"],
     ["dqsgd.data", "dqsgd.models"],
     ["dqsgd.train", "dqsgd.integrations", "dqsgd.ddp", "dqsgd.dq"],

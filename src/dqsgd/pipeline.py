@@ -19,14 +19,14 @@ from dqsgd import memory
 from dqsgd.codecs import (
     Coding, PayloadError, coded_size, decode as decode_payload, encode as encode_payload, predicted_size,
 )
-from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, read_header
+from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_fast
 from dqsgd.methods import MethodConfig
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
     grad_stats,
 )
 from dqsgd.quantizers import (
-    Layout, Norm, Quantized, Scheme, dequantize, majority_vote, quantize_identity, quantize_sign,
+    Layout, Norm, Quantized, Scheme, dequantize, quantize_identity, quantize_sign,
 )
 
 
@@ -201,10 +201,10 @@ class Method:
             q = decode_payload(payload, max_numel=max(self.numel, 1))
         except PayloadError as e:
             raise PayloadError(f"worker {worker}: {e}") from None
-        self._check_uplink(q.scheme, q.numel, q.bits, bits, worker)
+        self.check_uplink(q.scheme, q.numel, q.bits, bits, worker)
         return q
 
-    def _check_uplink(self, scheme: Scheme, numel: int, got_bits: int, bits: int, worker: int) -> None:
+    def check_uplink(self, scheme: Scheme, numel: int, got_bits: int, bits: int, worker: int) -> None:
         expected, want_bits = self.quantizer.scheme, self.width(bits)
         if scheme != expected or numel != self.numel or got_bits != want_bits:
             raise ProtocolError(
@@ -213,23 +213,17 @@ class Method:
             )
 
     def aggregate(self, payloads: Sequence[bytes], bits: int) -> torch.Tensor:
-        """G = (1/W) Σ_w decode(payload_w), or the majority vote of the signs (worker order fixed).
+        """G = Σ_w (1/W)·decode(payload_w) (each payload scaled before it is added: a mean of finite
+        values stays finite), or the majority vote of the signs; worker order fixed. The one
+        aggregation of :class:`dqsgd.topology.bucket.BucketProtocol`."""
+        from dqsgd.topology.payloads import accumulate, bytes_tensor, vote
 
-        The mean adds each payload into one running sum (decode-accumulate, no per-worker x̂):
-        bit-identical to summing ``dequantize(decode(p))`` in worker order.
-        """
+        received = [bytes_tensor(p) for p in payloads]
         if self.config.aggregate == "majority":
-            qs = [self.decode_uplink(p, bits, w) for w, p in enumerate(payloads)]
-            return majority_vote([q.codes for q in qs]).to(torch.float32)
+            return vote(self, received, bits)
         total = torch.zeros(self.numel, dtype=torch.float32)
-        for w, p in enumerate(payloads):
-            try:
-                h = read_header(p, max_numel=max(self.numel, 1))
-                self._check_uplink(h.scheme, h.numel, h.bits, bits, w)
-                decode_accumulate(p, total, header=h)
-            except PayloadError as e:
-                raise PayloadError(f"worker {w}: {e}") from None
-        return total / len(payloads)
+        accumulate(self, received, bits, total, weight=1.0 / len(received))
+        return total
 
     def encode_downlink(self, update: torch.Tensor) -> bytes:
         if self.config.downlink == "sign":

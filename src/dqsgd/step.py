@@ -47,26 +47,18 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
-from dqsgd.codecs import Coding, encode as encode_payload, predicted_size
-from dqsgd.kernels import HashRNG, encode_uniform_fast
-from dqsgd.ledger import wire_traffic
 from dqsgd.pipeline import Method, MethodState
-from dqsgd.quantizers import Norm, NonFiniteGradientError, quantize_identity
-from dqsgd.sharding import DOWNLINK, shard_bounds, shard_sizes
-from dqsgd.rng import QUANT, seed_for
+from dqsgd.quantizers import NonFiniteGradientError
+from dqsgd.topology.bucket import BucketProtocol, shard_methods
+from dqsgd.topology.names import FP32, check_downlink_bits
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+from dqsgd.topology.traffic import wire_traffic
 
 if TYPE_CHECKING:
-    from dqsgd.methods import MethodConfig
     from dqsgd.transport.base import ShardedTransport, Transport
 
-FP32 = 32  # downlink width that means "send the averaged shard in fp32"
-
-
-def check_downlink_bits(bits: int) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not (2 <= bits <= 16 or bits == FP32):
-        raise ValueError(f"downlink_bits must be in [2, 16] (stochastic uniform, s = 2^(b-1) - 1) or 32 (fp32), "
-                         f"got {bits!r}")
-    return bits
+__all__ = ["FP32", "Exchange", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
+           "shard_methods"]
 
 
 @dataclass
@@ -93,9 +85,6 @@ class Exchange:
     def wire(self) -> tuple[list[int], list[int]]:
         """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.ledger.wire_traffic`)."""
         return wire_traffic(self.topology, self.up, self.down)
-
-
-ShardedResult = Exchange  # the earlier name of the sharded step's result
 
 
 def all_finite(t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], step: int,
@@ -138,21 +127,21 @@ def _with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) 
 class ServerStep:
     """Topologies ``ps`` and ``allgather``: the whole vector, one aggregation, one downlink."""
 
-    def __init__(self, method: Method, seed: int, topology: str = "ps"):
+    def __init__(self, method: Method, seed: int, topology: str = "ps", param_sizes: Sequence[int] | None = None):
         if topology not in ("ps", "allgather"):
             raise ValueError(f"ServerStep runs topology 'ps' or 'allgather', not {topology!r}")
-        self.method, self.topology = method, topology
-        self.quant_seed = seed_for(seed, QUANT)
+        self.method, self.topology, self.seed = method, topology, seed
+        self.param_sizes = tuple(param_sizes) if param_sizes is not None else (method.numel,)
+        self._protocols: dict[int, BucketProtocol] = {}
 
-    def encode_worker(self, worker: int, grad: torch.Tensor, bits: int, step: int, generator: torch.Generator | None,
-                      residual: torch.Tensor | None, scalers: torch.Tensor | None) -> tuple[bytes, torch.Tensor | None]:
-        """Worker ``worker``'s uplink payload at width ``bits`` and its new error-feedback memory."""
-        m = self.method
-        key = HashRNG(self.quant_seed, step, worker) if m.fused else None
-        try:
-            return m.encode(codec_input(grad, m), bits, generator, residual, scalers, hash_rng=key)
-        except NonFiniteGradientError as e:
-            raise NonFiniteGradientError(f"step {step}, worker {worker}: {e}") from None
+    def protocol(self, workers: int) -> BucketProtocol:
+        """The bucket protocol of the whole vector for ``workers`` workers."""
+        if workers not in self._protocols:
+            m = self.method
+            self._protocols[workers] = BucketProtocol(m.config, m.numel, self.param_sizes, topology=self.topology,
+                                                      workers=workers, seed=self.seed, total_steps=m.total_steps,
+                                                      method=m)
+        return self._protocols[workers]
 
     def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> Exchange:
@@ -163,66 +152,45 @@ class ServerStep:
         state holding only that width; with allgather every rank computed it and the transport checks
         that all agree. ``measure_coded``: also give each local worker's uplink with the best coding,
         measured after the downlink (every payload was accepted by then)."""
-        m, bits = self.method, state.bits
+        m, bits, P = self.method, state.bits, self.protocol(t.workers)
         scalers, side = None, 0
         if m.shares_scalers:
-            scalers = t.max_reduce([m.local_scalers(g) for g in grads.values()])
+            scalers = t.max_reduce([P.local_scalers(g) for g in grads.values()])
             side = 4 * scalers.numel()  # L float32 scalers up and down per worker [docs/algorithms.md §3]
         t0, payloads, new_res = time.perf_counter(), [], {}
         for w, g in grads.items():
-            msg, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], state.residuals[w], scalers)
-            payloads.append(msg)
+            pays, res = P.encode(w, codec_input(g, m), bits, step, generators[w], [state.residuals[w]], scalers)
+            payloads.append(tensor_bytes(pays[0]))
+            new_res[w] = res[0]
         encode_s = time.perf_counter() - t0
         residuals = _with_residuals(state, new_res)
-        gathered = t.gather(payloads, m.max_payload_bytes(bits))
+        gathered = t.gather(payloads, P.caps(bits)[0])
         down, up, after = None, [], None
         if t.is_server and gathered is not None:
-            agg = m.aggregate(gathered, bits)
-            down = m.encode_downlink(agg)
+            agg = P.reduce(0, [bytes_tensor(p) for p in gathered], bits)
+            down = tensor_bytes(P.encode_down(0, agg, step))
             up = [[len(p)] for p in gathered]
-            after = m.observe(MethodState(state.policy, residuals), agg, step, 8 * max(len(p) for p in gathered))
-        down, (next_bits,) = t.broadcast(down, [bits if after is None else after.bits])
+            after = m.observe(MethodState(state.policy, residuals), agg, step, P.spent_bits(up))
+        down, (next_bits,) = t.broadcast(down, [bits if after is None else after.bits], P.down_sizes()[0])
         if after is None:
             after = MethodState(None, residuals, next_bits)
-        update = m.decode_downlink(down)
+        update = P.decode_down([bytes_tensor(down)])
         t1 = time.perf_counter()
         coded = {w: m.coded_size(p) for w, p in zip(grads, payloads)} if measure_coded else None
         return Exchange(update, up, [] if self.topology == "allgather" else [len(down)], side, new_res, encode_s,
                         coded, time.perf_counter() - t1, self.topology, after)
 
 
-def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_sizes: Sequence[int],
-                  workers: int) -> tuple[list[tuple[int, int]], list[Method]]:
-    """The ``workers`` contiguous shards of a vector of ``numel`` coordinates and the method each is
-    quantized with: a shard is a vector of its own (a bucket layout restarts at its start, a
-    per-tensor layout is cut at its edges). The trainer's sharded step and the DDP hook share it."""
-    bounds = shard_bounds(numel, workers)
-    return bounds, [Method(config, hi - lo, total_steps, shard_sizes(param_sizes, lo, hi)) for lo, hi in bounds]
-
-
 class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int, downlink_bits: int = 8):
-        if method.numel < workers:
-            raise ValueError(f"topology sharded needs at least one coordinate per shard: {method.numel} "
-                             f"coordinates for {workers} workers")
         self.method, self.workers = method, workers
         self.downlink_bits = check_downlink_bits(downlink_bits)
-        self.bounds, self.shards = shard_methods(method.config, method.numel, method.total_steps, param_sizes,
-                                                 workers)
-        self.quant_seed, self.down_seed = seed_for(seed, QUANT), seed_for(seed, DOWNLINK)
-
-    # --- worker side ----------------------------------------------------------------------------
-    def local_scalers(self, grad: torch.Tensor) -> torch.Tensor:
-        """TernGrad: the scalers of every shard's segments, concatenated (max-reduced as one tensor)."""
-        return torch.cat([m.local_scalers(grad[lo:hi]) for m, (lo, hi) in zip(self.shards, self.bounds)])
-
-    def _split_scalers(self, scalers: torch.Tensor | None) -> list[torch.Tensor | None]:
-        if scalers is None:
-            return [None] * self.workers
-        counts = [m.layout.num_segments(m.numel) for m in self.shards]
-        return list(torch.split(scalers, counts))
+        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
+                                       seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
+                                       method=method)
+        self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
 
     def coded_size(self, row: Sequence[bytes]) -> int:
         """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
@@ -231,37 +199,12 @@ class ShardedStep:
     def encode_worker(self, worker: int, grad: torch.Tensor, bits: int, step: int, generator: torch.Generator | None,
                       residual: torch.Tensor | None, scalers: torch.Tensor | None) -> tuple[list[bytes], torch.Tensor | None]:
         """Worker ``worker``'s W shard payloads, and its new error-feedback memory (whole vector)."""
-        row, res = [], []
-        for j, (m, (lo, hi), sc) in enumerate(zip(self.shards, self.bounds, self._split_scalers(scalers))):
-            key = HashRNG(self.quant_seed, step, worker * self.workers + j) if m.fused else None
-            r_j = None if residual is None else residual[lo:hi]
-            try:
-                msg, r = m.encode(grad[lo:hi], bits, generator, r_j, sc, hash_rng=key)
-            except NonFiniteGradientError as e:
-                raise NonFiniteGradientError(f"step {step}, worker {worker}, shard {j}: {e}") from None
-            row.append(msg)
-            res.append(r)
-        return row, (None if res[0] is None else torch.cat(res))
+        P = self.protocol
+        shards = None if residual is None else [residual[lo:hi] for lo, hi in P.bounds]
+        pays, res = P.encode(worker, grad if grad.device.type == "cpu" else grad.cpu(), bits, step, generator,
+                             shards, scalers)
+        return [tensor_bytes(p) for p in pays], (None if res[0] is None else torch.cat(res))  # type: ignore[arg-type]
 
-    # --- shard server side ----------------------------------------------------------------------
-    def encode_downlink(self, shard: int, avg: torch.Tensor, step: int) -> bytes:
-        m = self.shards[shard]
-        if m.config.downlink == "sign":  # a majority vote: its signs are the update
-            return m.encode_downlink(avg)
-        if self.downlink_bits == FP32:
-            return encode_payload(quantize_identity(avg), Coding.FIXED)
-        return encode_uniform_fast(avg, self.downlink_bits, HashRNG(self.down_seed, step, shard), norm=Norm.MAX,
-                                   layout=m.layout, coding=Coding.FIXED)
-
-    def down_cap(self, shard: int) -> int:
-        """An upper bound of shard ``shard``'s downlink payload: fp32 values plus every segment's scale."""
-        m = self.shards[shard]
-        return predicted_size(m.numel, 32, m.layout.num_segments(m.numel), 1, m.layout, Coding.FIXED)
-
-    def decode_update(self, payloads: Sequence[bytes]) -> torch.Tensor:
-        return torch.cat([m.decode_downlink(p) for m, p in zip(self.shards, payloads)])
-
-    # --- one step -------------------------------------------------------------------------------
     def run(self, t: ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> Exchange:
         """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``, at
@@ -269,27 +212,23 @@ class ShardedStep:
 
         ``measure_coded``: also give each local worker's uplink with the best coding (:meth:`coded_size`),
         measured on the payloads it sent, after the exchange (nothing sent changes)."""
-        bits = state.bits
+        bits, P = state.bits, self.protocol
         scalers, side = None, 0
         if self.method.shares_scalers:
-            local = [self.local_scalers(g) for g in grads.values()]
-            scalers = t.max_reduce(local)
+            scalers = t.max_reduce([P.local_scalers(g.cpu()) for g in grads.values()])
             side = 4 * scalers.numel()  # the scalers go up and come back once per worker, float32
         rows, new_res, t0 = [], {}, time.perf_counter()
         for w, g in grads.items():
-            g = g if g.device.type == "cpu" else g.cpu()
             row, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], state.residuals[w], scalers)
             rows.append(row)
         encode_s = time.perf_counter() - t0
-        served, up = t.exchange(rows, [m.max_payload_bytes(bits) for m in self.shards])
-        down = {}
-        for j, payloads in served.items():
-            avg = self.shards[j].aggregate(payloads, bits)
-            down[j] = self.encode_downlink(j, avg, step)
-        shared = t.share(down, max(self.down_cap(j) for j in range(self.workers)))
-        update = self.decode_update(shared)
+        served, up = t.exchange(rows, P.caps(bits))
+        down = {j: tensor_bytes(P.encode_down(j, P.reduce(j, [bytes_tensor(p) for p in payloads], bits), step))
+                for j, payloads in served.items()}
+        shared = t.share(down, max(P.down_sizes()))
+        update = P.decode_down([bytes_tensor(p) for p in shared])
         after = self.method.observe(MethodState(state.policy, _with_residuals(state, new_res)), update, step,
-                                    8 * max(sum(row) for row in up))
+                                    P.spent_bits(up))
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None

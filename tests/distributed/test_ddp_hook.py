@@ -1,7 +1,7 @@
-"""dqsgd.ddp.hook under real DDP on gloo processes, against an in-process reference of the protocol.
+"""dqsgd.ddp.hook under real DDP on gloo processes, against the bucket protocol run in one process.
 
-The reference re-implements each topology from the ranks' local buckets with the public codec
-(``encode_uniform_fast``, ``decode``, ``dequantize``): the hooked buckets must equal it bit for bit.
+The reference runs :class:`dqsgd.topology.bucket.BucketProtocol` on the ranks' local buckets: the
+hooked buckets must equal it bit for bit.
 """
 
 import math
@@ -10,14 +10,11 @@ import pytest
 import torch
 
 import _hook_ranks as hr
-from dqsgd.codecs import decode
 from dqsgd.ddp import HookState
-from dqsgd.kernels import HashRNG, encode_uniform_fast
 from dqsgd.methods import method_config
 from dqsgd.pipeline import Method
-from dqsgd.quantizers import Norm, dequantize
-from dqsgd.sharding import DOWNLINK, shard_bounds, shard_sizes
-from dqsgd.train.sampling import QUANT, seed_for
+from dqsgd.sharding import shard_bounds, shard_sizes
+from dqsgd.topology.bucket import BucketProtocol, run_in_process
 from dqsgd.transport.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
@@ -40,34 +37,15 @@ def w3() -> list[dict]:
     return [r.value for r in results]
 
 
-def _layout(cfg, numel: int, sizes: list[int]):
-    return Method(cfg, numel, 20, sizes).layout
-
-
-def _q(x: torch.Tensor, bits: int, rng: HashRNG, layout) -> torch.Tensor:
-    return dequantize(decode(encode_uniform_fast(x, bits, rng, norm=Norm.MAX, layout=layout))).reshape(-1)
-
-
 def reference(method: str, kw: dict, locals_: list[torch.Tensor], sizes: list[int], bits: int, index: int,
               step: int) -> torch.Tensor:
-    """The averaged bucket every rank must return, computed in-process from the W local buckets."""
+    """The averaged bucket every rank must return: the bucket's protocol run in one process on the W
+    local buckets (the trainer runs the same protocol: tests/distributed/test_engine_equivalence.py)."""
     cfg, n = method_config(method), locals_[0].numel()
-    if kw.get("topology") == "allgather":
-        layout, total = _layout(cfg, n, sizes), torch.zeros(n)
-        for w, g in enumerate(locals_):
-            total += _q(g, bits, HashRNG(seed_for(SEED, QUANT, index), step, w), layout)
-        return total / W
-    out = torch.zeros(n)
-    for j, (lo, hi) in enumerate(shard_bounds(n, W)):
-        layout, total = _layout(cfg, hi - lo, list(shard_sizes(sizes, lo, hi))), torch.zeros(hi - lo)
-        for w, g in enumerate(locals_):
-            total += _q(g[lo:hi], bits, HashRNG(seed_for(SEED, QUANT, index, j), step, w), layout)
-        avg = total / W
-        if kw.get("downlink_bits") == "fp32":
-            out[lo:hi] = avg
-        else:
-            out[lo:hi] = _q(avg, 8, HashRNG(seed_for(SEED, DOWNLINK, index), step, j), layout)
-    return out
+    down = kw.get("downlink_bits", 8)
+    proto = BucketProtocol(cfg, n, sizes, topology=kw.get("topology", "sharded"), workers=W, seed=SEED, bucket=index,
+                           total_steps=20, downlink_bits=32 if down == "fp32" else down)
+    return run_in_process(proto, locals_, bits, step)
 
 
 @pytest.mark.timeout(500)
@@ -114,7 +92,7 @@ def test_stats_count_the_predicted_bytes(w3: list[dict]) -> None:
     sizes = w3[0]["runs"][key("qsgd-4bit", SHARDED)]["buckets"][0][2]
     shards = [Method(cfg, hi - lo, 20, list(shard_sizes(sizes, lo, hi))) for lo, hi in shard_bounds(n, W)]
     up = [m.message_bits(4) // 8 + 1 for m in shards]  # payload + flag byte
-    dmax = max(m.message_bits(8) // 8 for m in shards)
+    dmax = max(m.message_bits(8) // 8 for m in shards) + 1  # payload + status byte
     allreduce = 2 * (2 * (W - 1) * 4 * n // W)
     for rank, r in enumerate(w3):
         s = r["runs"][key("qsgd-4bit", SHARDED)]["stats"]
@@ -192,7 +170,7 @@ def test_start_iter_sends_full_precision_first(w2: list[dict]) -> None:
 def test_signsgd_zero_bucket_stays_zero(w2: list[dict], case: str) -> None:
     for r in w2:
         assert torch.equal(r[case]["zero"], torch.zeros_like(r[case]["zero"]))
-        after = r[case]["after"]  # a normal step: the vote's signs (ties 0), not all zero
+        after = r[case]["after"]  # a normal step: the vote's signs (ties +1), not all zero
         assert set(after.unique().tolist()) <= {-1.0, 0.0, 1.0} and after.abs().sum() > 0
 
 

@@ -4,16 +4,17 @@ import pytest
 import torch
 
 from dqsgd.transport import TorchPSTransport, make_transport
-from dqsgd.transport.torch_dist import _backend_reason, bytes_to_tensor, tensor_to_bytes
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+from dqsgd.transport.torch_dist import _backend_reason
 
 pytestmark = pytest.mark.distributed
 
 
 @pytest.mark.parametrize("payload, width", [(b"", 0), (b"", 5), (b"\x00\xffDQ", 4), (bytes(range(256)), 300)])
 def test_bytes_round_trip_through_padded_uint8_tensors(payload: bytes, width: int) -> None:
-    t = bytes_to_tensor(payload, width, torch.device("cpu"))
+    t = bytes_tensor(payload, torch.device("cpu"), width)
     assert t.dtype == torch.uint8 and t.numel() == width and not t[len(payload):].any()
-    assert tensor_to_bytes(t, len(payload)) == payload
+    assert tensor_bytes(t, len(payload)) == payload
 
 
 def test_refuses_without_a_process_group_or_with_a_bad_topology() -> None:

@@ -40,7 +40,8 @@ from dqsgd.dq.problem import Problem, ProblemSpec
 from dqsgd.dq.result import RunResult, collect
 from dqsgd.pipeline import ProtocolError
 from dqsgd.rng import DQ_SHARD, generator
-from dqsgd.transport.torch_dist import TransportError, bytes_to_tensor, tensor_to_bytes
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+from dqsgd.transport.torch_dist import TransportError
 
 __all__ = ["run_dist", "run_dist_jobs", "free_port"]
 
@@ -69,7 +70,7 @@ class _Link:
 
     def send(self, data: bytes, dst: int, size_tag: int, data_tag: int) -> None:
         size = torch.tensor([len(data)], dtype=torch.int64)
-        body = bytes_to_tensor(data, len(data), _CPU)
+        body = bytes_tensor(data, _CPU, len(data))
         works = [dist.isend(size, dst, tag=size_tag), dist.isend(body, dst, tag=data_tag)]
         for w in works:
             self._wait(w, f"send of {len(data)} bytes to rank {dst}")
@@ -85,7 +86,7 @@ class _Link:
             raise ProtocolError(f"rank {self.rank}: rank {src} announced a message of {n} bytes")
         body = torch.empty(n, dtype=torch.uint8)
         self._wait(dist.irecv(body, src=src, tag=data_tag), f"receive of {n} bytes from rank {src}")
-        return src, tensor_to_bytes(body, n)
+        return src, tensor_bytes(body, n)
 
 
 def _master(problem: Problem, cfg: RunConfig, link: _Link, order: Sequence[tuple[int, int]] | None) -> RunResult:

@@ -7,6 +7,13 @@ timeout): the uplink group gets the collectives issued by the hook itself, in bu
 downlink group gets the sharded all-gathers, issued from completion callbacks in bucket order
 (each waits until the previous bucket's is issued): two groups, so both orders are the same on
 every rank whatever the order in which collectives complete.
+
+What is sent, the keys, the size caps, the aggregation and the downlink are the bucket's
+:class:`dqsgd.topology.bucket.BucketProtocol`, the one the trainer runs; this module keeps what is
+DDP's: buckets, futures, the two process groups and the deferred device checks. A message is a
+payload and one flag byte (:mod:`dqsgd.topology.payloads`); a sharded downlink message is a payload
+padded to the longest and one status byte: 0, or 1 when its shard server refused a payload (the
+payload area then holds the error's text), so that every rank raises the same error.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time
@@ -16,8 +23,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from dqsgd.integrations import ddp_codec as codec
 from dqsgd.integrations.ddp_state import HookState, BucketState, ring_bytes
+from dqsgd.topology import payloads as codec
+from dqsgd.topology.traffic import rank_traffic
 
 Finish = Callable[[], torch.Tensor]
 
@@ -38,6 +46,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     world = dist.get_world_size(pg)
     if world == 1:  # nothing to send: the gradient as it is (no quantization noise, no traffic)
         return _completed(grad)
+    state.agree()  # first call: every rank runs the same configuration (else all raise, naming the fields)
     if state.iter < state.start_iter or grad.numel() < world:
         return _allreduce(state, grad, world)
     rank = dist.get_rank(pg)
@@ -49,7 +58,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     payloads, flags, send = _encode_flagged(state, b, grad, rank)
     if state.topology == "sharded":
         return _sharded(state, b, grad, payloads, flags, send, rank, world)
-    return _allgather(state, b, grad, payloads[0], flags, send, world)
+    return _allgather(state, b, grad, payloads[0], flags, send, rank, world)
 
 
 def _completed(t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
@@ -83,12 +92,13 @@ def _encode_flagged(state: HookState, b: BucketState, grad: torch.Tensor,
     CPU: the encoders refuse a non-finite input from the norms they compute anyway, so the
     common case costs no extra pass; on a refusal the zeroed bucket is encoded again. Device (and
     TernGrad, whose scalers are all-reduced before encoding): the bucket is zeroed where
-    non-finite first, and the flag stays a device tensor (no host sync).
+    non-finite first, and the flag stays a device tensor (no host sync). New error-feedback
+    residuals are staged and kept only if no rank flags a non-finite bucket (:func:`_finish`).
     """
     from dqsgd.quantizers import NonFiniteGradientError
 
     flat = grad.detach().reshape(-1).to(torch.float32)
-    majority = b.method.config.aggregate == "majority"
+    majority = b.proto.vote
     if flat.device.type != "cpu" or b.method.shares_scalers:
         finite = torch.isfinite(flat)
         flat = torch.where(finite, flat, torch.zeros((), dtype=flat.dtype, device=flat.device))
@@ -96,11 +106,11 @@ def _encode_flagged(state: HookState, b: BucketState, grad: torch.Tensor,
         if majority:
             flags = flags | ((flat == 0).all().to(torch.uint8) * codec.FLAG_ZERO)
         return _encode(state, b, flat, rank), flags.reshape(1), None
-    saved, bad = dict(b.residuals), 0
+    bad = 0
     try:
         encoded = _encode_cpu(state, b, flat, rank)
     except NonFiniteGradientError:
-        b.residuals, bad = saved, codec.FLAG_NONFINITE
+        bad = codec.FLAG_NONFINITE
         flat = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
         encoded = _encode_cpu(state, b, flat, rank)
     zero = codec.FLAG_ZERO if majority and not flat.any() else 0
@@ -115,40 +125,38 @@ def _encode_cpu(state: HookState, b: BucketState, flat: torch.Tensor,
                 rank: int) -> list[torch.Tensor] | tuple[torch.Tensor, list[int]]:
     """Every shard's payload: written in place into the send buffer where
     :func:`codec.encode_messages` applies (then the buffer and the payload sizes), else a list."""
-    from dqsgd.kernels import HashRNG
-
-    rngs = [HashRNG(b.seeds[j], b.step, rank) for j in range(len(b.shards))]
+    rngs = [b.proto.uplink_rng(b.step, rank, j) for j in range(len(b.shards))]
     encoded = codec.encode_messages(b.shards, b.bounds, flat, b.bits, rngs)
     return _encode(state, b, flat, rank) if encoded is None else encoded
 
 
 def _encode(state: HookState, b: BucketState, flat: torch.Tensor, rank: int) -> list[torch.Tensor]:
-    """This rank's payload for every shard (uniform: hash uniforms of (seeds[j], step, rank))."""
-    from dqsgd.kernels import HashRNG
-
-    scalers = _shared_scalers(state, b, flat) if b.method.shares_scalers else [None] * len(b.shards)
-    out = []
-    for j, ((lo, hi), m) in enumerate(zip(b.bounds, b.shards)):
-        p, res = codec.encode_shard(m, flat[lo:hi], b.bits, HashRNG(b.seeds[j], b.step, rank), b.generator,
-                                    b.residuals.get(j), scalers[j])
-        if res is not None:
-            b.residuals[j] = res
-        out.append(p)
+    """This rank's payload for every shard (:meth:`BucketProtocol.encode`); new residuals staged."""
+    scalers = _shared_scalers(state, b, flat) if b.method.shares_scalers else None
+    residuals = [b.residuals.get(j) for j in range(len(b.shards))]
+    out, res = b.proto.encode(rank, flat, b.bits, b.step, b.generator, residuals, scalers)
+    b.staged = {j: r for j, r in enumerate(res) if r is not None} or None
     return out
 
 
-def _shared_scalers(state: HookState, b: BucketState, flat: torch.Tensor) -> list[torch.Tensor]:
+def _shared_scalers(state: HookState, b: BucketState, flat: torch.Tensor) -> torch.Tensor:
     """TernGrad: every shard's per-tensor scalers, max-reduced over ranks (one blocking all-reduce)."""
-    local = [m.local_scalers(flat[lo:hi].cpu()) for (lo, hi), m in zip(b.bounds, b.shards)]
-    joined = torch.cat(local)
+    joined = b.proto.local_scalers(flat.cpu())
     dist.all_reduce(joined, op=dist.ReduceOp.MAX, group=state.groups()[0])
-    return list(joined.split([s.numel() for s in local]))
+    return joined
 
 
 def _finish(b: BucketState, out: torch.Tensor, flags: torch.Tensor, step: int, spent: int,
             grad: torch.Tensor) -> torch.Tensor:
-    """NaN everywhere if any rank overflowed, record the policy's statistics, cast to the bucket."""
+    """NaN everywhere if any rank overflowed (then no method state changes: staged residuals are
+    dropped, the policy skips the step); a vote nobody cast stays 0; cast to the bucket's dtype."""
     bad = (flags & codec.FLAG_NONFINITE).any()
+    if b.staged is not None:
+        if not bool(bad):
+            b.residuals.update(b.staged)
+        b.staged = None
+    if b.proto.vote:
+        out = torch.where((flags & codec.FLAG_ZERO).all(), torch.zeros((), device=out.device), out)
     if b.method.config.dynamic:
         b.record(out, step, spent, bad)
     if out.device.type == "cpu":
@@ -159,35 +167,37 @@ def _finish(b: BucketState, out: torch.Tensor, flags: torch.Tensor, step: int, s
     return out.to(grad.dtype).reshape(grad.shape)
 
 
-def _average(b: BucketState, m: Any, payloads: list[torch.Tensor], flags: torch.Tensor, bits: int,
-             world: int, device: torch.device) -> torch.Tensor:
-    """The mean of the ranks' decoded payloads (or signSGD's vote), as float32 on ``device``."""
-    if m.config.aggregate == "majority":
-        abstain = [bool(f & codec.FLAG_ZERO) for f in flags.cpu().tolist()]
-        return codec.vote(m, payloads, bits, abstain).to(device)
-    out = torch.zeros(m.numel, dtype=torch.float32, device=device)
-    codec.accumulate(m, payloads, bits, out, b.payload_flag(out))
-    return out.div_(world)
+def _average(b: BucketState, shard: int, payloads: list[torch.Tensor], flags: torch.Tensor, bits: int,
+             device: torch.device) -> torch.Tensor:
+    """Shard ``shard`` aggregated from the ranks' payloads (:meth:`BucketProtocol.reduce`), float32 on ``device``."""
+    if b.proto.vote:
+        voters = [not f & codec.FLAG_ZERO for f in flags.cpu().tolist()]
+        return b.proto.reduce(shard, payloads, bits, voters).to(device)
+    out = torch.zeros(b.shards[shard].numel, dtype=torch.float32, device=device)
+    return b.proto.reduce(shard, payloads, bits, out=out, bad=b.payload_flag(out))
 
 
 def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: torch.Tensor, flags: torch.Tensor,
-               send: torch.Tensor | None, world: int) -> torch.futures.Future[torch.Tensor]:
+               send: torch.Tensor | None, rank: int, world: int) -> torch.futures.Future[torch.Tensor]:
     """Topology ``allgather``: every rank receives all W messages and decodes them all."""
     up, _ = state.groups()
-    sizes = [row[0] for row in _sizes(up, [payload.numel()], codec.fast_path(b.method), world)]
+    table = _sizes(up, [payload.numel()], codec.fast_path(b.method), world)
+    b.proto.check_sizes(table, b.bits, f"rank {rank}: bucket {b.numel} elements: ")
+    sizes = [row[0] for row in table]
     size = max(sizes) + 1
     msg = send if send is not None and send.numel() == size else torch.cat([codec.pad(payload, size - 1),
                                                                              flags.reshape(1)])
     gathered = [torch.empty_like(msg) for _ in range(world)]
-    state.count((world - 1) * size, (world - 1) * size, b.numel, grad.element_size(), b.width(), world)
-    bits, step, spent = b.bits, b.step, 8 * max(sizes)
+    state.count(*rank_traffic("allgather", [[n + 1] for n in sizes], [], rank), b.numel, grad.element_size(),
+                b.width(), world)
+    bits, step, spent = b.bits, b.step, b.proto.spent_bits(table)
     b.step += 1
     work = dist.all_gather(gathered, msg, group=up, async_op=True)
 
     def decode_and_average(fut: torch.futures.Future) -> torch.Tensor:
         fut.wait()
         flg = torch.stack([g[-1] for g in gathered])
-        avg = _average(b, b.method, [g[:n] for g, n in zip(gathered, sizes)], flg, bits, world, grad.device)
+        avg = _average(b, 0, [g[:n] for g, n in zip(gathered, sizes)], flg, bits, grad.device)
         return _finish(b, avg, flg, step, spent, grad)
 
     return work.get_future().then(decode_and_average)
@@ -198,7 +208,7 @@ def _sizes(group: dist.ProcessGroup, mine: list[int], fixed: bool, world: int) -
     where every rank's are the same; else one small blocking all-gather (variable-length codings)."""
     if fixed:
         return [mine] * world
-    t = torch.tensor(mine)
+    t = torch.tensor(mine, dtype=torch.int64)
     out = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(out, t, group=group)
     return torch.stack(out).tolist()
@@ -206,54 +216,66 @@ def _sizes(group: dist.ProcessGroup, mine: list[int], fixed: bool, world: int) -
 
 def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: list[torch.Tensor], flags: torch.Tensor,
              send: torch.Tensor | None, rank: int, world: int) -> torch.futures.Future[torch.Tensor]:
-    """Topology ``sharded``: all-to-all of shard payloads, rank j averages shard j, quantizes it
-    for the downlink and one all-gather delivers every averaged shard to every rank."""
+    """Topology ``sharded``: all-to-all of shard payloads, rank j aggregates shard j, encodes it for
+    the downlink and one all-gather delivers every shard's downlink message to every rank."""
     up, down = state.groups()
     mine = [p.numel() for p in payloads]
     table = _sizes(up, mine, codec.fast_path(b.method), world)  # table[w][j]: rank w's payload for shard j
+    b.proto.check_sizes(table, b.bits, f"rank {rank}: bucket {b.numel} elements: ")
     send_sizes, recv_sizes = [n + 1 for n in mine], [row[rank] + 1 for row in table]
     send = codec.messages(payloads, flags) if send is None else send
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=grad.device)
-    dbits = state.downlink_bits
-    if b.method.config.aggregate == "majority" and dbits != codec.FP32:
-        dbits = 2  # the vote's values {-1, 0, 1} lie on the 2-bit grid: sent exactly
-    dsizes = b.downlink_sizes(dbits)
-    dmax = max(dsizes)
-    state.count(sum(send_sizes) - send_sizes[rank] + (world - 1) * dmax,
-                sum(recv_sizes) - recv_sizes[rank] + (world - 1) * dmax, b.numel, grad.element_size(), b.width(), world)
-    bits, step, spent = b.bits, b.step, 8 * max(sum(row) for row in table)
+    dmsg = max(b.proto.down_sizes()) + 1  # the longest downlink payload and the status byte
+    state.count(*rank_traffic("sharded", [[n + 1 for n in row] for row in table], [dmsg] * world, rank), b.numel,
+                grad.element_size(), b.width(), world)
+    bits, step, spent = b.bits, b.step, b.proto.spent_bits(table)
     b.step += 1
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=up, async_op=True)
 
     def reduce_shard() -> tuple[torch.futures.Future, Finish]:
-        from dqsgd.kernels import HashRNG
+        from dqsgd.codecs import PayloadError
+        from dqsgd.pipeline import ProtocolError
 
         msgs = recv.split(recv_sizes)
         flg = recv[torch.tensor(recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
-        avg = _average(b, b.shards[rank], [msg[:-1] for msg in msgs], flg, bits, world, grad.device)
-        mine_down, n = codec.encode_downlink_padded(b.shards[rank], avg, dbits, HashRNG(b.down_seed, step, rank),
-                                                    dmax)
-        if n != dsizes[rank]:
-            raise RuntimeError(f"downlink payload of {n} bytes, predicted {dsizes[rank]}")
+        try:
+            avg = _average(b, rank, [msg[:-1] for msg in msgs], flg, bits, grad.device)
+            mine_down = b.proto.encode_down(rank, avg, step, dmsg)  # zero padded: status byte 0
+        except (PayloadError, ProtocolError) as e:  # tell every rank, in the downlink itself
+            mine_down = _failure(e, dmsg, grad.device)
         gathered = [torch.empty_like(mine_down) for _ in range(world)]
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
-            lambda: _assemble(b, gathered, dsizes, dbits, flg, step, spent, grad)
+            lambda: _assemble(b, gathered, flg, step, spent, grad)
 
     return _ordered(state, work.get_future(), reduce_shard)
 
 
-def _assemble(b: BucketState, gathered: list[torch.Tensor], dsizes: list[int], dbits: int, flags: torch.Tensor,
-              step: int, spent: int, grad: torch.Tensor) -> torch.Tensor:
-    """Decode every rank's averaged shard into the bucket (the same bytes on every rank)."""
-    from dqsgd.quantizers import Norm
+def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
+    """A downlink message saying that this shard server refused a payload: the error's text, status 1."""
+    text = f"{type(err).__name__}: {err}".encode()[: size - 1]
+    msg = codec.bytes_tensor(text, device, size)
+    msg[-1] = 1
+    return msg
+
+
+def _assemble(b: BucketState, gathered: list[torch.Tensor], flags: torch.Tensor, step: int, spent: int,
+              grad: torch.Tensor) -> torch.Tensor:
+    """Decode every shard server's downlink into the bucket (the same bytes on every rank). A shard
+    server that refused a payload: every rank raises its error (CPU) or flags the bucket (device)."""
+    from dqsgd.codecs import PayloadError
+    from dqsgd.pipeline import ProtocolError
 
     out = torch.zeros(b.numel, dtype=torch.float32, device=grad.device)
     flag = b.payload_flag(out)
-    for j, ((lo, hi), g, n) in enumerate(zip(b.bounds, gathered, dsizes)):
-        expect = None if dbits == codec.FP32 else (dbits, Norm.MAX, b.shards[j].layout)
-        h = codec.decode_accumulate_payload(g[:n], out[lo:hi], max_numel=max(hi - lo, 1), expect=expect, bad=flag)
-        if h.numel != hi - lo:
-            raise ValueError(f"rank {j}'s downlink payload holds {h.numel} values, its shard {hi - lo}")
+    status = torch.stack([g[-1] for g in gathered])
+    if flag is None:
+        for j in [j for j, v in enumerate(status.tolist()) if v]:
+            kind, _, text = codec.tensor_bytes(gathered[j][:-1]).rstrip(b"\0").decode(errors="replace").partition(": ")
+            raise (ProtocolError if kind == "ProtocolError" else PayloadError)(
+                f"step {step}: rank {j} (the server of shard {j}) refused a payload: {text}")
+    else:
+        flag |= (status != 0).any()
+    b.proto.decode_down([g[:-1] for g in gathered], out, flag)
     return _finish(b, out, flags, step, spent, grad)
 
 

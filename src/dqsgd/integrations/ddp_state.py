@@ -19,14 +19,14 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.methods import MethodConfig, method_config
-from dqsgd.sharding import shard_bounds
 from dqsgd.timeouts import HOOK_COLLECTIVE_S
+from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_bits, check_topology
 
 if TYPE_CHECKING:
     from dqsgd.pipeline import Method
+    from dqsgd.topology.bucket import BucketProtocol
 
-TOPOLOGIES = ("sharded", "allgather")
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 class CompressionStats(NamedTuple):
@@ -47,33 +47,39 @@ def ring_bytes(nbytes: int, world: int) -> int:
 
 @dataclass
 class BucketState:
-    """One bucket index: its methods, policy state, error-feedback residuals and step counter."""
+    """One bucket index: its protocol (methods, shards, keys), policy state, error-feedback residuals
+    and step counter."""
 
     numel: int
-    method: Method                       # the whole bucket: its policy picks every shard's width
-    shards: list[Method]                 # one per shard (topology allgather: the bucket itself)
-    bounds: list[tuple[int, int]]
+    proto: BucketProtocol                # the bucket's per-step protocol (dqsgd.topology.bucket)
     policy: Any                          # the policy's state; .bits = this step's width
     generator: torch.Generator           # TernGrad's rounding (the other schemes draw hash uniforms)
     sizes: tuple[int, ...]               # the bucket's parameter sizes, in DDP's order
     residuals: dict[int, torch.Tensor] = field(default_factory=dict)
+    staged: dict[int, torch.Tensor] | None = None  # this step's new residuals, kept once no rank overflowed
     step: int = 0                        # compressed steps of this bucket (the HashRNG step)
-    seeds: list[int] = field(default_factory=list)  # HashRNG seed of each uplink shard
-    down_seed: int = 0                   # HashRNG seed of the downlink (seed_for(seed, DOWNLINK, index))
     pending: list[tuple] = field(default_factory=list)  # (step, [norm, rms, bad], spent_bits, G, event): unobserved
     bad: torch.Tensor | None = None      # device path: payloads that failed validation (read a step late)
     _bad_event: Any = field(default=None, repr=False)  # CUDA: recorded after ``bad`` was last written
     _size_cache: tuple[list, dict] | None = field(default=None, repr=False)  # (shards, {key: sizes})
 
+    @property
+    def method(self) -> Method:
+        """The whole bucket's method: its policy picks every shard's width."""
+        return self.proto.method
+
+    @property
+    def shards(self) -> list[Method]:
+        """One method per shard (topology allgather: the bucket itself)."""
+        return self.proto.shards
+
+    @property
+    def bounds(self) -> list[tuple[int, int]]:
+        return self.proto.bounds
+
     def uplink_bytes(self, width: int) -> int:
         """Bytes of every shard's fixed-coded uplink message at ``width``, summed."""
         return self._cached(("up", width), lambda: sum(m.message_bits(width) for m in self.shards) // 8)
-
-    def downlink_sizes(self, dbits: int) -> list[int]:
-        """Each shard's downlink payload bytes at ``dbits`` (``ddp_codec.downlink_size``)."""
-        from dqsgd.integrations.ddp_codec import downlink_size
-
-        return self._cached(("down", dbits), lambda: [downlink_size(m, dbits) for m in self.shards])
 
     def _cached(self, key: tuple[str, int], compute: Any) -> Any:
         """``compute()`` once per key while the shards stay the same (sizes depend on them and the width
@@ -118,7 +124,7 @@ class BucketState:
 
     def payload_flag(self, out: torch.Tensor) -> torch.Tensor | None:
         """The bucket's deferred-validation flag on ``out``'s device (None: the host codec, which raises)."""
-        from dqsgd.integrations.ddp_codec import device_path
+        from dqsgd.topology.payloads import device_path
 
         if not device_path(out):
             return None
@@ -187,6 +193,12 @@ class BucketState:
         self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in d["pending"]]
 
 
+def _stateful(field_name: str) -> bool:
+    """Fields a saved state depends on (the method, its topology and horizon); warm-up, seed and the
+    ratio threshold may change on resume."""
+    return field_name.startswith("method.") or field_name in ("topology", "downlink_bits", "total_steps")
+
+
 _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps")
 
 
@@ -194,7 +206,7 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
-                 "start_iter", "min_compression_rate", "iter", "_buckets", "_groups", "_loaded", "_issued",
+                 "start_iter", "min_compression_rate", "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
@@ -223,21 +235,19 @@ class HookState:
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
-        if not (downlink_bits == "fp32" or (isinstance(downlink_bits, int) and not isinstance(downlink_bits, bool)
-                                            and 2 <= downlink_bits <= 16)):
-            raise ValueError(f"downlink_bits must be an integer in 2..16 or 'fp32', got {downlink_bits!r}")
+        check_topology(topology, TOPOLOGIES)
+        check_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits)
         if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
             raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
-        self.downlink_bits = 32 if downlink_bits == "fp32" else downlink_bits
+        self.downlink_bits = FP32 if downlink_bits == "fp32" else downlink_bits
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self._buckets: dict[int, BucketState] = {}
         self._loaded: dict[int, dict[str, Any]] = {}
         self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
         self._issued: torch.futures.Future | None = None  # the last bucket's downlink collective is issued
+        self._agreed = False  # the ranks compared their fingerprints (first call of the hook)
         for name in _COUNTERS:
             setattr(self, name, 0)
 
@@ -263,6 +273,36 @@ class HookState:
         self.bit_coords += width * numel
         self.coords += numel
 
+    def fields(self) -> dict[str, Any]:
+        """Everything the ranks must share, by name: the method and every option, the topology, the
+        codings, the downlink width, warm-up, the policy horizon, the seed and the dqsgd version
+        (the rank fingerprint, and the configuration a checkpoint must be loaded into)."""
+        from dqsgd import __version__
+
+        out = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
+        out.update({"topology": self.topology, "downlink_bits": self.downlink_bits, "start_iter": self.start_iter,
+                    "min_compression_rate": self.min_compression_rate, "total_steps": self.total_steps,
+                    "seed": self.seed, "dqsgd_version": __version__})
+        return out
+
+    def agree(self) -> None:
+        """Compare :meth:`fields` across the hook's ranks once (a fixed-size all-gather on the uplink
+        group): every rank raises the same RankDisagreement naming the fields that differ."""
+        from dqsgd.topology.agreement import agree
+
+        if self._agreed:
+            return
+        up, _ = self.groups()
+
+        def gather(ints: list[int]) -> list[list[int]]:
+            mine = torch.tensor(ints, dtype=torch.int64)
+            rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(up))]
+            dist.all_gather(rows, mine, group=up)
+            return [r.tolist() for r in rows]
+
+        agree(self.fields(), gather, dist.get_rank(up))
+        self._agreed = True
+
     # --- lazily built pieces --------------------------------------------------------------------
     def groups(self) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
         """Two groups over the hook's ranks, with the hook's timeout: uplink (collectives issued by
@@ -278,51 +318,49 @@ class HookState:
         """The bucket's state, built on first use. DDP rebuilds its buckets after the first iteration:
         a bucket of another size starts afresh; the same elements in another parameter order keep
         their policy and step (new layouts; error-feedback residuals restart, their positions moved)."""
+        from dqsgd.topology.keys import worker_generator
+
         b, n = self._buckets.get(index), grad.numel()
         sizes = sizes if sum(sizes) == n else [n]
         if b is not None and b.numel == n:
             if b.sizes != tuple(sizes):
-                b.method, b.shards = self._methods(n, sizes, len(b.bounds))
+                b.proto = self._protocol(index, n, sizes, world)
                 b.sizes, b.residuals = tuple(sizes), {}
             return b
-        from dqsgd.rng import DOWNLINK, QUANT, seed_for
-
-        bounds = shard_bounds(n, world) if self.topology == "sharded" else [(0, n)]
-        m, shards = self._methods(n, sizes, len(bounds))
-        gen = torch.Generator().manual_seed(seed_for(self.seed, QUANT, rank, index))
-        seeds = [seed_for(self.seed, QUANT, index, j) for j in range(len(bounds))] if len(bounds) > 1 \
-            else [seed_for(self.seed, QUANT, index)]
-        b = self._buckets[index] = BucketState(n, m, shards, bounds, m.policy.init(), gen, tuple(sizes), seeds=seeds,
-                                           down_seed=seed_for(self.seed, DOWNLINK, index))
+        proto = self._protocol(index, n, sizes, world)
+        b = self._buckets[index] = BucketState(n, proto, proto.method.policy.init(),
+                                               worker_generator(self.seed, rank, index), tuple(sizes))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)
         return b
 
-    def _methods(self, n: int, sizes: list[int], world: int) -> tuple[Method, list[Method]]:
-        """The bucket's Method and its shards' (hash uniforms for uniform: the same bytes on any device)."""
-        from dqsgd.pipeline import Method
-        from dqsgd.step import shard_methods
+    def _protocol(self, index: int, n: int, sizes: list[int], world: int) -> BucketProtocol:
+        """The bucket's protocol; uniform quantization always draws hash uniforms (kernel "fused"), so
+        a CPU and a GPU send the same bytes."""
+        from dqsgd.topology.bucket import BucketProtocol, replace_kernel
 
-        cfg = self.config
-        if cfg.quantizer.fused and cfg.kernel != "fused":
-            cfg = dataclasses.replace(cfg, kernel="fused")
-        _, shards = shard_methods(cfg, n, self.total_steps, sizes, world)
-        return Method(cfg, n, self.total_steps, sizes), shards
+        return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
+                              seed=self.seed, total_steps=self.total_steps, bucket=index,
+                              downlink_bits=self.downlink_bits)
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed job needs to continue exactly: per-bucket policy states (the budget
         ledger of budgeted DQSGD), residuals, generator states, step counters; traffic counters."""
         buckets = {i: b.state_dict() for i, b in self._buckets.items()}
-        return {"version": STATE_VERSION, "method": self.config.name, "iter": self.iter,
+        return {"version": STATE_VERSION, "method": self.config.name, "fields": self.fields(), "iter": self.iter,
                 "counters": {k: getattr(self, k) for k in _COUNTERS}, "buckets": {**self._loaded, **buckets}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
-        if state["method"] != self.config.name:
-            raise ValueError(f"state_dict is for method {state['method']!r}, this HookState runs {self.config.name!r}")
+        theirs, mine = state.get("fields", {}), self.fields()
+        differ = sorted(k for k in set(theirs) | set(mine) if _stateful(k) and theirs.get(k) != mine.get(k))
+        if differ:
+            shown = ", ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here"
+                              for k in differ[:8])
+            raise ValueError(f"state_dict was saved under another configuration than this HookState's: {shown}")
         self.iter = int(state["iter"])
         for k in _COUNTERS:
             setattr(self, k, state["counters"][k])

@@ -27,11 +27,21 @@ def quantize_sign(x: torch.Tensor, *, scaled: bool = False, layout: Layout = Lay
     return Quantized(Scheme.SIGN, 1, 1, codes.cpu(), scales.cpu(), layout, tuple(x.shape), norm, dtype=x.dtype)
 
 
-def majority_vote(codes: list[torch.Tensor]) -> torch.Tensor:
-    """sign(Σ_w sign_w) with ties → +1 (int32 ±1 codes), the signSGD-MV server step [code]."""
+def majority_vote(codes: list[torch.Tensor], voters: list[bool] | None = None) -> torch.Tensor:
+    """The vote of signSGD-MV (the one vote of dqsgd, docs/algorithms.md §4): ``sign(Σ_{w voting} c_w)``
+    as int32 codes, a tie → +1 (as a code of 0 is: one bit per coordinate on the downlink).
+
+    ``voters[w]`` False: worker w abstains (the DDP hook: a rank whose whole bucket is zero, e.g.
+    unused parameters); when nobody votes the result is 0, so a bucket that is zero everywhere stays
+    zero. Every payload is still decoded (validated) by the caller; None: everyone votes."""
     if not codes:
         raise ValueError("majority_vote needs at least one worker's codes")
-    total = torch.stack([c.to(torch.int32) for c in codes]).sum(dim=0)
+    if voters is not None and len(voters) != len(codes):
+        raise ValueError(f"{len(voters)} voter flags for {len(codes)} workers")
+    ballots = [c.to(torch.int32) for w, c in enumerate(codes) if voters is None or voters[w]]
+    if not ballots:
+        return torch.zeros_like(codes[0], dtype=torch.int32)
+    total = torch.stack(ballots).sum(dim=0)
     return torch.where(total < 0, -1, 1).to(torch.int32)
 
 

@@ -17,7 +17,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from dqsgd.codecs import PayloadError
+from dqsgd.topology.limits import check_sizes  # noqa: F401  (re-exported: its earlier home)
 
 
 class Transport(Protocol):
@@ -56,12 +56,14 @@ class Transport(Protocol):
         ``max_bytes`` caps an announced payload size (refused before anything is allocated)."""
         ...
 
-    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+    def broadcast(self, payload: bytes | None, ints: Sequence[int],
+                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
         """The server's downlink payload and a few integers sent beside it, delivered to every process.
 
         Every process passes the same number of ``ints``; a process that does not aggregate passes
         ``payload = None`` and placeholders, and receives the server's. Where every process aggregates
-        (the peer topology) each holds its own and the transport may check that all hold the same."""
+        (the peer topology) each holds its own and the transport may check that all hold the same.
+        ``max_bytes`` caps the payload size a receiving process accepts (refused before allocating)."""
         ...
 
 
@@ -75,11 +77,6 @@ class ShardedTransport(Protocol):
     @property
     def local_workers(self) -> Sequence[int]:
         """Worker ids whose gradients this process computes (sim: all of them)."""
-        ...
-
-    @property
-    def served_shards(self) -> Sequence[int]:
-        """Shards this process averages and re-quantizes (sim: all of them; rank r: shard r)."""
         ...
 
     def exchange(self, rows: Sequence[Sequence[bytes]],
@@ -96,18 +93,3 @@ class ShardedTransport(Protocol):
     def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
         """Element-wise max over all workers' tensors (TernGrad scaler sharing)."""
         ...
-
-
-def check_sizes(sizes: Sequence[int], caps: Sequence[int | None], who: str) -> None:
-    """Refuse (PayloadError) an announced payload size above its cap, before anything is allocated.
-
-    ``caps[j]`` caps ``sizes[j]``; one cap applies to every size; None: no cap.
-    """
-    caps = list(caps) * len(sizes) if len(caps) == 1 else list(caps)
-    if len(caps) != len(sizes):
-        raise ValueError(f"{len(caps)} caps for {len(sizes)} sizes")
-    for j, (n, cap) in enumerate(zip(sizes, caps)):
-        if n < 0 or (cap is not None and n > cap):
-            piece = f" (shard {j})" if len(sizes) > 1 else ""
-            raise PayloadError(f"{who} announced a payload of {n} bytes{piece}; the method produces at most "
-                               f"{cap} bytes here: refused before allocating")

@@ -10,8 +10,8 @@ from typing import Sequence
 
 import torch
 
-from dqsgd.ledger import TOPOLOGIES
-from dqsgd.transport.base import check_sizes
+from dqsgd.topology.limits import check_sizes
+from dqsgd.topology.names import check_topology
 
 
 class SimTransport:
@@ -21,8 +21,7 @@ class SimTransport:
     def __init__(self, workers: int, topology: str = "ps"):
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"unknown topology {topology!r}: use one of {', '.join(TOPOLOGIES)}")
+        check_topology(topology)
         self.workers = workers
         self.topology = topology
         self.steps = 0  # completed steps (downlinks delivered)
@@ -55,10 +54,6 @@ class SimTransport:
             check_sizes([len(p)], [max_bytes], f"sim: worker {w}")
         return list(payloads)
 
-    @property
-    def served_shards(self) -> Sequence[int]:
-        return range(self.workers)
-
     def exchange(self, rows: Sequence[Sequence[bytes]],
                  max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
         if len(rows) != self.workers or any(len(r) != self.workers for r in rows):
@@ -76,8 +71,10 @@ class SimTransport:
         self.steps += 1
         return [shards[j] for j in range(self.workers)]
 
-    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+    def broadcast(self, payload: bytes | None, ints: Sequence[int],
+                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
         if payload is None:
             raise ValueError("sim transport: the server must provide the downlink payload")
+        check_sizes([len(payload)], [max_bytes], "sim: the server")
         self.steps += 1
         return payload, [int(v) for v in ints]

@@ -45,10 +45,17 @@ import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
 from dqsgd.pipeline import ProtocolError
-from dqsgd.transport.base import check_sizes
+from dqsgd.topology.agreement import RankDisagreement
+from dqsgd.topology.limits import check_sizes
+from dqsgd.topology.names import check_topology
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+
+__all__ = ["RankDisagreement", "TorchAllGatherTransport", "TorchPSTransport", "TorchShardedTransport", "TransportError",
+           "make_transport"]
 
 OK, FAILED = 0, 1
 _ERROR_KEY = "dqsgd/error/{}"
+_MESSAGE_CAP = 1 << 16  # the most bytes of an error message in a downlink header
 _BOARD_TIMEOUT = datetime.timedelta(seconds=2)  # the error board is best effort: a short wait, not a collective's
 # Errors re-raised with their own type on the ranks that learn of them from the server.
 _REMOTE_TYPES: dict[str, type[Exception]] = {"PayloadError": PayloadError, "ProtocolError": ProtocolError}
@@ -58,27 +65,11 @@ class TransportError(RuntimeError):
     """A collective failed: a peer process died, stopped, or did not answer within the timeout."""
 
 
-class RankDisagreement(RuntimeError):
-    """Peer ranks computed different B_{n+1} or updates from the same bytes (non-deterministic kernels)."""
-
-
 def _backend_reason(err: BaseException) -> str:
     """The useful part of a gloo/NCCL error ('Connection closed by peer [127.0.0.1]:4711')."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
     return text.split(". This is typically")[0].rstrip(".")
-
-
-def bytes_to_tensor(payload: bytes, length: int, device: torch.device) -> torch.Tensor:
-    """``payload`` as a uint8 tensor of ``length`` (zero padded) on ``device``."""
-    buf = torch.zeros(length, dtype=torch.uint8)
-    if payload:
-        buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    return buf.to(device)
-
-
-def tensor_to_bytes(t: torch.Tensor, length: int) -> bytes:
-    return t[:length].cpu().numpy().tobytes()
 
 
 class _TorchTransport:
@@ -152,10 +143,10 @@ class _TorchTransport:
         """Every rank's payload, in rank order, on every rank."""
         sizes = self._all_sizes(len(payload), op, max_bytes)
         width = max(sizes)
-        mine = bytes_to_tensor(payload, width, self.device)
+        mine = bytes_tensor(payload, self.device, width)
         bufs = [torch.empty_like(mine) for _ in range(self.workers)]
         self._collective(op, dist.all_gather, bufs, mine)
-        return [tensor_to_bytes(b, n) for b, n in zip(bufs, sizes)]
+        return [tensor_bytes(b, n) for b, n in zip(bufs, sizes)]
 
     # --- failures -------------------------------------------------------------------------------
     def _collective(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
@@ -241,17 +232,19 @@ class TorchPSTransport(_TorchTransport):
         payload = self._one_payload(payloads)
         sizes = self._all_sizes(len(payload), "gather", max_bytes)
         width = max(sizes)
-        mine = bytes_to_tensor(payload, width, self.device)
+        mine = bytes_tensor(payload, self.device, width)
         bufs = [torch.empty_like(mine) for _ in range(self.workers)] if self.is_server else None
         self._collective("gather", dist.gather, mine, bufs, dst=0)
         if bufs is None:
             return None
         self._owes_downlink = True
-        return [tensor_to_bytes(b, n) for b, n in zip(bufs, sizes)]
+        return [tensor_bytes(b, n) for b, n in zip(bufs, sizes)]
 
-    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+    def broadcast(self, payload: bytes | None, ints: Sequence[int],
+                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
         """A header (status, payload size, number of integers), then the payload followed by the
-        integers (int64). A non-server rank's ``ints`` are placeholders: it receives the server's."""
+        integers (int64). A non-server rank's ``ints`` are placeholders: it receives the server's.
+        ``max_bytes`` caps the announced payload (an error message: 64 KiB), refused before allocating."""
         if self.is_server:
             if payload is None:
                 raise ValueError("ps transport: the server must provide the downlink payload")
@@ -262,18 +255,19 @@ class TorchPSTransport(_TorchTransport):
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
         self._collective("broadcast (header)", dist.broadcast, header, src=0)
         status, size, count = (int(v) for v in header.tolist())
+        if count != len(ints):
+            raise ProtocolError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
+                                f"the server announced {count}")
+        check_sizes([size], [max_bytes if status == OK else _MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
         body = torch.empty(size + 8 * count, dtype=torch.uint8, device=self.device)
         self._collective("broadcast", dist.broadcast, body, src=0)
         if status != OK:
-            self._raise_remote(tensor_to_bytes(body, size).decode(errors="replace"))
-        if count != len(ints):
-            raise ValueError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
-                             f"the server sent {count}")
+            self._raise_remote(tensor_bytes(body, size).decode(errors="replace"))
         self.steps += 1
-        return tensor_to_bytes(body, size), body[size:].cpu().clone().view(torch.int64).tolist()
+        return tensor_bytes(body, size), body[size:].cpu().clone().view(torch.int64).tolist()
 
     def _fail_pending_downlink(self, msg: str) -> None:
-        self._send_downlink(FAILED, msg.encode(), ())
+        self._send_downlink(FAILED, msg.encode()[:_MESSAGE_CAP], ())
 
     def _send_downlink(self, status: int, payload: bytes, ints: Sequence[int]) -> None:
         header = torch.tensor([status, len(payload), len(ints)], dtype=torch.int64, device=self.device)
@@ -306,7 +300,8 @@ class TorchAllGatherTransport(_TorchTransport):
     def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
         return self.all_gather_bytes(self._one_payload(payloads), "gather", max_bytes)
 
-    def broadcast(self, payload: bytes | None, ints: Sequence[int]) -> tuple[bytes, list[int]]:
+    def broadcast(self, payload: bytes | None, ints: Sequence[int],
+                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
         if payload is None:
             raise ValueError("allgather transport: every rank must provide its downlink payload")
         if self.check_agreement:
@@ -343,10 +338,6 @@ class TorchShardedTransport(_TorchTransport):
     def is_server(self) -> bool:
         return True
 
-    @property
-    def served_shards(self) -> Sequence[int]:
-        return (self.rank,)
-
     def exchange(self, rows: Sequence[Sequence[bytes]],
                  max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
         if len(rows) != 1 or len(rows[0]) != self.workers:
@@ -377,6 +368,4 @@ def make_transport(topology: str, group: dist.ProcessGroup | None = None, device
     """``"ps"``, ``"allgather"`` or ``"sharded"`` over ``group`` (default: the whole world); ``timeout``
     per collective in seconds (default: the one given to ``init_process_group``)."""
     kinds = {"ps": TorchPSTransport, "allgather": TorchAllGatherTransport, "sharded": TorchShardedTransport}
-    if topology not in kinds:
-        raise ValueError(f"unknown topology {topology!r}: use 'ps', 'allgather' or 'sharded'")
-    return kinds[topology](group, device, timeout)
+    return kinds[check_topology(topology)](group, device, timeout)

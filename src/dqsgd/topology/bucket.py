@@ -1,0 +1,199 @@
+"""The per-bucket protocol (sans-IO): shard split, encode, size caps, decode + aggregate, downlink.
+
+See :mod:`dqsgd.topology` for one step written with it. Payloads are ``uint8`` tensors
+(:mod:`dqsgd.topology.payloads`; ``bytes_tensor`` / ``tensor_bytes`` convert without a copy on CPU
+where they can). Nothing here sends or waits: the engines (the trainer's transports, the DDP hook,
+the FSDP reduce-scatter) move the payloads and call back.
+
+Aggregation. The mean is ``Σ_w (1/W)·x̂_w`` in worker order: every payload is scaled before it is
+added, so the mean of finite values stays finite (two ranks at 2e38 average to 2e38, not +inf). For
+W a power of two the scaling is exact and the result is bitwise ``(Σ_w x̂_w)/W``. The majority vote
+(``aggregate = "majority"``) is :func:`dqsgd.quantizers.majority_vote`.
+
+Downlink. ``ps``: the server's aggregate in fp32 (:data:`FP32`); ``sharded``: each shard server's
+aggregate at ``downlink_bits`` (stochastic max-norm rounding, or fp32); a vote is sent as its signs
+(:data:`SIGN`) in every topology; ``allgather`` has no downlink (every rank aggregates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from dqsgd.sharding import shard_bounds, shard_sizes
+from dqsgd.topology import keys, payloads
+from dqsgd.topology.limits import check_table
+from dqsgd.topology.names import FP32, check_downlink_bits, check_topology
+
+if TYPE_CHECKING:
+    from dqsgd.kernels import HashRNG
+    from dqsgd.methods import MethodConfig
+    from dqsgd.pipeline import Method
+
+SIGN = payloads.SIGN
+
+
+def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_sizes: Sequence[int],
+                  shards: int) -> tuple[list[tuple[int, int]], list[Method]]:
+    """The ``shards`` contiguous shards of a vector of ``numel`` coordinates and the method each is
+    quantized with: a shard is a vector of its own (a bucket layout restarts at its start, a
+    per-tensor layout is cut at its edges)."""
+    from dqsgd.pipeline import Method
+
+    bounds = shard_bounds(numel, shards)
+    return bounds, [Method(config, hi - lo, total_steps, shard_sizes(param_sizes, lo, hi)) for lo, hi in bounds]
+
+
+class BucketProtocol:
+    """One bucket of ``numel`` coordinates (tensors of ``param_sizes``) under ``topology`` for ``workers``
+    ranks. ``method``: the whole bucket's :class:`~dqsgd.pipeline.Method` (its policy picks every
+    shard's width), built from ``config`` when not given."""
+
+    def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
+                 workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int = 8,
+                 method: Method | None = None):
+        from dqsgd.pipeline import Method
+
+        self.topology, self.workers, self.bucket = check_topology(topology), workers, bucket
+        self.method = method if method is not None else Method(config, numel, total_steps, param_sizes)
+        count = workers if topology == "sharded" else 1
+        if topology == "sharded" and numel < workers:
+            raise ValueError(f"topology sharded needs at least one coordinate per shard: {numel} coordinates "
+                             f"for {workers} workers")
+        if count == 1:  # the bucket is its one shard
+            self.bounds, self.shards = [(0, numel)], [self.method]
+        else:
+            self.bounds, self.shards = shard_methods(config, numel, total_steps, param_sizes, count)
+        self.vote = config.aggregate == "majority"
+        self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if topology == "sharded" else FP32)
+        self.useed, self.dseed = keys.uplink_seed(seed, bucket), keys.downlink_seed(seed, bucket)
+        self._down_sizes = [payloads.downlink_size(m, self.down_bits) for m in self.shards]
+
+    @property
+    def numel(self) -> int:
+        return self.method.numel
+
+    # --- keys and sizes -------------------------------------------------------------------------
+    def uplink_rng(self, step: int, worker: int, shard: int) -> HashRNG:
+        return keys.uplink_rng(self.useed, step, worker, shard, len(self.shards))
+
+    def downlink_rng(self, step: int, shard: int) -> HashRNG:
+        return keys.downlink_rng(self.dseed, step, shard)
+
+    def caps(self, bits: int) -> list[int]:
+        """The most bytes a valid payload for each shard can take at width ``bits``."""
+        return [m.max_payload_bytes(bits) for m in self.shards]
+
+    def check_sizes(self, table: Sequence[Sequence[int]], bits: int, who: str = "") -> None:
+        """Refuse (PayloadError) ``table[w][j]`` above shard j's cap, before anything is allocated."""
+        check_table(table, self.caps(bits), who)
+
+    def down_sizes(self) -> list[int]:
+        """Exact bytes of each shard's downlink payload (the cap of a downlink announcement)."""
+        return self._down_sizes
+
+    def spent_bits(self, table: Sequence[Sequence[int]]) -> int:
+        """The policy's spent bits of a step: the longest worker's uplink, all its shards together."""
+        return 8 * max(sum(row) for row in table)
+
+    # --- uplink leg -----------------------------------------------------------------------------
+    def local_scalers(self, flat: torch.Tensor) -> torch.Tensor:
+        """TernGrad: the scalers of every shard's segments, concatenated (max-reduced as one tensor)."""
+        return torch.cat([m.local_scalers(flat[lo:hi]) for m, (lo, hi) in zip(self.shards, self.bounds)])
+
+    def split_scalers(self, scalers: torch.Tensor | None) -> list[torch.Tensor | None]:
+        if scalers is None:
+            return [None] * len(self.shards)
+        return list(torch.split(scalers, [m.layout.num_segments(m.numel) for m in self.shards]))
+
+    def encode(self, worker: int, flat: torch.Tensor, bits: int, step: int, generator: torch.Generator | None,
+               residuals: Sequence[torch.Tensor | None] | None = None,
+               scalers: torch.Tensor | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Worker ``worker``'s payload for every shard (``uint8`` tensors on ``flat``'s device) and the
+        shards' new error-feedback residuals; ``residuals[j]``: shard j's memory (None: none yet);
+        ``scalers``: TernGrad's max-reduced :meth:`local_scalers`."""
+        from dqsgd.quantizers import NonFiniteGradientError
+
+        res_in = residuals if residuals is not None else [None] * len(self.shards)
+        out, res = [], []
+        for j, (m, (lo, hi), sc) in enumerate(zip(self.shards, self.bounds, self.split_scalers(scalers))):
+            try:
+                p, r = payloads.encode_shard(m, flat[lo:hi], bits, self.uplink_rng(step, worker, j), generator,
+                                             res_in[j], sc)
+            except NonFiniteGradientError as e:
+                where = f", shard {j}" if len(self.shards) > 1 else ""
+                raise NonFiniteGradientError(f"step {step}, worker {worker}{where}: {e}") from None
+            out.append(p)
+            res.append(r)
+        return out, res
+
+    def reduce(self, shard: int, received: Sequence[torch.Tensor], bits: int, voters: list[bool] | None = None,
+               out: torch.Tensor | None = None, bad: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode and aggregate shard ``shard`` from the W workers' payloads (worker order): the mean,
+        each payload scaled by 1/W before it is added, or the majority vote (``voters``: who votes).
+        ``out``: a zeroed float32 buffer to accumulate into; ``bad``: deferred validation (device)."""
+        m = self.shards[shard]
+        if len(received) != self.workers:
+            raise ValueError(f"shard {shard}: {len(received)} payloads for {self.workers} workers")
+        if self.vote:
+            v = payloads.vote(m, list(received), bits, voters)
+            return v if out is None else out.copy_(v)
+        if out is None:
+            out = torch.zeros(m.numel, dtype=torch.float32, device=received[0].device)
+        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / self.workers)
+        return out
+
+    # --- downlink leg ---------------------------------------------------------------------------
+    def encode_down(self, shard: int, avg: torch.Tensor, step: int, size: int | None = None) -> torch.Tensor:
+        """Shard ``shard``'s downlink payload (exactly ``down_sizes()[shard]`` bytes), zero-padded to
+        ``size`` bytes when given (an all-gather's equal sizes; written in place on the CPU codec)."""
+        m, rng = self.shards[shard], self.downlink_rng(step, shard)
+        want = self._down_sizes[shard]
+        if size is None:
+            pay = payloads.encode_downlink(m, avg, self.down_bits, rng)
+            n = pay.numel()
+        else:
+            pay, n = payloads.encode_downlink_padded(m, avg, self.down_bits, rng, size)
+        if n != want:
+            raise RuntimeError(f"shard {shard}: downlink payload of {n} bytes, predicted {want}")
+        return pay
+
+    def decode_down(self, received: Sequence[torch.Tensor], out: torch.Tensor | None = None,
+                    bad: torch.Tensor | None = None) -> torch.Tensor:
+        """The update from every shard's downlink payload (shard order; a payload may be padded):
+        the same bytes give the same update on every rank. ``bad``: deferred validation (device)."""
+        from dqsgd.quantizers import Norm
+
+        if len(received) != len(self.shards):
+            raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
+        if out is None:
+            out = torch.zeros(self.numel, dtype=torch.float32, device=received[0].device)
+        for j, ((lo, hi), p, n) in enumerate(zip(self.bounds, received, self._down_sizes)):
+            uniform = self.down_bits not in (FP32, SIGN)
+            expect = (self.down_bits, Norm.MAX, self.shards[j].layout) if uniform else None
+            h = payloads.decode_accumulate_payload(p[:n], out[lo:hi], max_numel=max(hi - lo, 1), expect=expect,
+                                                   bad=bad if uniform else None)
+            if h.numel != hi - lo:
+                from dqsgd.pipeline import ProtocolError
+
+                raise ProtocolError(f"shard {j}'s downlink payload holds {h.numel} values, the shard {hi - lo}")
+        return out
+
+
+def replace_kernel(config: MethodConfig, kernel: str) -> MethodConfig:
+    """``config`` with ``kernel`` where its quantizer has that kernel (the hook's hash uniforms)."""
+    return dataclasses.replace(config, kernel=kernel) if config.quantizer.fused and config.kernel != kernel else config
+
+
+def run_in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, step: int,
+                   generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+    """One step of ``proto`` for W workers' flat gradients in one process, without memory or scalers
+    (what every rank of a real run computes): the update every rank applies."""
+    gens = generators if generators is not None else [None] * len(flats)
+    sent = [proto.encode(w, g, bits, step, gens[w])[0] for w, g in enumerate(flats)]
+    avg = [proto.reduce(j, [row[j] for row in sent], bits) for j in range(len(proto.shards))]
+    if proto.topology == "allgather":
+        return avg[0]
+    return proto.decode_down([proto.encode_down(j, a, step) for j, a in enumerate(avg)])

@@ -1,0 +1,44 @@
+"""One engine: DDP with the dqsgd hook, the trainer over the torch transport and the simulation give the
+same payload bytes, the same widths every step and bitwise-equal parameters (2 and 4 gloo ranks;
+qsgd-4bit, dqsgd, signSGD's vote and TernGrad; topologies sharded and allgather)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import _engine_ranks as er
+from dqsgd.transport.launch import spawn_local
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+CASES = [(m, t) for m in er.METHODS for t in er.TOPOLOGIES]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["W2", "W4"])
+def world(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:
+    results = spawn_local(er.engines, request.param, (), timeout=60, deadline=500)
+    bad = [r for r in results if not r.ok]
+    assert not bad, bad[0].error
+    return request.param, [r.value for r in results]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("method,topology", CASES)
+def test_hook_trainer_and_simulation_are_one_engine(world: tuple[int, list[dict]], method: str,
+                                                    topology: str) -> None:
+    W, ranks = world
+    sim, _ = er.run_trainer(method, topology, None, W)
+    sim_params = torch.cat([p.detach().reshape(-1) for p in sim.params])
+    sim_bits = [r.bits for r in sim.ledger.records]
+    for rank, r in enumerate(ranks):
+        got = r[f"{method}/{topology}"]
+        trainer, hook = got["trainer_rows"], got["hook_rows"]
+        assert len(trainer) == len(hook) == er.STEPS
+        for step, ((tb, trow), (hb, hrow)) in enumerate(zip(trainer, hook)):
+            assert tb == hb, (rank, step, "widths differ")
+            assert trow == hrow, (rank, step, "payload bytes differ")
+        assert [b for b, _ in trainer] == got["trainer_bits"] == sim_bits
+        for name in ("trainer_params", "hook_params"):
+            assert torch.equal(got[name].view(torch.int32), sim_params.view(torch.int32)), (rank, name)
+    if method == "dqsgd":
+        assert len(set(sim_bits)) > 1, sim_bits  # the widths really move
