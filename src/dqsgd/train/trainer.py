@@ -35,6 +35,7 @@ from dqsgd.models import build_model
 from dqsgd.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.step import ServerStep, ShardedStep, all_finite, codec_input
+from dqsgd.topology.names import check_downlink_safety
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, seed_for
 from dqsgd.transport import SimTransport, Transport
@@ -95,9 +96,12 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
+        check_downlink_safety(cfg.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
+                              topology=self.topology, vote=entry.config.aggregate == "majority",
+                              spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
         self.exchange: ServerStep | ShardedStep = (
-            ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
-            else ServerStep(self.method, seed, self.topology))
+            ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits, cfg.downlink_feedback)
+            if self.topology == "sharded" else ServerStep(self.method, seed, self.topology))
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         self.next_step = 0
         self.skipped = 0
@@ -220,7 +224,8 @@ class Trainer:
         """Everything that decides the rest of the run, as plain containers, numbers and tensors
         (``torch.load(weights_only=True)`` reads it back): model, optimizer, the bit policy's state
         (None on a rank that does not run it, which keeps ``bits``), the error-feedback memory, the
-        ledger (the aggregating process's), the quantization generators and the step counters."""
+        ledger (the aggregating process's), the quantization generators and the step counters;
+        ``down_residuals``: the error-fed downlink's residuals of the shards this process serves."""
         server = self.transport.is_server
         return {
             "format": STATE_FORMAT,
@@ -231,6 +236,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "policy": state_to_dict(self.state.policy) if server and self.state.policy is not None else None,
             "residuals": {int(w): r for w, r in enumerate(self.state.residuals) if r is not None},
+            "down_residuals": {int(j): r for j, r in self.state.down_residuals.items()},
             "ledger": self.ledger.state_dict() if server else None,
             "qgen": {int(w): g.get_state() for w, g in self.qgen.items()},
             "bits": self.state.bits,
@@ -247,10 +253,12 @@ class Trainer:
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers
         for w, r in sd["residuals"].items():
             residuals[int(w)] = r
+        fed = {int(j): r for j, r in sd.get("down_residuals", {}).items()}  # absent: a run without them
         if sd["policy"] is not None:
-            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals)
+            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals,
+                                     down_residuals=fed)
         else:
-            self.state = MethodState(None, residuals, int(sd["bits"]))
+            self.state = MethodState(None, residuals, int(sd["bits"]), fed)
         if sd["ledger"] is not None:
             self.ledger = Ledger.from_state_dict(sd["ledger"])
         for w, st in sd["qgen"].items():
