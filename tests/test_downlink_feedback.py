@@ -174,3 +174,21 @@ def test_a_two_bit_downlink_trains_with_feedback_and_degrades_without() -> None:
     (acc_fed, loss_fed), (acc_raw, loss_raw) = out[True], out[False]
     assert acc_fed > 0.90 and loss_fed < 0.30
     assert acc_fed - acc_raw > 0.025 and loss_raw - loss_fed > 0.09
+
+
+def test_a_skipped_non_finite_step_is_said_once_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    tr = Trainer(_cfg(on_nonfinite="skip"), MethodEntry("qsgd-4bit", method_config("qsgd-4bit")), DATA, 0)
+    real = tr.local_gradients
+
+    def poisoned(step: int):  # type: ignore[no-untyped-def]
+        grads, losses = real(step)
+        if step in (1, 2):
+            grads[0] = grads[0] * float("nan")
+        return grads, losses
+
+    monkeypatch.setattr(tr, "local_gradients", poisoned)
+    tr.step()
+    with pytest.warns(RuntimeWarning, match="step 1: .*NaN or Inf") as said:
+        tr.step()
+        tr.step()
+    assert len([w for w in said if "NaN" in str(w.message)]) == 1 and tr.skipped == 2

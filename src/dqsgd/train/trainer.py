@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,6 +196,10 @@ class Trainer:
         grads, losses = self.local_gradients(n)
         t1 = time.perf_counter()
         if not all_finite(t, grads, n, self.cfg.on_nonfinite):
+            if not self.skipped:  # said once; the run summary counts them all (skipped_steps)
+                warnings.warn(f"step {n}: a worker's gradient (its loss) is NaN or Inf: the step is skipped on every "
+                              "rank (train.on_nonfinite = 'skip'); later skips are only counted", RuntimeWarning,
+                              stacklevel=2)
             self.skipped += 1
             self.next_step += 1
             return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
