@@ -48,6 +48,11 @@ def test_any_registered_method_with_a_topology_and_a_downlink_width_is_a_row(ben
     assert bench.downlink(a) == 4
     a.method = "qsgd-2bit"
     assert bench.downlink(a) == 8
+    assert bench.downlink_options(a) == {"downlink_feedback": False, "allow_unsafe_downlink": True}
+    a.method = "qsgd-2bit@2e"  # error-fed
+    assert bench.method_problem(a.method) == "" and bench.downlink(a) == 2
+    assert bench.downlink_options(a)["downlink_feedback"]
+    assert "@DOWN needs" in bench.method_problem("qsgd-2bit@1e") and "@DOWN needs" in bench.method_problem("qsgd-2bit@e")
 
 
 @pytest.mark.parametrize(("argv", "problem"), [

@@ -14,7 +14,8 @@ bits on average); ``powersgd-rN`` runs PowerSGD at rank N. A dqsgd method name a
 on its default topology ``sharded`` (every rank serves 1/W of each bucket: an all-to-all of 4-bit
 shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` down); ``-allgather``
 runs the hook on the all-gather topology (every rank receives every payload); ``@DOWN`` (2..16 or
-fp32) sets that row's downlink width, overriding ``--downlink-bits``; ``-trainer`` runs
+fp32; ``2e``..``16e``: error-fed) sets that row's downlink width, overriding ``--downlink-bits``
+(a row's width below 4 without ``e`` runs as asked, to measure it); ``-trainer`` runs
 dqsgd's own trainer on the sharded topology (no overlap with backward; same data order, init and
 optimizer). Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
 hook (numba compilation, gloo connections), then trains from the same initial weights.
@@ -60,7 +61,8 @@ VARIANTS = {"": ("hook", "sharded"), "-allgather": ("hook", "allgather"), "-trai
 DEFAULT_METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd", "qsgd-4bit-allgather", "dqsgd-allgather")
 METHOD_SYNTAX = ("fp32 | fp16 | powersgd[-rN] | DQSGD_METHOD[-allgather|-trainer][@DOWN] (DQSGD_METHOD: any name of "
                  "`dqsgd methods`, e.g. qsgd-2bit, dqsgd, dqsgd-coded; DOWN: the sharded downlink's width for "
-                 "this row, 2..16 or fp32, overriding --downlink-bits)")
+                 "this row, 2..16 or fp32, overriding --downlink-bits; a trailing 'e' (e.g. @2e) makes it "
+                 "error-fed; a width below 4 without 'e' runs as asked (allow_unsafe_downlink))")
 
 
 def _registered(name: str) -> bool:
@@ -105,12 +107,13 @@ def method_problem(method: str) -> str:
     if v is None:
         return f"unknown method {method!r}"
     if down is not None and (v[2] != "sharded" or not _down_ok(down)):
-        return f"{method!r}: @DOWN needs the sharded topology and 2..16 or fp32"
+        return f"{method!r}: @DOWN needs the sharded topology and 2..16 (error-fed: 2e..16e) or fp32"
     return ""
 
 
 def _down_ok(down: str) -> bool:
-    return down == "fp32" or (down.isdigit() and 2 <= int(down) <= 16)
+    width = down.removesuffix("e")
+    return down == "fp32" or (width.isdigit() and 2 <= int(width) <= 16)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,7 +126,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "the link is the bottleneck), cnn (LeNet-5, 62k parameters, compute-bound on 2 cores)")
     p.add_argument("--hidden", default="", help="mlp only: comma-separated hidden widths (default 200,200; "
                    "1024,1024 gives 1.86M parameters)")
-    p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink, 2..16 or fp32")
+    p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink, 2..16 or fp32; a trailing "
+                   "'e' (e.g. 2e) makes it error-fed")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
     p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
                    "the median time to target")
@@ -173,15 +177,23 @@ def register_hook(model: Any, a: argparse.Namespace) -> Any:
 
     base, _, topology = variant(a.method)
     state = dqsgd.ddp.HookState(method=method_config(base, kernel=a.kernel), process_group=None, seed=a.seed,
-                                total_steps=a.steps, topology=topology, downlink_bits=downlink(a))
+                                total_steps=a.steps, topology=topology, downlink_bits=downlink(a),
+                                **downlink_options(a))
     model.register_comm_hook(state, dqsgd.ddp.hook)
     return state
 
 
 def downlink(a: argparse.Namespace) -> int | str:
     """This rank's downlink width: the row's ``@DOWN`` if it has one, else ``--downlink-bits``."""
-    down = _split_downlink(a.method)[1] or a.downlink_bits
+    down = (_split_downlink(a.method)[1] or a.downlink_bits).removesuffix("e")
     return "fp32" if down == "fp32" else int(down)
+
+
+def downlink_options(a: argparse.Namespace) -> dict[str, bool]:
+    """The downlink's feedback switches (HookState's and TrainConfig's names): error-fed when the width
+    ends in 'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it)."""
+    down = _split_downlink(a.method)[1] or a.downlink_bits
+    return {"downlink_feedback": down.endswith("e"), "allow_unsafe_downlink": True}
 
 
 def _build(a: argparse.Namespace, data: Any) -> Any:
@@ -229,7 +241,7 @@ def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     dbits = downlink(a)
     cfg = TrainConfig(name="bench-network", dataset=a.dataset, model=a.model, workers=a.workers, steps=a.steps,
                       batch_size=a.batch_size, lr=a.lr, momentum=a.momentum, topology=topology,
-                      downlink_bits=32 if dbits == "fp32" else dbits, threads=a.threads)
+                      downlink_bits=32 if dbits == "fp32" else dbits, threads=a.threads, **downlink_options(a))
     tr = Trainer(cfg, MethodEntry(base, method_config(base, kernel=a.kernel)), data, a.seed,
                  make_transport(topology, timeout=a.timeout))
     return lambda n: tr.step(), tr.model, tr
@@ -350,8 +362,8 @@ def check_args(a: argparse.Namespace, methods: list[str]) -> str:
         return "--hidden applies to --model mlp under DDP only (the -trainer rows build the config's model)"
     if a.hidden and not all(h.strip().isdigit() and int(h) > 0 for h in a.hidden.split(",")):
         return f"--hidden must be comma-separated positive widths, got {a.hidden!r}"
-    if a.downlink_bits != "fp32" and not (a.downlink_bits.isdigit() and 2 <= int(a.downlink_bits) <= 16):
-        return f"--downlink-bits must be 2..16 or fp32, got {a.downlink_bits!r}"
+    if not _down_ok(a.downlink_bits):
+        return f"--downlink-bits must be 2..16 or fp32 (error-fed: 2e..16e), got {a.downlink_bits!r}"
     if a.repeats < 1 or a.warmup < 0:
         return "--repeats must be >= 1 and --warmup >= 0"
     return ""
