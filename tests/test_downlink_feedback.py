@@ -89,31 +89,28 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
+def _steps(tr: Trainer, n: int) -> Trainer:
+    for _ in range(n):
+        tr.step()
+    return tr
+
+
 def test_trainer_resume_continues_exactly_with_the_downlink_residuals(tmp_path: Path) -> None:
     e = MethodEntry("dqsgd", method_config("dqsgd"))
-    full = Trainer(_cfg(), e, DATA, 0)
-    for _ in range(6):
-        full.step()
-    part = Trainer(_cfg(), e, DATA, 0)
-    for _ in range(3):
-        part.step()
+    full, part = _steps(Trainer(_cfg(), e, DATA, 0), 6), _steps(Trainer(_cfg(), e, DATA, 0), 3)
     assert sorted(part.state_dict()["down_residuals"]) == list(range(W))
     save_checkpoint(part, tmp_path / "ck.pt")
     again = Trainer(_cfg(), e, DATA, 0)
     load_checkpoint(again, tmp_path / "ck.pt")
     for j, r in part.state.down_residuals.items():
         assert torch.equal(again.state.down_residuals[j], r)
-    for _ in range(3):
-        again.step()
-    assert torch.equal(again.flat_params(), full.flat_params())
+    assert torch.equal(_steps(again, 3).flat_params(), full.flat_params())
     for j, r in full.state.down_residuals.items():
         assert torch.equal(again.state.down_residuals[j], r)
     cold = Trainer(_cfg(), e, DATA, 0)  # the residuals matter: without them the run differs
     sd = part.state_dict()
     cold.load_state_dict({**sd, "down_residuals": {}})
-    for _ in range(3):
-        cold.step()
-    assert not torch.equal(cold.flat_params(), full.flat_params())
+    assert not torch.equal(_steps(cold, 3).flat_params(), full.flat_params())
 
 
 def test_hook_state_dict_keeps_the_downlink_residual() -> None:
