@@ -129,3 +129,33 @@ def test_cached_sizes_follow_width_and_new_shards() -> None:
     before = b.proto.down_sizes()
     b2 = s.bucket(0, torch.zeros(N), SIZES[::-1], rank=0, world=2)
     assert b2 is b and b.proto.down_sizes() == [codec.downlink_size(m, 3) for m in b.shards] != before
+
+def test_state_saved_under_another_config_is_refused_naming_the_keys() -> None:
+    """A HookState saved at 8 bits is not loaded into a 2-bit config of the same method name."""
+    from dqsgd.methods import method_config
+
+    saved = HookState(method_config("qsgd", bits=8)).state_dict()
+    with pytest.raises(ValueError, match=r"method.bits: 8 saved, 2 here"):
+        HookState(method_config("qsgd", bits=2)).load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"topology: 'sharded' saved, 'allgather' here"):
+        HookState(method_config("qsgd", bits=8), topology="allgather").load_state_dict(saved)
+    HookState(method_config("qsgd", bits=8), start_iter=3).load_state_dict(saved)  # warm-up may change
+
+
+def test_fingerprint_names_differing_and_missing_fields_with_a_fixed_size() -> None:
+    """The rank fingerprint: every rank sends the same number of integers whatever its fields, and
+    every rank raises naming the fields that differ (or that one rank lacks)."""
+    from dqsgd.topology.agreement import SLOTS, RankDisagreement, agree, fingerprint
+
+    a = {"train.lr": 0.1, "train.checkpoint_every": 4, "method.bits": 4}
+    b = {"train.lr": 0.1, "train.checkpoint_every": 6, "method.bits": 4, "train.extra": 1}
+    assert len(fingerprint(a)) == len(fingerprint(b)) == SLOTS
+    rows: list[list[int]] = []
+    for mine in (a, b):
+        rows.append([0, len(mine)] + fingerprint(mine))
+    for rank, mine in enumerate((a, b)):
+        with pytest.raises(RankDisagreement, match="train.checkpoint_every"):
+            agree(mine, lambda ints: rows, rank)
+    with pytest.raises(RankDisagreement, match="does not have|train.extra"):
+        agree(a, lambda ints: [rows[0], [0, 4] + fingerprint({**a, "train.extra": 1})], 0)
+    agree(a, lambda ints: [rows[0], rows[0]], 1)  # the same everywhere: no error

@@ -189,3 +189,12 @@ def test_a_skipped_non_finite_step_is_said_once_naming_it(monkeypatch: pytest.Mo
         tr.step()
         tr.step()
     assert len([w for w in said if "NaN" in str(w.message)]) == 1 and tr.skipped == 2
+
+
+def test_a_trainer_state_saved_with_feedback_is_refused_without_it() -> None:
+    e = MethodEntry("qsgd-4bit", method_config("qsgd-4bit"))
+    sd = _steps(Trainer(_cfg(downlink_bits=4), e, DATA, 0), 1).state_dict()
+    with pytest.raises(ValueError, match="downlink_feedback: True saved, False here"):
+        Trainer(_cfg(downlink_bits=4, downlink_feedback=False), e, DATA, 0).load_state_dict(sd)
+    older = {**sd, "meta": {k: v for k, v in sd["meta"].items() if k != "downlink_feedback"}}
+    Trainer(_cfg(downlink_bits=4, downlink_feedback=False), e, DATA, 0).load_state_dict(older)  # saved before it

@@ -137,6 +137,8 @@ KERNEL_HOMES = ("dqsgd.codecs", "dqsgd.kernels")
 TORCH_PRIVATES_USED = {  # module: the private torch names it reaches, each guarded where it is used
     # the rendezvous store of the default group, read for peers' error reports (best effort: None on failure)
     "dqsgd.transport.torch_dist": ["dist…_get_default_store"],
+    # the autograd engine's end-of-backward callback: the hook raises a bucket's error there, with its type
+    "dqsgd.integrations.ddp_hook": ["torch…_execution_engine"],
 }
 
 
@@ -241,3 +243,36 @@ def test_no_module_uses_another_modules_private_names() -> None:
 def test_the_private_check_catches_both_forms() -> None:
     tree = ast.parse("from dqsgd.codecs.wire import _x\nfrom dqsgd.codecs import wire\nwire._y(1)\nwire.z()\n")
     assert [n for n, _ in private_reaches(tree)] == ["dqsgd.codecs.wire._x", "wire._y"]
+
+
+def _private_uses(module: str, tree: ast.Module) -> list[str]:
+    """Private modules (``a.b._c``) or names (``from a.b import _x``) of another package that ``module`` imports."""
+    def package(name: str) -> str:
+        return name.rsplit(".", 1)[0]
+
+    def private(part: str) -> bool:
+        return part.startswith("_") and not part.endswith("__")
+
+    home, found = package(module) if not (SRC / module.replace("dqsgd.", "", 1).replace(".", "/")).is_dir() \
+        else module, []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("dqsgd"):
+            parts = n.module.split(".")
+            for i, part in enumerate(parts):
+                if private(part) and not (home + ".").startswith(".".join(parts[:i]) + "."):
+                    found.append(f"{module}:{n.lineno} imports {n.module}")
+            found += [f"{module}:{n.lineno} imports {n.module}.{a.name}" for a in n.names
+                      if private(a.name) and not (home + ".").startswith(n.module + ".")]
+    return found
+
+
+def test_no_private_module_or_name_is_used_across_packages() -> None:
+    found = [u for m, path in modules() if m not in ALIASES
+             for u in _private_uses(m, ast.parse(path.read_text(), str(path)))]
+    assert found == []
+
+
+def test_the_check_catches_a_private_module_of_another_package() -> None:
+    tree = ast.parse("from dqsgd.quantizers._common import flat_float\nfrom dqsgd.quantizers import _x\n")
+    assert len(_private_uses("dqsgd.kernels.codec", tree)) == 2
+    assert _private_uses("dqsgd.quantizers.sign", tree) == []

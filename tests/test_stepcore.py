@@ -146,10 +146,21 @@ def test_state_dict_round_trip_continues_exactly() -> None:
         again.step()
     assert torch.equal(again.flat_params(), full.flat_params())
     assert again.state.bits == full.state.bits
-    with pytest.raises(ValueError, match="this run is"):
+    with pytest.raises(ValueError, match="seed: 0 saved, 1 here"):
         Trainer(cfg(), e, DATA, 1).load_state_dict(sd)
     with pytest.raises(ValueError, match="format"):
         again.load_state_dict({**sd, "format": 1})
+
+
+def test_a_state_saved_under_another_method_config_is_refused_naming_the_keys() -> None:
+    """Same method name, 8 bits saved, 2 bits here: refused, naming method.bits (and nothing loads)."""
+    saved = Trainer(cfg(), MethodEntry("q", method_config("qsgd", bits=8)), DATA, 0)
+    saved.step()
+    other = Trainer(cfg(), MethodEntry("q", method_config("qsgd", bits=2)), DATA, 0)
+    before = other.flat_params().clone()
+    with pytest.raises(ValueError, match=r"method.bits: 8 saved, 2 here"):
+        other.load_state_dict(saved.state_dict())
+    assert torch.equal(other.flat_params(), before) and other.next_step == 0
 
 
 def test_a_checkpoint_without_policy_state_loads_as_the_width_alone(tmp_path: Path) -> None:

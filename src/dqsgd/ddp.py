@@ -15,7 +15,7 @@ have a size that follows from (numel, bits), so no sizes are exchanged; variable
 **Topology ``sharded``** (the default): for W ranks the bucket's flat gradient is cut into W
 contiguous shards (:func:`dqsgd.sharding.shard_bounds`), each quantized as a vector of its own;
 one ``all_to_all`` sends shard j to rank j; rank j decodes the W payloads of its shard and
-averages them (G_j = (1/W) Σ_w Q(g_w,j)), quantizes G_j for the downlink — unbiased stochastic
+averages them (G_j = Σ_w (1/W)·Q(g_w,j)), quantizes G_j for the downlink — unbiased stochastic
 max-norm rounding at ``downlink_bits`` (default 8) with hash uniforms of
 ``HashRNG(seed_for(seed, DOWNLINK, bucket), step, j)``, or ``"fp32"`` — and one all-gather
 delivers every averaged shard to every rank. Then E[Q_down(G)] = E[G] = mean gradient (both
@@ -31,9 +31,11 @@ of step n+1 comes from step n−1), so that reading them never waits for the GPU
 
 **Randomness.** Uniform quantization always uses the counter-based hash uniforms (kernel
 "fused", whatever ``config.kernel`` says): rank r's payload for shard j of bucket b at step n
-rounds with ``HashRNG(seed_for(seed, QUANT, b, j), n, r)`` (topology allgather:
-``seed_for(seed, QUANT, b)``), so a CPU and a GPU produce the same bytes. TernGrad rounds with a
-per-(rank, bucket) ``torch.Generator``.
+rounds with ``HashRNG(seed_for(seed, QUANT, b), n, r·S + j)`` (S shards: W, or 1 for allgather),
+so a CPU and a GPU produce the same bytes. TernGrad rounds with a per-(rank, bucket)
+``torch.Generator``. These are the trainer's keys (bucket 0 is its whole model): the hook runs the
+trainer's per-bucket protocol (:mod:`dqsgd.topology`), and a model whose gradient is one bucket
+gives the trainer's bytes and parameters bit for bit.
 
 **Codec placement.** Uniform FIXED payloads are encoded and decoded on the bucket's device (CPU:
 the fused numba kernels; CUDA: the device codec ``dqsgd.kernels.device``). Sign, ternary and
@@ -44,8 +46,14 @@ byte that travels with its payload; every rank then returns an all-NaN bucket, s
 ``torch.amp.GradScaler`` skips the step and lowers its scale on every rank, as it does without the
 hook. The policy does not observe such a step.
 
-**signSGD.** Majority vote with ties → 0, and a rank whose bucket is all zeros abstains: a zero
-bucket stays zero. The update is lr·sign(·) per coordinate, so use a small lr (around 1e-4).
+**signSGD.** The trainer's majority vote (ties → +1, sent as 1-bit signs); a rank whose bucket is
+all zeros abstains, and a bucket nobody votes on stays zero. The update is lr·sign(·) per
+coordinate, so use a small lr (around 1e-4).
+
+**Errors.** A rank that announces a payload larger than the method can produce is refused before
+anything is allocated (PayloadError, on every rank); ranks whose configurations differ raise
+RankDisagreement naming the fields at the first call; a payload that fails validation raises its
+PayloadError from ``backward()`` on every rank. A GradScaler-skipped step changes no method state.
 
 **Also.** ``start_iter``: the first backward passes are plain all-reduces (like
 ``start_powerSGD_iter``); ``min_compression_rate``: a bucket whose predicted ratio is below it (and

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -110,27 +110,10 @@ class Method:
         return int(math.floor(self.total_steps * (header + self.numel * c.target_bits)))
 
     def _make_policy(self) -> Any:
-        c, n = self.config, self.total_steps
-        if c.policy == "fixed":
-            return FixedBits(c.nominal_bits())
-        if c.policy == "dqsgd":
-            return DQSGDRule(c.k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding))
-        if c.policy == "dqsgd-error":
-            from dqsgd import theory
-
-            k = (theory.error_target_k(n, c.smoothness, self.numel, c.lr, c.alpha, c.eps_q) if c.convex
-                 else theory.error_target_t(c.smoothness, c.lr, self.numel, c.eps_q))
-            return DQSGDRule(k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding),
-                             name="dqsgd-error")
-        if c.policy == "dqsgd-budget":
-            return BudgetedDQSGD(self.budget_bits() or 0, n, self.numel, self.message_bits, c.convex, c.alpha,
-                                 c.min_bits, c.max_bits)
-        if c.policy == "dqsgd-coded":
-            return CodedBudgetedDQSGD(self.budget_bits() or 0, n, self.numel, self.message_bits, c.convex, c.alpha,
-                                      c.min_bits, c.max_bits)
-        if c.policy == "adaptive":
-            return AdaptiveRMS(c.bits, c.min_bits, c.max_bits, c.calib_steps)
-        return AdaQS(self.numel, c.bits, c.min_bits, c.max_bits, c.calib_steps)
+        factory = POLICIES.get(self.config.policy)
+        if factory is None:
+            raise ValueError(f"unknown policy {self.config.policy!r}: use one of {', '.join(POLICIES)}")
+        return factory(self)
 
     def init_state(self, workers: int) -> MethodState:
         if workers < 1:
@@ -244,3 +227,27 @@ class Method:
             raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
         stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)
         return MethodState(self.policy.update(state.policy, stats), state.residuals, down_residuals=state.down_residuals)
+
+
+def _dqsgd_error(m: Method) -> DQSGDRule:
+    from dqsgd import theory
+
+    c, n = m.config, m.total_steps
+    k = (theory.error_target_k(n, c.smoothness, m.numel, c.lr, c.alpha, c.eps_q) if c.convex
+         else theory.error_target_t(c.smoothness, c.lr, m.numel, c.eps_q))
+    return DQSGDRule(k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding), name="dqsgd-error")
+
+
+# The bit policies by name (``MethodConfig.policy``): each builds the policy of a method.
+POLICIES: dict[str, Callable[[Method], Any]] = {
+    "fixed": lambda m: FixedBits(m.config.nominal_bits()),
+    "dqsgd": lambda m: DQSGDRule(m.config.k, m.total_steps, m.config.alpha, m.config.convex, m.config.bits,
+                                 m.config.min_bits, m.config.max_bits, Rounding(m.config.rounding)),
+    "dqsgd-error": _dqsgd_error,
+    "dqsgd-budget": lambda m: BudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
+                                            m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
+    "dqsgd-coded": lambda m: CodedBudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
+                                                m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
+    "adaptive": lambda m: AdaptiveRMS(m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
+    "adaqs": lambda m: AdaQS(m.numel, m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
+}

@@ -13,7 +13,7 @@ from dqsgd.kernels import (
     HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, quantize_uniform_hash, read_header,
 )
 from dqsgd.kernels.fused import CHUNK
-from dqsgd.quantizers._common import segment_reduce
+from dqsgd.quantizers.segments import segment_reduce
 from dqsgd.quantizers import (
     Layout, NonFiniteGradientError, Norm, dequantize, quantize_identity, quantize_sign, quantize_ternary,
 )

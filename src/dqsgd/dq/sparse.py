@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from dqsgd.quantizers import quantize_lowprec
-from dqsgd.quantizers._common import flat_float, require_finite
+from dqsgd.quantizers.segments import flat_float, require_finite
 
 __all__ = ["SparseLP", "sparsify", "sparse_quantize", "sparse_dequantize", "keep_probabilities"]
 

@@ -33,8 +33,12 @@ Finish = Callable[[], torch.Tensor]
 def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Quantize, exchange, decode and average one gradient bucket (``register_comm_hook``)."""
     grad = bucket.buffer()
+    _raise_at_end_of_backward(state)
     try:
-        return _dispatch(state, bucket, grad)
+        fut = _dispatch(state, bucket, grad)
+        if state._queued:
+            state._futures.append(fut)
+        return fut
     finally:
         if bucket.is_last():
             state.iter += 1
@@ -213,10 +217,16 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
     work = dist.all_gather(gathered, msg, group=up, async_op=True)
 
     def decode_and_average(fut: torch.futures.Future) -> torch.Tensor:
-        fut.wait()
-        flg = torch.stack([g[-1] for g in gathered])
-        avg = _average(b, 0, [g[:n] for g, n in zip(gathered, sizes)], flg, bits, grad.device)
-        return _finish(state, b, avg, flg, step, spent, grad)
+        try:
+            fut.wait()
+            flg = torch.stack([g[-1] for g in gathered])
+            avg = _average(b, 0, [g[:n] for g, n in zip(gathered, sizes)], flg, bits, grad.device)
+            return _finish(state, b, avg, flg, step, spent, grad)
+        except Exception as e:  # noqa: BLE001 - raised, with its type, at the end of backward()
+            out = _failed(state, e, grad)
+            if out is None:
+                raise
+            return out
 
     return work.get_future().then(decode_and_average)
 
@@ -266,7 +276,7 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
             lambda: _assemble(state, b, gathered, flg, step, spent, grad)
 
-    return _ordered(state, work.get_future(), reduce_shard)
+    return _ordered(state, work.get_future(), reduce_shard, grad)
 
 
 def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
@@ -298,8 +308,53 @@ def _assemble(state: HookState, b: BucketState, gathered: list[torch.Tensor], fl
     return _finish(state, b, out, flags, step, spent, grad)
 
 
-def _ordered(state: HookState, first: torch.futures.Future,
-             stage2: Callable[[], tuple[torch.futures.Future, Finish]]) -> torch.futures.Future[torch.Tensor]:
+def _raise_at_end_of_backward(state: HookState) -> None:
+    """Once per backward pass: queue a callback of the autograd engine, run after DDP has waited for
+    every bucket, that raises the first error a bucket's callback met (a refused payload), with its
+    own type, to backward()'s caller. A future that fails instead reaches the caller as a
+    RuntimeError that has lost the type; a failed bucket's future holds NaN."""
+    if state._queued:
+        return
+
+    def end() -> None:
+        futures, state._futures = state._futures, []
+        for f in futures:  # the engine may run this before DDP waits for the buckets
+            try:
+                f.wait()
+            except Exception:  # noqa: BLE001 - a failed future raises in DDP's own wait
+                pass
+        state._queued = False
+        err, state._error = state._error, None
+        if err is not None:
+            raise err
+
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(end)
+    except RuntimeError:  # called outside a backward pass (a direct call): errors stay in the futures
+        return
+    state._queued = True
+
+
+def _failed(state: HookState, err: Exception, grad: torch.Tensor) -> torch.Tensor | None:
+    """Keep ``err`` for the end of backward() (the first one) and give DDP a NaN bucket meanwhile;
+    None where no end-of-backward callback is queued (the future must fail)."""
+    if not state._queued:
+        return None
+    if state._error is None:
+        state._error = err
+    return torch.full_like(grad, float("nan"))
+
+
+def _fail(result: torch.futures.Future, state: HookState, err: Exception, grad: torch.Tensor) -> None:
+    out = _failed(state, err, grad)
+    if out is None:
+        result.set_exception(err)
+    else:
+        result.set_result(out)
+
+
+def _ordered(state: HookState, first: torch.futures.Future, stage2: Callable[[], tuple[torch.futures.Future, Finish]],
+             grad: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     """Run ``stage2`` once ``first`` is done and the previous bucket's stage 2 has issued its
     collective; the returned future holds ``finish()`` after stage 2's collective completes."""
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -311,9 +366,9 @@ def _ordered(state: HookState, first: torch.futures.Future,
         try:
             first.value()  # a failed uplink fails this bucket
             fut2, finish = stage2()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+        except Exception as e:  # noqa: BLE001 - raised, with its type, at the end of backward()
             issued.set_result(None)
-            result.set_exception(e)
+            _fail(result, state, e, grad)
             return
         issued.set_result(None)
 
@@ -321,8 +376,8 @@ def _ordered(state: HookState, first: torch.futures.Future,
             try:
                 f.value()
                 result.set_result(finish())
-            except BaseException as e:  # noqa: BLE001
-                result.set_exception(e)
+            except Exception as e:  # noqa: BLE001 - raised, with its type, at the end of backward()
+                _fail(result, state, e, grad)
 
         fut2.then(done)
 

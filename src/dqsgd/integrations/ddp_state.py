@@ -212,7 +212,8 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
-                 "downlink_feedback", "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate", "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed",
+                 "downlink_feedback", "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate",
+                 "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
@@ -264,6 +265,9 @@ class HookState:
         self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
         self._issued: torch.futures.Future | None = None  # the last bucket's downlink collective is issued
         self._agreed = False  # the ranks compared their fingerprints (first call of the hook)
+        self._queued = False  # the end-of-backward callback that raises a bucket's error is queued
+        self._error: Exception | None = None  # the first error a bucket's callback met in this backward
+        self._futures: list[torch.futures.Future] = []  # this backward's bucket futures
         for name in _COUNTERS:
             setattr(self, name, 0)
 

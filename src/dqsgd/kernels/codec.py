@@ -35,7 +35,7 @@ from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
-from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.segments import check_bits, flat_float, require_finite, segment_reduce
 
 __all__ = [
     "FixedPlan", "decode_accumulate", "encode_uniform_fast", "fixed_plan", "inverse_norms", "quantize_uniform_fast",
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 MIN_CHUNKS_PER_THREAD = 64  # 256K coordinates: below that a thread costs more than it saves
-levels_of = levels_for_bits  # this module's earlier name for it, kept for importers
 
 
 def segment_starts(layout: Layout, numel: int) -> np.ndarray:

@@ -44,7 +44,7 @@ from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
 from dqsgd.kernels.device_pack import pack_device
 from dqsgd.kernels.hashrng import HashRNG, signed64, hash_uniform_torch
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, levels_for_bits
-from dqsgd.quantizers._common import check_bits, flat_float, segment_reduce
+from dqsgd.quantizers.segments import check_bits, flat_float, segment_reduce
 
 __all__ = ["decode_accumulate_device", "decode_device", "encode_uniform_device", "expected_header", "set_compile"]
 

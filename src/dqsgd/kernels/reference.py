@@ -11,7 +11,7 @@ import torch
 
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, Quantized, Scheme, quantize_uniform
-from dqsgd.quantizers._common import check_bits, expand, flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.segments import check_bits, expand, flat_float, require_finite, segment_reduce
 
 __all__ = ["quantize_uniform_hash"]
 

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 from dqsgd._lazy import attach
 
 if TYPE_CHECKING:
-    from dqsgd.quantizers._common import NonFiniteGradientError
+    from dqsgd.quantizers.segments import NonFiniteGradientError
     from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer, dequantize
     from dqsgd.quantizers.constants import TERNGRAD_CLIP, levels_for_bits
     from dqsgd.quantizers.identity import quantize_identity

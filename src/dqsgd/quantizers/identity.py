@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dqsgd.quantizers._common import flat_float, require_finite
+from dqsgd.quantizers.segments import flat_float, require_finite
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 
 

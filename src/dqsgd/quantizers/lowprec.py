@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from dqsgd.quantizers._common import check_bits, flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.segments import check_bits, flat_float, require_finite, segment_reduce
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 from dqsgd.quantizers.constants import levels_for_bits
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dqsgd.quantizers._common import flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.segments import flat_float, require_finite, segment_reduce
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 
 

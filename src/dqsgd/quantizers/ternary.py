@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dqsgd.quantizers._common import expand, flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.segments import expand, flat_float, require_finite, segment_reduce
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 from dqsgd.quantizers.constants import TERNGRAD_CLIP
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from dqsgd.quantizers._common import check_bits, expand, flat_float, require_finite, segment_reduce
+from dqsgd.quantizers.segments import check_bits, expand, flat_float, require_finite, segment_reduce
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
 from dqsgd.quantizers.constants import levels_for_bits
 

@@ -44,10 +44,10 @@ def fingerprint(fields: Mapping[str, Any]) -> list[int]:
 
 
 def agree(fields: Mapping[str, Any], gather: Callable[[list[int]], Sequence[Sequence[int]]], rank: int,
-          refused: bool = False) -> None:
+          refused: bool = False, what: str = "to start") -> None:
     """Compare ``fields`` across ranks; ``gather(ints)`` returns every rank's ``ints`` in rank order
     (a fixed-size all-gather). ``refused``: this rank stops for its own reason (it raises that after
-    this returns); the others then stop too.
+    this returns); the others then stop too, saying that rank refused ``what``.
 
     Raises:
       RankDisagreement: on every rank alike, naming the fields whose slots differ from rank 0's.
@@ -58,7 +58,7 @@ def agree(fields: Mapping[str, Any], gather: Callable[[list[int]], Sequence[Sequ
         return
     stopped = [r for r, v in enumerate(rows) if v[0]]
     if stopped:
-        raise RankDisagreement(f"rank {rank}: rank(s) {stopped} refused to start (see their message)")
+        raise RankDisagreement(f"rank {rank}: rank(s) {stopped} refused {what} (see their message)")
     slots = {s: [r for r, v in enumerate(rows) if v[_HEAD + s] != rows[0][_HEAD + s]] for s in range(SLOTS)}
     slots = {s: ranks for s, ranks in slots.items() if ranks}
     if not slots and all(v[1] == rows[0][1] for v in rows):

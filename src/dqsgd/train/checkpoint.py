@@ -56,11 +56,6 @@ class CorruptCheckpoint(CheckpointError):
     """A checkpoint file whose bytes are damaged (checksum mismatch, truncated, unreadable)."""
 
 
-def trainer_state(tr: Checkpointable) -> dict[str, Any]:
-    """What a checkpoint of ``tr`` holds (before sealing): ``tr.state_dict()``."""
-    return tr.state_dict()
-
-
 def digest(ck: dict[str, Any]) -> str:
     """sha256 of every entry but ``sha256``: tensors by dtype, shape and bytes; other leaves by ``repr``
     (exact for floats); dict keys in a fixed order. Equal contents, equal digest."""

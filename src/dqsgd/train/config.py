@@ -10,7 +10,6 @@ overrides and shipped-config lookup are :mod:`dqsgd.config`'s, shared with :mod:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
 from dqsgd.config import (  # ConfigError, load_raw, shipped_configs: also public names of this module
     ConfigError, ConfigSchema, apply_overrides as _apply_overrides, coerce, load_raw, shipped_configs)
 from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
+from dqsgd.topology.names import TOPOLOGIES
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -72,7 +72,7 @@ class TrainConfig:
             (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
             (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
             (self.device in DEVICES, f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}"),
-            (self.topology in ("", "ps", "allgather", "sharded"), "topology must be 'ps', 'allgather' or 'sharded'"),
+            (self.topology in ("", *TOPOLOGIES), f"topology must be one of {', '.join(TOPOLOGIES)}"),
             (2 <= self.downlink_bits <= 16 or self.downlink_bits == 32, "downlink_bits must be in [2, 16] or 32 (fp32)"),
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0
              and self.pad_to >= 0 and self.coded_every >= 0,
@@ -119,7 +119,6 @@ class ExperimentConfig:
     source: str = ""
 
 
-TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 SCHEMA = ConfigSchema(("train",), ConfigError, unknown_keys="unknown {where} key(s) {bad}; allowed: {allowed}")
 
 

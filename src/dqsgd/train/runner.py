@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import signal
@@ -26,7 +25,7 @@ from dqsgd.train.rundir import (RunDirError, atomic_write, check_same_run, data_
                                 resolved_of_run)
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
-from dqsgd.transport.torch_dist import RankDisagreement
+from dqsgd.topology.agreement import RankDisagreement, agree  # noqa: F401  (RankDisagreement: re-exported)
 
 class RunSummary(dict):
     """A finished run's summary: exactly what ``summary.json`` holds (JSON values only), and the
@@ -81,28 +80,19 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
 
 
 def agree_across_ranks(transport: Transport, mine: dict[str, Any], error: Exception | None = None) -> None:
-    """All-gather a 56-bit hash of every resolved key (and whether rank 0 refused the run directory);
-    refuse on any difference, naming the keys, on every rank at once (nobody is left waiting)."""
+    """Compare the ranks' resolved configs (and the dqsgd version) with the fixed-size fingerprint of
+    :func:`dqsgd.topology.agreement.agree`, and whether a rank refused the run directory; refuse on
+    any difference, naming the keys, on every rank at once (nobody is left waiting)."""
     if len(transport.local_workers) == transport.workers:  # one process runs every worker
         if error is not None:
             raise error
         return
-    keys = sorted(mine)
-    hashes = [int.from_bytes(hashlib.sha256(json.dumps(mine[k], sort_keys=True).encode()).digest()[:7], "big")
-              for k in keys]
-    everyone = transport.all_gather_ints([len(keys), int(error is not None)] + hashes)
+    from dqsgd import __version__
+
+    agree({**mine, "dqsgd_version": __version__}, transport.all_gather_ints, transport.rank, error is not None,
+          "the run directory")
     if error is not None:
         raise error
-    refused = [r for r, v in enumerate(everyone) if v[1]]
-    if refused:
-        raise RankDisagreement(f"rank {transport.rank}: rank(s) {refused} refused the run directory (see their message)")
-    if any(v[0] != len(keys) for v in everyone):
-        raise RankDisagreement(f"rank {transport.rank}: the ranks resolve different sets of config keys (dqsgd versions differ?)")
-    bad = {k: [r for r, v in enumerate(everyone) if v[2 + i] != everyone[0][2 + i]] for i, k in enumerate(keys)}
-    bad = {k: ranks for k, ranks in bad.items() if ranks}
-    if bad:
-        shown = "; ".join(f"{k} (rank(s) {ranks} differ from rank 0; here {mine[k]!r})" for k, ranks in list(bad.items())[:6])
-        raise RankDisagreement(f"rank {transport.rank}: the ranks were started with different configs or data: {shown}")
 
 
 def _train(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None, tr: Trainer,

@@ -21,6 +21,7 @@ Everything that decides the rest of a run is in :meth:`Trainer.state_dict` (load
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -223,7 +224,9 @@ class Trainer:
     def run_meta(self) -> dict[str, Any]:
         """What identifies this run and rank; a state dict of another run is refused."""
         return {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
-                "workers": self.cfg.workers, "rank": self.transport.rank}
+                "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
+                "downlink_bits": self.cfg.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
+                **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything that decides the rest of the run, as plain containers, numbers and tensors
@@ -251,8 +254,13 @@ class Trainer:
         """Continue from ``sd`` (a :meth:`state_dict` of this run and rank)."""
         if sd.get("format") != STATE_FORMAT:
             raise ValueError(f"not a trainer state of format {STATE_FORMAT} (format {sd.get('format')!r})")
-        if sd["meta"] != self.run_meta():
-            raise ValueError(f"the state is for {sd['meta']}, this run is {self.run_meta()}")
+        saved, mine = sd["meta"], self.run_meta()
+        # Keys an older state lacks are not compared (its method config and downlink feedback were not recorded).
+        later = lambda k: k.startswith("method.") or k == "downlink_feedback"  # noqa: E731
+        differ = [k for k in mine if (k in saved or not later(k)) and saved.get(k) != mine[k]]
+        if differ:
+            shown = ", ".join(f"{k}: {saved.get(k, '(absent)')!r} saved, {mine[k]!r} here" for k in differ[:8])
+            raise ValueError(f"the state was saved by another run or configuration: {shown}")
         self.model.load_state_dict(sd["model"])
         self.optimizer.load_state_dict(sd["optimizer"])
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers

@@ -1,0 +1,160 @@
+"""Rank functions of the engine's reliability tests: forged sizes and bytes, disagreeing ranks, overflow,
+skipped steps, under the DDP hook and the parameter-server transport (2 gloo ranks)."""
+
+from __future__ import annotations
+
+import resource
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dqsgd.ddp
+from dqsgd.integrations import ddp_hook
+from dqsgd.methods import method_config
+from dqsgd.topology import payloads
+from dqsgd.topology.bucket import BucketProtocol
+
+N = 4000  # one bucket
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(N, 1, bias=False)
+
+
+def _ddp(state: dqsgd.ddp.HookState) -> DDP:
+    m = DDP(_model(), bucket_cap_mb=25)
+    m.register_comm_hook(state, dqsgd.ddp.hook)
+    return m
+
+
+def _backward(m: DDP, rank: int, scale: float = 1.0, poison: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(8, N, generator=g) * scale
+    if poison:
+        x[0, 0] = float("inf")
+    m.zero_grad()
+    m(x).sum().backward()
+    return m.module.weight.grad.detach().clone()
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test reads the type and the text
+        return type(e).__name__, str(e)
+    return "ok", ""
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def forged_announcement(rank: int, world: int, topology: str, size: int) -> dict[str, Any]:
+    """D1: rank 1 announces a payload of ``size`` bytes (Elias coding: sizes are exchanged)."""
+    cfg = method_config("qsgd", bits=4, coding="elias")
+    state = dqsgd.ddp.HookState(cfg, None, timeout=30.0, topology=topology)
+    m, real = _ddp(state), ddp_hook._sizes
+    if rank == 1:
+        ddp_hook._sizes = lambda group, mine, fixed, w: real(group, [size] * len(mine), fixed, w)  # type: ignore
+    before = _rss_mb()
+    kind, text = _outcome(lambda: _backward(m, rank))
+    ddp_hook._sizes = real
+    return {"kind": kind, "text": text, "rss_growth_mb": _rss_mb() - before}
+
+
+def flipped_byte(rank: int, world: int, topology: str, coding: str) -> dict[str, Any]:
+    """D13: rank 1 flips one byte of its payload for shard 0 (fixed: the in-place path; elias: encode)."""
+    state = dqsgd.ddp.HookState(method_config("qsgd", bits=4, coding=coding), None, timeout=30.0, topology=topology)
+    m = _ddp(state)
+    real_messages, real_encode = payloads.encode_messages, BucketProtocol.encode
+    if rank == 1:
+        def messages(*a: Any) -> Any:
+            got = real_messages(*a)
+            if got is not None:
+                got[0][40] ^= 0x10
+            return got
+
+        def encode(self: BucketProtocol, *a: Any, **kw: Any) -> Any:
+            out, res = real_encode(self, *a, **kw)
+            out[0] = out[0].clone()
+            out[0][40] ^= 0x10
+            return out, res
+
+        payloads.encode_messages, BucketProtocol.encode = messages, encode  # type: ignore[assignment]
+    kind, text = _outcome(lambda: _backward(m, rank))
+    payloads.encode_messages, BucketProtocol.encode = real_messages, real_encode  # type: ignore[method-assign]
+    return {"kind": kind, "text": text}
+
+
+def disagreeing(rank: int, world: int, field: str) -> dict[str, Any]:
+    """D2/D5/D7: rank 1's hook differs from rank 0's in one field."""
+    kw: dict[str, Any] = {"method": method_config("qsgd", bits=4), "topology": "sharded", "downlink_bits": 8,
+                          "start_iter": 0}
+    other = {"bits": {"method": method_config("qsgd", bits=8)},
+             "topology": {"topology": "allgather"},
+             "method": {"method": method_config("sgd")},
+             "coding": {"method": method_config("qsgd", bits=4, coding="elias")},
+             "start_iter": {"start_iter": 1},
+             "downlink_bits": {"downlink_bits": 4}}[field]
+    if rank == 1:
+        kw.update(other)
+    state = dqsgd.ddp.HookState(kw.pop("method"), None, timeout=30.0, **kw)
+    m = _ddp(state)
+    kind, text = _outcome(lambda: _backward(m, rank))
+    return {"kind": kind, "text": text}
+
+
+def overflow_safe_mean(rank: int, world: int, topology: str) -> dict[str, Any]:
+    """D10: every rank's gradient is 2e38 everywhere (qsgd 8-bit): the mean is 2e38, not inf."""
+    state = dqsgd.ddp.HookState(method_config("qsgd", bits=8), None, timeout=30.0, topology=topology)
+    m = DDP(_model(), bucket_cap_mb=25)
+    m.register_comm_hook(state, dqsgd.ddp.hook)
+    m.zero_grad()
+    m(torch.full((1, N), 2e38)).sum().backward()  # d/dw of w·x is x = 2e38 (the output overflows; no matter)
+    return {"grad": m.module.weight.grad.detach().clone()}
+
+
+def skipped_step_keeps_state(rank: int, world: int, topology: str) -> dict[str, Any]:
+    """D18: ef-signsgd; a step where rank 1 overflows (GradScaler skips it) changes no residual."""
+    state = dqsgd.ddp.HookState("ef-signsgd", None, timeout=30.0, topology=topology)
+    m = _ddp(state)
+    _backward(m, rank)
+    before = {j: r.clone() for j, r in state._buckets[0].residuals.items()}
+    grad = _backward(m, rank, poison=rank == 1)
+    after = state._buckets[0].residuals
+    same = before.keys() == after.keys() and all(torch.equal(before[j], after[j]) for j in before)
+    return {"nan": bool(torch.isnan(grad).all()), "same": same, "had": bool(before)}
+
+
+def ps_forged_downlink(rank: int, world: int, size: int) -> dict[str, Any]:
+    """D14: the ps server announces a downlink of ``size`` bytes; the others refuse before allocating."""
+    import torch.distributed as dist
+
+    from dqsgd.transport import make_transport
+
+    t = make_transport("ps", timeout=20.0)
+    if rank == 0:
+        dist.broadcast(torch.tensor([0, size, 1], dtype=torch.int64), src=0)  # a header, no body
+        return {"kind": "server", "text": ""}
+    before = _rss_mb()
+    kind, text = _outcome(lambda: t.broadcast(None, [0], max_bytes=1000))
+    return {"kind": kind, "text": text, "rss_growth_mb": _rss_mb() - before}
+
+
+def all_cases(rank: int, world: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for topology in ("sharded", "allgather"):
+        for size in (400 << 20, 1 << 40):
+            out[f"D1/{topology}/{size}"] = forged_announcement(rank, world, topology, size)
+        for coding in ("fixed", "elias"):
+            out[f"D13/{topology}/{coding}"] = flipped_byte(rank, world, topology, coding)
+        out[f"D10/{topology}"] = overflow_safe_mean(rank, world, topology)
+        out[f"D18/{topology}"] = skipped_step_keeps_state(rank, world, topology)
+    for field in ("bits", "topology", "method", "coding", "start_iter", "downlink_bits"):
+        out[f"D2/{field}"] = disagreeing(rank, world, field)
+    for size in (1 << 32, 1 << 34):
+        out[f"D14/{size}"] = ps_forged_downlink(rank, world, size)
+    return out
