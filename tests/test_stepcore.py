@@ -9,7 +9,7 @@ import torch
 from dqsgd.data import load_dataset
 from dqsgd.methods import method_config
 from dqsgd.pipeline import Method, MethodState
-from dqsgd.step import Exchange, ServerStep, ShardedStep, all_finite
+from dqsgd.step import StepOutcome, ServerStep, ShardedStep, all_finite
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
@@ -104,9 +104,9 @@ def test_method_state_width_rules() -> None:
 def test_every_topology_has_one_step_object_with_the_same_result_shape() -> None:
     for topology, kind in (("ps", ServerStep), ("allgather", ServerStep), ("sharded", ShardedStep)):
         tr = Trainer(cfg(topology=topology), MethodEntry("dqsgd", method_config("dqsgd")), DATA, 0)
-        assert type(tr.exchange) is kind
-        r = tr.exchange.run(tr.transport, tr.local_gradients(0)[0], tr.state, 0, tr.qgen)
-        assert isinstance(r, Exchange) and r.topology == topology and len(r.up) == W
+        assert type(tr.step_runner) is kind
+        r = tr.step_runner.run(tr.transport, tr.local_gradients(0)[0], tr.state, 0, tr.qgen)
+        assert isinstance(r, StepOutcome) and r.topology == topology and len(r.up) == W
         assert r.update.shape == (tr.numel,) and r.state is not None
     with pytest.raises(ValueError, match="'ps' or 'allgather'"):
         ServerStep(Method(method_config("dqsgd"), D, 10), 0, "sharded")

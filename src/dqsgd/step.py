@@ -1,7 +1,7 @@
 """One step of DQSGD Algorithm 2 for every topology: the exchange from local gradients to the update.
 
 The trainer calls one step object per run, ``run(transport, grads, state, step, generators)``, and
-gets an :class:`Exchange`: the update every rank applies, the bytes that crossed the wire, the
+gets a :class:`StepOutcome`: the update every rank applies, the bytes that crossed the wire, the
 method state after the step (error-feedback memory, the policy's B_{n+1}) and timings. Two classes:
 
 * :class:`ServerStep` — topologies ``ps`` and ``allgather``: every worker encodes its whole
@@ -59,12 +59,12 @@ from dqsgd.topology.traffic import wire_traffic
 if TYPE_CHECKING:
     from dqsgd.transport.base import ShardedTransport, Transport
 
-__all__ = ["FP32", "Exchange", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
+__all__ = ["FP32", "StepOutcome", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
            "shard_methods"]
 
 
 @dataclass
-class Exchange:
+class StepOutcome:
     """One step's exchange as one rank sees it (every topology)."""
 
     update: torch.Tensor              # G, the same on every rank
@@ -146,7 +146,7 @@ class ServerStep:
         return self._protocols[workers]
 
     def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
-            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> Exchange:
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """One step for the local workers ``grads`` over ``t``, at the width ``state.bits``.
 
         The aggregating process runs the policy on G before the downlink leaves, and B_{n+1} travels
@@ -179,7 +179,7 @@ class ServerStep:
         update = P.decode_down([bytes_tensor(down)])
         t1 = time.perf_counter()
         coded = {w: m.coded_size(p) for w, p in zip(grads, payloads)} if measure_coded else None
-        return Exchange(update, up, [] if self.topology == "allgather" else [len(down)], side, new_res, encode_s,
+        return StepOutcome(update, up, [] if self.topology == "allgather" else [len(down)], side, new_res, encode_s,
                         coded, time.perf_counter() - t1, self.topology, after)
 
 
@@ -209,7 +209,7 @@ class ShardedStep:
         return [tensor_bytes(p) for p in pays], (None if res[0] is None else torch.cat(res))  # type: ignore[arg-type]
 
     def run(self, t: ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
-            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> Exchange:
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``, at
         the width ``state.bits``; then the policy observes G (the same on every rank) for B_{n+1}.
 
@@ -241,4 +241,4 @@ class ShardedStep:
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
         coded_s = time.perf_counter() - t1
-        return Exchange(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, "sharded", after)
+        return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, "sharded", after)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -49,14 +49,23 @@ def _geom(r: float, n: int) -> float:
     return float(n) if r == 1.0 else (1.0 - r**n) / (1.0 - r)
 
 
-def levels_for_bits(bits: float) -> float:
-    """s = 2^(B−1) − 1 (one sign bit, B−1 level bits); real B allowed."""
+def real_levels(bits: float) -> float:
+    """s = 2^(B−1) − 1 for a real width B (0 at B = 1): the theory's level count. The quantizers'
+    integer count (:func:`dqsgd.quantizers.levels_for_bits`) differs at B = 1 only, where the
+    stochastic binary quantizer has one level."""
     return 2.0 ** (bits - 1.0) - 1.0
 
 
-def bits_for_levels(levels: float) -> float:
-    """B = log2(s + 1) + 1, the inverse of :func:`levels_for_bits`."""
-    return math.log2(levels + 1.0) + 1.0
+levels_for_bits = real_levels  # the name the bounds below (and earlier code) use
+
+
+def bits_for_levels(levels: Any, log2: Callable[[Any], Any] = math.log2) -> Any:
+    """B = log2(s + 1) + 1, the inverse of :func:`real_levels`; real B allowed.
+
+    DQSGD's width rule, written here once: B_n = log2(k·a_n·‖g_n‖_p + 1) + 1 (eq. 18, a_n = α^((N−n)/2);
+    eq. 20, a_n = 1) is the width of s_n = k·a_n·‖g_n‖_p levels. ``log2``: ``math.log2``, ``np.log2``
+    or ``torch.log2``, for the type of ``levels`` (the same floating-point operations in every case)."""
+    return log2(levels + 1.0) + 1.0
 
 
 # ---------------------------------------------------------------- Proposition 1: the noise
@@ -338,12 +347,12 @@ def dqsgd_convex_bits(norms: Floats, k: float, alpha: float) -> torch.Tensor:
     """Eq. (18), real-valued: B_n = log2(k·α^((N−n)/2)·‖g_n‖_p + 1) + 1, n = 0..N−1."""
     g = _vec(norms)
     n = torch.arange(g.numel(), dtype=torch.float64, device=g.device)
-    return torch.log2(k * alpha ** ((g.numel() - n) / 2.0) * g + 1.0) + 1.0
+    return bits_for_levels(k * alpha ** ((g.numel() - n) / 2.0) * g, torch.log2)
 
 
 def dqsgd_nonconvex_bits(norms: Floats, t: float) -> torch.Tensor:
     """Eq. (20), real-valued: B_n = log2(t·‖g_n‖_p + 1) + 1."""
-    return torch.log2(t * _vec(norms) + 1.0) + 1.0
+    return bits_for_levels(t * _vec(norms), torch.log2)
 
 
 def _inverse_phi(y: torch.Tensor) -> torch.Tensor:

@@ -105,9 +105,10 @@ class BucketState:
         """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
         non-finite (the policy then skips the step). On a device they are reduced there and copied
         to pinned host memory without blocking; an event marks when they have arrived."""
+        from dqsgd.policies.base import grad_norms
+
         m = self.method
-        norm = avg.abs().amax() if math.isinf(m.p) else torch.linalg.vector_norm(avg, m.p)
-        vals = torch.stack([norm, torch.linalg.vector_norm(avg, 2), bad.to(torch.float32).reshape(())])
+        vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
         keep = avg if m.policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
@@ -157,13 +158,13 @@ class BucketState:
 
     def catch_up(self, last_step: int) -> None:
         """Feed the policy every recorded step ≤ ``last_step``."""
-        from dqsgd.policies import GradStats
+        from dqsgd.policies.base import stats_of
 
         while self.pending and self.pending[0][0] <= last_step:
-            step, (norm, rms, bad), spent, g = self._take()
+            step, (norm, l2, bad), spent, g = self._take()
             if bad:  # an overflow step (GradScaler skips it): no statistics to learn from
                 continue
-            stats = GradStats(step, norm, rms / math.sqrt(self.numel), spent, g)
+            stats = stats_of(step, norm, l2, self.numel, spent, g)
             self.policy = self.method.policy.update(self.policy, stats)
 
     def state_dict(self) -> dict[str, Any]:

@@ -67,12 +67,24 @@ class GradStats:
     grad: torch.Tensor | None = None  # G itself (AdaQS keeps moments of it); None if not needed
 
 
+def grad_norms(g: torch.Tensor, p: float) -> torch.Tensor:
+    """``[‖g‖_p, ‖g‖₂]`` of a flat float32 vector, as a tensor on its device (the DDP hook reads it a
+    step late, without waiting for the device)."""
+    norm = g.abs().amax() if math.isinf(p) else torch.linalg.vector_norm(g, p)
+    return torch.stack([norm, torch.linalg.vector_norm(g, 2)])
+
+
+def stats_of(step: int, norm: float, l2: float, numel: int, spent_bits: int, g: torch.Tensor | None) -> GradStats:
+    """The policy's statistics from :func:`grad_norms`' values (rms = ‖G‖₂/√d)."""
+    return GradStats(step, norm, l2 / math.sqrt(numel), spent_bits, g)
+
+
 def grad_stats(grad: torch.Tensor, step: int, spent_bits: int, p: float = math.inf, keep: bool = False) -> GradStats:
     g = grad.detach().reshape(-1).to(torch.float32)
     if g.numel() == 0:
         return GradStats(step, 0.0, 0.0, spent_bits, g if keep else None)
-    norm = float(g.abs().amax()) if math.isinf(p) else float(torch.linalg.vector_norm(g, p))
-    rms = float(torch.linalg.vector_norm(g, 2)) / math.sqrt(g.numel())
+    norm, l2 = grad_norms(g, p).tolist()
+    rms = stats_of(step, norm, l2, g.numel(), spent_bits, None).rms
     if not (math.isfinite(norm) and math.isfinite(rms)):
         from dqsgd.quantizers import NonFiniteGradientError
 

@@ -37,6 +37,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from dqsgd.policies.base import GradStats, Rounding, integerize
+from dqsgd.theory import bits_for_levels
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,8 @@ def solve_log_k(total: Callable[[float], float], target: float) -> float:
 
 
 class PlannedWidths:
-    """B_j(k) = clip(log2(k·a_j·‖g_j‖ + 1) + 1, min_bits, max_bits) for fixed norms, at any k.
+    """B_j(k) = clip(log2(k·a_j·‖g_j‖ + 1) + 1, min_bits, max_bits) for fixed norms, at any k: the width
+    rule :func:`dqsgd.theory.bits_for_levels`, evaluated in place.
 
     The bisection evaluates this some 55 times per step, so it writes into one buffer with the ufuncs'
     ``out=`` instead of allocating six arrays and going through ``np.clip``'s Python wrapper, and it
@@ -209,7 +211,7 @@ class PlannedWidths:
         """The real width of the first step alone (the one the policy turns into an integer)."""
         scale = 1.0 if self.scales is None else float(self.scales[0])
         x = np.array([k * scale * float(self.norms[0])])
-        return float(np.clip(np.log2(x + 1.0) + 1.0, self.lo, self.hi)[0])
+        return float(np.clip(bits_for_levels(x, np.log2), self.lo, self.hi)[0])
 
 
 def _head(norms: np.ndarray) -> int:

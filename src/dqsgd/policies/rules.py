@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dqsgd.policies.base import GradStats, Rounding, integerize
+from dqsgd.theory import bits_for_levels
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class DQSGDRule:
     def real_width(self, step: int, norm: float) -> float:
         """B_step from ‖g‖: eq. (18) if convex, else eq. (20)."""
         scale = self.k * (self.alpha ** ((self.total_steps - step) / 2) if self.convex else 1.0)
-        return math.log2(scale * norm + 1.0) + 1.0
+        return bits_for_levels(scale * norm)
 
     def init(self) -> RuleState:
         return RuleState(self.initial_bits, float("nan"))

@@ -14,7 +14,7 @@ def levels_for_bits(bits: int) -> int:
     (the stochastic binary quantizer: codes ±1 times the norm).
 
     The one place this is written: it is also the largest code magnitude of LP(δ, b) and of the
-    sparse LP messages of Double Quantization (b ≥ 2). ``dqsgd.theory.levels_for_bits`` is a
-    different function: the real-valued 2^(B-1) - 1 (0 at B = 1) for widths that are not integers.
+    sparse LP messages of Double Quantization (b ≥ 2). ``dqsgd.theory.real_levels`` is the
+    real-valued 2^(B-1) - 1 (0 at B = 1) for widths that are not integers.
     """
     return 1 if bits == 1 else (1 << (bits - 1)) - 1

@@ -101,7 +101,7 @@ class Trainer:
         check_downlink_safety(cfg.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
                               topology=self.topology, vote=entry.config.aggregate == "majority",
                               spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
-        self.exchange: ServerStep | ShardedStep = (
+        self.step_runner: ServerStep | ShardedStep = (
             ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits, cfg.downlink_feedback)
             if self.topology == "sharded" else ServerStep(self.method, seed, self.topology))
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
@@ -204,7 +204,7 @@ class Trainer:
             self.skipped += 1
             self.next_step += 1
             return StepResult(n, float("nan"), self.lr_at(n), bits, True, [], 0, 0, t1 - t0, 0.0, 0.0)
-        r = self.exchange.run(t, grads, self.state, n, self.qgen, measure_coded=self.measures_coded(n))  # type: ignore[arg-type]
+        r = self.step_runner.run(t, grads, self.state, n, self.qgen, measure_coded=self.measures_coded(n))  # type: ignore[arg-type]
         t2 = time.perf_counter()
         coded = None if r.coded is None else self.gather_coded(r.coded)
         coded_s = r.coded_s + time.perf_counter() - t2

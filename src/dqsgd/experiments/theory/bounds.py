@@ -15,7 +15,7 @@ def effective_widths(sim: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.
     ‖g‖²/s² gives E[‖g_n‖²/s_n²]. The widths may differ between runs (DQSGD)."""
     norms = sim["g2"].sqrt()
     s_eff = (sim["g2"] / sim["g2_s2"]).sqrt()
-    return norms, torch.log2(s_eff + 1.0) + 1.0
+    return norms, T.bits_for_levels(s_eff, torch.log2)
 
 
 def _bound_inputs(P: Logistic, sim: dict[str, torch.Tensor], start: int, N: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import torch
 
 from dqsgd.experiments.theory.settings import F64, INF, MAX_BITS, MIN_BITS, Settings
 from dqsgd.quantizers import Layout, Norm, dequantize, quantize_uniform
+from dqsgd.theory import bits_for_levels
 
 
 # ---------------------------------------------------------------- the quantizer, row-wise
@@ -214,7 +215,7 @@ def fixed_widths(bits: int) -> Widths:
 
 def dqsgd_real_widths(k: float, alpha: float, N: int, n: int | torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """Eq. (18): B_n = log2(k·α^((N−n)/2)·‖g_n‖_∞ + 1) + 1 (real), as :meth:`DQSGDRule.real_width`."""
-    return torch.log2(k * alpha ** ((N - torch.as_tensor(n, dtype=F64)) / 2.0) * r + 1.0) + 1.0
+    return bits_for_levels(k * alpha ** ((N - torch.as_tensor(n, dtype=F64)) / 2.0) * r, torch.log2)
 
 
 def dqsgd_widths(k: float, alpha: float, N: int) -> Widths:
