@@ -40,7 +40,7 @@ def test_the_command_runs_the_scripts_function_with_the_parsed_options(monkeypat
     fake = types.SimpleNamespace(bench_compressors=lambda a: seen.setdefault("args", a) and {"rows": []})
     monkeypatch.setattr(bench_cli, "load_script", lambda rel: fake if rel == "bench_compressors.py" else None)
     assert main(["bench", "compressors", "--model", "mlp", "--repeats", "1"]) == 0
-    assert seen["args"].model == "mlp" and seen["args"].repeats == 1 and seen["args"].out == "bench/compressors.json"
+    assert seen["args"].model == "mlp" and seen["args"].repeats == 1 and seen["args"].out == "runs/bench/compressors.json"
     assert main(["bench", "codec"]) == 2  # the fake checkout holds no bench_codec.py
 
 

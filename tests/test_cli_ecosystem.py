@@ -128,7 +128,35 @@ def test_compare_shows_run_k_of_n_eta_results_and_evaluations(tmp_path: Path) ->
     text = res.stdout + res.stderr
     assert "[1/2] sgd seed 0: test acc" in text and "[2/2] qsgd-4bit seed 0: test acc" in text
     assert "ETA" in text and "elapsed" in text
-    assert text.count("eval at step") == 4  # steps 3 and 6 of each run, each with its duration
+    # not a terminal: one plain line per run and one at the end; no bars, no evaluation lines
+    assert "\r" not in text and "\x1b[" not in text and "eval at step" not in text
+    assert text.count("compare: 2 of 2 runs in ") == 1
     # --resume keeps both runs and says so, run by run
     res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "[2/2] qsgd-4bit seed 0: finished earlier, kept" in res.stdout + res.stderr
+
+
+def test_on_a_terminal_bars_show_and_end_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from dqsgd.train import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out, err = Terminal(), Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    done = dict(method="sgd", seed=0, test_acc=0.9, ledger_compression_ratio=1.0, ledger_mean_bits=32.0, wall_s=1.0)
+    bars = progress.CompareProgress(2)
+    for _ in range(2):
+        bar = progress.step_bar(5, 0, "sgd seed 0", True)
+        bar.update(5)
+        bar.close()
+        bars.finished(done)
+    bars.close()
+    text = out.getvalue() + err.getvalue()
+    assert "run 2/2" in text and "sgd seed 0" in text  # the bars were drawn ...
+    assert text.count("compare: 2 of 2 runs in ") == 1  # ... and the comparison ends in one line
+    assert "[2/2] sgd seed 0: test acc 90.00%" in text

@@ -154,18 +154,54 @@ def test_theorem1_isotropic_bounds_coincide_and_equal_theorem2() -> None:
     assert up.total == pytest.approx(T.theorem2_isotropic(dist0, lam, eta, traces), rel=1e-12)
 
 
+def _check_lower_le_upper(mu: float, L: float, eta: float, N: int, sigma2: float, K: int,
+                          norms: list[float], bits: list[int], gap: float) -> None:
+    args = (gap, L, mu, eta, sigma2, K, 100, norms, bits)
+    lo, up = T.theorem1_lower_terms(*args), T.theorem1_upper_terms(*args)
+    assert all(b >= 0.0 for b in up), up  # bounds on non-negative quantities
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(lo, up)), (lo, up)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.floats(0.05, 1.0), st.floats(1.0, 20.0), st.floats(0.01, 1.0), st.integers(1, 40),
        st.floats(0.0, 5.0), st.integers(1, 64), st.data())
 def test_theorem1_lower_le_upper(mu: float, kappa: float, frac: float, N: int, sigma2: float,
                                  K: int, data: st.DataObject) -> None:
     L = mu * kappa
-    eta = frac * (1 - math.sqrt(1 - mu / L)) / mu if L > mu else frac / L  # keeps β ≥ 0
+    eta = frac * T.theorem1_lower_max_eta(L, mu)  # keeps β ≥ 0
     norms = data.draw(st.lists(st.floats(0.0, 100.0), min_size=N, max_size=N))
     bits = data.draw(st.lists(st.integers(2, 16), min_size=N, max_size=N))
-    args = (data.draw(st.floats(0.0, 1e3)), L, mu, eta, sigma2, K, 100, norms, bits)
-    lo, up = T.theorem1_lower_terms(*args), T.theorem1_upper_terms(*args)
-    assert all(a <= b * (1 + 1e-12) for a, b in zip(lo, up))
+    _check_lower_le_upper(mu, L, eta, N, sigma2, K, norms, bits, data.draw(st.floats(0.0, 1e3)))
+
+
+@pytest.mark.parametrize("mu", [0.875, 0.3, 0.05, 1.0])
+def test_theorem1_bounds_at_eta_mu_one(mu: float) -> None:
+    # L = μ, η = 1/μ: α = β = 0 exactly; the literal 1 − 2μη + Lμη² rounds to −1.1e-16 at μ = 0.875.
+    alpha, beta = T.theorem1_alpha_beta(mu, mu, 1.0 / mu)
+    assert 0.0 <= alpha < 1e-15 and beta == alpha
+    _check_lower_le_upper(mu, mu, 1.0 / mu, 1, 0.0, 1, [0.0], [2], 1.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(1e-3, 1e3), st.floats(1e-9, 1.0), st.floats(0.0, 2.0))
+def test_theorem1_rates_are_ordered_and_stable(L: float, ratio: float, frac: float) -> None:
+    mu, eta = L * ratio, frac / L
+    alpha, beta = T.theorem1_alpha_beta(L, mu, eta)
+    assert alpha >= 0.0 and beta <= alpha
+    lit_a, lit_b = 1 - 2 * mu * eta + L * mu * eta**2, 1 - 2 * L * eta + L * mu * eta**2
+    assert alpha == pytest.approx(lit_a, abs=1e-12) and beta == pytest.approx(lit_b, abs=1e-12)
+    # β vanishes at the largest admissible η, to rounding (the literal (1 − √(1 − μ/L))/μ loses
+    # every digit when μ/L ≲ 1e-16).
+    e_max = T.theorem1_lower_max_eta(L, mu)
+    assert 0.5 / L <= e_max <= 1.0 / L
+    assert abs(T.theorem1_alpha_beta(L, mu, e_max)[1]) <= 1e-12
+
+
+def test_theorem1_geometric_sum_is_monotone_near_one() -> None:
+    # (1 − r^N)/(1 − r) at r = 1 − 1e-15 is off by percents; the term-by-term sum is not.
+    r = 1.0 - 1e-15
+    assert T._geom(r, 1000) == pytest.approx(1000.0, rel=1e-9)
+    assert T._geom(r, 1000) <= T._geom(1.0, 1000) == 1000.0
 
 
 def test_theorem1_lower_rejects_negative_beta() -> None:

@@ -84,9 +84,12 @@ def _common(p: argparse.ArgumentParser, repeats: int, threads: int, out: str) ->
 
 def add_bench_parser(sub: Any) -> None:
     """Add ``bench codec|step|compressors|network`` to an argparse sub-parsers object."""
-    bench = sub.add_parser("bench", help="benchmarks: codec throughput, step overhead, compressors",
+    bench = sub.add_parser("bench", help="benchmarks: codec (throughput), step (training-step overhead), "
+                           "compressors (vs PyTorch's DDP hooks), hook (DDP step time per comm hook), network "
+                           "(tc-shaped links); results under runs/bench/",
                            description="Benchmarks. Speeds are ratios against out.copy_(g) (or plain SGD) in the "
-                                       "same process, so other jobs on the machine cancel out.")
+                                       "same process, so other jobs on the machine cancel out. Each prints a table "
+                                       "and writes JSON (--out, by default under runs/bench/).")
     bsub = bench.add_subparsers(dest="bench", required=True)
     c = bsub.add_parser("codec", help="encode/decode GB/s vs copy_, coded bits vs entropy",
                         description="Codec throughput (GB/s of fp32 input) against a copy in the same run, "
@@ -101,7 +104,7 @@ def add_bench_parser(sub: Any) -> None:
                    help="where the device codec rows run (auto: CUDA if available, else the CPU)")
     c.add_argument("--device-compile", action=argparse.BooleanOptionalAction, default=None,
                    help="force torch.compile on (or off) for the device rows (default: on for CUDA only)")
-    _common(c, 5, 2, "bench/codec.json")
+    _common(c, 5, 2, "runs/bench/codec.json")
     c.set_defaults(func=_checkout_command("codec", "bench_codec.py", lambda m, a: m.bench_codec(a)))
     s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD",
                         description="One simulated training step (all W workers) of dqsgd, torch and fused "
@@ -111,7 +114,7 @@ def add_bench_parser(sub: Any) -> None:
     s.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
     s.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, caches) (default: 3)")
     s.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
-    s.add_argument("--out", default="bench/step.json", help="JSON file for the results (default: bench/step.json)")
+    s.add_argument("--out", default="runs/bench/step.json", help="JSON file for the results (default: runs/bench/step.json)")
     s.set_defaults(func=_command("bench_step"))
     k = bsub.add_parser("compressors", help="dqsgd's methods vs PyTorch's DDP compression hooks",
                         description="Compress one real gradient with dqsgd's methods and PyTorch's DDP "
@@ -119,7 +122,7 @@ def add_bench_parser(sub: Any) -> None:
     k.add_argument("--model", default="cnn", help="model whose gradient is compressed (default: cnn)")
     k.add_argument("--dataset", default="mnist", help="dataset of the batch that gives the gradient (default: mnist)")
     k.add_argument("--batch", type=int, default=32, help="batch size of that gradient (default: 32)")
-    _common(k, 5, 1, "bench/compressors.json")
+    _common(k, 5, 1, "runs/bench/compressors.json")
     k.set_defaults(func=_checkout_command("compressors", "bench_compressors.py", lambda m, a: m.bench_compressors(a)))
     add_hook_parser(bsub)  # dqsgd bench hook
     n = bsub.add_parser("network", help="4 network namespaces with tc-shaped links (root, source checkout); "
@@ -157,5 +160,6 @@ def add_hook_parser(bsub: Any) -> None:
     h.add_argument("--threads", type=int, default=1, help="torch threads per process")
     h.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
     h.add_argument("--deadline", type=float, default=3600.0, help="seconds the whole benchmark may take")
-    h.add_argument("--out", default="bench/hook.json", help="JSON results ('' for none)")
+    h.add_argument("--out", default="runs/bench/hook.json", help="JSON file for the results, '' for none "
+                   "(default: runs/bench/hook.json)")
     h.set_defaults(func=lambda a: (__import__("dqsgd.bench_hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])

@@ -91,7 +91,9 @@ def rank_times(rank: int, world: int, models: list[str], hooks: list[str], steps
             for _ in range(warmup):
                 steppers[h]()
         times: dict[str, list[float]] = {h: [] for h in hooks}
-        for _ in range(rounds):
+        for k in range(rounds):
+            if rank == 0:
+                print(f"  {name}: round {k + 1}/{rounds}", flush=True)
             for h in hooks:
                 sync()
                 t = time.perf_counter()
@@ -127,6 +129,9 @@ def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"dqsgd bench hook: unknown {bad}; models: {', '.join(MODELS)}; hooks: {', '.join(HOOKS)}")
     cuda = torch.cuda.is_available()
     world, backend = (1, "nccl") if cuda else (args.world, "gloo")
+    print(f"bench hook: {', '.join(models)} x {len(hooks)} hooks, {backend} W={world}, {args.rounds} rounds of "
+          f"{args.steps} steps after {args.warmup} warm-up steps" + (f"; writes {args.out}" if args.out else ""),
+          flush=True)
     res = spawn_local(rank_times, world, (models, hooks, args.steps, args.warmup, args.rounds, args.batch),
                       backend=backend, timeout=args.timeout, threads=args.threads, deadline=args.deadline)
     failed = [r.describe() for r in res if not r.ok]
@@ -145,4 +150,5 @@ def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"\nwrote {args.out}")
     return result

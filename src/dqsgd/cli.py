@@ -37,9 +37,13 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
-    for name, path in sorted(shipped_configs().items()):
+    configs = sorted(shipped_configs().items())
+    width = max(len(name) for name, _ in configs)
+    for name, path in configs:
         first = path.read_text().splitlines()[0].lstrip("# ").strip()
-        print(f"{name:<18} {first}")
+        print(f"{name:<{width}}  {first}")
+    print("\nRun a table1-* config with `dqsgd compare --config NAME`, a dq-* config with "
+          "`dqsgd dq run --config NAME`; `--dry-run` checks either without running it.")
     return 0
 
 
@@ -49,12 +53,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     exp = _experiment(args)
     out = Path(args.out or f"runs/{exp.train.name}")
+    only = args.methods.split(",") if args.methods else None
+    if args.dry_run:
+        from dqsgd.plan import compare_plan
+
+        print("\n".join(compare_plan(exp, out, args.resume, only, args.overwrite)))
+        return 0
     start = time.perf_counter()
     sets = "".join(f" --set {shlex.quote(x)}" for x in args.set or [])
     args.resume_hint = (f"dqsgd compare --config {shlex.quote(args.config or 'table1-mnist')}{sets} "
                         f"--out {shlex.quote(str(out))} --resume")
-    rows = run_experiment(exp, out, progress=not args.quiet, resume=args.resume,
-                          only=args.methods.split(",") if args.methods else None, overwrite=args.overwrite)
+    rows = run_experiment(exp, out, progress=not args.quiet, resume=args.resume, only=only, overwrite=args.overwrite)
     t = exp.train
     print(f"\n{t.name}: {t.dataset} / {t.model}, W = {t.workers}, {t.steps} steps, seeds {list(t.seeds)}")
     print(format_table(rows))
@@ -72,6 +81,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     entry = exp.methods[0]
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise ConfigError(f"--timeout must be > 0 seconds and finite, got {args.timeout}")
+    if args.dry_run:
+        from dqsgd.plan import train_plan
+
+        if args.max_restarts and args.transport != "torch":
+            raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
+        print("\n".join(train_plan(exp, entry, seed, args)))
+        return 0
     if args.transport == "torch":
         from dqsgd.launch import train_distributed
 
@@ -135,6 +151,9 @@ def parser() -> argparse.ArgumentParser:
                         help="also log each run to TensorBoard under DIR/LABEL/seedK (= --set train.tensorboard_dir=DIR)")
         sp.add_argument("--overwrite", action="store_true",
                         help="replace the run(s) already in the output directory (default: refuse)")
+        sp.add_argument("--dry-run", action="store_true",
+                        help="check the config, overrides, data, output directory and resume target, print "
+                             "the plan, and stop (nothing is trained or written)")
 
     sp = sub.add_parser("train", help="train one method")
     add_cfg(sp)

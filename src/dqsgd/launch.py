@@ -277,31 +277,16 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     resumes from the run directory's checkpoints; without torchrun, ``--max-restarts N`` restarts the
     W local processes the same way. ``--resume RUN_DIR`` resumes explicitly.
     """
-    from dqsgd.train.runner import default_train_dir
-
-    out = str(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
-    restarts = int(getattr(args, "max_restarts", 0) or 0)
-    if restarts < 0:
-        raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
+    exp, out, restarts, world = check_distributed(exp, entry, seed, args)
     timeout = float(args.timeout)
-    if timeout <= 0:
-        raise ConfigError(f"--timeout must be > 0 seconds, got {timeout}")
-    if (restarts or args.resume) and not exp.train.checkpoint_every:
-        raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
-    if under_torchrun():
-        exp = workers_from_world_size(exp, getattr(args, "set", None) or [])
     job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume),
                    bool(getattr(args, "overwrite", False)))
     if under_torchrun():
-        if restarts:
-            raise ConfigError("under torchrun, give --max-restarts to torchrun itself (it restarts the ranks)")
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if restarted and not exp.train.checkpoint_every and os.environ.get("RANK") == "0":
             print(f"dqsgd: torchrun restart {restarted}: train.checkpoint_every = 0, so the run starts over",
                   file=sys.stderr)
         return _torchrun_rank(dataclasses.replace(job, resume=job.resume or restarted > 0), timeout, args)
-    world = args.workers if args.workers is not None else exp.train.workers
-    _check_world(exp, world, "--workers")
     threads = max(1, (os.cpu_count() or 1) // world)
     for attempt in range(restarts + 1):
         results = spawn_local(run_rank, world, (job,), timeout=timeout, threads=threads)
@@ -314,6 +299,32 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
                   f"(restart {attempt + 1} of {restarts})", file=sys.stderr)
             job = dataclasses.replace(job, resume=True)  # (the next attempt continues this run: no overwrite)
     return 1
+
+
+def check_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int,
+                      args: argparse.Namespace) -> tuple[ExperimentConfig, str, int, int]:
+    """The checks of ``dqsgd train --transport torch`` before any process starts (also its
+    ``--dry-run``): (experiment with train.workers set, output directory, restarts, world size)."""
+    from dqsgd.train.runner import default_train_dir
+
+    out = str(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
+    restarts = int(getattr(args, "max_restarts", 0) or 0)
+    if restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
+    if float(args.timeout) <= 0:
+        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if (restarts or args.resume) and not exp.train.checkpoint_every:
+        raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
+    if not under_torchrun():
+        world = args.workers if args.workers is not None else exp.train.workers
+        _check_world(exp, world, "--workers")
+        return exp, out, restarts, world
+    if restarts:
+        raise ConfigError("under torchrun, give --max-restarts to torchrun itself (it restarts the ranks)")
+    exp = workers_from_world_size(exp, getattr(args, "set", None) or [])
+    world = int(os.environ["WORLD_SIZE"])
+    _check_world(exp, world, "torchrun (WORLD_SIZE)")
+    return exp, out, restarts, world
 
 
 def workers_from_world_size(exp: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
@@ -350,7 +361,6 @@ def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.S
 
 def _torchrun_rank(job: _RankJob, timeout: float, args: argparse.Namespace) -> NoReturn:
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    _check_world(job.exp, world, "torchrun (WORLD_SIZE)")
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local)

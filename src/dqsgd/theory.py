@@ -45,8 +45,9 @@ def _pair(a: Floats, b: Floats, names: str) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _geom(r: float, n: int) -> float:
-    """Σ_{k<n} r^k = (1 − r^n)/(1 − r), and n when r = 1."""
-    return float(n) if r == 1.0 else (1.0 - r**n) / (1.0 - r)
+    """Σ_{k<n} r^k, summed term by term: (1 − r^n)/(1 − r) cancels catastrophically as r → 1, and
+    each power is monotone in r, so a larger rate never gives a smaller sum."""
+    return float(torch.pow(torch.tensor(r, dtype=torch.float64), torch.arange(n, dtype=torch.float64)).sum())
 
 
 def real_levels(bits: float) -> float:
@@ -170,8 +171,20 @@ class BoundTerms(NamedTuple):
 
 
 def theorem1_alpha_beta(L: float, mu: float, eta: float) -> tuple[float, float]:
-    """Theorem 1's rates: α = 1 − 2μη + Lμη², β = 1 − 2Lη + Lμη² (α = β when L = μ)."""
-    return 1.0 - 2.0 * mu * eta + L * mu * eta**2, 1.0 - 2.0 * L * eta + L * mu * eta**2
+    """Theorem 1's rates: α = 1 − 2μη + Lμη², β = 1 − 2Lη + Lμη² (α = β when L = μ).
+
+    Evaluated without cancellation: α = (1 − μη)² + μη²(L − μ), a sum of non-negative terms (at
+    μη = 1, L = μ the literal form rounds to −1e-16 and the "upper bound" goes negative), and
+    β = α − 2η(L − μ), so that β ≤ α holds in floating point as it does exactly.
+    """
+    alpha = (1.0 - mu * eta) ** 2 + mu * eta**2 * (L - mu)
+    return alpha, alpha - 2.0 * eta * (L - mu)
+
+
+def theorem1_lower_max_eta(L: float, mu: float) -> float:
+    """The largest η with β ≥ 0: (1 − √(1 − μ/L))/μ, written as 1/(L(1 + √(1 − μ/L))), which
+    does not cancel when μ ≪ L."""
+    return 1.0 / (L * (1.0 + math.sqrt(1.0 - mu / L)))
 
 
 def convex_weights(N: int, L: float, d: int, eta: float, alpha: float) -> torch.Tensor:
@@ -236,12 +249,14 @@ def theorem1_lower_terms(F0_gap: float, L: float, mu: float, eta: float, sigma2:
 
     The proof uses the noise variances *with equality*: sampling σ²/K, quantization
     cell_factor·d‖g‖²/s². So it is a bound only when the true variances are at least that large.
-    To unroll the recursion it also needs β ≥ 0, i.e. η ≤ (1 − √(1 − μ/L))/μ, checked here.
+    To unroll the recursion it also needs β ≥ 0, i.e. η ≤ (1 − √(1 − μ/L))/μ
+    (:func:`theorem1_lower_max_eta`), checked here.
     """
     _check_step(L, mu, eta)
     _, beta = theorem1_alpha_beta(L, mu, eta)
     if beta < -1e-12:  # tolerance: η exactly at the boundary may round β to −1e-16
-        raise ValueError(f"lower bound needs beta >= 0 (eta <= (1-sqrt(1-mu/L))/mu); beta={beta}")
+        raise ValueError(f"lower bound needs beta >= 0, i.e. eta <= (1-sqrt(1-mu/L))/mu = "
+                         f"{theorem1_lower_max_eta(L, mu):.6g}; got eta={eta}, beta={beta}")
     return _convex_terms(F0_gap, mu, eta, sigma2, K, d, norms, bits, max(beta, 0.0), cell_factor)
 
 
@@ -266,7 +281,7 @@ def theorem3_terms(F0_gap: float, L: float, eta: float, sigma2: float, K: int, d
         (1/N) Σ_n E‖∇F(x_n)‖² ≤ 2(F(x_0) − F*)/(Nη(2 − Lη)) + Lησ²/((2 − Lη)K)
                                 + (L η d/(6(2 − Lη)N)) Σ_n ‖g(x_n)‖_p²/s_n².
     """
-    if not 0 < eta < 2.0 / L:
+    if not (eta > 0 and L * eta < 2.0):  # L·η, not η < 2/L: the η just below 2/L may round L·η to 2
         raise ValueError(f"Theorem 3 needs 0 < eta < 2/L = {2.0 / L}, got eta={eta}")
     N = _vec(norms).numel()
     w = nonconvex_weights(N, L, d, eta)

@@ -19,7 +19,7 @@ def test_the_default_configs_ship() -> None:
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_is_valid(name: str) -> None:
     first = shipped()[name].read_text().splitlines()[0]
-    assert first.startswith(f"# python -m dqsgd.dq run --config {name} ")
+    assert first.startswith(f"# dqsgd dq run --config {name} ")
     for quick in (False, True):
         exp = load(name, is_quick=quick)
         labels = [r.label for r in exp.runs()]

@@ -33,6 +33,8 @@ def add_dq_arguments(ap: argparse.ArgumentParser) -> None:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="dotted override, e.g. --set run.lr=0.1 --set problem.subset=2000 "
                           "--set methods.asylpg.mu=1.0 (repeatable)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="check the configs, overrides and data, print the plan, and stop (nothing is run or written)")
     run.add_argument("-o", dest="overrides", action="append", help=argparse.SUPPRESS)  # the old spelling of --set
     sub.add_parser("list", help="list the algorithms and the shipped dq-* configs")
 
@@ -51,15 +53,22 @@ def run_command(args: argparse.Namespace) -> int:
         for a in ALGORITHMS.values():
             print(f"  {a.name:<14} {a.description}")
         print("configs:")
-        for name, path in sorted(shipped().items()):
+        configs = sorted(shipped().items())
+        width = max(len(name) for name, _ in configs)
+        for name, path in configs:
             first = path.read_text().splitlines()[0]
-            print(f"  {name:<18} {first.lstrip('# ').strip()}")
+            print(f"  {name:<{width}}  {first.lstrip('# ').strip()}")
         return 0
     try:
         exps = [load(c, args.overrides, is_quick=args.quick) for c in (args.config or DEFAULT_CONFIGS)]
     except DQConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        from dqsgd.plan import dq_plan
+
+        print("\n".join(dq_plan(exps, Path(args.out))))
+        return 0
     from dqsgd.dq.experiment import run_experiment  # torch + data only once the configs are valid
 
     for exp in exps:

@@ -128,7 +128,7 @@ def _header(doc: dict[str, Any]) -> list[str]:
     cfg = any_run["config"]
     p = doc["problem"]
     return [f"# {doc['name']}: Double Quantization (Yu, Wu, Huang, NeurIPS 2019) on the asynchronous engine", "",
-             f"Command: `python -m dqsgd.dq run --config {doc['name']}` (source `{doc['source']}`).", "",
+             f"Command: `dqsgd dq run --config {doc['name']}` (source `{doc['source']}`).", "",
              f"- Problem: {p['dataset']} / {p['model']}, n = {doc['n']} training samples, d = {doc['d']}; "
              f"λ₂ = {p['l2']:g}, λ₁ = {p['l1']:g} [OC]. Data: {doc['data_note']}.",
              f"- Target: training loss first below **{doc['target']:.5g}** "

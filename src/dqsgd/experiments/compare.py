@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,21 @@ def finished(where: Path, steps: int, label: str, seed: int) -> bool:
     return s.get("steps") == steps and s.get("method") == label and s.get("seed") == seed
 
 
-def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
-                   only: list[str] | None = None, overwrite: bool = False) -> list[dict[str, Any]]:
-    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots.
+@dataclass(frozen=True)
+class Prepared:
+    """A comparison checked before anything is written: its (method, seed) runs, device and data."""
 
-    ``resume``: finished runs are kept and unfinished ones continued, each only if its recorded
-    config equals this experiment's (else refused, naming the keys). Without ``resume`` a run
-    directory that holds a run is refused unless ``overwrite``.
-    """
+    entries: list
+    device: Any
+    data: Any
+    fingerprint: str
+
+
+def prepare(exp: ExperimentConfig, out: Path, resume: bool = False, only: list[str] | None = None,
+            overwrite: bool = False) -> Prepared:
+    """Every check :func:`run_experiment` makes before its first run (``compare --dry-run`` stops here):
+    the methods, ``--methods``, the device, matplotlib, the data, the output directory and, with
+    ``resume``, that each kept run has this experiment's config."""
     if not exp.methods:
         raise ValueError(f"{exp.source or 'config'}: no [methods.NAME] tables: nothing to compare")
     entries = [e for e in exp.methods if not only or e.label in only]
@@ -51,19 +59,31 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
     _check_existing(exp, entries, out, fingerprint, resume, overwrite)
+    return Prepared(entries, device, data, fingerprint)
+
+
+def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resume: bool = False,
+                   only: list[str] | None = None, overwrite: bool = False) -> list[dict[str, Any]]:
+    """Every (method, seed) of ``exp`` under ``out``/LABEL/seedK, then the tables, report and plots.
+
+    ``resume``: finished runs are kept and unfinished ones continued, each only if its recorded
+    config equals this experiment's (else refused, naming the keys). Without ``resume`` a run
+    directory that holds a run is refused unless ``overwrite``.
+    """
+    p = prepare(exp, out, resume, only, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     if exp.source:
         (out / "experiment.toml").write_text(Path(exp.source).read_text())
-    overall = CompareProgress(len(exp.train.seeds) * len(entries), enabled=progress)
+    overall = CompareProgress(len(exp.train.seeds) * len(p.entries), enabled=progress)
     for seed in exp.train.seeds:
-        for entry in entries:
+        for entry in p.entries:
             where = run_dir(out, entry.label, seed)
             again = resume and holds_run(where)
             if again and finished(where, exp.train.steps, entry.label, seed):
                 overall.kept(entry.label, seed)
                 continue  # kept as it is: a resumed comparison only runs what is missing
-            overall.finished(run_one(exp.train, entry, data, seed, where, resume=again, progress=progress,
-                                     overwrite=overwrite, device=device))
+            overall.finished(run_one(exp.train, entry, p.data, seed, where, resume=again, progress=progress,
+                                     overwrite=overwrite, device=p.device))
     overall.close()
     rows = write_tables(out)
     from dqsgd.experiments.report import build_report

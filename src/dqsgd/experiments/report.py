@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dqsgd.experiments.plots import Run, figure1, figure2, figure3, load_runs, methods_of, notes
+from dqsgd.experiments.provenance import provenance
 from dqsgd.experiments.stats import paired_interval
 from dqsgd.experiments.summary import aggregate, ratio_or_dash, write_tables
 from dqsgd.methods import METHODS
@@ -93,6 +94,7 @@ def render_report(root: Path, runs: list[Run]) -> str:
     parts = [
         f"# {train['name']}: accuracy vs communication (DQSGD Table 1, Figures 1–2)",
         _setup(runs),
+        provenance(runs),
         "## Reproduce\n\n```sh\n" + "\n".join(reproduce_commands(root, runs)) + "\n```",
         "## Results (Table 1 style)\n\n" + results_table(rows, runs) + "\n\n" + RATIO_DEFINITIONS + " "
         + coded_definition(runs)

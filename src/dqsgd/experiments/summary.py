@@ -163,22 +163,35 @@ def ratio_or_dash(x: float | None, fmt: str = ".2f") -> str:
     return "—" if x is None or math.isnan(x) else ("∞" if math.isinf(x) else f"{x:{fmt}}")
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """A Table 1-style text table (accuracy mean ± std over seeds, every ratio labelled)."""
-    head = (f"{'method':<16}{'test acc':>17}{'Δ vs SGD (pt)':>15}{'uplink fixed-width':>20}{'uplink coded (auto)':>21}"
-            f"{'total ratio':>13}{'paper ratio':>13}{'mean bits':>11}{'MB up':>9}{'MB down':>9}")
-    lines = [head, "-" * len(head)]
+TABLE_LEGEND = (
+    "test acc %: mean ± std over seeds (the mean alone for one seed); Δ vs SGD: paired with SGD's run of "
+    "the same seed, in points.",
+    "uplink fixed-width: the uplink ratio = fp32 uplink bytes / uplink bytes really sent with the method's "
+    "coding (headers, norms, scalers included; the paper's convention).",
+    "uplink coded (auto): the same had every payload been coded with the best coding (AUTO: FIXED, Elias, "
+    "zstd-aligned or rANS, measured on the steps of train.coded_every; — = not measured).",
+    "total ratio: fixed-width over uplink and downlink; paper ratio: 32 / mean nominal bits (DQSGD Table 1's "
+    "convention).")
+
+
+def format_table(rows: list[dict[str, Any]], width: int = 100) -> str:
+    """A Table 1-style text table (accuracy mean ± std over seeds, every ratio labelled) that fits
+    ``width`` columns for method labels up to 20 characters; the legend is wrapped to ``width``."""
+    import textwrap
+
+    w = max([len("method"), *(len(r["method"]) for r in rows)]) + 2
+    cols = [(14, "test acc %", "(mean ± std)"), (10, "Δ vs SGD", "(pt)"), (9, "uplink", "fixed"),
+            (9, "uplink", "coded"), (7, "total", "ratio"), (7, "paper", "ratio"), (7, "mean", "bits"),
+            (8, "MB", "up"), (8, "MB", "down")]
+    lines = ["method".ljust(w) + "".join(f"{a:>{n}}" for n, a, _ in cols),
+             "".ljust(w) + "".join(f"{b:>{n}}" for n, _, b in cols)]
+    lines.append("-" * len(lines[0]))
     for r in rows:
-        acc = f"{100 * r['test_acc_mean']:.2f} ± {100 * r['test_acc_std']:.2f}"
+        acc = f"{100 * r['test_acc_mean']:.2f}" + ("" if r.get("seeds") == 1 else f" ± {100 * r['test_acc_std']:.2f}")
         d = r["delta_vs_sgd_mean"]
-        ds = "" if math.isnan(d) else f"{100 * d:+.2f}"
-        lines.append(f"{r['method']:<16}{acc:>17}{ds:>15}{r['measured_ratio']:>20.2f}"
-                     f"{ratio_or_dash(r.get('coded_ratio')):>21}{r['total_ratio']:>13.2f}"
-                     f"{r['paper_ratio']:>13.2f}{r['mean_bits']:>11.2f}{r['up_bytes'] / 1e6:>9.2f}"
-                     f"{r['down_bytes'] / 1e6:>9.2f}")
-    lines.append("uplink ratio, fixed-width (the paper's convention) = fp32 uplink bytes / uplink bytes really sent with "
-                 "the method's coding (headers, norms, scalers included); uplink ratio, entropy-coded (auto) = the same "
-                 "had every payload been coded with the best coding (AUTO: FIXED, Elias, zstd-aligned or rANS, "
-                 "measured on the steps of train.coded_every; — = not measured); total-traffic ratio = fixed-width "
-                 "over uplink and downlink; paper ratio = 32 / mean nominal bits (DQSGD Table 1's convention).")
+        cells = [acc, "" if math.isnan(d) else f"{100 * d:+.2f}", f"{r['measured_ratio']:.2f}",
+                 ratio_or_dash(r.get("coded_ratio")), f"{r['total_ratio']:.2f}", f"{r['paper_ratio']:.2f}",
+                 f"{r['mean_bits']:.2f}", f"{r['up_bytes'] / 1e6:.2f}", f"{r['down_bytes'] / 1e6:.2f}"]
+        lines.append(r["method"].ljust(w) + "".join(f"{c:>{n}}" for (n, _, _), c in zip(cols, cells)))
+    lines += [textwrap.fill(item, width, subsequent_indent="  ") for item in TABLE_LEGEND]
     return "\n".join(lines)

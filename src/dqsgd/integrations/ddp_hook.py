@@ -18,6 +18,7 @@ payload area then holds the error's text), so that every rank raises the same er
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time
 # (bucket: dist.GradBucket, return: torch.futures.Future[torch.Tensor]).
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -55,6 +56,10 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
         return _allreduce(state, grad, world)
     rank = dist.get_rank(pg)
     b = state.bucket(bucket.index(), grad, [p.numel() for p in bucket.parameters()], rank, world)
+    if b.step == state.total_steps and state.config.dynamic:  # the first step past the horizon N
+        warnings.warn(f"dqsgd hook: step {b.step} is past total_steps = {state.total_steps}, the horizon of the "
+                      f"{state.config.name} policy; it keeps its last choice from now on (pass total_steps = the "
+                      "number of training steps to HookState)", RuntimeWarning, stacklevel=2)
     b.check_payloads(bucket.index())  # deferred validation of what this rank decoded earlier
     b.catch_up(b.step - 1 - (0 if grad.device.type == "cpu" else 1))  # device: statistics one step late
     if not _worth_it(state, b, grad.element_size()):

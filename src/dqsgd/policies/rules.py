@@ -77,8 +77,9 @@ class DQSGDRule:
             raise ValueError(f"DQSGD: initial_bits {self.initial_bits} outside [{self.min_bits}, {self.max_bits}]")
 
     def real_width(self, step: int, norm: float) -> float:
-        """B_step from ‖g‖: eq. (18) if convex, else eq. (20)."""
-        scale = self.k * (self.alpha ** ((self.total_steps - step) / 2) if self.convex else 1.0)
+        """B_step from ‖g‖: eq. (18) if convex, else eq. (20). Past the horizon (step > N) the convex
+        rule keeps eq. (18)'s last factor α⁰ = 1, instead of widening as α^(−(step−N)/2)."""
+        scale = self.k * (self.alpha ** (max(self.total_steps - step, 0) / 2) if self.convex else 1.0)
         return bits_for_levels(scale * norm)
 
     def init(self) -> RuleState:

@@ -1,12 +1,13 @@
 """What a long run shows on the terminal: a step bar per run, each evaluation, and a comparison's progress.
 
-* :func:`step_bar` — the bar of one run (tqdm, the ``[cli]`` extra; a silent stand-in without it).
-* :func:`eval_line` — one line per evaluation with its duration (an evaluation of a large model takes
+* :func:`step_bar` — the bar of one run (tqdm, the ``[cli]`` extra; a silent stand-in without it or
+  off a terminal).
+* :func:`eval_line` — one line per evaluation with its duration, on a terminal (an evaluation of a large model takes
   minutes: without it the bar would only show a slow step).
 * :class:`CompareProgress` — "run k of N", total elapsed time and an ETA, and one line per finished run
   that stays on screen (the step bars of the runs disappear when the run ends).
 
-The ETA of a comparison is (elapsed / runs done in this session) × runs left: every run of a comparison
+The ETA of a comparison is (elapsed / runs done by this command) × runs left: every run of a comparison
 has the same number of steps, so the mean time per run is the natural estimate; runs kept by
 ``--resume`` take no time and are not counted.
 """
@@ -31,12 +32,19 @@ class NullBar:
     def close(self) -> None: ...
 
 
+def on_terminal() -> bool:
+    """Whether stderr (where the bars and the evaluation lines go) is a terminal: in a log file a bar
+    is hundreds of cursor-control lines, so off a terminal only the finished runs' lines are printed."""
+    return sys.stderr.isatty()
+
+
 def _tqdm() -> Any | None:
-    """tqdm's class, or None (with a one-time note on stderr) when the ``[cli]`` extra is absent."""
+    """tqdm's class, or None: off a terminal, or (with a one-time note on stderr) when the ``[cli]``
+    extra is absent."""
     if available("tqdm"):
         from tqdm.auto import tqdm
 
-        return tqdm
+        return tqdm if on_terminal() else None
     if not _WARNED:
         _WARNED.append(True)
         print("dqsgd: progress bars need tqdm (pip install 'dqsgd[cli]'); continuing with lines only",
@@ -80,11 +88,11 @@ class CompareProgress:
     def __init__(self, total: int, enabled: bool = True) -> None:
         self.total, self.enabled = total, enabled
         self.k = 0            # runs handled (run, or kept by --resume)
-        self.ran = 0          # runs trained in this session: the ETA's denominator
+        self.ran = 0          # runs trained by this command: the ETA's denominator
         self.start = time.perf_counter()
         bar_cls = _tqdm() if enabled else None
         self.bar = NullBar() if bar_cls is None else bar_cls(
-            total=total, desc="compare", unit="run", leave=True, dynamic_ncols=True, smoothing=0.0,
+            total=total, desc="compare", unit="run", leave=False, dynamic_ncols=True, smoothing=0.0,
             bar_format="{desc}: run {n_fmt}/{total_fmt} |{bar}| elapsed {elapsed}, ETA {remaining}")
 
     def eta(self) -> float:
@@ -119,7 +127,11 @@ class CompareProgress:
                    + f", mean bits {summary['ledger_mean_bits']:.2f}, {summary['wall_s']:.0f} s")
 
     def close(self) -> None:
+        """The bar goes; one line stays (the bar's last state would otherwise print a second time)."""
         self.bar.close()
+        if self.enabled:
+            kept = f" ({self.k - self.ran} kept)" if self.k > self.ran else ""
+            write(f"compare: {self.k} of {self.total} runs{kept} in {clock(time.perf_counter() - self.start)}")
 
 
 def result_line(s: dict[str, Any]) -> str:

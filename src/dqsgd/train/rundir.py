@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import platform
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -88,21 +89,40 @@ def holds_run(out: Path) -> bool:
 @contextlib.contextmanager
 def open_run(out: Path, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
     """Hold ``out`` exclusively while the block runs (see the module docstring for what is refused)."""
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
-    if resume and not out.is_dir():
-        raise RunDirError(f"--resume {out}: no such run directory")
+    _check_dir(out, resume)
     out.mkdir(parents=True, exist_ok=True)
     f = _lock(out)
     try:
-        if not resume and holds_run(out):
-            if not overwrite:
-                raise RunDirError(f"{out} already holds a run ({describe(out)}); continue it with --resume "
-                                  f"{out}, replace it with --overwrite, or choose another --out")
+        if _check_contents(out, resume, overwrite) == "replace":
             clear_run(out)
         yield out
     finally:
         f.close()  # closing the file drops the lock
+
+
+def check_run_dir(out: Path, resume: bool = False, overwrite: bool = False) -> str:
+    """What :func:`open_run` would do with ``out`` ("new", "resume" or "replace"), or its refusal,
+    without creating or locking anything (``--dry-run``)."""
+    _check_dir(out, resume)
+    return _check_contents(out, resume, overwrite)
+
+
+def _check_dir(out: Path, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"output directory {out} is a file, not a directory; choose another --out")
+    if resume and not out.is_dir():
+        raise RunDirError(f"--resume {out}: no such run directory")
+
+
+def _check_contents(out: Path, resume: bool, overwrite: bool) -> str:
+    if resume:
+        return "resume"
+    if not holds_run(out):
+        return "new"
+    if not overwrite:
+        raise RunDirError(f"{out} already holds a run ({describe(out)}); continue it with --resume "
+                          f"{out}, replace it with --overwrite, or choose another --out")
+    return "replace"
 
 
 def describe(out: Path) -> str:
@@ -211,8 +231,28 @@ def environment() -> dict[str, Any]:
         numba_version = numba.__version__
     except ImportError:
         numba_version = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "numba": numba_version, "python": platform.python_version(), "platform": platform.platform()}
+            "numba": numba_version, "python": platform.python_version(), "platform": platform.platform(),
+            "gpu": gpu, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": source_commit()}
+
+
+def source_commit() -> str:
+    """The git commit of the dqsgd source that runs (with ``+changes`` if its tree differs), or "" when
+    it is not a git checkout (an installed wheel)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parents[1]  # the dqsgd package
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def experiment_of_run(out: Path) -> tuple[dict[str, Any], str, int]:

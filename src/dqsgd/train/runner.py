@@ -19,7 +19,7 @@ from dqsgd.errors import Interrupted  # re-exported: raised by the training loop
 from dqsgd.train.checkpoint import checkpoint_path, resume as resume_from, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.metrics import JsonlWriter, truncate_jsonl
-from dqsgd.train.progress import eval_line, step_bar, write
+from dqsgd.train.progress import eval_line, on_terminal, step_bar, write
 from dqsgd.train.tensorboard import open_logger
 from dqsgd.train.rundir import (RunDirError, atomic_write, check_same_run, data_fingerprint, environment, open_run,
                                 resolved_of_run)
@@ -152,7 +152,7 @@ def _evaluate(tr: Trainer, bar: Any, label: str, progress: bool) -> tuple[float,
     bar.set_postfix_str(f"evaluating at step {tr.next_step}...")
     t0 = time.perf_counter()
     acc, loss = tr.evaluate()
-    if progress:
+    if progress and on_terminal():  # in a log file: the run's one result line is enough
         write(eval_line(label, tr.next_step, acc, loss, time.perf_counter() - t0))
     return acc, loss
 

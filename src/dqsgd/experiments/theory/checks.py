@@ -70,7 +70,7 @@ def theorem1_check(S: Settings) -> dict[str, Any]:
     eta = S.lr_eta_factor / P.L
     K, N, R = S.lr_batch, S.lr_steps, S.lr_runs
     alpha, beta = T.theorem1_alpha_beta(P.L, P.mu, eta)
-    beta_max_eta = (1 - math.sqrt(1 - P.mu / P.L)) / P.mu
+    beta_max_eta = T.theorem1_lower_max_eta(P.L, P.mu)
     seed = S.seed + 2000
     sims: dict[str, dict[str, torch.Tensor]] = {}
     configs: list[dict[str, Any]] = []
