@@ -27,11 +27,37 @@ def test_method_names_map_to_engine_and_topology(bench: Any) -> None:
     assert bench.variant("dqsgd-allgather") == ("dqsgd", "hook", "allgather")
     assert bench.variant("dqsgd-trainer") == ("dqsgd", "trainer", "sharded")
     assert [bench.variant(m) for m in ("fp32", "fp16", "powersgd", "dqsgd-bogus")] == [None] * 4
-    assert set(bench.DEFAULT_METHODS) <= set(bench.METHODS)
+    assert all(bench.method_problem(m) == "" for m in bench.DEFAULT_METHODS)
+
+
+def test_any_registered_method_with_a_topology_and_a_downlink_width_is_a_row(bench: Any) -> None:
+    from dqsgd.methods import METHODS
+
+    for name in METHODS:
+        assert bench.variant(name) == (name, "hook", "sharded"), name
+        assert bench.variant(name + "-trainer") == (name, "trainer", "sharded"), name
+    assert bench.variant("qsgd-2bit@4") == ("qsgd-2bit", "hook", "sharded")
+    assert bench.variant("dqsgd-coded-allgather") == ("dqsgd-coded", "hook", "allgather")
+    assert [bench.powersgd_rank(m) for m in ("powersgd", "powersgd-r2", "powersgd-r4", "powersgd-r0", "fp16")] \
+        == [1, 2, 4, None, None]
+    assert bench.method_problem("qsgd-2bit@4") == "" and bench.method_problem("qsgd-2bit@fp32") == ""
+    assert "@DOWN needs the sharded topology" in bench.method_problem("qsgd-2bit-allgather@4")
+    assert "@DOWN needs" in bench.method_problem("qsgd-2bit@1")
+    a = bench.parse(["--downlink-bits", "8"])
+    a.method = "qsgd-2bit@4"
+    assert bench.downlink(a) == 4
+    a.method = "qsgd-2bit"
+    assert bench.downlink(a) == 8
+    assert bench.downlink_options(a) == {"downlink_feedback": False, "allow_unsafe_downlink": True}
+    a.method = "qsgd-2bit@2e"  # error-fed
+    assert bench.method_problem(a.method) == "" and bench.downlink(a) == 2
+    assert bench.downlink_options(a)["downlink_feedback"]
+    assert "@DOWN needs" in bench.method_problem("qsgd-2bit@1e") and "@DOWN needs" in bench.method_problem("qsgd-2bit@e")
 
 
 @pytest.mark.parametrize(("argv", "problem"), [
-    (["--methods", "fp32,nope"], "unknown methods ['nope']"),
+    (["--methods", "fp32,nope"], "unknown method 'nope'"),
+    (["--methods", "qsgd-4bit-allgather@4"], "@DOWN needs the sharded topology"),
     (["--workers", "1"], "--workers must be >= 2"),
     (["--hidden", "512,x"], "--hidden must be comma-separated positive widths"),
     (["--hidden", "512", "--model", "cnn"], "--hidden applies to --model mlp"),

@@ -3,15 +3,19 @@
     sudo .venv/bin/python benchmarks/network/bench_network.py              # 100 Mbit/s, MLP on MNIST to 92%
     sudo .venv/bin/python benchmarks/network/bench_network.py --rates 100mbit,1gbit --target 0.95 --steps 800
     sudo .venv/bin/python benchmarks/network/bench_network.py --model cnn --methods fp32,qsgd-4bit,dqsgd
+    sudo .venv/bin/python benchmarks/network/bench_network.py --methods fp32,powersgd-r2,qsgd-2bit@4,dqsgd-coded
 
 W ranks (default 4), each in its own network namespace, joined by veth pairs to a bridge; every link
 is shaped with tc/tbf to ``rate`` each way (see netns.py: only addresses 10.99.0.x inside the
 namespaces are used). The same model, data shards, seed and optimizer are trained with plain DDP
 (fp32 all-reduce), PyTorch's fp16_compress_hook and powerSGD_hook (rank 1), and dqsgd's DDP hook
-with QSGD 4-bit and DQSGD (budgeted, 4.5 bits on average). A dqsgd method name alone runs the hook
+with any registered dqsgd method (`dqsgd methods`; the defaults are QSGD 4-bit and DQSGD, budgeted, 4.5
+bits on average); ``powersgd-rN`` runs PowerSGD at rank N. A dqsgd method name alone runs the hook
 on its default topology ``sharded`` (every rank serves 1/W of each bucket: an all-to-all of 4-bit
 shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` down); ``-allgather``
-runs the hook on the all-gather topology (every rank receives every payload); ``-trainer`` runs
+runs the hook on the all-gather topology (every rank receives every payload); ``@DOWN`` (2..16 or
+fp32; ``2e``..``16e``: error-fed) sets that row's downlink width, overriding ``--downlink-bits``
+(a row's width below 4 without ``e`` runs as asked, to measure it); ``-trainer`` runs
 dqsgd's own trainer on the sharded topology (no overlap with backward; same data order, init and
 optimizer). Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
 hook (numba compilation, gloo connections), then trains from the same initial weights.
@@ -40,7 +44,6 @@ import json
 import os
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,33 +52,82 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the helpers beside the script (run as a script, or loaded by dqsgd bench)
+
+from net_tables import grouped, link_s, plot, speedup, table, time_to_target  # noqa: E402,F401
+
 TORCH_HOOKS = ("fp32", "fp16", "powersgd")
-DQSGD_BASES = ("qsgd-4bit", "dqsgd")
 VARIANTS = {"": ("hook", "sharded"), "-allgather": ("hook", "allgather"), "-trainer": ("trainer", "sharded")}
-METHODS = TORCH_HOOKS + tuple(b + v for v in VARIANTS for b in DQSGD_BASES)
 DEFAULT_METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd", "qsgd-4bit-allgather", "dqsgd-allgather")
+METHOD_SYNTAX = ("fp32 | fp16 | powersgd[-rN] | DQSGD_METHOD[-allgather|-trainer][@DOWN] (DQSGD_METHOD: any name of "
+                 "`dqsgd methods`, e.g. qsgd-2bit, dqsgd, dqsgd-coded; DOWN: the sharded downlink's width for "
+                 "this row, 2..16 or fp32, overriding --downlink-bits; a trailing 'e' (e.g. @2e) makes it "
+                 "error-fed; a width below 4 without 'e' runs as asked (allow_unsafe_downlink))")
+
+
+def _registered(name: str) -> bool:
+    from dqsgd.methods import method_config
+
+    try:
+        method_config(name)
+    except (ValueError, TypeError, KeyError):
+        return False
+    return True
+
+
+def _split_downlink(method: str) -> tuple[str, str | None]:
+    name, at, down = method.partition("@")
+    return name, (down if at else None)
 
 
 def variant(method: str) -> tuple[str, str, str] | None:
-    """(dqsgd method, engine "hook" or "trainer", topology) of a dqsgd row; None for PyTorch's rows."""
+    """(dqsgd method, engine "hook" or "trainer", topology) of a dqsgd row; None for PyTorch's rows and
+    for names that are not a registered dqsgd method with an optional suffix."""
+    name, _ = _split_downlink(method)
     for suffix in sorted(VARIANTS, key=len, reverse=True):
-        base = method.removesuffix(suffix) if suffix else method
-        if (not suffix or method.endswith(suffix)) and base in DQSGD_BASES:
+        base = name.removesuffix(suffix) if suffix else name
+        if (not suffix or name.endswith(suffix)) and base and base not in TORCH_HOOKS and _registered(base):
             return (base, *VARIANTS[suffix])
     return None
+
+
+def powersgd_rank(method: str) -> int | None:
+    """The matrix rank of a PowerSGD row (``powersgd`` = rank 1, ``powersgd-r4`` = rank 4); None otherwise."""
+    if method == "powersgd":
+        return 1
+    head, _, rank = method.partition("-r")
+    return int(rank) if head == "powersgd" and rank.isdigit() and int(rank) >= 1 else None
+
+
+def method_problem(method: str) -> str:
+    """Why ``method`` is not a row this benchmark can run ("" if it is)."""
+    if method in ("fp32", "fp16") or powersgd_rank(method) is not None:
+        return ""
+    v, (_, down) = variant(method), _split_downlink(method)
+    if v is None:
+        return f"unknown method {method!r}"
+    if down is not None and (v[2] != "sharded" or not _down_ok(down)):
+        return f"{method!r}: @DOWN needs the sharded topology and 2..16 (error-fed: 2e..16e) or fp32"
+    return ""
+
+
+def _down_ok(down: str) -> bool:
+    width = down.removesuffix("e")
+    return down == "fp32" or (width.isdigit() and 2 <= int(width) <= 16)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rates", default="100mbit", help="comma-separated tc rates per link and direction")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma-separated rows: {METHOD_SYNTAX}")
     p.add_argument("--dataset", default="mnist")
     p.add_argument("--model", default="mlp", help="a dqsgd model name: mlp (199k parameters, cheap to compute, so "
                    "the link is the bottleneck), cnn (LeNet-5, 62k parameters, compute-bound on 2 cores)")
     p.add_argument("--hidden", default="", help="mlp only: comma-separated hidden widths (default 200,200; "
                    "1024,1024 gives 1.86M parameters)")
-    p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink, 2..16 or fp32")
+    p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink, 2..16 or fp32; a trailing "
+                   "'e' (e.g. 2e) makes it error-fed")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
     p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
                    "the median time to target")
@@ -112,10 +164,11 @@ def register_hook(model: Any, a: argparse.Namespace) -> Any:
 
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return None
-    if a.method == "powersgd":
+    if powersgd_rank(a.method) is not None:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
-        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+        state = ps.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank(a.method) or 1,
+                                 start_powerSGD_iter=2,
                                  random_seed=a.seed)
         model.register_comm_hook(state, ps.powerSGD_hook)
         return state
@@ -124,13 +177,23 @@ def register_hook(model: Any, a: argparse.Namespace) -> Any:
 
     base, _, topology = variant(a.method)
     state = dqsgd.ddp.HookState(method=method_config(base, kernel=a.kernel), process_group=None, seed=a.seed,
-                                total_steps=a.steps, topology=topology, downlink_bits=downlink(a))
+                                total_steps=a.steps, topology=topology, downlink_bits=downlink(a),
+                                **downlink_options(a))
     model.register_comm_hook(state, dqsgd.ddp.hook)
     return state
 
 
 def downlink(a: argparse.Namespace) -> int | str:
-    return "fp32" if a.downlink_bits == "fp32" else int(a.downlink_bits)
+    """This rank's downlink width: the row's ``@DOWN`` if it has one, else ``--downlink-bits``."""
+    down = (_split_downlink(a.method)[1] or a.downlink_bits).removesuffix("e")
+    return "fp32" if down == "fp32" else int(down)
+
+
+def downlink_options(a: argparse.Namespace) -> dict[str, bool]:
+    """The downlink's feedback switches (HookState's and TrainConfig's names): error-fed when the width
+    ends in 'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it)."""
+    down = _split_downlink(a.method)[1] or a.downlink_bits
+    return {"downlink_feedback": down.endswith("e"), "allow_unsafe_downlink": True}
 
 
 def _build(a: argparse.Namespace, data: Any) -> Any:
@@ -152,7 +215,7 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     # PowerSGD's hook waits on a nested all-reduce inside its future callback: on gloo, two buckets in
     # flight occupy both of the process group's worker threads and it deadlocks (seen with the 1.86M MLP,
     # whose default first bucket is 1 MB). An explicit 25 MB cap makes the first bucket 25 MB too: one bucket.
-    model = DDP(_build(a, data), bucket_cap_mb=25 if a.method == "powersgd" else None)
+    model = DDP(_build(a, data), bucket_cap_mb=25 if powersgd_rank(a.method) else None)
     state = register_hook(model, a)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
@@ -178,7 +241,7 @@ def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     dbits = downlink(a)
     cfg = TrainConfig(name="bench-network", dataset=a.dataset, model=a.model, workers=a.workers, steps=a.steps,
                       batch_size=a.batch_size, lr=a.lr, momentum=a.momentum, topology=topology,
-                      downlink_bits=32 if dbits == "fp32" else dbits, threads=a.threads)
+                      downlink_bits=32 if dbits == "fp32" else dbits, threads=a.threads, **downlink_options(a))
     tr = Trainer(cfg, MethodEntry(base, method_config(base, kernel=a.kernel)), data, a.seed,
                  make_transport(topology, timeout=a.timeout))
     return lambda n: tr.step(), tr.model, tr
@@ -288,95 +351,19 @@ def _forward(a: argparse.Namespace) -> list[str]:
     return [x for k in keys for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
 
 
-def link_s(row: dict[str, Any]) -> float:
-    """Modelled network time: the busiest rank's bytes at the shaped rate (a lower bound on communication)."""
-    from netns import rate_bits
-
-    return 8 * max(row["wire_bytes_per_rank"]) / rate_bits(row["rate"])
-
-
-def time_to_target(runs: list[dict[str, Any]]) -> float | None:
-    """Median over repeats of the training time to the target (None if any repeat missed it)."""
-    times = [r["reached"]["train_s"] if r.get("reached") else None for r in runs]
-    return None if None in times else statistics.median(times)
-
-
-def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """The runs of each (rate, method), in first-seen order."""
-    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault((r["rate"], r["method"]), []).append(r)
-    return out
-
-
-def speedup(groups: dict[tuple[str, str], list[dict[str, Any]]], rate: str, method: str, ref: str) -> str:
-    """``ref``'s median time to target over ``method``'s, at the same rate ("—" if either missed or is absent)."""
-    if (rate, ref) not in groups:
-        return "—"
-    mine, theirs = time_to_target(groups[(rate, method)]), time_to_target(groups[(rate, ref)])
-    return f"{theirs / mine:.2f}x" if mine and theirs else "—"
-
-
-def table(rows: list[dict[str, Any]], target: float) -> str:
-    """One line per (rate, method): median time to target (range over repeats), speed-ups against fp32
-    DDP and the fp16 hook, and the first repeat's steps, accuracy, bytes and step time."""
-    groups = grouped(rows)
-    head = (f"{'rate':>8} {'method':>19} {'time to ' + format(target, '.0%'):>17} {'vs fp32':>7} {'vs fp16':>7} "
-            f"{'steps':>5} {'final acc':>9} {'MB/step':>8} {'link s':>7} {'ms/step':>8} {'sent ratio':>10}")
-    lines = [head, "-" * len(head)]
-    for (rate, method), runs in groups.items():
-        r, best = runs[0], time_to_target(runs)
-        if "error" in r:
-            lines.append(f"{rate:>8} {method:>19}   failed: {r['error']}")
-            continue
-        t = "—" if best is None else f"{best:.1f} s"
-        if best is not None and len(runs) > 1:
-            t += f" [{min(x['reached']['train_s'] for x in runs):.1f}-{max(x['reached']['train_s'] for x in runs):.1f}]"
-        ratio = f"{r['payload_ratio']:.2f}" if r.get("payload_ratio") else "—"
-        lines.append(f"{rate:>8} {method:>19} {t:>17} {speedup(groups, rate, method, 'fp32'):>7} "
-                     f"{speedup(groups, rate, method, 'fp16'):>7} {r['steps']:>5} {r['final_acc']:>9.4f} "
-                     f"{r['wire_bytes'] / 1e6 / r['steps']:>8.3f} {link_s(r):>7.1f} "
-                     f"{1000 * r['train_s'] / r['steps']:>8.1f} {ratio:>10}")
-    return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, Any]], target: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rates = sorted({r["rate"] for r in rows}, key=lambda x: rows.index(next(r for r in rows if r["rate"] == x)))
-    fig, axes = plt.subplots(2, len(rates), figsize=(6 * len(rates), 8), squeeze=False)
-    for j, rate in enumerate(rates):
-        for r in (r for r in rows if r["rate"] == rate):
-            if "error" in r:
-                continue
-            xs = [c["train_s"] for c in r["curve"]]
-            axes[0][j].plot(xs, [c["acc"] for c in r["curve"]], marker=".", label=r["method"])
-            axes[1][j].plot(xs, [c["tx_bytes"] / 1e6 for c in r["curve"]], marker=".", label=r["method"])
-        axes[0][j].axhline(target, color="grey", ls=":", lw=1)
-        axes[0][j].set(title=f"{rate} per link", xlabel="training wall time (s)", ylabel="test accuracy")
-        axes[1][j].set(xlabel="training wall time (s)", ylabel="MB sent by rank 0's interface")
-        axes[0][j].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def check_args(a: argparse.Namespace, methods: list[str]) -> str:
     """What is wrong with the options ("" if nothing)."""
-    bad = sorted(set(methods) - set(METHODS))
+    bad = [p for p in map(method_problem, methods) if p]
     if bad:
-        return f"unknown methods {bad} (choose from {', '.join(METHODS)})"
+        return "; ".join(bad) + f" (rows: {METHOD_SYNTAX})"
     if a.workers < 2:
         return f"--workers must be >= 2, got {a.workers}"
     if a.hidden and (a.model != "mlp" or any((variant(m) or ("", ""))[1] == "trainer" for m in methods)):
         return "--hidden applies to --model mlp under DDP only (the -trainer rows build the config's model)"
     if a.hidden and not all(h.strip().isdigit() and int(h) > 0 for h in a.hidden.split(",")):
         return f"--hidden must be comma-separated positive widths, got {a.hidden!r}"
-    if a.downlink_bits != "fp32" and not (a.downlink_bits.isdigit() and 2 <= int(a.downlink_bits) <= 16):
-        return f"--downlink-bits must be 2..16 or fp32, got {a.downlink_bits!r}"
+    if not _down_ok(a.downlink_bits):
+        return f"--downlink-bits must be 2..16 or fp32 (error-fed: 2e..16e), got {a.downlink_bits!r}"
     if a.repeats < 1 or a.warmup < 0:
         return "--repeats must be >= 1 and --warmup >= 0"
     return ""
@@ -387,7 +374,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.rank is not None:
         run_rank(a)
         return 0
-    sys.path.insert(0, str(HERE))
     from netns import NetworkUnavailable, PrivateNetwork
 
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]

@@ -19,11 +19,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_network import grouped, speedup, time_to_target  # noqa: E402
+from net_tables import grouped, speedup, time_to_target  # noqa: E402
 
 LABELS = {"fp32": "fp32 DDP", "fp16": "fp16 hook", "powersgd": "PowerSGD rank 1", "qsgd-4bit": "QSGD-4 sharded",
           "dqsgd": "DQSGD sharded", "qsgd-4bit-allgather": "QSGD-4 all-gather", "dqsgd-allgather": "DQSGD all-gather",
           "qsgd-4bit-trainer": "QSGD-4 trainer (sharded)", "dqsgd-trainer": "DQSGD trainer (sharded)"}
+
+
+def label(method: str) -> str:
+    """A row's name in the summary: the fixed labels, else the method with its topology and downlink."""
+    if method in LABELS:
+        return LABELS[method]
+    name, at, down = method.partition("@")
+    rank = name.removeprefix("powersgd-r")
+    base = f"PowerSGD rank {rank}" if name.startswith("powersgd-r") else LABELS.get(name, name)
+    return base + (f", downlink {down} bits" if at and down != "fp32" else ", downlink fp32" if at else "")
 
 
 def setting(run: dict[str, Any]) -> str:
@@ -41,11 +51,11 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         for (rate, method), rows in groups.items():
             t = time_to_target(rows)
             if "error" in rows[0]:
-                lines.append(f"| {setting(run)} | {rate} | {LABELS.get(method, method)} | failed: "
+                lines.append(f"| {setting(run)} | {rate} | {label(method)} | failed: "
                              f"{rows[0]['error']} | — | — | — | — |")
                 continue
             per_rank = max(rows[0]["wire_bytes_per_rank"]) / 1e6 / rows[0]["steps"]
-            lines.append(f"| {setting(run)} | {rate} | {LABELS.get(method, method)} | "
+            lines.append(f"| {setting(run)} | {rate} | {label(method)} | "
                          f"{'—' if t is None else f'{t:.1f}'} | {speedup(groups, rate, method, 'fp32')} | "
                          f"{speedup(groups, rate, method, 'fp16')} | {rows[0]['steps']} | {per_rank:.3f} |")
     lines.append("")
@@ -61,7 +71,8 @@ def figure(runs: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {m: plt.get_cmap("tab10")(i) for i, m in enumerate(LABELS)}
+    every = list(dict.fromkeys([*LABELS, *(r["method"] for run in runs for r in run["runs"])]))
+    colours = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(every)}
     cols = min(3, len(runs))
     rows = -(-len(runs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
@@ -70,7 +81,7 @@ def figure(runs: list[dict[str, Any]], path: Path) -> None:
     for ax, run in zip(axes.flat, runs):
         groups = grouped(run["runs"])
         rates = list(dict.fromkeys(r for r, _ in groups))
-        methods = [m for m in LABELS if any((r, m) in groups for r in rates)]
+        methods = [m for m in every if any((r, m) in groups for r in rates)]
         width = 0.8 / max(len(methods), 1)
         for i, m in enumerate(methods):
             for j, rate in enumerate(rates):
@@ -78,7 +89,7 @@ def figure(runs: list[dict[str, Any]], path: Path) -> None:
                 t = time_to_target(groups[(rate, m)]) if (rate, m) in groups else None
                 x = j + (i - (len(methods) - 1) / 2) * width
                 if ref and t:
-                    ax.bar(x, ref / t, width, color=colours[m], label=LABELS[m] if j == 0 else None)
+                    ax.bar(x, ref / t, width, color=colours[m], label=label(m) if j == 0 else None)
                 else:  # missed the target, failed, or no fp32 row to compare with
                     ax.annotate("×", (x, 0), ha="center", va="bottom", color=colours[m])
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")

@@ -10,7 +10,7 @@ so the same seed gives the same bits and the same model on both.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -46,6 +46,8 @@ class MethodState:
     policy: PolicyState | None            # the bit policy's state; .bits is the width of the next step
     residuals: list[torch.Tensor | None]  # error-feedback memory, one per worker (None: no memory yet)
     bits: int = -1                        # the width of the next step, B_n
+    down_residuals: dict[int, torch.Tensor] = field(default_factory=dict)  # error-fed downlink: shard j's
+                                          # server residual e_j (the shards this process serves)
 
     def __post_init__(self) -> None:
         if self.policy is not None:
@@ -232,7 +234,7 @@ class Method:
         if state.policy is None:
             raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
         stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)
-        return MethodState(self.policy.update(state.policy, stats), state.residuals)
+        return MethodState(self.policy.update(state.policy, stats), state.residuals, down_residuals=state.down_residuals)
 
 
 def _dqsgd_error(m: Method) -> DQSGDRule:

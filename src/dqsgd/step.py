@@ -28,6 +28,8 @@ One step, for worker w and shard server j:
 3. downlink: rank j quantizes Ĝ_j once more — unbiased stochastic uniform rounding at ``b`` bits
    (default 8) with the max norm and the same layout, uniforms ``HashRNG(seed_for(seed, DOWNLINK),
    n, j)`` — or sends it in fp32 (``b = 32``; a sign vote is sent as signs) — and all-gathers it;
+   with ``downlink_feedback`` it rounds Ĝ_j + e_j and keeps the residual e_j (``MethodState.down_residuals``,
+   :meth:`~dqsgd.topology.bucket.BucketProtocol.encode_down_fed`);
 4. every rank decodes the W shards into the same update G = [Q_d(Ĝ_0), …, Q_d(Ĝ_{W−1})]: bitwise
    identical on all ranks, so the policy, which observes G, picks the same B_{n+1} everywhere
    without another collective.
@@ -184,12 +186,13 @@ class ServerStep:
 class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
-    def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int, downlink_bits: int = 8):
+    def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int, downlink_bits: int = 8,
+                 downlink_feedback: bool = False):
         self.method, self.workers = method, workers
         self.downlink_bits = check_downlink_bits(downlink_bits)
         self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
                                        seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
-                                       method=method)
+                                       method=method, downlink_feedback=downlink_feedback)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
 
     def coded_size(self, row: Sequence[bytes]) -> int:
@@ -223,12 +226,17 @@ class ShardedStep:
             rows.append(row)
         encode_s = time.perf_counter() - t0
         served, up = t.exchange(rows, P.caps(bits))
-        down = {j: tensor_bytes(P.encode_down(j, P.reduce(j, [bytes_tensor(p) for p in payloads], bits), step))
-                for j, payloads in served.items()}
+        down, fed = {}, dict(state.down_residuals)  # fed: the error-fed downlink's residuals (shards served here)
+        for j, payloads in served.items():
+            avg = P.reduce(j, [bytes_tensor(p) for p in payloads], bits)
+            pay, res = P.encode_down_fed(j, avg, step, fed.get(j))
+            down[j] = tensor_bytes(pay)
+            if res is not None:
+                fed[j] = res
         shared = t.share(down, max(P.down_sizes()))
         update = P.decode_down([bytes_tensor(p) for p in shared])
-        after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res)), update, step,
-                                    P.spent_bits(up))
+        after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res), down_residuals=fed),
+                                    update, step, P.spent_bits(up))
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None

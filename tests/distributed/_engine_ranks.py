@@ -24,11 +24,12 @@ TOPOLOGIES = ("sharded", "allgather")
 SEED = 7
 
 
-def train_config(topology: str, workers: int) -> Any:
+def train_config(topology: str, workers: int, **train: Any) -> Any:
+    """``train``: more TrainConfig keys (the downlink's, e.g.)."""
     from dqsgd.train.config import TrainConfig
 
     return TrainConfig(name="eq", dataset="synthetic", model="logreg", workers=workers, steps=STEPS, batch_size=16,
-                       lr=0.05, topology=topology, eval_every=1000, coded_every=0, threads=1)
+                       lr=0.05, topology=topology, eval_every=1000, coded_every=0, threads=1, **train)
 
 
 class Recorder:
@@ -65,22 +66,24 @@ class Recorder:
         return rows
 
 
-def run_trainer(method: str, topology: str, transport: Any = None, workers: int = 2) -> tuple[Any, Any]:
-    """The trainer for STEPS steps (``transport``: None = the simulation); returns it and its ledger."""
+def run_trainer(method: str, topology: str, transport: Any = None, workers: int = 2, **train: Any) -> tuple[Any, Any]:
+    """The trainer for STEPS steps (``transport``: None = the simulation; ``train``: more TrainConfig
+    keys); returns it and its ledger."""
     from dqsgd.data import load_dataset
     from dqsgd.methods import method_config
     from dqsgd.train.config import MethodEntry
     from dqsgd.train.trainer import Trainer
 
-    tr = Trainer(train_config(topology, workers), MethodEntry(method, method_config(method)),
+    tr = Trainer(train_config(topology, workers, **train), MethodEntry(method, method_config(method)),
                  load_dataset("synthetic"), SEED, transport)
     for _ in range(STEPS):
         tr.step()
     return tr, tr.ledger
 
 
-def run_ddp(rank: int, world: int, method: str, topology: str, like: Any) -> torch.Tensor:
-    """DDP with the dqsgd hook, the trainer ``like``'s model, data order, learning rate and seed."""
+def run_ddp(rank: int, world: int, method: str, topology: str, like: Any, **hook: Any) -> torch.Tensor:
+    """DDP with the dqsgd hook, the trainer ``like``'s model, data order, learning rate and seed
+    (``hook``: more HookState arguments)."""
     import dqsgd.ddp
     from dqsgd.models import build_model
     from dqsgd.rng import MODEL_INIT, seed_for
@@ -90,7 +93,7 @@ def run_ddp(rank: int, world: int, method: str, topology: str, like: Any) -> tor
         torch.manual_seed(seed_for(SEED, MODEL_INIT))
         model = build_model("logreg", like.data)
     ddp = DDP(model, bucket_cap_mb=25, find_unused_parameters=True)
-    state = dqsgd.ddp.HookState(method, None, seed=SEED, timeout=60.0, total_steps=STEPS, topology=topology)
+    state = dqsgd.ddp.HookState(method, None, seed=SEED, timeout=60.0, total_steps=STEPS, topology=topology, **hook)
     ddp.register_comm_hook(state, dqsgd.ddp.hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=like.lr, momentum=0.0)
     batches = WorkerBatches(len(like.data.train.y), world, like.cfg.batch_size, SEED)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import warnings
 from typing import Any
 
 import torch
@@ -90,7 +91,9 @@ def w3_cases(rank: int, world: int, cases: list[tuple[str, dict]], reps: int) ->
 
 def w2_cases(rank: int, world: int) -> dict[str, Any]:
     return {"amp": amp_overflow(rank, world, "qsgd-4bit", "sharded"), "amp-ag": amp_overflow(rank, world, "dqsgd", "allgather"),
-            "resume": resume(rank, world, "dqsgd", 3, 7), "warmup": warmup(rank, world, "qsgd-4bit", 2),
+            "resume": resume(rank, world, "dqsgd", 3, 7),
+            "resume-fed": resume(rank, world, "qsgd-4bit", 3, 7, downlink_bits=2, downlink_feedback=True),
+            "warmup": warmup(rank, world, "qsgd-4bit", 2),
             "zero": zero_bucket(rank, world, "signsgd", "sharded"), "zero-ag": zero_bucket(rank, world, "signsgd", "allgather")}
 
 
@@ -108,18 +111,21 @@ def amp_overflow(rank: int, world: int, method: str, topology: str) -> dict[str,
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     params, scales, grads_seen = [], [], []
-    for step in range(2):
-        x, y = batch(rank, step)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y) * (float("inf") if step == 0 and rank == 1 else 1.0)
-        scaler.scale(loss).backward()
-        grads_seen.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
-        scaler.step(opt)
-        scaler.update()
-        params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
-        scales.append(float(scaler.get_scale()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(2):
+            x, y = batch(rank, step)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y) * (float("inf") if step == 0 and rank == 1 else 1.0)
+            scaler.scale(loss).backward()
+            grads_seen.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
+            scaler.step(opt)
+            scaler.update()
+            params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
+            scales.append(float(scaler.get_scale()))
     init = torch.cat([p.detach().reshape(-1) for p in net().parameters()])
-    return {"params": params, "scales": scales, "grads": grads_seen, "init": init, "bits": state.current_bits()}
+    return {"params": params, "scales": scales, "grads": grads_seen, "init": init, "bits": state.current_bits(),
+            "said": [str(w.message) for w in caught if "dqsgd hook" in str(w.message)]}
 
 
 def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> None:
@@ -129,9 +135,10 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range
         opt.step()
 
 
-def resume(rank: int, world: int, method: str, k: int, n: int) -> dict[str, Any]:
-    """n steps uninterrupted, against k steps + torch.save(state) + a new HookState + n − k steps."""
-    kw = dict(seed=3, timeout=30.0, total_steps=n)
+def resume(rank: int, world: int, method: str, k: int, n: int, **hook: Any) -> dict[str, Any]:
+    """n steps uninterrupted, against k steps + torch.save(state) + a new HookState + n − k steps
+    (``hook``: more HookState arguments)."""
+    kw = dict(seed=3, timeout=30.0, total_steps=n, **hook)
     ref_state = dqsgd.ddp.HookState(method, None, **kw)
     ref = ddp_model(ref_state, model=linear())
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)

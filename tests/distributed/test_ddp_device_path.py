@@ -15,7 +15,8 @@ from dqsgd.methods import method_config
 from dqsgd.pipeline import Method
 from dqsgd.transport.launch import spawn_local
 
-CASES = [("qsgd-4bit", {}), ("qsgd-4bit", {"topology": "allgather"}), ("dqsgd", {})]
+CASES = [("qsgd-4bit", {}), ("qsgd-4bit", {"topology": "allgather"}), ("dqsgd", {}),
+         ("qsgd-4bit", {"downlink_bits": 2, "downlink_feedback": True})]
 
 
 @pytest.mark.distributed

@@ -139,12 +139,16 @@ def test_overflow_on_one_rank_makes_every_rank_skip(w2: list[dict], case: str) -
         assert torch.isfinite(a["grads"][1]).all() and not torch.equal(a["params"][1], a["init"])
     assert torch.equal(w2[0][case]["params"][1], w2[1][case]["params"][1])
     assert w2[0][case]["bits"] == w2[1][case]["bits"]
+    for r in w2:  # said once on every rank, naming the step
+        assert len(r[case]["said"]) == 1 and "step 0" in r[case]["said"][0], r[case]["said"]
 
 
 @pytest.mark.timeout(500)
-def test_resume_continues_exactly(w2: list[dict]) -> None:
+@pytest.mark.parametrize("case", ["resume", "resume-fed"])
+def test_resume_continues_exactly(w2: list[dict], case: str) -> None:
+    """``resume-fed``: a 2-bit error-fed downlink, whose shard server residual is in the state."""
     for r in w2:
-        x = r["resume"]
+        x = r[case]
         assert torch.equal(x["ref"], x["resumed"])  # bitwise the uninterrupted run
         ref, res = x["ref_state"], x["resumed_state"]
         assert ref["buckets"].keys() == res["buckets"].keys()
@@ -152,6 +156,10 @@ def test_resume_continues_exactly(w2: list[dict]) -> None:
             assert ref["buckets"][i]["policy"] == res["buckets"][i]["policy"]  # the budget ledger included
             assert ref["buckets"][i]["step"] == res["buckets"][i]["step"] == 7
         assert ref["counters"] == res["counters"]
+        if case == "resume-fed":
+            for i in ref["buckets"]:
+                a, b = ref["buckets"][i]["down_residual"], res["buckets"][i]["down_residual"]
+                assert a is not None and a.abs().max() > 0 and torch.equal(a, b)
         assert x["unpickled"]["buckets"].keys() == x["at_k"]["buckets"].keys()  # torch.save(state) with a group
 
 

@@ -211,24 +211,28 @@ def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme) -> tuple[
 
 
 def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding, bytes | np.ndarray]:
-    """AUTO: the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties go to the earlier one)."""
-    best: tuple[Coding, bytes | np.ndarray] = (Coding.FIXED, _fixed_body(data, bits, bits))
-    size = memoryview(best[1]).nbytes
+    """AUTO: the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties go to the earlier one).
+
+    Only the winner is written: FIXED's size is ``⌈n·bits/8⌉`` and ELIAS's comes from one length
+    scan, so neither body is built unless it wins; ZSTD_ALIGNED and RANS are only known by coding."""
+    best, size = Coding.FIXED, packed_size(data.size, bits)
     if scheme not in RAW_SCHEMES:
         # Elias wins iff its ⌈L/8⌉ bytes < size, i.e. L ≤ 8·size − 8: no need to scan further.
         budget = 8 * size - 8
-        if elias_bit_length(data, stop_above=budget) <= budget:
-            best = (Coding.ELIAS, elias_encode(data))
-            size = memoryview(best[1]).nbytes
-    aligned = _fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED))
-    zbody = zstd_compress(aligned)
+        length = elias_bit_length(data, stop_above=budget)
+        if length <= budget:
+            best, size = Coding.ELIAS, (length + 7) // 8
+    body: bytes | np.ndarray | None = None
+    zbody = zstd_compress(_fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))
     if len(zbody) < size:
-        best, size = (Coding.ZSTD_ALIGNED, zbody), len(zbody)
+        best, size, body = Coding.ZSTD_ALIGNED, len(zbody), zbody
     if scheme not in RAW_SCHEMES:
         rbody = rans_encode(data, bits)
         if rbody.size < size:
-            best = (Coding.RANS, rbody)
-    return best
+            best, body = Coding.RANS, rbody
+    if body is None:
+        body = elias_encode(data) if best == Coding.ELIAS else _fixed_body(data, bits, bits)
+    return best, body
 
 
 def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:

@@ -155,25 +155,43 @@ def _shared_scalers(state: HookState, b: BucketState, flat: torch.Tensor) -> tor
     return joined
 
 
-def _finish(b: BucketState, out: torch.Tensor, flags: torch.Tensor, step: int, spent: int,
+def _finish(state: HookState, b: BucketState, out: torch.Tensor, flags: torch.Tensor, step: int, spent: int,
             grad: torch.Tensor) -> torch.Tensor:
-    """NaN everywhere if any rank overflowed (then no method state changes: staged residuals are
-    dropped, the policy skips the step); a vote nobody cast stays 0; cast to the bucket's dtype."""
+    """NaN everywhere if any rank overflowed (then no method state changes: staged residuals, the
+    uplink's and the error-fed downlink's, are dropped, the policy skips the step); a vote nobody
+    cast stays 0; cast to the bucket's dtype. The first such step is said once (a warning)."""
     bad = (flags & codec.FLAG_NONFINITE).any()
     if b.staged is not None:
         if not bool(bad):
             b.residuals.update(b.staged)
         b.staged = None
+    if b.down_staged is not None:  # selected on the device: no host sync
+        old = b.down_residual if b.down_residual is not None else torch.zeros_like(b.down_staged)
+        b.down_residual, b.down_staged = torch.where(bad.to(old.device), old, b.down_staged), None
     if b.proto.vote:
         out = torch.where((flags & codec.FLAG_ZERO).all(), torch.zeros((), device=out.device), out)
     if b.method.config.dynamic:
         b.record(out, step, spent, bad)
     if out.device.type == "cpu":
         if bool(bad):
+            _say_nonfinite(state, step)
             out.fill_(float("nan"))
     else:
         out = torch.where(bad, torch.full((), float("nan"), device=out.device), out)
     return out.to(grad.dtype).reshape(grad.shape)
+
+
+def _say_nonfinite(state: HookState, step: int) -> None:
+    """Warn once per HookState, naming the step, that a rank's bucket held NaN or Inf."""
+    if state.nonfinite_step is not None:
+        return
+    import warnings
+
+    state.nonfinite_step = step
+    warnings.warn(f"dqsgd hook: step {step} (the bucket's compressed step): some rank's gradient bucket holds NaN or "
+                  "Inf, so every rank gets NaN for it (a GradScaler skips such a step). If the loss stays non-finite "
+                  "the run has diverged: lower the lr, or raise downlink_bits or set downlink_feedback=True. "
+                  "Said once.", RuntimeWarning, stacklevel=2)
 
 
 def _average(b: BucketState, shard: int, payloads: list[torch.Tensor], flags: torch.Tensor, bits: int,
@@ -208,7 +226,7 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
             fut.wait()
             flg = torch.stack([g[-1] for g in gathered])
             avg = _average(b, 0, [g[:n] for g, n in zip(gathered, sizes)], flg, bits, grad.device)
-            return _finish(b, avg, flg, step, spent, grad)
+            return _finish(state, b, avg, flg, step, spent, grad)
         except Exception as e:  # noqa: BLE001 - raised, with its type, at the end of backward()
             out = _failed(state, e, grad)
             if out is None:
@@ -255,12 +273,13 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
         flg = recv[torch.tensor(recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
         try:
             avg = _average(b, rank, [msg[:-1] for msg in msgs], flg, bits, grad.device)
-            mine_down = b.proto.encode_down(rank, avg, step, dmsg)  # zero padded: status byte 0
+            mine_down, b.down_staged = b.proto.encode_down_fed(rank, avg, step, b.down_residual, dmsg,
+                                                               b.payload_flag(avg))  # zero padded: status 0
         except (PayloadError, ProtocolError) as e:  # tell every rank, in the downlink itself
             mine_down = _failure(e, dmsg, grad.device)
         gathered = [torch.empty_like(mine_down) for _ in range(world)]
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
-            lambda: _assemble(b, gathered, flg, step, spent, grad)
+            lambda: _assemble(state, b, gathered, flg, step, spent, grad)
 
     return _ordered(state, work.get_future(), reduce_shard, grad)
 
@@ -273,7 +292,7 @@ def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
     return msg
 
 
-def _assemble(b: BucketState, gathered: list[torch.Tensor], flags: torch.Tensor, step: int, spent: int,
+def _assemble(state: HookState, b: BucketState, gathered: list[torch.Tensor], flags: torch.Tensor, step: int, spent: int,
               grad: torch.Tensor) -> torch.Tensor:
     """Decode every shard server's downlink into the bucket (the same bytes on every rank). A shard
     server that refused a payload: every rank raises its error (CPU) or flags the bucket (device)."""
@@ -291,7 +310,7 @@ def _assemble(b: BucketState, gathered: list[torch.Tensor], flags: torch.Tensor,
     else:
         flag |= (status != 0).any()
     b.proto.decode_down([g[:-1] for g in gathered], out, flag)
-    return _finish(b, out, flags, step, spent, grad)
+    return _finish(state, b, out, flags, step, spent, grad)
 
 
 def _raise_at_end_of_backward(state: HookState) -> None:

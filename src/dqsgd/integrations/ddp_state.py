@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from dqsgd.methods import MethodConfig, method_config
 from dqsgd.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_bits, check_topology
+from dqsgd.topology.names import (
+    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_bits, check_downlink_safety, check_topology)
 
 if TYPE_CHECKING:
     from dqsgd.pipeline import Method
@@ -57,6 +58,8 @@ class BucketState:
     sizes: tuple[int, ...]               # the bucket's parameter sizes, in DDP's order
     residuals: dict[int, torch.Tensor] = field(default_factory=dict)
     staged: dict[int, torch.Tensor] | None = None  # this step's new residuals, kept once no rank overflowed
+    down_residual: torch.Tensor | None = None      # error-fed downlink: this rank's shard server residual e_j
+    down_staged: torch.Tensor | None = None        # this step's new e_j, kept once no rank overflowed
     step: int = 0                        # compressed steps of this bucket (the HashRNG step)
     pending: list[tuple] = field(default_factory=list)  # (step, [norm, rms, bad], spent_bits, G, event): unobserved
     bad: torch.Tensor | None = None      # device path: payloads that failed validation (read a step late)
@@ -171,6 +174,7 @@ class BucketState:
         self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in pending]
         return {"numel": self.numel, "sizes": self.sizes, "step": self.step, "policy": state_to_dict(self.policy),
                 "residuals": {j: r.cpu().clone() for j, r in self.residuals.items()},
+                "down_residual": None if self.down_residual is None else self.down_residual.cpu().clone(),
                 "generator": self.generator.get_state(),
                 "pending": [(s, v, b, None if g is None else g.clone()) for s, v, b, g in pending]}
 
@@ -185,11 +189,12 @@ class BucketState:
                           f"{tuple(d['sizes'])} "
                           "(DDP orders a new model's first buckets by registration): this step's roundings differ "
                           "from an uninterrupted run's; the policy and its budget continue exactly", stacklevel=4)
-            self.residuals = {}
+            self.residuals, self.down_residual = {}, None
         self.policy = state_from_dict(type(self.policy), d["policy"])
         self.step = int(d["step"])
         if tuple(d["sizes"]) == self.sizes:
             self.residuals = dict(d["residuals"])
+            self.down_residual = d.get("down_residual")  # absent: saved without the error-fed downlink
         self.generator.set_state(d["generator"])
         self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in d["pending"]]
 
@@ -197,7 +202,8 @@ class BucketState:
 def _stateful(field_name: str) -> bool:
     """Fields a saved state depends on (the method, its topology and horizon); warm-up, seed and the
     ratio threshold may change on resume."""
-    return field_name.startswith("method.") or field_name in ("topology", "downlink_bits", "total_steps")
+    return field_name.startswith("method.") or field_name in ("topology", "downlink_bits", "downlink_feedback",
+                                                              "total_steps")
 
 
 _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps")
@@ -207,20 +213,23 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
-                 "start_iter", "min_compression_rate", "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed",
-                 "_queued", "_error", "_futures",
+                 "downlink_feedback", "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate",
+                 "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
                  seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
                  topology: str = "sharded", downlink_bits: int | str = 8, start_iter: int = 0,
-                 min_compression_rate: float = 1.0):
+                 min_compression_rate: float = 1.0, downlink_feedback: bool = False,
+                 allow_unsafe_downlink: bool = False):
         """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
         ``process_group``: None = the default group; ``seed`` of the quantization randomness;
         ``timeout``: seconds any collective of the hook may take (None: torch's default);
         ``total_steps``: the horizon N of dynamic policies (budgeted DQSGD spreads its budget over N);
         ``topology``: ``"sharded"`` (reduce-scatter of payloads + quantized all-gather) or ``"allgather"``;
-        ``downlink_bits``: width of the sharded downlink (2..16) or ``"fp32"``;
+        ``downlink_bits``: width of the sharded downlink (2..16) or ``"fp32"``; below 4 bits only with
+        ``downlink_feedback`` (each shard server keeps its rounding residual and adds it next step) or
+        ``allow_unsafe_downlink`` (as is: may diverge);
         ``start_iter``: backward passes sent as a plain all-reduce first (``start_powerSGD_iter``);
         ``min_compression_rate``: a bucket whose predicted ratio (bytes in its dtype / payload bytes)
         is below this is all-reduced as is."""
@@ -238,12 +247,19 @@ class HookState:
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
         check_topology(topology, TOPOLOGIES)
-        check_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits)
+        dbits = check_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits)
+        for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        check_downlink_safety(dbits, downlink_feedback, allow_unsafe_downlink, topology=topology,
+                              vote=method.aggregate == "majority")
         if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
             raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
         self.downlink_bits = FP32 if downlink_bits == "fp32" else downlink_bits
+        self.downlink_feedback, self.allow_unsafe_downlink = downlink_feedback, allow_unsafe_downlink
+        self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self._buckets: dict[int, BucketState] = {}
         self._loaded: dict[int, dict[str, Any]] = {}
@@ -285,7 +301,8 @@ class HookState:
         from dqsgd import __version__
 
         out = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
-        out.update({"topology": self.topology, "downlink_bits": self.downlink_bits, "start_iter": self.start_iter,
+        out.update({"topology": self.topology, "downlink_bits": self.downlink_bits,
+                    "downlink_feedback": self.downlink_feedback, "start_iter": self.start_iter,
                     "min_compression_rate": self.min_compression_rate, "total_steps": self.total_steps,
                     "seed": self.seed, "dqsgd_version": __version__})
         return out
@@ -330,7 +347,7 @@ class HookState:
         if b is not None and b.numel == n:
             if b.sizes != tuple(sizes):
                 b.proto = self._protocol(index, n, sizes, world)
-                b.sizes, b.residuals = tuple(sizes), {}
+                b.sizes, b.residuals, b.down_residual = tuple(sizes), {}, None
             return b
         proto = self._protocol(index, n, sizes, world)
         b = self._buckets[index] = BucketState(n, proto, proto.method.policy.init(),
@@ -346,7 +363,7 @@ class HookState:
 
         return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
                               seed=self.seed, total_steps=self.total_steps, bucket=index,
-                              downlink_bits=self.downlink_bits)
+                              downlink_bits=self.downlink_bits, downlink_feedback=self.downlink_feedback)
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -360,7 +377,7 @@ class HookState:
         """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
-        theirs, mine = state.get("fields", {}), self.fields()
+        theirs, mine = {"downlink_feedback": False, **state.get("fields", {})}, self.fields()  # older: no feedback
         differ = sorted(k for k in set(theirs) | set(mine) if _stateful(k) and theirs.get(k) != mine.get(k))
         if differ:
             shown = ", ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here"
@@ -374,7 +391,8 @@ class HookState:
     def __getstate__(self) -> dict[str, Any]:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
         init = {k: getattr(self, k) for k in ("config", "seed", "timeout", "total_steps", "topology",
-                                              "start_iter", "min_compression_rate")}
+                                              "start_iter", "min_compression_rate", "downlink_feedback",
+                                              "allow_unsafe_downlink")}
         init["downlink_bits"] = "fp32" if self.downlink_bits == 32 else self.downlink_bits
         return {"init": init, "state": self.state_dict()}
 

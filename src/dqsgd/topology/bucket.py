@@ -13,6 +13,14 @@ W a power of two the scaling is exact and the result is bitwise ``(Σ_w x̂_w)/W
 Downlink. ``ps``: the server's aggregate in fp32 (:data:`FP32`); ``sharded``: each shard server's
 aggregate at ``downlink_bits`` (stochastic max-norm rounding, or fp32); a vote is sent as its signs
 (:data:`SIGN`) in every topology; ``allgather`` has no downlink (every rank aggregates).
+
+Error-fed downlink (``downlink_feedback``, sharded, 2..16 bits): shard server j keeps the residual
+e_j of its own rounding and rounds x = Ĝ_j + e_j instead of Ĝ_j, keeping e_j ← x − Q_d(x), as
+DoubleSqueeze and 1-bit Adam do on their server leg. Q_d is then rounding to the nearest max-norm
+level (:class:`~dqsgd.topology.payloads.Nearest`: |x_i − Q_d(x)_i| ≤ |x_i|, so the residual never
+grows past what was to be sent; stochastic rounding under feedback diverged at 2 bits). What is sent
+is no longer unbiased step by step, but nothing is lost: Σ_{n≤N} Q_d(x_n) = Σ_{n≤N} Ĝ_{j,n} − e_{j,N}
+(e_{j,0} = 0), so the downlink's error does not accumulate (:meth:`BucketProtocol.encode_down_fed`).
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ class BucketProtocol:
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
                  workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int = 8,
-                 method: Method | None = None):
+                 method: Method | None = None, downlink_feedback: bool = False):
         from dqsgd.pipeline import Method
 
         self.topology, self.workers, self.bucket = check_topology(topology), workers, bucket
@@ -70,6 +78,10 @@ class BucketProtocol:
         self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if topology == "sharded" else FP32)
         self.useed, self.dseed = keys.uplink_seed(seed, bucket), keys.downlink_seed(seed, bucket)
         self._down_sizes = [payloads.downlink_size(m, self.down_bits) for m in self.shards]
+        if downlink_feedback and self.down_bits in (FP32, SIGN):
+            raise ValueError("downlink_feedback needs a quantized downlink: topology 'sharded', downlink_bits 2..16, "
+                             "not a majority vote")
+        self.feedback = bool(downlink_feedback)
 
     @property
     def numel(self) -> int:
@@ -151,7 +163,11 @@ class BucketProtocol:
         ``size`` bytes when given (an all-gather's equal sizes; written in place on the CPU codec)."""
         m, rng = self.shards[shard], self.downlink_rng(step, shard)
         want = self._down_sizes[shard]
-        if size is None:
+        if self.feedback:  # rounded to nearest: the residual keeps the rest (encode_down_fed)
+            pay = payloads.encode_downlink_nearest(m, avg, self.down_bits)
+            n = pay.numel()
+            pay = pay if size is None else payloads.pad(pay, max(size, n))
+        elif size is None:
             pay = payloads.encode_downlink(m, avg, self.down_bits, rng)
             n = pay.numel()
         else:
@@ -160,26 +176,49 @@ class BucketProtocol:
             raise RuntimeError(f"shard {shard}: downlink payload of {n} bytes, predicted {want}")
         return pay
 
+    def encode_down_fed(self, shard: int, avg: torch.Tensor, step: int, residual: torch.Tensor | None,
+                        size: int | None = None,
+                        bad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Shard ``shard``'s downlink payload and the shard server's new residual.
+
+        Without feedback: :meth:`encode_down` of ``avg`` and None. With it (``residual``: e_j, None
+        at the first step = zeros): the payload of x = avg + e_j and e_j' = x − Q_d(x), where Q_d(x)
+        is what every rank decodes from that payload (so Q_d(x) + e_j' = x up to one float32
+        rounding of the difference; exactly where Q_d(x) and x are within a factor 2: Sterbenz).
+        ``bad``: deferred validation of the decode (device path, as :meth:`decode_down`)."""
+        if not self.feedback:
+            return self.encode_down(shard, avg, step, size), None
+        x = avg if residual is None else avg + residual.to(avg.device)
+        pay = self.encode_down(shard, x, step, size)
+        sent = torch.zeros_like(x)
+        self._decode_shard(shard, pay, sent, bad)
+        return pay, x - sent
+
     def decode_down(self, received: Sequence[torch.Tensor], out: torch.Tensor | None = None,
                     bad: torch.Tensor | None = None) -> torch.Tensor:
         """The update from every shard's downlink payload (shard order; a payload may be padded):
         the same bytes give the same update on every rank. ``bad``: deferred validation (device)."""
-        from dqsgd.quantizers import Norm
-
         if len(received) != len(self.shards):
             raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
         if out is None:
             out = torch.zeros(self.numel, dtype=torch.float32, device=received[0].device)
-        for j, ((lo, hi), p, n) in enumerate(zip(self.bounds, received, self._down_sizes)):
-            uniform = self.down_bits not in (FP32, SIGN)
-            expect = (self.down_bits, Norm.MAX, self.shards[j].layout) if uniform else None
-            h = payloads.decode_accumulate_payload(p[:n], out[lo:hi], max_numel=max(hi - lo, 1), expect=expect,
-                                                   bad=bad if uniform else None)
-            if h.numel != hi - lo:
-                from dqsgd.pipeline import ProtocolError
-
-                raise ProtocolError(f"shard {j}'s downlink payload holds {h.numel} values, the shard {hi - lo}")
+        for j, ((lo, hi), p) in enumerate(zip(self.bounds, received)):
+            self._decode_shard(j, p, out[lo:hi], bad)
         return out
+
+    def _decode_shard(self, j: int, p: torch.Tensor, out: torch.Tensor, bad: torch.Tensor | None) -> None:
+        """``out += `` shard j's downlink payload ``p`` (maybe padded), validated."""
+        from dqsgd.quantizers import Norm
+
+        n, numel = self._down_sizes[j], out.numel()
+        uniform = self.down_bits not in (FP32, SIGN)
+        expect = (self.down_bits, Norm.MAX, self.shards[j].layout) if uniform else None
+        h = payloads.decode_accumulate_payload(p[:n], out, max_numel=max(numel, 1), expect=expect,
+                                               bad=bad if uniform else None)
+        if h.numel != numel:
+            from dqsgd.pipeline import ProtocolError
+
+            raise ProtocolError(f"shard {j}'s downlink payload holds {h.numel} values, the shard {numel}")
 
 
 def replace_kernel(config: MethodConfig, kernel: str) -> MethodConfig:

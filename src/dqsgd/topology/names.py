@@ -20,3 +20,30 @@ def check_downlink_bits(bits: object) -> int:
         raise ValueError(f"downlink_bits must be in [2, 16] (stochastic uniform, s = 2^(b-1) - 1) or 32 (fp32), "
                          f"got {bits!r}")
     return bits
+
+
+SAFE_DOWNLINK_BITS = 4  # below this, an unbiased downlink without error feedback was seen to diverge
+
+
+def check_downlink_safety(bits: int, feedback: bool, force: bool, *, topology: str, vote: bool,
+                          spell: tuple[str, str] = ("downlink_feedback=True", "allow_unsafe_downlink=True")) -> None:
+    """Refuse a downlink configuration that trains badly or means nothing (a ValueError naming the fix).
+
+    * ``feedback`` needs a quantized downlink to feed: topology ``sharded``, a width of 2..16, not
+      a majority vote (whose downlink is its exact signs).
+    * A width below :data:`SAFE_DOWNLINK_BITS` without ``feedback``: the unbiased rounding's variance
+      ((‖x‖∞/s)²/4 per coordinate, s = 1 at 2 bits) is then of the order of the update itself, and
+      training can collapse after a good start; refused unless ``force``. ``spell``: how the caller's
+      interface writes the two options (the hook's arguments, the trainer's config keys).
+    """
+    quantized = topology == "sharded" and not vote and bits != FP32
+    if feedback and not quantized:
+        what = ("a majority vote sends its exact signs" if vote else "an fp32 downlink" if bits == FP32
+                else f"topology {topology!r} sends no quantized downlink")
+        raise ValueError(f"{spell[0]}: nothing to feed back ({what}); it applies to topology 'sharded' with "
+                         f"downlink_bits 2..16")
+    if quantized and bits < SAFE_DOWNLINK_BITS and not (feedback or force):
+        raise ValueError(f"downlink_bits={bits} without error feedback: an unbiased {bits}-bit downlink adds noise "
+                         f"of the order of the update itself and training can diverge after a good start. Set "
+                         f"{spell[0]} (the shard servers keep their rounding residual), or {spell[1]} to run it as "
+                         f"is, or use downlink_bits >= {SAFE_DOWNLINK_BITS}")

@@ -61,6 +61,9 @@ class TrainConfig:
     topology: str = ""                # "ps" | "allgather" | "sharded"; "" = the transport's default
                                       # (simulation: ps; torch: sharded)
     downlink_bits: int = 8            # sharded: width of the downlink's stochastic rounding (2..16; 32 = fp32)
+    downlink_feedback: bool = False   # sharded: each shard server keeps its downlink rounding's residual and
+                                      # adds it next step (needed below 4 bits; docs/topologies.md)
+    allow_unsafe_downlink: bool = False  # run downlink_bits < 4 without feedback anyway (may diverge)
     coded_every: int = 1              # measure the uplink's size with the best coding (AUTO) on the steps
                                       # n % coded_every == 0; 0 = never. A measurement: nothing sent changes
     # The simulated wall clock (dqsgd.train.slownodes): per-worker compute time, log-normal with median

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from dqsgd.pipeline import Method, MethodState
 from dqsgd.sketched import SketchedStep
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.step import ServerStep, ShardedStep, all_finite, codec_input
+from dqsgd.topology.names import check_downlink_safety
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.local import LocalRounds, outer_optimizer
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, partition_shards, seed_for
@@ -109,10 +111,13 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
+        check_downlink_safety(cfg.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
+                              topology=self.topology, vote=entry.config.aggregate == "majority",
+                              spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
-            else ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits) if self.topology == "sharded"
-            else ServerStep(self.method, seed, self.topology))
+            else ShardedStep(self.method, sizes, cfg.workers, seed, cfg.downlink_bits, cfg.downlink_feedback)
+            if self.topology == "sharded" else ServerStep(self.method, seed, self.topology))
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         if cfg.backup_workers:
             check_backup(entry.config)
@@ -230,6 +235,10 @@ class Trainer:
         bits, t = self.state.bits, self.transport
         t1 = time.perf_counter()
         if not all_finite(t, vectors, index, self.cfg.on_nonfinite):
+            if not self.skipped:  # said once; the run summary counts them all (skipped_steps)
+                warnings.warn(f"step {n}: a worker's gradient (its loss) is NaN or Inf: the step is skipped on every "
+                              "rank (train.on_nonfinite = 'skip'); later skips are only counted", RuntimeWarning,
+                              stacklevel=2)
             self.skipped += 1
             return StepResult(n, float("nan"), lr, bits, True, [], 0, 0, compute_s, 0.0, 0.0,
                               sim_time_s=self.timer.elapsed)
@@ -256,7 +265,7 @@ class Trainer:
         """What identifies this run and rank; a state dict of another run is refused."""
         meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
                 "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
-                "downlink_bits": self.cfg.downlink_bits,
+                "downlink_bits": self.cfg.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
         return meta if self.local is None else {**meta, "local_steps": self.cfg.local_steps}
 
@@ -264,7 +273,8 @@ class Trainer:
         """Everything that decides the rest of the run, as plain containers, numbers and tensors
         (``torch.load(weights_only=True)`` reads it back): model, optimizer, the bit policy's state
         (None on a rank that does not run it, which keeps ``bits``), the error-feedback memory, the
-        ledger (the aggregating process's), the quantization generators and the step counters."""
+        ledger (the aggregating process's), the quantization generators and the step counters;
+        ``down_residuals``: the error-fed downlink's residuals of the shards this process serves."""
         server = self.transport.is_server
         return {
             "format": STATE_FORMAT,
@@ -275,6 +285,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "policy": state_to_dict(self.state.policy) if server and self.state.policy is not None else None,
             "residuals": {int(w): r for w, r in enumerate(self.state.residuals) if r is not None},
+            "down_residuals": {int(j): r for j, r in self.state.down_residuals.items()},
             "ledger": self.ledger.state_dict() if server else None,
             "qgen": {int(w): g.get_state() for w, g in self.qgen.items()},
             "bits": self.state.bits,
@@ -287,8 +298,9 @@ class Trainer:
         if sd.get("format") != STATE_FORMAT:
             raise ValueError(f"not a trainer state of format {STATE_FORMAT} (format {sd.get('format')!r})")
         saved, mine = sd["meta"], self.run_meta()
-        # Keys an older state lacks are not compared (its method config was not recorded).
-        differ = [k for k in mine if (k in saved or not k.startswith("method.")) and saved.get(k) != mine[k]]
+        # Keys an older state lacks are not compared (its method config and downlink feedback were not recorded).
+        later = lambda k: k.startswith("method.") or k == "downlink_feedback"  # noqa: E731
+        differ = [k for k in mine if (k in saved or not later(k)) and saved.get(k) != mine[k]]
         if differ:
             shown = ", ".join(f"{k}: {saved.get(k, '(absent)')!r} saved, {mine[k]!r} here" for k in differ[:8])
             raise ValueError(f"the state was saved by another run or configuration: {shown}")
@@ -297,10 +309,12 @@ class Trainer:
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers
         for w, r in sd["residuals"].items():
             residuals[int(w)] = r
+        fed = {int(j): r for j, r in sd.get("down_residuals", {}).items()}  # absent: a run without them
         if sd["policy"] is not None:
-            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals)
+            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals,
+                                     down_residuals=fed)
         else:
-            self.state = MethodState(None, residuals, int(sd["bits"]))
+            self.state = MethodState(None, residuals, int(sd["bits"]), fed)
         if sd["ledger"] is not None:
             self.ledger = Ledger.from_state_dict(sd["ledger"])
         for w, st in sd["qgen"].items():

@@ -1,0 +1,69 @@
+"""AUTO writes only its winner: the coding and bytes it picks are those of coding all four candidates
+and keeping the smallest (ties to the earlier of FIXED, ELIAS, ZSTD_ALIGNED, RANS)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dqsgd.codecs import Coding
+from dqsgd.codecs.elias import elias_encode
+from dqsgd.codecs.rans import rans_encode
+from dqsgd.codecs.wire import _fixed_body, _smallest_body, body_width, zstd_compress
+from dqsgd.quantizers.base import Scheme
+
+
+def _every_candidate(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding, bytes]:
+    """The definition: code with every candidate, keep the first of the smallest."""
+    cands = [(Coding.FIXED, _fixed_body(data, bits, bits))]
+    if scheme != Scheme.IDENTITY:
+        cands.append((Coding.ELIAS, elias_encode(data)))
+    cands.append((Coding.ZSTD_ALIGNED, zstd_compress(_fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))))
+    if scheme != Scheme.IDENTITY:
+        cands.append((Coding.RANS, rans_encode(data, bits)))
+    coding, body = min(cands, key=lambda c: memoryview(c[1]).nbytes)  # min keeps the first of equals
+    return coding, bytes(memoryview(body))
+
+
+def _levels(rng: np.random.Generator, n: int, bits: int, kind: str) -> np.ndarray:
+    s = (1 << (bits - 1)) - 1
+    if kind == "dense":  # max-norm levels of a Gaussian: rANS territory
+        g = rng.standard_normal(n)
+        return np.floor(g / max(np.abs(g).max(initial=0.0), 1e-12) * s + rng.random(n)).astype(np.int32)
+    if kind == "sparse":  # l2-norm levels: mostly zero, Elias territory
+        return (rng.random(n) < 0.02).astype(np.int32) * rng.choice([-1, 1], n).astype(np.int32)
+    if kind == "runs":  # long repeats: zstd territory
+        return np.repeat(rng.integers(-s, s + 1, max(n // 64, 1)), 64)[:n].astype(np.int32)
+    return rng.integers(-s, s + 1, n).astype(np.int32)  # uniform over the grid: FIXED territory
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "runs", "flat"])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_auto_picks_and_writes_what_coding_every_candidate_would(kind: str, bits: int) -> None:
+    rng = np.random.default_rng(bits * 7 + len(kind))
+    for n in (0, 1, 7, 64, 1000, 20_000):
+        data = _levels(rng, n, bits, kind)
+        coding, body = _smallest_body(data, bits, Scheme.UNIFORM)
+        want = _every_candidate(data, bits, Scheme.UNIFORM)
+        assert (coding, bytes(memoryview(body))) == want, (kind, bits, n)
+
+
+def test_every_coding_can_win() -> None:
+    rng = np.random.default_rng(0)
+    few = np.array([1, -1, 0, 1, -1], dtype=np.int32)  # 5 codes: any table costs more than 2 bytes
+    rare = np.zeros(20_000, dtype=np.int32)
+    rare[[17, 9000, 19_999]] = [1, -1, 1]  # three non-zeros: a handful of Elias bytes, no table
+    got = [_smallest_body(d, b, Scheme.UNIFORM)[0] for d, b in
+           ((few, 2), (rare, 4), (_levels(rng, 20_000, 8, "runs"), 8), (_levels(rng, 20_000, 4, "dense"), 4))]
+    assert got == [Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED, Coding.RANS]
+
+
+def test_auto_on_identity_and_one_bit_payloads() -> None:
+    rng = np.random.default_rng(1)
+    floats = rng.standard_normal(1000).astype(np.float32)
+    assert _smallest_body(floats, 32, Scheme.IDENTITY)[0] in (Coding.FIXED, Coding.ZSTD_ALIGNED)
+    coding, body = _smallest_body(floats, 32, Scheme.IDENTITY)
+    assert (coding, bytes(memoryview(body))) == _every_candidate(floats, 32, Scheme.IDENTITY)
+    signs = rng.choice([-1, 1], 999).astype(np.int32)
+    coding, body = _smallest_body(signs, 1, Scheme.SIGN)
+    assert (coding, bytes(memoryview(body))) == _every_candidate(signs, 1, Scheme.SIGN)
