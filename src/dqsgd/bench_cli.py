@@ -160,14 +160,18 @@ def add_hook_parser(bsub: Any) -> None:
     h.add_argument("--batch", type=int, default=128, help="batch per rank (CIFAR-shaped synthetic data)")
     h.add_argument("--steps", type=int, default=5, help="timed steps per hook per round")
     h.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median and range reported)")
-    h.add_argument("--warmup", type=int, default=3, help="untimed steps per hook first")
     h.add_argument("--world", type=int, default=2, help="gloo processes on CPU")
-    h.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    h.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
-    h.add_argument("--deadline", type=float, default=3600.0, help="seconds the whole benchmark may take")
-    h.add_argument("--out", default="runs/bench/hook.json", help="JSON file for the results, '' for none "
-                   "(default: runs/bench/hook.json)")
+    _process_options(h, 3, "untimed steps per hook first", 3600.0, "runs/bench/hook.json")
     h.set_defaults(func=lambda a: (__import__("dqsgd.bench_hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])
+
+
+def _process_options(p: Any, warmup: int, warmup_help: str, deadline: float, out: str) -> None:
+    """The options of a benchmark that starts gloo processes: warm-up, threads, timeouts, output file."""
+    p.add_argument("--warmup", type=int, default=warmup, help=warmup_help)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
+    p.add_argument("--deadline", type=float, default=deadline, help="seconds the whole benchmark may take")
+    p.add_argument("--out", default=out, help=f"JSON file for the results, '' for none (default: {out})")
 
 
 def add_fsdp_parser(bsub: Any) -> None:
@@ -178,10 +182,5 @@ def add_fsdp_parser(bsub: Any) -> None:
     f.add_argument("--world", type=int, default=4, help="gloo processes on CPU")
     f.add_argument("--batch", type=int, default=64, help="batch per rank (synthetic)")
     f.add_argument("--steps", type=int, default=10, help="timed steps per variant")
-    f.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (at least 1)")
-    f.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    f.add_argument("--timeout", type=float, default=BENCH_COLLECTIVE_S, help="seconds any collective may take")
-    f.add_argument("--deadline", type=float, default=1800.0, help="seconds the whole benchmark may take")
-    f.add_argument("--out", default="runs/bench/fsdp.json", help="JSON file for the results, '' for none "
-                   "(default: runs/bench/fsdp.json)")
+    _process_options(f, 2, "untimed steps per variant first (at least 1)", 1800.0, "runs/bench/fsdp.json")
     f.set_defaults(func=lambda a: (__import__("dqsgd.bench_fsdp", fromlist=["bench"]).bench_fsdp(a), 0)[1])
