@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 STATE_VERSION = 2
 
 
+# The hook's groups are also held here, for the life of the process: the completion callbacks capture
+# them, and were a callback to drop the last reference (the state gone once the training function
+# returned) the group's destructor would run on one of its own gloo threads and join it ("terminate
+# called … Resource deadlock avoided", seen as a rank dying with SIGABRT at the end of a run).
+_LIVE_GROUPS: list[dist.ProcessGroup] = []
+
+
 class CompressionStats(NamedTuple):
     bytes_sent: int         # this rank's bytes to other ranks, headers, flags and padding included
     fp32_bytes: int         # 4 bytes per gradient element handled (the paper's reference)
@@ -334,6 +341,7 @@ class HookState:
             kw = {"timeout": timedelta(seconds=self.timeout)} if self.timeout is not None else {}
             self._groups = (dist.new_group(ranks, use_local_synchronization=True, **kw),
                             dist.new_group(ranks, use_local_synchronization=True, **kw))
+            _LIVE_GROUPS.extend(self._groups)
         return self._groups
 
     def bucket(self, index: int, grad: torch.Tensor, sizes: list[int], rank: int, world: int) -> BucketState:
