@@ -143,18 +143,19 @@ class BucketProtocol:
 
     def reduce(self, shard: int, received: Sequence[torch.Tensor], bits: int, voters: list[bool] | None = None,
                out: torch.Tensor | None = None, bad: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode and aggregate shard ``shard`` from the W workers' payloads (worker order): the mean,
-        each payload scaled by 1/W before it is added, or the majority vote (``voters``: who votes).
+        """Decode and aggregate shard ``shard`` from the workers' payloads (worker order): the mean,
+        each of the n payloads scaled by 1/n before it is added, or the majority vote (``voters``: who
+        votes). n is W, or fewer when a server averages only the first arrivals (backup workers).
         ``out``: a zeroed float32 buffer to accumulate into; ``bad``: deferred validation (device)."""
         m = self.shards[shard]
-        if len(received) != self.workers:
+        if not 0 < len(received) <= self.workers:
             raise ValueError(f"shard {shard}: {len(received)} payloads for {self.workers} workers")
         if self.vote:
             v = payloads.vote(m, list(received), bits, voters)
             return v if out is None else out.copy_(v)
         if out is None:
             out = torch.zeros(m.numel, dtype=torch.float32, device=received[0].device)
-        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / self.workers)
+        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / len(received))
         return out
 
     # --- downlink leg ---------------------------------------------------------------------------
