@@ -26,8 +26,6 @@ step, seed) and every rank refuses a difference with :class:`~dqsgd.transport.to
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from typing import Any, Callable
 
 import torch
@@ -38,6 +36,7 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.rng import QUANT, generator
 from dqsgd.step import ServerStep, ShardedStep, all_finite
 from dqsgd.train.local import copy_into, outer_optimizer
+from dqsgd.topology.agreement import digest
 from dqsgd.transport.torch_dist import RankDisagreement, make_transport
 
 __all__ = ["LocalSGDOptimizer"]
@@ -45,10 +44,6 @@ __all__ = ["LocalSGDOptimizer"]
 FORMAT = 1
 FINGERPRINT = ("local_steps", "method", "numel", "exchange")  # what the ranks must agree on
 NO_HORIZON = ("fixed", "adaptive", "adaqs")  # bit policies that do not plan over the number of rounds
-
-
-def _hash56(obj: Any) -> int:
-    return int.from_bytes(hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).digest()[:7], "big")
 
 
 class LocalSGDOptimizer:
@@ -86,8 +81,8 @@ class LocalSGDOptimizer:
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
-        self.fingerprint = [local_steps, _hash56(dataclasses.asdict(config)), sum(sizes),
-                            _hash56([topology, downlink_bits, outer, outer_lr, outer_momentum, seed, rounds])]
+        self.fingerprint = [local_steps, digest(dataclasses.asdict(config)), sum(sizes),
+                            digest([topology, downlink_bits, outer, outer_lr, outer_momentum, seed, rounds])]
         self.start = self._flat()
         self.steps, self.rounds_done, self.checked = 0, 0, False
         self.link_bytes = 0  # bytes this rank sent and received in the exchanges (uplink and downlink phases)
