@@ -92,6 +92,24 @@ class RankResult:
 
 
 # --- local processes ------------------------------------------------------------------------------
+_START_METHOD = "spawn"
+
+
+def use_forkserver(preload: list[str]) -> None:
+    """Start the processes of later :func:`spawn_local` calls by forking them from one server process
+    that imported ``preload`` once (multiprocessing's forkserver), instead of a fresh interpreter each.
+
+    For callers that start many short process groups in one process (a test suite): each fresh
+    interpreter spends seconds importing torch before it joins the group. The ranks run the same
+    code; what differs is inherited from the server, not from the caller: its environment and working
+    directory as of the first call, and one string-hash seed for all ranks. A rank then stops with
+    the server, which exits with this process. ``dqsgd train`` keeps fresh interpreters.
+    """
+    global _START_METHOD
+    mp.set_forkserver_preload(preload)
+    _START_METHOD = "forkserver"
+
+
 def spawn_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
                 timeout: float = TRAIN_COLLECTIVE_S, threads: int = 1, deadline: float | None = None) -> list[RankResult]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes joined in a process group.
@@ -106,9 +124,10 @@ def spawn_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, ba
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
     tmp = Path(tempfile.mkdtemp(prefix="dqsgd-ranks-"))
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(_START_METHOD)
+    launcher = os.getpid() if _START_METHOD == "spawn" else 0  # 0: the forkserver, this rank's parent
     procs = [ctx.Process(target=_bootstrap, name=f"dqsgd-rank{r}",
-                         args=(r, world_size, store.port, backend, timeout, threads, fn, args, str(tmp), os.getpid()))
+                         args=(r, world_size, store.port, backend, timeout, threads, fn, args, str(tmp), launcher))
              for r in range(world_size)]
     try:
         for p in procs:
@@ -156,7 +175,11 @@ def _result(rank: int, proc, tmp: Path, stopped: bool) -> RankResult:
 
 def _bootstrap(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
                fn: Callable[..., Any], args: tuple, tmp: str, launcher: int | None = None) -> None:
-    """Child process: join the group, run ``fn``, leave the result or the error in ``tmp``."""
+    """Child process: join the group, run ``fn``, leave the result or the error in ``tmp``.
+
+    ``launcher``: the pid to die with (0: the parent, a forkserver; None: none)."""
+    if launcher == 0:
+        launcher = os.getppid()
     stop_watching = exit_with_launcher(launcher) if launcher is not None else (lambda: None)
     torch.set_num_threads(threads)
     if sys.platform.startswith("linux"):
