@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dqsgd.cli import main
 from dqsgd.train.checkpoint import seal
 from dqsgd.train.metrics import read_jsonl
 
@@ -87,9 +89,10 @@ def _same_run(full: Path, run: Path, ref_checkpoint: str) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same run in simulation, never interrupted (simulation == processes bitwise, tested elsewhere)."""
+    """The same run in simulation, never interrupted (simulation == processes bitwise, tested elsewhere),
+    run in this process (one thread, as the ranks; a fresh interpreter would add only its imports)."""
     out = tmp_path_factory.mktemp("reference")
-    subprocess.run(DQSGD + ARGS + ["--out", str(out)], check=True, env=ENV, timeout=300)
+    assert main(["train", *ARGS, "--out", str(out)]) == 0
     return out
 
 
@@ -112,29 +115,39 @@ def test_torchrun_max_restarts_resumes_exactly_after_a_rank_is_killed(reference:
     _same_run(reference, run, "checkpoint.pt")
 
 
-@pytest.mark.timeout(300)
-def test_local_max_restarts_resumes_exactly_after_a_rank_is_killed(reference: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def local_restarted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    """`dqsgd train --workers 2 --max-restarts 1` with a rank SIGKILLed mid-run: (run dir, exit code, stderr)."""
+    run = tmp_path_factory.mktemp("local") / "run"
     cmd = DQSGD + ["--transport", "torch", "--workers", "2", "--max-restarts", "1", "--timeout", "10", *ARGS,
                    "--out", str(run)]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _kill_a_rank_mid_run(proc, run, after=60)
-        out, err = proc.communicate(timeout=240)
+        _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    return run, proc.returncode, err
+
+
+@pytest.mark.timeout(300)
+def test_local_max_restarts_resumes_exactly_after_a_rank_is_killed(reference: Path,
+                                                                    local_restarted: tuple[Path, int, str]) -> None:
+    run, code, err = local_restarted
+    assert code == 0, err[-3000:]
     assert "died from signal SIGKILL" in err and "restarting all 2 processes" in err, err[-3000:]
     _same_run(reference, run, "checkpoint.pt")
 
 
-@pytest.mark.timeout(200)
-def test_resume_picks_the_newest_step_every_rank_holds(reference: Path, tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_resume_picks_the_newest_step_every_rank_holds(reference: Path, local_restarted: tuple[Path, int, str],
+                                                       tmp_path: Path) -> None:
     """A crash between two ranks' saves: rank 0 holds steps (300, 290), rank 1 only (290, 280).
-    The resume must use 290 on both ranks, not mix 300 and 290."""
+    The resume must use 290 on both ranks, not mix 300 and 290. It starts from a copy of the finished
+    2-process run of the test above (each rank's checkpoints of steps 300 and 290)."""
+    assert local_restarted[1] == 0, local_restarted[2][-3000:]
     run = tmp_path / "run"
-    subprocess.run(DQSGD + ["--transport", "torch", "--workers", "2", "--timeout", "20", *ARGS, "--out", str(run)],
-                   check=True, env=ENV, timeout=150)
+    shutil.copytree(local_restarted[0], run)
     r1 = run / "checkpoint-rank1.pt"
     ck = torch.load(r1, weights_only=True)
     assert ck["next_step"] == STEPS
