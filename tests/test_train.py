@@ -120,8 +120,9 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path) -> No
     steps = 200
     args = ["--config", "table1-mnist", "--method", "dqsgd", "--quiet", "--set", 'train.dataset="synthetic"',
             "--set", 'train.model="mlp"', "--set", f"train.steps={steps}", "--set", "train.workers=4",
-            "--set", "train.batch_size=16", "--set", "train.checkpoint_every=10", "--set", "train.eval_every=50"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            "--set", "train.batch_size=16", "--set", "train.checkpoint_every=10", "--set", "train.eval_every=50",
+            "--set", "train.threads=1"]  # one torch thread: OpenMP threads spin for nothing on a busy machine
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "dqsgd", "train"]
     subprocess.run(cmd + args + ["--out", str(tmp_path / "full")], check=True, env=env, timeout=300)
     run = tmp_path / "killed"
