@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd import bench_cli
-from dqsgd.cli import main
+from dqsgd.cli.bench import parser as bench_cli
+from dqsgd.cli.commands import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_scripts_are_found_in_this_checkout() -> None:

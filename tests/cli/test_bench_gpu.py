@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dqsgd.bench_cli import parse_args
+from dqsgd.cli.bench.parser import parse_args
 
 
 def test_arguments_and_defaults() -> None:
@@ -24,7 +24,7 @@ def test_arguments_and_defaults() -> None:
 
 def test_without_a_gpu_it_says_so_and_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from dqsgd.bench_gpu import bench_gpu
+    from dqsgd.cli.bench.gpu import bench_gpu
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench_gpu(parse_args(["bench", "gpu", "--out", str(tmp_path / "r")])) == 2
@@ -47,7 +47,7 @@ def _fake(device: str) -> dict:
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_report_from_a_fake_result(device: str, tmp_path: Path) -> None:
-    from dqsgd.bench_gpu import write_report
+    from dqsgd.cli.bench.gpu import write_report
 
     js, md = write_report(_fake(device), tmp_path / "out")
     assert json.loads(js.read_text()) == _fake(device)
@@ -65,10 +65,10 @@ def test_report_from_a_fake_result(device: str, tmp_path: Path) -> None:
 def test_loopback_bucket_is_the_hook_codec_round_trip() -> None:
     """Uplink, decode, downlink re-quantization and decode of every shard: the same floats as the
     host kernels composed by hand (shard methods of the qsgd-4bit config, W = 3)."""
-    from dqsgd.bench_loopback import DOWNLINK_BITS, LoopbackHook, loopback_bucket
+    from dqsgd.cli.bench.loopback import DOWNLINK_BITS, LoopbackHook, loopback_bucket
     from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
     from dqsgd.quantizers import Norm
-    from dqsgd.step import shard_methods
+    from dqsgd.topology.step import shard_methods
 
     n, world, step = 5003, 3, 4
     loop = LoopbackHook("qsgd-4bit", world)
@@ -93,7 +93,7 @@ def test_loopback_bucket_is_the_hook_codec_round_trip() -> None:
 def test_loopback_ddp_rounds_on_cpu() -> None:
     """The DDP part end to end at world size 1 on gloo: every hook timed, ratios to no hook, no
     recompilation, the dynamic policy running (on the CPU kernels: a CPU run, not GPU figures)."""
-    from dqsgd.bench_loopback import ddp_times
+    from dqsgd.cli.bench.loopback import ddp_times
 
     res = ddp_times(torch.device("cpu"), ["transformer-small"], [2], rounds=2, steps=1, batch=8,
                     hooks=("none", "fp16", "qsgd-4bit", "dqsgd"), warmup=2)
@@ -107,7 +107,7 @@ def test_loopback_ddp_rounds_on_cpu() -> None:
 @pytest.mark.slow
 def test_simulation_rows_on_cpu() -> None:
     """Simulation steps per second on synthetic data: one row per method, SGD the reference."""
-    from dqsgd.bench_gpu import simulation
+    from dqsgd.cli.bench.gpu import simulation
 
     rows = simulation(torch.device("cpu"), ["cnn"], steps=1, warmup=1, workers=2)
     assert [r["method"] for r in rows] == ["sgd", "qsgd-4bit", "dqsgd"]

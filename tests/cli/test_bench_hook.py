@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from dqsgd.bench_cli import HOOKS, add_hook_parser
-from dqsgd.bench_hook import summarize
+from dqsgd.cli.bench.hook import summarize
+from dqsgd.cli.bench.parser import HOOKS, add_hook_parser
 
 
 def test_ratios_are_per_round_then_median() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from dqsgd import bench_cli
+from dqsgd.cli.bench import parser as bench_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -31,7 +31,7 @@ def test_method_names_map_to_engine_and_topology(bench: Any) -> None:
 
 
 def test_any_registered_method_with_a_topology_and_a_downlink_width_is_a_row(bench: Any) -> None:
-    from dqsgd.methods import METHODS
+    from dqsgd.method.config import METHODS
 
     for name in METHODS:
         assert bench.variant(name) == (name, "hook", "sharded"), name

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 import dqsgd
-from dqsgd.cli import main, parser
+from dqsgd.cli.commands import main, parser
 
 HEAVY = ("torch", "numba", "matplotlib", "tqdm", "zstandard", "tensorboard")
 PROBE = """
 import json, sys
-import dqsgd.cli
+import dqsgd.cli.commands
 try:
-    dqsgd.cli.main(json.loads(sys.argv[1]))
+    dqsgd.cli.commands.main(json.loads(sys.argv[1]))
 except SystemExit:
     pass
 print("MODULES=" + json.dumps([m for m in {heavy!r} if m in sys.modules]))
@@ -82,8 +82,8 @@ def test_cifar_error_points_to_the_data_root_override(capsys) -> None:
 
 
 def test_workers_follow_torchrun_world_size_unless_set(monkeypatch, capsys) -> None:
+    from dqsgd.cli.launch import _check_world, workers_from_world_size
     from dqsgd.train.config import ConfigError, load_experiment
-    from dqsgd.transport.launch import _check_world, workers_from_world_size
 
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
@@ -105,7 +105,7 @@ def _without(module: str, code: str) -> subprocess.CompletedProcess:
 
 
 def test_missing_plots_extra_is_a_clear_error(tmp_path: Path) -> None:
-    res = _without("matplotlib", f"from dqsgd.cli import main; sys.exit(main(['report', {str(tmp_path)!r}]))")
+    res = _without("matplotlib", f"from dqsgd.cli.commands import main; sys.exit(main(['report', {str(tmp_path)!r}]))")
     assert res.returncode == 2, res.stderr
     assert "pip install 'dqsgd[plots]'" in res.stderr and "Traceback" not in res.stderr
 

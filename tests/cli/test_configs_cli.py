@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd.cli import main
+from dqsgd.cli.commands import main
 from dqsgd.data import DATASETS
+from dqsgd.method.pipeline import Method
 from dqsgd.models import MODELS
-from dqsgd.pipeline import Method
 from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_experiment, shipped_configs
 
 SHIPPED = sorted(shipped_configs())
@@ -102,7 +102,7 @@ def test_cli_compare_end_to_end_and_report_rebuild(tmp_path: Path) -> None:
 
 
 def test_compare_resume_keeps_finished_runs_and_runs_the_missing_ones(tmp_path: Path) -> None:
-    from dqsgd.cli import main
+    from dqsgd.cli.commands import main
 
     out = tmp_path / "run"
     base = ["compare", "--config", "table1-mnist", "--quiet", "--out", str(out), "--set", "train.dataset=synthetic",

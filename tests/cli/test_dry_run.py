@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd.cli import main
+from dqsgd.cli.commands import main
 
 TINY = ["--set", "train.dataset=synthetic", "--set", "train.model=mlp", "--set", "train.steps=4",
         "--set", "train.eval_every=2", "--set", "train.workers=2", "--set", "train.batch_size=8"]

@@ -1,4 +1,4 @@
-"""The shared TOML config layer (``dqsgd.config``): coercion by field type, table and section checks,
+"""The shared TOML config layer (``dqsgd.core.config_file``): coercion by field type, table and section checks,
 dotted overrides, method tables and file lookup, with the messages both config kinds print."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dqsgd.config import ConfigError, ConfigSchema, coerce, load_raw, shipped_configs
+from dqsgd.core.config_file import ConfigError, ConfigSchema, coerce, load_raw, shipped_configs
 
 
 class MyError(ConfigError):
@@ -151,6 +151,7 @@ def test_both_config_kinds_share_the_error_type() -> None:
 
 
 def test_the_module_imports_nothing_heavy() -> None:
-    code = "import sys, dqsgd.config; print(sorted(m for m in ('torch', 'numpy', 'numba') if m in sys.modules))"
+    code = ("import sys, dqsgd.core.config_file; "
+            "print(sorted(m for m in ('torch', 'numpy', 'numba') if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr

@@ -1,4 +1,4 @@
-"""Lazy package exports (dqsgd._lazy): every listed name resolves to the object of its module."""
+"""Lazy package exports (dqsgd.core.lazy): every listed name resolves to the object of its module."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd._lazy import _exports
+from dqsgd.core.lazy import _exports
 
 PACKAGES = ["dqsgd.codecs", "dqsgd.kernels", "dqsgd.quantizers", "dqsgd.policies", "dqsgd.dq"]
 

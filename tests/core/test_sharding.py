@@ -1,6 +1,6 @@
 import pytest
 
-from dqsgd.sharding import shard_bounds, shard_sizes
+from dqsgd.core.sharding import shard_bounds, shard_sizes
 
 
 @pytest.mark.parametrize("numel,world", [(0, 1), (0, 3), (1, 4), (10, 3), (12, 4), (1001, 16), (7, 7)])

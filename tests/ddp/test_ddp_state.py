@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from dqsgd.codecs import PayloadError
+from dqsgd.core.sharding import shard_bounds
 from dqsgd.ddp import HookState
-from dqsgd.integrations import ddp_codec as codec
 from dqsgd.kernels import HashRNG
-from dqsgd.pipeline import ProtocolError
-from dqsgd.sharding import shard_bounds
+from dqsgd.method.pipeline import ProtocolError
+from dqsgd.topology import payloads as codec
 
 SIZES = [4064, 127, 1270, 10]  # 5471 elements
 N = sum(SIZES)
@@ -132,7 +132,7 @@ def test_cached_sizes_follow_width_and_new_shards() -> None:
 
 def test_state_saved_under_another_config_is_refused_naming_the_keys() -> None:
     """A HookState saved at 8 bits is not loaded into a 2-bit config of the same method name."""
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
 
     saved = HookState(method_config("qsgd", bits=8)).state_dict()
     with pytest.raises(ValueError, match=r"method.bits: 8 saved, 2 here"):

@@ -7,9 +7,9 @@ import torch
 
 from dqsgd.codecs import PayloadError
 from dqsgd.kernels import HashRNG
-from dqsgd.ledger import Ledger
-from dqsgd.methods import METHODS, method_config
-from dqsgd.pipeline import Method, ProtocolError
+from dqsgd.method.config import METHODS, method_config
+from dqsgd.method.ledger import Ledger
+from dqsgd.method.pipeline import Method, ProtocolError
 
 D, W, N = 1000, 4, 50
 SIZES = [600, 300, 100]
@@ -137,7 +137,7 @@ def test_infeasible_budget_refused_up_front() -> None:
 
 
 def test_error_target_policy_uses_theory_constant() -> None:
-    from dqsgd import theory
+    from dqsgd.theory import bounds as theory
 
     m = Method(method_config("dqsgd-error", eps_q=1e-4, smoothness=2.0, lr=0.1), D, N)
     assert m.policy.k == pytest.approx(theory.error_target_t(2.0, 0.1, D, 1e-4))

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import pytest
 
-import dqsgd.cli
+import dqsgd.cli.commands
 import dqsgd.dq.problem
 import dqsgd.experiments.compare
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 NOT_RUN_LANGS = {"python", "py", "toml", "json", "text", "txt", "output", "yaml", "ini", "diff"}
 LACKS = re.compile(r"CUDA is not available|not installed|DatasetNotFound|no such file|not found|cannot find",
@@ -141,7 +141,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            rc = dqsgd.cli.main(argv)
+            rc = dqsgd.cli.commands.main(argv)
         except SystemExit as e:  # argparse: a bad flag, or --help / --version
             rc = e.code if isinstance(e.code, int) else 1
     return rc, out.getvalue(), err.getvalue()
@@ -152,7 +152,7 @@ def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParse
 
 
 def _check_synopsis(cmd: DocCommand) -> None:
-    p = dqsgd.cli.parser()
+    p = dqsgd.cli.commands.parser()
     for word in cmd.argv:
         if word.startswith(("-", "[")) or not _subcommands(p):
             break
@@ -218,7 +218,7 @@ def test_documented_command(cmd: DocCommand, tmp_path: Path, monkeypatch: pytest
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             try:
-                dqsgd.cli.parser().parse_args(argv)
+                dqsgd.cli.commands.parser().parse_args(argv)
             except SystemExit as e:
                 pytest.fail(f"{cmd.where}: `{cmd.text}` does not parse (exit {e.code}): {err.getvalue()}")
         return None

@@ -3,12 +3,13 @@
 Two more rules keep the package to its public ground: numba kernels are defined only in the codecs and
 kernels, and no module reaches a private name of torch beyond the one listed use (the benchmarks that
 compare against PyTorch's private quantization backend, or time the fused kernel's pieces with a kernel
-of their own, live in ``benchmarks/``, outside the package).
+of their own, live in ``benchmarks/``, outside the package). And the shape of the package: no import
+cycle, no private module or name used across packages, no module over :data:`MAX_LINES` lines.
 
-Read bottom to top, one training step goes trainer → step → method (quantizer registry, codec) →
-transport → policy; a lower layer never reaches up (imports under ``if TYPE_CHECKING:`` are
-annotations only and do not count). ``dqsgd.transport.launch`` is the old import path of
-``dqsgd.launch`` (a command-line launcher) and is kept working as an alias of that module.
+Read bottom to top, one training step goes trainer → topology step → method (quantizer registry, codec)
+→ transport → policy; a lower layer never reaches up (imports under ``if TYPE_CHECKING:`` are
+annotations only and do not count). Old import paths of moved modules are not files: they are the table
+of :mod:`dqsgd.core.moved` (tests/core/test_moved.py).
 """
 
 from __future__ import annotations
@@ -19,33 +20,39 @@ from pathlib import Path
 import dqsgd
 
 SRC = Path(dqsgd.__file__).parent
-LAYERS: list[list[str]] = [  # lowest first
-    ["dqsgd._lazy", "dqsgd._extras", "dqsgd.errors", "dqsgd.rng",
-     "dqsgd.sharding", "dqsgd.timeouts", "dqsgd.config", "dqsgd.topology.names", "dqsgd.topology.agreement"],
+LAYERS: list[list[str]] = [  # lowest first; a module's layer is that of its longest listed prefix
+    ["dqsgd.core", "dqsgd.topology.names", "dqsgd.topology.agreement"],
     ["dqsgd.quantizers"],
     ["dqsgd.codecs"],
     ["dqsgd.kernels"],
-    ["dqsgd.policies", "dqsgd.ledger", "dqsgd.memory", "dqsgd.theory", "dqsgd.methods",  # methods reads quantizers
+    ["dqsgd.policies", "dqsgd.method.config", "dqsgd.method.memory", "dqsgd.method.ledger", "dqsgd.theory.bounds",
      "dqsgd.topology.traffic", "dqsgd.topology.limits", "dqsgd.topology.keys"],
-    ["dqsgd.pipeline", "dqsgd.api", "dqsgd.topology", "dqsgd.step"],  # topology: the per-bucket protocol
-    ["dqsgd.transport", "dqsgd.sketched"],  # sketched: its steps read the transport's interface
+    ["dqsgd.method", "dqsgd.api", "dqsgd.topology"],  # topology: the per-bucket protocol and the step objects
+    ["dqsgd.transport"],
     ["dqsgd.data", "dqsgd.models"],
-    ["dqsgd.train", "dqsgd.integrations", "dqsgd.ddp", "dqsgd.dq", "dqsgd.local", "dqsgd.fsdp"],
-    ["dqsgd.experiments", "dqsgd.launch", "dqsgd.bench", "dqsgd.bench_cli", "dqsgd.bench_hook", "dqsgd.bench_fsdp",
-     "dqsgd.cli", "dqsgd.plan", "dqsgd.dq.cli", "dqsgd.dq.__main__", "dqsgd.bench_gpu", "dqsgd.bench_gpu_cli",
-     "dqsgd.bench_loopback",
-     "dqsgd.__main__"],
+    ["dqsgd.train", "dqsgd.ddp", "dqsgd.dq", "dqsgd.fsdp"],
+    ["dqsgd.experiments", "dqsgd.theory", "dqsgd.cli", "dqsgd.dq.cli", "dqsgd.dq.__main__", "dqsgd.__main__"],
 ]
-THEORY = "dqsgd.experiments.theory"
-THEORY_LAYERS: list[list[str]] = [  # the theory checks' modules, lowest first
+THEORY = "dqsgd.theory"
+THEORY_LAYERS: list[list[str]] = [  # the theory package's modules, lowest first
+    [f"{THEORY}.bounds"],
     [f"{THEORY}.settings"],
     [f"{THEORY}.sims"],
-    [f"{THEORY}.bounds", f"{THEORY}.plots", f"{THEORY}.report"],
+    [f"{THEORY}.theorem1", f"{THEORY}.plots", f"{THEORY}.report"],
     [f"{THEORY}.checks"],
     [f"{THEORY}.cli"],
     [f"{THEORY}.__main__"],
 ]
-ALIASES = {"dqsgd.transport.launch"}  # old import paths kept as aliases of a moved module
+BENCH = "dqsgd.cli.bench"
+BENCH_LAYERS: list[list[str]] = [  # the bench commands, lowest first: the parsers load a benchmark when it runs
+    [f"{BENCH}.choices"],
+    [f"{BENCH}.common", f"{BENCH}.hook", f"{BENCH}.fsdp"],
+    [f"{BENCH}.loopback"],
+    [f"{BENCH}.gpu"],
+    [f"{BENCH}.gpu_parser"],
+    [f"{BENCH}.parser"],
+]
+MAX_LINES = 450
 
 
 def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
@@ -101,8 +108,6 @@ def test_every_module_has_a_layer() -> None:
 def upward_imports(layers: list[list[str]]) -> list[str]:
     up = []
     for module, path in modules():
-        if module in ALIASES:
-            continue
         me = layer_of(module, layers)
         for target, line in runtime_imports(ast.parse(path.read_text(), str(path))):
             there = layer_of(target, layers)
@@ -115,24 +120,29 @@ def test_no_import_points_up() -> None:
     assert upward_imports(LAYERS) == []
 
 
-def test_theory_checks_read_in_one_direction() -> None:
-    """Settings, then the simulations, then bounds/plots/report, then the checks, then the command."""
+def test_theory_reads_in_one_direction() -> None:
+    """The bounds, the settings, the simulations, then Theorem 1/plots/report, the checks, the command."""
     mine = [m for m, _ in modules() if m.startswith(THEORY + ".")]
     assert mine and [m for m in mine if layer_of(m, THEORY_LAYERS) is None] == []
     assert upward_imports(THEORY_LAYERS) == []
+
+
+def test_bench_commands_read_in_one_direction() -> None:
+    """The shared choices, the benchmarks, then the parsers that load them."""
+    mine = [m for m, _ in modules() if m.startswith(BENCH + ".")]
+    assert mine and [m for m in mine if layer_of(m, BENCH_LAYERS) is None] == []
+    assert upward_imports(BENCH_LAYERS) == []
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = {m: n for m, path in modules() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
 
 
 def test_the_check_catches_an_upward_import() -> None:
     tree = ast.parse("from dqsgd.train.runner import run_one\nif TYPE_CHECKING:\n    from dqsgd.cli import main\n")
     assert runtime_imports(tree) == [("dqsgd.train.runner", 1)]
     assert layer_of("dqsgd.train.runner") > layer_of("dqsgd.transport.base")
-
-
-def test_old_launch_path_is_the_same_module() -> None:
-    import dqsgd.launch
-    import dqsgd.transport.launch
-
-    assert dqsgd.transport.launch is dqsgd.launch
 
 
 KERNEL_HOMES = ("dqsgd.codecs", "dqsgd.kernels")
@@ -142,9 +152,9 @@ TORCH_PRIVATES_USED = {  # module: the private torch names it reaches, each guar
     # FSDP2's ReduceScatter interface class (torch exports no public name for it; absent: compress() says so)
     "dqsgd.fsdp.comm": ["torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter"],
     # torch._dynamo's counters: bench gpu reports the recompilations seen after warm-up
-    "dqsgd.bench_loopback": ["torch…_dynamo"],
+    "dqsgd.cli.bench.loopback": ["torch…_dynamo"],
     # the autograd engine's end-of-backward callback: the hook raises a bucket's error there, with its type
-    "dqsgd.integrations.ddp_hook": ["torch…_execution_engine"],
+    "dqsgd.ddp.comm_hook": ["torch…_execution_engine"],
 }
 
 
@@ -269,7 +279,7 @@ def _private_uses(module: str, tree: ast.Module) -> list[str]:
 
 
 def test_no_private_module_is_used_across_packages() -> None:
-    found = [u for m, path in modules() if m not in ALIASES
+    found = [u for m, path in modules()
              for u in _private_uses(m, ast.parse(path.read_text(), str(path)))]
     assert found == []
 
@@ -278,14 +288,6 @@ def test_the_check_catches_a_private_module_of_another_package() -> None:
     tree = ast.parse("from dqsgd.quantizers._common import flat_float\n")
     assert len(_private_uses("dqsgd.kernels.codec", tree)) == 1
     assert _private_uses("dqsgd.quantizers.sign", tree) == []
-
-
-# The import cycles left, each to be broken: the bench commands' wiring (bench_cli, bench_gpu_cli) and
-# their bodies import each other lazily; the trainer and its Local SGD rounds import each other. No
-# other cycle may appear.
-KNOWN_CYCLES = [["dqsgd.bench", "dqsgd.bench_cli", "dqsgd.bench_gpu", "dqsgd.bench_gpu_cli", "dqsgd.bench_hook",
-                 "dqsgd.bench_loopback"],
-                ["dqsgd.train.local", "dqsgd.train.trainer"]]
 
 
 def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -321,12 +323,10 @@ def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle_between_modules() -> None:
-    """Every runtime import (function bodies included) is an edge; aliases of moved modules are left out."""
-    edges: dict[str, set[str]] = {}
-    for m, path in modules():
-        if m not in ALIASES:
-            edges[m] = {t for t, _ in runtime_imports(ast.parse(path.read_text(), str(path))) if t != m}
-    assert import_cycles(edges) == KNOWN_CYCLES
+    """Every runtime import (function bodies included) is an edge."""
+    edges = {m: {t for t, _ in runtime_imports(ast.parse(path.read_text(), str(path))) if t != m}
+             for m, path in modules()}
+    assert import_cycles(edges) == []
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

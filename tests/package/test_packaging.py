@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PIN = re.search(r"^torch==(\S+)", (ROOT / "requirements.txt").read_text(), re.M).group(1)  # type: ignore[union-attr]
 OTHER_TORCH = "2.11.0"  # "a CUDA build of 2.11 already installed"
 # pip sees only what the test provides: no config files, no PIP_* settings of this machine (find-links, indexes)
@@ -70,7 +70,7 @@ def test_wheel_metadata_ranges_extras_and_files(wheel: Path) -> None:
     for v in ("3.11", "3.12", "3.13"):
         assert f"Programming Language :: Python :: {v}" in classifiers
     assert "dqsgd/py.typed" in names and "dqsgd/experiments/configs/table1-mnist.toml" in names
-    assert {"dqsgd/bench.py", "dqsgd/experiments/theory/checks.py", "dqsgd/experiments/theory_checks.py"} <= set(names)
+    assert {"dqsgd/cli/bench/common.py", "dqsgd/theory/checks.py", "dqsgd/experiments/theory_checks.py"} <= set(names)
     assert not any("benchmarks/" in n for n in names)  # `dqsgd bench codec|compressors|network` need a checkout
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
 

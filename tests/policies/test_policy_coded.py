@@ -13,7 +13,7 @@ from test_policies import (assert_runs_equal, cost_fn, random_norms, reference_s
 
 from dqsgd.data import load_dataset
 from dqsgd.kernels import HashRNG
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.policies import CodedBudgetedDQSGD, GradStats, level_entropies
 from dqsgd.quantizers import quantize_uniform
 from dqsgd.train.config import MethodEntry, TrainConfig

@@ -9,8 +9,8 @@ import torch
 import dqsgd
 from dqsgd.codecs import Coding, encode as encode_payload
 from dqsgd.kernels import HashRNG
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method, ProtocolError
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method, ProtocolError
 from dqsgd.quantizers import (
     QUANTIZERS, Layout, Norm, Quantized, Scheme, SchemeQuantizer, dequantize, levels_for_bits, quantize_identity,
     quantize_lowprec, quantize_sign, quantize_ternary, quantize_uniform, quantizer, registry,

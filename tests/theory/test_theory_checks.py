@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-import dqsgd.theory as T
+import dqsgd.theory.bounds as T
 from dqsgd.experiments import theory_checks as tc
 from dqsgd.policies import DQSGDRule, Rounding, integerize
 from dqsgd.quantizers import Norm
@@ -198,7 +198,7 @@ def test_logistic_problem_constants() -> None:
 
 def test_cli_passes_out_and_quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The old module's ``main`` (the command) hands --out and --quick to the driver in the package."""
-    from dqsgd.experiments.theory import checks
+    from dqsgd.theory.bounds import checks
 
     seen = {}
 
@@ -210,7 +210,7 @@ def test_cli_passes_out_and_quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert seen == {"out": tmp_path / "t", "quick": True}
 
 
-@pytest.mark.parametrize("module", ["dqsgd.experiments.theory_checks", "dqsgd.experiments.theory"])
+@pytest.mark.parametrize("module", ["dqsgd.experiments.theory_checks", "dqsgd.theory"])
 def test_both_module_paths_run_the_command(module: str) -> None:
     """``python -m`` on the old module and on the package reaches the same parser (``--help`` exits 0)."""
     import subprocess
@@ -223,7 +223,7 @@ def test_both_module_paths_run_the_command(module: str) -> None:
 
 
 def test_old_import_path_names_the_package_objects() -> None:
-    from dqsgd.experiments.theory import checks, cli, settings, sims
+    from dqsgd.theory.bounds import checks, cli, settings, sims
 
     assert tc.run_theory_checks is checks.run_theory_checks and tc.main is cli.main
     assert tc.QUICK is settings.QUICK and tc.quantize_rows is sims.quantize_rows

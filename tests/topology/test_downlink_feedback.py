@@ -8,7 +8,7 @@ import torch
 
 from dqsgd.data import load_dataset
 from dqsgd.ddp import HookState
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.topology.bucket import BucketProtocol
 from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig

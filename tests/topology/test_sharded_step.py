@@ -7,13 +7,13 @@ import torch
 
 from dqsgd.kernels import HashRNG
 
-from dqsgd import theory
 from dqsgd.codecs import PayloadError
 from dqsgd.data import load_dataset
-from dqsgd.ledger import Ledger, wire_traffic
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method
-from dqsgd.step import ShardedStep
+from dqsgd.method.config import method_config
+from dqsgd.method.ledger import Ledger, wire_traffic
+from dqsgd.method.pipeline import Method
+from dqsgd.theory import bounds as theory
+from dqsgd.topology.step import ShardedStep
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
 from dqsgd.transport import SimTransport
@@ -173,7 +173,7 @@ def test_cli_topology_flag_reaches_the_run(tmp_path, capsys) -> None:  # type: i
     """`dqsgd train --topology sharded` (simulation): config.json and the metrics carry it."""
     import json
 
-    from dqsgd.cli import main
+    from dqsgd.cli.commands import main
 
     out = tmp_path / "run"
     args = ["train", "--config", "table1-mnist", "--method", "qsgd-4bit", "--quiet", "--topology", "sharded",

@@ -8,11 +8,11 @@ import torch
 import dqsgd
 from dqsgd.codecs import decode
 from dqsgd.codecs.sketch_wire import IndexKind, index_message_size
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method
 from dqsgd.quantizers.base import Scheme
 from dqsgd.quantizers.sketch import DEFAULT_ROWS, CountSketch, top_indices
-from dqsgd.sketched import SketchedStep
+from dqsgd.topology.sketched import SketchedStep
 from dqsgd.transport import SimTransport
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from dqsgd.data import load_dataset
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method, MethodState
-from dqsgd.step import StepOutcome, ServerStep, ShardedStep, all_finite
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.quantizers import NonFiniteGradientError
+from dqsgd.topology.step import StepOutcome, ServerStep, ShardedStep, all_finite
 from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.runner import RunSummary, run_one

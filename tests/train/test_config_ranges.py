@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd.cli import main
-from dqsgd.config import ConfigError
+from dqsgd.cli.commands import main
+from dqsgd.core.config_file import ConfigError
 from dqsgd.dq import config as dq_config
 from dqsgd.dq.cli import main as dq_main
 
@@ -55,7 +55,7 @@ def test_a_config_nested_5000_deep_is_refused_naming_the_file(tmp_path: Path, ca
 
 @pytest.mark.parametrize("name", ["../evil", "a/b", "..", ".", "", ".hidden", "-x", "a\\b", "a b", "a\0b", "x" * 129])
 def test_names_that_are_not_one_path_component_are_refused(name: str) -> None:
-    from dqsgd.config import check_name
+    from dqsgd.core.config_file import check_name
 
     with pytest.raises(ConfigError, match="cannot name a directory"):
         check_name("train.name", name)
@@ -63,7 +63,7 @@ def test_names_that_are_not_one_path_component_are_refused(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["qsgd-4bit", "dqsgd_2p5", "asylpg-mu0.5", "table1-mnist", "x" * 128, "a+b=c@d"])
 def test_ordinary_names_are_kept(name: str) -> None:
-    from dqsgd.config import check_name
+    from dqsgd.core.config_file import check_name
 
     assert check_name("train.name", name) == name
 

@@ -1,4 +1,4 @@
-"""Issue 13: no silent loss and no silent wrong results (run directories, resume, checkpoints, metrics)
+"""No silent loss and no silent wrong results (run directories, resume, checkpoints, metrics)
 and one-line errors (exit code 2) instead of tracebacks for bad input and a failing disk."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import dqsgd
-from dqsgd.cli import main
+from dqsgd.cli.commands import main
 from dqsgd.codecs import wire
 from dqsgd.data import load_dataset
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.quantizers.lowprec import quantize_lowprec
 from dqsgd.train.checkpoint import CheckpointError, CorruptCheckpoint, read_checkpoint
@@ -262,7 +262,7 @@ def test_a_full_or_read_only_disk_leaves_no_tmp_file_behind(code: int, tmp_path:
 
 
 def test_programming_errors_keep_their_traceback(monkeypatch) -> None:
-    import dqsgd.cli as cli
+    import dqsgd.cli.commands as cli
 
     def bug(args):  # a TypeError raised by a bug, not by user input
         return len(5)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd.cli import main
+from dqsgd.cli.commands import main
 from dqsgd.data import load_dataset
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.runner import run_one
 from dqsgd.train.trainer import Trainer

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dqsgd.data import load_dataset
-from dqsgd.ledger import Ledger
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
+from dqsgd.method.ledger import Ledger
 from dqsgd.train.config import ConfigError, MethodEntry, TrainConfig
 from dqsgd.train.slownodes import SlowNodes, arrivals
 from dqsgd.train.trainer import Trainer, record_of

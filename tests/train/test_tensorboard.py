@@ -11,7 +11,7 @@ pytest.importorskip("tensorboard", reason="tensorboard is an optional extra (pip
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from dqsgd.data import load_dataset  # noqa: E402
-from dqsgd.methods import method_config  # noqa: E402
+from dqsgd.method.config import method_config  # noqa: E402
 from dqsgd.train.config import MethodEntry, TrainConfig  # noqa: E402
 from dqsgd.train.metrics import read_jsonl  # noqa: E402
 from dqsgd.train.runner import run_one  # noqa: E402

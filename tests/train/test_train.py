@@ -13,7 +13,7 @@ import torch
 from synthetic_runs import entry, train_config
 
 from dqsgd.data import load_dataset
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.train.checkpoint import CheckpointError, load_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.metrics import read_jsonl

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dqsgd.cli import main
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method
+from dqsgd.cli.commands import main
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method
 from dqsgd.train.config import ConfigError, TrainConfig, build_experiment, resolve_device
 from dqsgd.train.trainer import codec_input
 

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from dqsgd import __version__
-from dqsgd.timeouts import TRAIN_COLLECTIVE_S, check_wait
+from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S, check_wait
+from dqsgd.topology.names import TOPOLOGIES
 from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, resolve_device, shipped_configs
 
 
@@ -26,7 +27,7 @@ def _experiment(args: argparse.Namespace, method: str | None = None):
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from dqsgd.methods import METHODS
+    from dqsgd.method.config import METHODS
 
     width = max(map(len, METHODS))
     for name, desc in METHODS.items():
@@ -54,7 +55,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{exp.train.name}")
     only = args.methods.split(",") if args.methods else None
     if args.dry_run:
-        from dqsgd.plan import compare_plan
+        from dqsgd.cli.plan import compare_plan
 
         print("\n".join(compare_plan(exp, out, args.resume, only, args.overwrite)))
         return 0
@@ -81,14 +82,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if (why := check_wait("--timeout", args.timeout)) is not None:
         raise ConfigError(why)
     if args.dry_run:
-        from dqsgd.plan import train_plan
+        from dqsgd.cli.plan import train_plan
 
         if args.max_restarts and args.transport != "torch":
             raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
         print("\n".join(train_plan(exp, entry, seed, args)))
         return 0
     if args.transport == "torch":
-        from dqsgd.launch import train_distributed
+        from dqsgd.cli.launch import train_distributed
 
         return train_distributed(exp, entry, seed, args)
     if args.max_restarts:
@@ -172,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
                     help="--transport torch without torchrun: restart the processes from the last checkpoints "
                          "this many times after a failure (under torchrun: torchrun's own --max-restarts)")
     sp.add_argument("--transport", choices=["sim", "torch"], default="sim")
-    sp.add_argument("--topology", choices=["ps", "allgather", "sharded"],
+    sp.add_argument("--topology", choices=TOPOLOGIES,
                     help="default: train.topology, else sharded (--transport torch) or ps (sim)")
     sp.add_argument("--workers", type=int, help="with --transport torch outside torchrun: processes to start")
     sp.add_argument("--timeout", type=float, default=TRAIN_COLLECTIVE_S,
@@ -193,7 +194,7 @@ def parser() -> argparse.ArgumentParser:
                         description=dq_cli.DESCRIPTION)
     dq_cli.add_dq_arguments(sp)
     sp.set_defaults(func=dq_cli.run_command)
-    from dqsgd.bench_cli import add_bench_parser
+    from dqsgd.cli.bench.parser import add_bench_parser
 
     add_bench_parser(sub)
     sub.add_parser("methods", help="list the registered methods").set_defaults(func=cmd_methods)
@@ -205,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dqsgd.errors import Interrupted
+    from dqsgd.core.errors import Interrupted
 
     args = parser().parse_args(argv)
     try:

@@ -45,9 +45,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dqsgd.codecs import PayloadError
-from dqsgd.pipeline import ProtocolError
+from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S
+from dqsgd.method.pipeline import ProtocolError
 from dqsgd.quantizers import NonFiniteGradientError
-from dqsgd.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.train.checkpoint import CheckpointError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
 from dqsgd.train.rundir import RunDirError

@@ -43,7 +43,7 @@ def train_plan(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argpa
 
     lines = [f"dry run: train {entry.label} (config {exp.source or 'from the command line'}), seed {seed}"]
     if args.transport == "torch":
-        from dqsgd.launch import check_distributed, under_torchrun
+        from dqsgd.cli.launch import check_distributed, under_torchrun
 
         exp, out_s, restarts, world = check_distributed(exp, entry, seed, args)
         out, device = Path(out_s), "cpu or cuda:LOCAL_RANK (per process)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["DOWNLINK", "shard_bounds", "shard_sizes"]
 
-from dqsgd.rng import DOWNLINK  # the seed stream of the downlink's stochastic rounding (re-exported)
+from dqsgd.core.rng import DOWNLINK  # the seed stream of the downlink's stochastic rounding (re-exported)
 
 
 def shard_bounds(numel: int, world: int) -> list[tuple[int, int]]:

@@ -13,7 +13,7 @@ have a size that follows from (numel, bits), so no sizes are exchanged; variable
 (Elias, rANS, zstd) exchange their sizes first in one small blocking all-gather.
 
 **Topology ``sharded``** (the default): for W ranks the bucket's flat gradient is cut into W
-contiguous shards (:func:`dqsgd.sharding.shard_bounds`), each quantized as a vector of its own;
+contiguous shards (:func:`dqsgd.core.sharding.shard_bounds`), each quantized as a vector of its own;
 one ``all_to_all`` sends shard j to rank j; rank j decodes the W payloads of its shard and
 averages them (G_j = Σ_w (1/W)·Q(g_w,j)), quantizes G_j for the downlink — unbiased stochastic
 max-norm rounding at ``downlink_bits`` (default 8) with hash uniforms of
@@ -63,7 +63,7 @@ ledger), residuals, generators and counters; pickling drops the process group. D
 buckets after the first iteration; a bucket index whose size changes gets a fresh policy.
 """
 
-from dqsgd.integrations.ddp_hook import hook
-from dqsgd.integrations.ddp_state import CompressionStats, HookState
+from dqsgd.ddp.comm_hook import hook
+from dqsgd.ddp.state import CompressionStats, HookState
 
 __all__ = ["CompressionStats", "HookState", "hook"]

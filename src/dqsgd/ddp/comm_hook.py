@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from dqsgd.integrations.ddp_state import HookState, BucketState, ring_bytes
+from dqsgd.ddp.state import HookState, BucketState, ring_bytes
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.traffic import rank_traffic
 
@@ -267,7 +267,7 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
 
     def reduce_shard() -> tuple[torch.futures.Future, Finish]:
         from dqsgd.codecs import PayloadError
-        from dqsgd.pipeline import ProtocolError
+        from dqsgd.method.pipeline import ProtocolError
 
         msgs = recv.split(recv_sizes)
         flg = recv[torch.tensor(recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
@@ -297,7 +297,7 @@ def _assemble(state: HookState, b: BucketState, gathered: list[torch.Tensor], fl
     """Decode every shard server's downlink into the bucket (the same bytes on every rank). A shard
     server that refused a payload: every rank raises its error (CPU) or flags the bucket (device)."""
     from dqsgd.codecs import PayloadError
-    from dqsgd.pipeline import ProtocolError
+    from dqsgd.method.pipeline import ProtocolError
 
     out = torch.zeros(b.numel, dtype=torch.float32, device=grad.device)
     flag = b.payload_flag(out)

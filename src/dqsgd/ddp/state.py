@@ -1,7 +1,7 @@
 """State of the DDP hook: per-bucket methods and policies, traffic counters, checkpointing.
 
 One :class:`HookState` per DDP model (like ``PowerSGDState``). A bucket index gets its own
-:class:`~dqsgd.pipeline.Method` (the policy of the whole bucket) and, under topology ``sharded``,
+:class:`~dqsgd.method.pipeline.Method` (the policy of the whole bucket) and, under topology ``sharded``,
 one Method per shard (shard j of the bucket is a vector of its own: a per-tensor layout becomes the
 pieces of the tensors inside the shard, a bucket layout restarts at the shard's start).
 """
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from dqsgd.methods import MethodConfig, method_config
-from dqsgd.timeouts import HOOK_COLLECTIVE_S
+from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
+from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.topology.names import (
     FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_bits, check_downlink_safety, check_topology)
 
 if TYPE_CHECKING:
-    from dqsgd.pipeline import Method
+    from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import BucketProtocol
 
 STATE_VERSION = 2
@@ -243,7 +243,7 @@ class HookState:
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
         if not isinstance(method, MethodConfig):
-            raise TypeError("method must be a method name or a dqsgd.methods.MethodConfig, "
+            raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
         _check_int("seed", seed, 0)
         if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):

@@ -76,7 +76,7 @@ class MethodConfig:
     # uniforms of (seed, step, worker); "torch" = torch ops + the worker's torch.Generator (other
     # schemes: torch). Both are unbiased with the same variance; their payloads differ.
     kernel: KernelName = "fused"
-    # Sketched SGD (scheme "sketch", dqsgd.sketched): k = max(1, round(topk_ratio·d)) coordinates per step,
+    # Sketched SGD (scheme "sketch", dqsgd.topology.sketched): k = max(1, round(topk_ratio·d)) coordinates per step,
     # an r × c count sketch with r = sketch_rows and c = ⌈sketch_cols·k⌉, and ⌈sketch_p·k⌉ candidates whose
     # exact values the second round fetches; the workers' momentum sketch_momentum (the optimizer's should be 0).
     topk_ratio: float = 0.01       # 1% of d, the setting of results/sketch-fashion

@@ -15,12 +15,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dqsgd import memory
 from dqsgd.codecs import (
     Coding, PayloadError, coded_size, decode as decode_payload, encode as encode_payload, predicted_size,
 )
 from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_fast
-from dqsgd.methods import MethodConfig
+from dqsgd.method import memory
+from dqsgd.method.config import MethodConfig
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
     grad_stats,
@@ -141,7 +141,7 @@ class Method:
             raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
         if self.quantizer.scheme == Scheme.SKETCH:
             raise ValueError(f"method {c.name!r} sends count sketches in two rounds: the trainer runs it "
-                             "(dqsgd.sketched.SketchedStep); the one-message pipeline and the DDP hook do not")
+                             "(dqsgd.topology.sketched.SketchedStep); the one-message pipeline and the DDP hook do not")
         if self.fused:
             return quantize_uniform_fast(grad, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout)
         return self.quantizer.quantize(grad, bits, generator, layout=self.layout, norm=self.norm,
@@ -238,7 +238,7 @@ class Method:
 
 
 def _dqsgd_error(m: Method) -> DQSGDRule:
-    from dqsgd import theory
+    import dqsgd.theory.bounds as theory
 
     c, n = m.config, m.total_steps
     k = (theory.error_target_k(n, c.smoothness, m.numel, c.lr, c.alpha, c.eps_q) if c.convex

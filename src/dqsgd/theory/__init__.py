@@ -1,4 +1,6 @@
-"""The DQSGD paper's theory set beside seeded Monte-Carlo measurements, with plots and a report.
+"""The DQSGD paper's theory: its bounds as plain functions (:mod:`dqsgd.theory.bounds`, whose names
+are also this package's: ``dqsgd.theory.optimal_real_bits``), and the theory set beside seeded
+Monte-Carlo measurements, with plots and a report (the other modules here)::
 
     python -m dqsgd.experiments.theory_checks --out runs/theory [--quick]
 
@@ -22,7 +24,7 @@ quantizer :func:`dqsgd.quantizers.quantize_uniform`. Runs are simulated side by 
    (QSGD) or with DQSGD's eq. (18) widths. The bounds get the measured E‖g_n‖_∞², the sampling
    variance and the quantization variance. Three versions are checked. The printed one uses
    σ² = sup and cell factor 1/6 in both bounds. The valid one uses the constants under which the
-   proofs' conditions hold (see :func:`dqsgd.experiments.theory.bounds.theorem1_bounds`). The third is the valid one, restarted at
+   proofs' conditions hold (see :func:`dqsgd.theory.theorem1.theorem1_bounds`). The third is the valid one, restarted at
    the step n₀ ≤ N/2 that gives the tightest bound.
 3. **Proposition 1**: the variance of the real quantizer, measured by MC, divided by d‖g‖²/(6s²),
    for B = 2..10. It is taken on logistic gradients from item 2, on vectors that meet the
@@ -34,7 +36,25 @@ quantizer :func:`dqsgd.quantizers.quantize_uniform`. Runs are simulated side by 
 The modules, each reading only those above it: ``settings`` (the knobs of the quick and full runs),
 ``sims`` (the simulations), ``bounds`` (Theorem 1's bounds on a simulated run), ``plots`` (the four
 figures), ``report`` (``report.md`` from the JSON results), ``checks`` (the four checks, the claims
-the results must support, and :func:`~dqsgd.experiments.theory.checks.run_theory_checks`, which runs
+the results must support, and :func:`~dqsgd.theory.checks.run_theory_checks`, which runs
 them and writes every file), ``cli`` (the command line). ``dqsgd.experiments.theory_checks`` is the
 command's module and the old import path of these names.
 """
+
+from typing import TYPE_CHECKING
+
+from dqsgd.core.lazy import attach
+
+if TYPE_CHECKING:
+    from dqsgd.theory.bounds import (BoundTerms, bits_for_levels, convex_weights, dqsgd_convex_bits,
+                                     dqsgd_nonconvex_bits, error_target_k, error_target_t,
+                                     exact_quantization_variance, fixed_vs_dynamic, levels_for_bits,
+                                     nonconvex_weights, optimal_real_bits, quantization_term,
+                                     quantization_variance_bound, real_levels, theorem1_alpha_beta,
+                                     theorem1_lower, theorem1_lower_max_eta, theorem1_lower_terms,
+                                     theorem1_upper, theorem1_upper_terms, theorem2_expected_error,
+                                     theorem2_isotropic, theorem3_terms, theorem3_upper,
+                                     two_stage_quantization_term, two_stage_variance_bound,
+                                     worst_case_quantization_variance)
+
+__getattr__, __dir__, __all__ = attach(__name__, __file__)

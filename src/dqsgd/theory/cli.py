@@ -1,12 +1,12 @@
-"""``python -m dqsgd.experiments.theory_checks --out DIR [--quick]`` (also ``python -m dqsgd.experiments.theory``)."""
+"""``python -m dqsgd.experiments.theory_checks --out DIR [--quick]`` (also ``python -m dqsgd.theory``)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-import dqsgd.experiments.theory as package
-import dqsgd.experiments.theory.checks as checks
+import dqsgd.theory.bounds as package
+import dqsgd.theory.checks as checks
 
 
 def main(argv: list[str] | None = None) -> int:

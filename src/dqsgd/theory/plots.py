@@ -7,7 +7,7 @@ from typing import Any
 
 
 def _fig(w: float, h: float):
-    from dqsgd._extras import require
+    from dqsgd.core.extras import require
 
     return require("matplotlib.figure", "the theory checks' figures").Figure(figsize=(w, h), layout="constrained")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dqsgd.experiments.theory.settings import MAX_BITS, MIN_BITS
+from dqsgd.theory.settings import MAX_BITS, MIN_BITS
 
 
 def _g(x: float, digits: int = 4) -> str:

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import torch
 
-from dqsgd.experiments.theory.settings import F64, INF, MAX_BITS, MIN_BITS, Settings
 from dqsgd.quantizers import Layout, Norm, dequantize, quantize_uniform
-from dqsgd.theory import bits_for_levels
+from dqsgd.theory.bounds import bits_for_levels
+from dqsgd.theory.settings import F64, INF, MAX_BITS, MIN_BITS, Settings
 
 
 # ---------------------------------------------------------------- the quantizer, row-wise

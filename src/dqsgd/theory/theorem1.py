@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-import dqsgd.theory as T
-from dqsgd.experiments.theory.sims import Logistic
+import dqsgd.theory.bounds as T
+from dqsgd.theory.sims import Logistic
 
 
 def effective_widths(sim: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

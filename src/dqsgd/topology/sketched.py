@@ -15,7 +15,7 @@ One step n, worker w with error accumulator e_w (zero at the start):
    learning rate and no momentum of its own (the method's momentum is ρ, ``sketch_momentum``).
 
 k = max(1, round(topk_ratio·d)), c = ⌈sketch_cols·k⌉, r = sketch_rows, m = min(d, ⌈sketch_p·k⌉)
-(:class:`dqsgd.methods.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``). A worker's
+(:class:`dqsgd.method.config.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``). A worker's
 memory (``MethodState.residuals[w]``, checkpointed) is the (2, d) tensor [u_w; e_w].
 
 Topologies, each over its usual transport calls (:mod:`dqsgd.transport.base`):
@@ -38,20 +38,22 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
 from dqsgd.codecs import Coding, PayloadError, encode as encode_payload, predicted_size
 from dqsgd.codecs.sketch_wire import IndexKind, decode_indices, encode_indices
+from dqsgd.core.rng import SKETCH, generator
+from dqsgd.core.sharding import shard_bounds
 from dqsgd.kernels import decode_accumulate, read_header
-from dqsgd.pipeline import Method, MethodState, ProtocolError
+from dqsgd.method.pipeline import Method, MethodState, ProtocolError
 from dqsgd.quantizers import Layout, Scheme, quantize_identity
 from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
-from dqsgd.rng import SKETCH, generator
-from dqsgd.sharding import shard_bounds
-from dqsgd.step import StepOutcome, with_residuals
-from dqsgd.transport.base import ShardedTransport, Transport
+from dqsgd.topology.step import StepOutcome, with_residuals
+
+if TYPE_CHECKING:
+    from dqsgd.transport.base import ShardedTransport, Transport
 
 
 class SketchedStep:

@@ -15,9 +15,9 @@ method state after the step (error-feedback memory, the policy's B_{n+1}) and ti
 
 Topology ``sharded``: every rank is the server of 1/W of the vector.
 
-The flat gradient of d coordinates is cut into W contiguous shards (:func:`dqsgd.sharding.shard_bounds`);
+The flat gradient of d coordinates is cut into W contiguous shards (:func:`dqsgd.core.sharding.shard_bounds`);
 each shard is quantized as a vector of its own (a bucket layout restarts at the shard, a per-tensor
-layout keeps one scale per piece of a tensor inside it: :func:`dqsgd.sharding.shard_sizes`).
+layout keeps one scale per piece of a tensor inside it: :func:`dqsgd.core.sharding.shard_sizes`).
 
 One step, for worker w and shard server j:
 
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
-from dqsgd.pipeline import Method, MethodState
+from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
 from dqsgd.topology.names import FP32, check_downlink_bits
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from dqsgd.transport.base import ShardedTransport, Transport
 
 __all__ = ["FP32", "StepOutcome", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
-           "shard_methods"]
+           "shard_methods", "step_for"]
 
 
 @dataclass
@@ -85,7 +85,7 @@ class StepOutcome:
         return [sum(row) for row in self.up]
 
     def wire(self) -> tuple[list[int], list[int]]:
-        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.ledger.wire_traffic`)."""
+        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.method.ledger.wire_traffic`)."""
         return wire_traffic(self.topology, self.up, self.down)
 
 
@@ -242,3 +242,11 @@ class ShardedStep:
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
         coded_s = time.perf_counter() - t1
         return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, "sharded", after)
+
+
+def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
+             downlink_bits: int = 8, downlink_feedback: bool = False) -> ServerStep | ShardedStep:
+    """The step object of ``topology``: :class:`ShardedStep` for sharded, :class:`ServerStep` for ps and allgather."""
+    if topology == "sharded":
+        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback)
+    return ServerStep(method, seed, topology)

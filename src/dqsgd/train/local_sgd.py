@@ -4,7 +4,7 @@
 ``PostLocalSGDOptimizer``: every process trains its own copy of the model with your optimizer; every
 ``local_steps`` = H calls of :meth:`~LocalSGDOptimizer.step`, the pseudo-gradient Δ = θ_start − θ of
 each process is quantized by a dqsgd method, exchanged over the sharded collective (the transport and
-step object of ``dqsgd train --transport torch``: :class:`dqsgd.step.ShardedStep`), and the decoded
+step object of ``dqsgd train --transport torch``: :class:`dqsgd.topology.step.ShardedStep`), and the decoded
 average Δ̂ — the same on every rank — is applied to θ_start by an outer optimizer (SGD with lr 1 and
 no momentum = model averaging; Nesterov momentum as DiLoCo). Every process then continues from the
 new θ_start; your optimizer keeps its state. See docs/local-sgd.md.
@@ -30,13 +30,13 @@ from typing import Any, Callable
 
 import torch
 
-from dqsgd.methods import MethodConfig, method_config
-from dqsgd.pipeline import Method, MethodState
+from dqsgd.core.rng import QUANT, generator
+from dqsgd.method.config import MethodConfig, method_config
+from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.rng import QUANT, generator
-from dqsgd.step import ServerStep, ShardedStep, all_finite
-from dqsgd.train.local import copy_into, outer_optimizer
 from dqsgd.topology.agreement import digest
+from dqsgd.topology.step import all_finite, step_for
+from dqsgd.train.local import copy_into, outer_optimizer
 from dqsgd.transport.torch_dist import RankDisagreement, make_transport
 
 __all__ = ["LocalSGDOptimizer"]
@@ -51,7 +51,7 @@ class LocalSGDOptimizer:
     ``local_steps`` steps; see the module docstring.
 
     ``method``: a dqsgd method name or config (``method_options`` are passed to
-    :func:`dqsgd.methods.method_config`); ``rounds``: how many exchanges the run will have (needed by
+    :func:`dqsgd.method.config.method_config`); ``rounds``: how many exchanges the run will have (needed by
     the bit policies that plan over the run: DQSGD's rules and budgets); ``outer``: "sgd" | "nesterov"
     with ``outer_lr`` and ``outer_momentum``; ``topology``: "sharded" (default), "allgather" or "ps";
     ``downlink_bits``: the sharded downlink's width (32 = fp32); ``seed``: the quantization streams'
@@ -75,9 +75,7 @@ class LocalSGDOptimizer:
         self.method = Method(config, sum(sizes), rounds or 1, sizes)
         self.transport = make_transport(topology, group, timeout=timeout)
         self.rank, self.workers = self.transport.rank, self.transport.workers
-        self.exchange: ShardedStep | ServerStep = (
-            ShardedStep(self.method, sizes, self.workers, seed, downlink_bits) if topology == "sharded"
-            else ServerStep(self.method, seed, topology))
+        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink_bits)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
@@ -127,7 +125,7 @@ class LocalSGDOptimizer:
                 self.check_agreement()
             delta = {self.rank: (self.start - self._flat()).cpu()}
             all_finite(t, delta, self.rounds_done, "raise")
-            ex = self.exchange.run(t, delta, self.state, self.rounds_done, self.qgen)  # type: ignore[arg-type]
+            ex = self.step_runner.run(t, delta, self.state, self.rounds_done, self.qgen)  # type: ignore[arg-type]
         assert ex.state is not None
         self.state = ex.state
         up, down = ex.wire() if ex.up else ([0] * self.workers, [0] * self.workers)

@@ -8,7 +8,7 @@ prints a table and writes JSON (``--out``).
 This module uses dqsgd's public API only. ``dqsgd bench codec`` (which times the fused kernel's
 pieces with a numba kernel of its own) and ``dqsgd bench compressors`` (which calls PyTorch's DDP
 hooks and their private quantization backend) live in the source checkout's ``benchmarks/``
-and import the helpers from here; :mod:`dqsgd.bench_cli` wires all the sub-commands.
+and import the helpers from here; :mod:`dqsgd.cli.bench.parser` wires all the sub-commands.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ import numpy as np
 import torch
 import zstandard
 
-from dqsgd.bench_cli import add_bench_parser, main  # noqa: F401  (the argparse wiring; kept importable here)
 from dqsgd.codecs import Coding, elias_encode, pack_bits, rans_encode
 from dqsgd.codecs.wire import body_width, zstd_compress
 from dqsgd.kernels import HashRNG
 from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header, set_compile
 
-__all__ = ["add_bench_parser", "bench_step", "best_of", "coded_sizes", "device_codec_rows", "level_entropy", "main",
-           "pick_device", "print_table", "real_gradient", "set_threads", "write_result"]
+__all__ = ["bench_step", "best_of", "coded_sizes", "device_codec_rows", "level_entropy", "pick_device",
+           "print_table", "real_gradient", "set_threads", "write_result"]
 
 
 # ------------------------------------------------------------------------------------ helpers

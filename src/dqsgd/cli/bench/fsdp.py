@@ -86,7 +86,7 @@ def _bench_rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, An
 
 def bench_fsdp(args: argparse.Namespace) -> None:
     """Print (and save) gradient bytes per rank per step and step time per variant, W gloo ranks."""
-    from dqsgd.launch import spawn_local
+    from dqsgd.cli.launch import spawn_local
 
     if args.warmup < 1:
         raise ValueError("--warmup must be at least 1 (the bytes are counted after it)")

@@ -1,6 +1,6 @@
 """``dqsgd bench gpu --out DIR``: the GPU path measured in one command; writes ``gpu.json`` and ``gpu.md``.
 
-Sections (each a function here or in :mod:`dqsgd.bench_loopback`):
+Sections (each a function here or in :mod:`dqsgd.cli.bench.loopback`):
 
 * environment — GPU, torch, Triton, CUDA and numba versions, the command line, the time;
 * correctness — on the device, for widths 1, 2, 4, 8, 16 and both norms: payload bytes against the
@@ -8,7 +8,7 @@ Sections (each a function here or in :mod:`dqsgd.bench_loopback`):
 * codec speed — encode, decode-accumulate and both, as a ratio to ``copy_`` of the same tensor in
   the same round (interleaved rounds, median), for the Triton kernels, the torch-ops codec
   (``torch.compile``) and, for reference, the host (numba) path;
-* DDP loopback step time, recompilations and peak memory (:mod:`dqsgd.bench_loopback`);
+* DDP loopback step time, recompilations and peak memory (:mod:`dqsgd.cli.bench.loopback`);
 * simulation steps per second (W = 8 workers on the device) against plain SGD.
 
 Only torch, numba and (for its rows) Triton are needed; the data is synthetic. On a machine
@@ -258,7 +258,7 @@ def bench_gpu(args: argparse.Namespace) -> int:
     device = _device(args)
     if device is None:
         return 2
-    from dqsgd.bench_loopback import ddp_times
+    from dqsgd.cli.bench.loopback import ddp_times
 
     result: dict[str, Any] = {"environment": environment(device)}
     print(f"bench gpu: correctness ({args.check_n} elements) ...", flush=True)

@@ -1,4 +1,4 @@
-"""``dqsgd bench gpu``'s argparse wiring, importable without torch (the command is :mod:`dqsgd.bench_gpu`)."""
+"""``dqsgd bench gpu``'s argparse wiring, importable without torch (the command is :mod:`dqsgd.cli.bench.gpu`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ __all__ = ["add_gpu_parser"]
 
 
 def add_gpu_parser(bsub: Any) -> None:
-    """``bench gpu`` under an argparse ``bench`` sub-parser set (runs :mod:`dqsgd.bench_gpu`)."""
-    from dqsgd.bench_cli import int_list
+    """``bench gpu`` under an argparse ``bench`` sub-parser set (runs :mod:`dqsgd.cli.bench.gpu`)."""
+    from dqsgd.cli.bench.choices import int_list
 
     g = bsub.add_parser("gpu", help="the GPU path in one run: correctness, codec speed, DDP loopback; gpu.json, gpu.md",
                         description="Measure the GPU path: device correctness against the CPU kernels, codec speed "
@@ -37,4 +37,4 @@ def add_gpu_parser(bsub: Any) -> None:
                    help="simulation models (cnn = LeNet-5) (default: cnn,resnet18)")
     g.add_argument("--sim-steps", type=int, default=10, help="timed simulation steps per method (default: 10)")
     g.add_argument("--device", choices=["auto", "cpu"], default="auto", help=argparse.SUPPRESS)  # tests: CPU, titled so
-    g.set_defaults(func=lambda a: __import__("dqsgd.bench_gpu", fromlist=["bench_gpu"]).bench_gpu(a))
+    g.set_defaults(func=lambda a: __import__("dqsgd.cli.bench.gpu", fromlist=["bench_gpu"]).bench_gpu(a))

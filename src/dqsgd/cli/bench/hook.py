@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dqsgd.bench_cli import HOOKS, MODELS  # the parser's choices (torch-free module)
+from dqsgd.cli.bench.choices import HOOKS, MODELS  # the parser's choices (torch-free module)
 
 CIFAR = (3, 32, 32)
 
@@ -121,7 +121,7 @@ def summarize(times: dict[str, list[float]]) -> list[dict[str, Any]]:
 
 
 def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
-    from dqsgd.launch import spawn_local
+    from dqsgd.cli.launch import spawn_local
 
     models, hooks = args.model.split(","), ["none", *[h for h in args.hooks.split(",") if h and h != "none"]]
     bad = [m for m in models if m not in MODELS] + [h for h in hooks if h not in HOOKS]

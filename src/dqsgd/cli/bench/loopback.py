@@ -4,9 +4,9 @@ At world size 1 ``dqsgd.ddp.hook`` passes the gradient through (there is nothing
 single-GPU run shows its cost. :class:`LoopbackHook` is registered on a world-size-1 DDP model as
 its comm hook, so DDP's own buckets, futures and overlap with backward are the real ones; for each
 bucket it does what one rank of W does with its gradient in the sharded topology, with the hook's
-own codec functions (:mod:`dqsgd.integrations.ddp_codec`) and shard methods:
+own codec functions (:mod:`dqsgd.topology.payloads`) and shard methods:
 
-1. the bucket is cut into the W shards of :func:`dqsgd.step.shard_methods`; each shard is encoded
+1. the bucket is cut into the W shards of :func:`dqsgd.topology.step.shard_methods`; each shard is encoded
    (uplink, the step's width) — a real rank encodes all W shards too;
 2. each shard's payload is "sent" to itself and decoded into that shard's average (a real rank
    decodes W payloads of its one shard: the same number of elements);
@@ -38,9 +38,9 @@ def loopback_bucket(shards: list[Any], bounds: list[tuple[int, int]], flat: torc
                     seeds: list[int], down_seed: int, bad: torch.Tensor | None) -> torch.Tensor:
     """The bucket after uplink, decode, downlink re-quantization and decode of every shard (module
     docstring), on ``flat.device``; ``bad`` (device path) collects the deferred payload checks."""
-    from dqsgd.integrations import ddp_codec as codec
     from dqsgd.kernels import HashRNG
     from dqsgd.quantizers import Norm
+    from dqsgd.topology import payloads as codec
 
     out = torch.zeros_like(flat)
     for j, (m, (lo, hi)) in enumerate(zip(shards, bounds)):
@@ -69,7 +69,7 @@ class LoopbackHook:
     (``qsgd-4bit``, ``dqsgd``)."""
 
     def __init__(self, method: str, world: int, total_steps: int = 1000, seed: int = 0) -> None:
-        from dqsgd.methods import method_config
+        from dqsgd.method.config import method_config
 
         if world < 2:
             raise ValueError(f"the loopback plays W >= 2 ranks, got {world}")
@@ -87,7 +87,7 @@ class LoopbackHook:
         self._observe(b)
         if self.bad is None and grad.device.type != "cpu":
             self.bad = torch.zeros((), dtype=torch.bool, device=grad.device)
-        from dqsgd.rng import DOWNLINK, QUANT, seed_for
+        from dqsgd.core.rng import DOWNLINK, QUANT, seed_for
 
         seeds = [seed_for(self.seed, QUANT, bucket.index(), j) for j in range(self.world)]
         out = loopback_bucket(b.shards, b.bounds, flat.to(torch.float32), int(b.state.bits), b.step, seeds,
@@ -101,8 +101,8 @@ class LoopbackHook:
     def _bucket(self, index: int, n: int) -> _Bucket:
         b = self.buckets.get(index)
         if b is None or b.method.numel != n:
-            from dqsgd.pipeline import Method, MethodState
-            from dqsgd.step import shard_methods
+            from dqsgd.method.pipeline import Method, MethodState
+            from dqsgd.topology.step import shard_methods
 
             bounds, shards = shard_methods(self.config, n, self.total_steps, [n], self.world)
             m = Method(self.config, n, self.total_steps, [n])
@@ -150,7 +150,7 @@ def build_model(name: str, width: int = 1024, layers: int = 8) -> tuple[torch.nn
 def _register(model: Any, hook: str, world: int, total_steps: int) -> LoopbackHook | None:
     """PyTorch's hooks as ``dqsgd bench hook`` registers them; dqsgd's methods as the loopback."""
     if hook in ("none", "fp16", "powersgd-1"):
-        from dqsgd.bench_hook import register_hook as register_torch_hook
+        from dqsgd.cli.bench.hook import register_hook as register_torch_hook
 
         register_torch_hook(model, hook, total_steps)
         return None

@@ -1,7 +1,7 @@
 """The ``dqsgd bench`` sub-commands' argparse wiring, importable without torch or numba.
 
 The benchmarks load only when one runs: ``dqsgd --help`` and ``dqsgd bench --help`` parse without
-importing the compiled kernels. ``step`` runs :mod:`dqsgd.bench` and ``hook`` :mod:`dqsgd.bench_hook`
+importing the compiled kernels. ``step`` runs :mod:`dqsgd.cli.bench.common` and ``hook`` :mod:`dqsgd.cli.bench.hook`
 (both in the package). ``codec``, ``compressors`` and ``network`` run scripts of the source
 checkout's ``benchmarks/`` folder (they time internals, or need root); where that folder is not
 found, as in an installed wheel, they say so and exit with status 2.
@@ -16,24 +16,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from dqsgd.timeouts import BENCH_COLLECTIVE_S
+from dqsgd.cli.bench.choices import HOOKS, MODELS, int_list
+from dqsgd.core.timeouts import BENCH_COLLECTIVE_S
 
-
-HOOKS = ("none", "fp16", "powersgd-1", "qsgd-4bit sharded", "qsgd-4bit allgather", "dqsgd sharded",
-         "dqsgd allgather")
-MODELS = ("mlp", "cnn", "resnet18")
-
-def int_list(text: str) -> list[int]:
-    return [int(float(v)) for v in text.split(",") if v]
-
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"  # in a source checkout: <repo>/benchmarks
+BENCHMARKS = Path(__file__).resolve().parents[4] / "benchmarks"  # in a source checkout: <repo>/benchmarks
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
-    """The bench function ``dqsgd.bench.<name>`` as a CLI command (exit status 0), imported when it runs."""
+    """The bench function ``dqsgd.cli.bench.common.<name>`` as a CLI command (exit status 0), imported when it runs."""
     def run(args: argparse.Namespace) -> int:
-        from dqsgd import bench
+        from dqsgd.cli.bench import common as bench
 
         getattr(bench, name)(args)
         return 0
@@ -126,7 +118,7 @@ def add_bench_parser(sub: Any) -> None:
     _common(k, 5, 1, "runs/bench/compressors.json")
     k.set_defaults(func=_checkout_command("compressors", "bench_compressors.py", lambda m, a: m.bench_compressors(a)))
     add_hook_parser(bsub)  # dqsgd bench hook
-    from dqsgd.bench_gpu_cli import add_gpu_parser  # dqsgd bench gpu (its parser, torch-free like this one)
+    from dqsgd.cli.bench.gpu_parser import add_gpu_parser  # dqsgd bench gpu (its parser, torch-free like this one)
 
     add_gpu_parser(bsub)
     add_fsdp_parser(bsub)  # dqsgd bench fsdp
@@ -162,7 +154,7 @@ def add_hook_parser(bsub: Any) -> None:
     h.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median and range reported)")
     h.add_argument("--world", type=int, default=2, help="gloo processes on CPU")
     _process_options(h, 3, "untimed steps per hook first", 3600.0, "runs/bench/hook.json")
-    h.set_defaults(func=lambda a: (__import__("dqsgd.bench_hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])
+    h.set_defaults(func=lambda a: (__import__("dqsgd.cli.bench.hook", fromlist=["bench_hook"]).bench_hook(a), 0)[1])
 
 
 def _process_options(p: Any, warmup: int, warmup_help: str, deadline: float, out: str) -> None:
@@ -175,7 +167,7 @@ def _process_options(p: Any, warmup: int, warmup_help: str, deadline: float, out
 
 
 def add_fsdp_parser(bsub: Any) -> None:
-    """``bench fsdp`` (:mod:`dqsgd.bench_fsdp`) under an argparse ``bench`` sub-parser set."""
+    """``bench fsdp`` (:mod:`dqsgd.cli.bench.fsdp`) under an argparse ``bench`` sub-parser set."""
     f = bsub.add_parser("fsdp", help="FSDP2 gradient bytes and step time: dqsgd's reduce-scatter vs FSDP's own")
     f.add_argument("--methods", default="qsgd-4bit,dqsgd", help="comma-separated dqsgd methods")
     f.add_argument("--sizes", default="1024,1024,1024,1024", help="MLP widths (each Linear an FSDP unit)")
@@ -183,4 +175,4 @@ def add_fsdp_parser(bsub: Any) -> None:
     f.add_argument("--batch", type=int, default=64, help="batch per rank (synthetic)")
     f.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     _process_options(f, 2, "untimed steps per variant first (at least 1)", 1800.0, "runs/bench/fsdp.json")
-    f.set_defaults(func=lambda a: (__import__("dqsgd.bench_fsdp", fromlist=["bench"]).bench_fsdp(a), 0)[1])
+    f.set_defaults(func=lambda a: (__import__("dqsgd.cli.bench.fsdp", fromlist=["bench"]).bench_fsdp(a), 0)[1])
