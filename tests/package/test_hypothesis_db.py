@@ -45,7 +45,7 @@ def _pytest(cwd: Path, profile: str | None, plant: bool) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_saved_failure_is_replayed_by_fuzz_only(tmp_path: Path) -> None:
-    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    shutil.copy(Path(__file__).parents[1] / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_rare.py").write_text(PROPERTY)
 
     planting = _pytest(tmp_path, "fuzz", plant=True)
