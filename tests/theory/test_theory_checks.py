@@ -198,7 +198,7 @@ def test_logistic_problem_constants() -> None:
 
 def test_cli_passes_out_and_quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The old module's ``main`` (the command) hands --out and --quick to the driver in the package."""
-    from dqsgd.theory.bounds import checks
+    from dqsgd.theory import checks
 
     seen = {}
 
@@ -223,7 +223,7 @@ def test_both_module_paths_run_the_command(module: str) -> None:
 
 
 def test_old_import_path_names_the_package_objects() -> None:
-    from dqsgd.theory.bounds import checks, cli, settings, sims
+    from dqsgd.theory import checks, cli, settings, sims
 
     assert tc.run_theory_checks is checks.run_theory_checks and tc.main is cli.main
     assert tc.QUICK is settings.QUICK and tc.quantize_rows is sims.quantize_rows

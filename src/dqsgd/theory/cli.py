@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import dqsgd.theory.bounds as package
+import dqsgd.theory as package
 import dqsgd.theory.checks as checks
 
 
