@@ -19,7 +19,7 @@ import torch
 
 from dqsgd.policies import BudgetedDQSGD, GradStats
 from dqsgd.quantizers import levels_for_bits
-from dqsgd.theory import bounds as theory
+from dqsgd.theory import formulas as theory
 
 SHAPES = {
     "decay": lambda i, n: -i / 120,

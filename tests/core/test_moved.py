@@ -24,6 +24,27 @@ def test_an_old_path_is_the_new_module(old: str) -> None:
     assert new.__name__ == MOVED[old] and new.__spec__.name == MOVED[old]  # the module keeps its own name
 
 
+def test_an_old_package_path_leaves_its_new_package_intact() -> None:
+    """The import system sets an old child on its (moved, so shared) package object under the old leaf
+    name: that name must not be one of the new package's modules or exports, or it would replace it."""
+    def taken(package: str, leaf: str) -> bool:
+        where = SRC.parent / package.replace(".", "/")
+        return (where / f"{leaf}.py").exists() or (where / leaf).is_dir() or \
+            leaf in getattr(importlib.import_module(package), "__all__", ())
+
+    clashes = [old for old in MOVED if old.rsplit(".", 1)[0] in MOVED
+               and old.rsplit(".", 1)[1] != MOVED[old].rsplit(".", 1)[1]
+               and taken(MOVED[old.rsplit(".", 1)[0]], old.rsplit(".", 1)[1])]
+    assert clashes == []
+    for old in MOVED:
+        if not old.endswith(".__main__"):
+            importlib.import_module(old)
+    for new in MOVED.values():
+        package, leaf = new.rsplit(".", 1)
+        if new in sys.modules and package in sys.modules:
+            assert getattr(sys.modules[package], leaf) is sys.modules[new], new
+
+
 def test_no_file_is_left_at_an_old_path() -> None:
     left = [old for old in MOVED
             if (SRC.parent / (old.replace(".", "/") + ".py")).exists()

@@ -137,7 +137,7 @@ def test_infeasible_budget_refused_up_front() -> None:
 
 
 def test_error_target_policy_uses_theory_constant() -> None:
-    from dqsgd.theory import bounds as theory
+    from dqsgd.theory import formulas as theory
 
     m = Method(method_config("dqsgd-error", eps_q=1e-4, smoothness=2.0, lr=0.1), D, N)
     assert m.policy.k == pytest.approx(theory.error_target_t(2.0, 0.1, D, 1e-4))

@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [  # lowest first; a module's layer is that of its lon
     ["dqsgd.quantizers"],
     ["dqsgd.codecs"],
     ["dqsgd.kernels"],
-    ["dqsgd.policies", "dqsgd.method.config", "dqsgd.method.memory", "dqsgd.method.ledger", "dqsgd.theory.bounds",
+    ["dqsgd.policies", "dqsgd.method.config", "dqsgd.method.memory", "dqsgd.method.ledger", "dqsgd.theory.formulas",
      "dqsgd.topology.traffic", "dqsgd.topology.limits", "dqsgd.topology.keys"],
     ["dqsgd.method", "dqsgd.api", "dqsgd.topology"],  # topology: the per-bucket protocol and the step objects
     ["dqsgd.transport"],
@@ -35,10 +35,10 @@ LAYERS: list[list[str]] = [  # lowest first; a module's layer is that of its lon
 ]
 THEORY = "dqsgd.theory"
 THEORY_LAYERS: list[list[str]] = [  # the theory package's modules, lowest first
-    [f"{THEORY}.bounds"],
+    [f"{THEORY}.formulas"],
     [f"{THEORY}.settings"],
     [f"{THEORY}.sims"],
-    [f"{THEORY}.theorem1", f"{THEORY}.plots", f"{THEORY}.report"],
+    [f"{THEORY}.bounds", f"{THEORY}.plots", f"{THEORY}.report"],
     [f"{THEORY}.checks"],
     [f"{THEORY}.cli"],
     [f"{THEORY}.__main__"],
@@ -121,7 +121,7 @@ def test_no_import_points_up() -> None:
 
 
 def test_theory_reads_in_one_direction() -> None:
-    """The bounds, the settings, the simulations, then Theorem 1/plots/report, the checks, the command."""
+    """The formulas, the settings, the simulations, then bounds/plots/report, the checks, the command."""
     mine = [m for m, _ in modules() if m.startswith(THEORY + ".")]
     assert mine and [m for m in mine if layer_of(m, THEORY_LAYERS) is None] == []
     assert upward_imports(THEORY_LAYERS) == []

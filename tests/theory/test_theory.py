@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dqsgd.theory.bounds as T
+import dqsgd.theory.formulas as T
 
 F64 = torch.float64
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-import dqsgd.theory.bounds as T
+import dqsgd.theory.formulas as T
 from dqsgd.experiments import theory_checks as tc
 from dqsgd.policies import DQSGDRule, Rounding, integerize
 from dqsgd.quantizers import Norm

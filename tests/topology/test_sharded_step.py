@@ -12,7 +12,7 @@ from dqsgd.data import load_dataset
 from dqsgd.method.config import method_config
 from dqsgd.method.ledger import Ledger, wire_traffic
 from dqsgd.method.pipeline import Method
-from dqsgd.theory import bounds as theory
+from dqsgd.theory import formulas as theory
 from dqsgd.topology.step import ShardedStep
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer

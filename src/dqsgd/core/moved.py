@@ -32,7 +32,7 @@ MOVED: dict[str, str] = {
     "dqsgd.errors": "dqsgd.core.errors",
     "dqsgd.experiments.theory": "dqsgd.theory",
     "dqsgd.experiments.theory.__main__": "dqsgd.theory.__main__",
-    "dqsgd.experiments.theory.bounds": "dqsgd.theory.theorem1",
+    "dqsgd.experiments.theory.bounds": "dqsgd.theory.bounds",
     "dqsgd.experiments.theory.checks": "dqsgd.theory.checks",
     "dqsgd.experiments.theory.cli": "dqsgd.theory.cli",
     "dqsgd.experiments.theory.plots": "dqsgd.theory.plots",
@@ -58,8 +58,8 @@ MOVED: dict[str, str] = {
     "dqsgd.transport.launch": "dqsgd.cli.launch",
 }
 # Two old modules became packages of the same name, which export the old module's names:
-# ``dqsgd.cli`` (from dqsgd.cli.commands) and ``dqsgd.theory`` (from dqsgd.theory.bounds).
-BECAME_PACKAGES: dict[str, str] = {"dqsgd.cli": "dqsgd.cli.commands", "dqsgd.theory": "dqsgd.theory.bounds"}
+# ``dqsgd.cli`` (from dqsgd.cli.commands) and ``dqsgd.theory`` (from dqsgd.theory.formulas).
+BECAME_PACKAGES: dict[str, str] = {"dqsgd.cli": "dqsgd.cli.commands", "dqsgd.theory": "dqsgd.theory.formulas"}
 
 
 class OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -20,7 +20,7 @@ from dqsgd.theory.settings import B_PRE, FULL, MAX_BITS, MIN_BITS, QUICK, Settin
 from dqsgd.theory.sims import (Logistic, Widths, cell_variance, dqsgd_real_widths, dqsgd_widths,
                                            fixed_widths, levels, make_logistic, quantize_rows, row_norms, run_dqsgd,
                                            simulate_logistic, solve_k)
-from dqsgd.theory.theorem1 import best_restart, effective_widths, theorem1_bounds, valid_totals
+from dqsgd.theory.bounds import best_restart, effective_widths, theorem1_bounds, valid_totals
 
 __all__ = ["B_PRE", "FULL", "Logistic", "MAX_BITS", "MIN_BITS", "QUICK", "Settings", "Widths", "best_restart",
            "cell_variance", "claims", "dqsgd_real_widths", "dqsgd_widths", "effective_widths", "equal_bits_check",

@@ -238,7 +238,7 @@ class Method:
 
 
 def _dqsgd_error(m: Method) -> DQSGDRule:
-    import dqsgd.theory.bounds as theory
+    import dqsgd.theory.formulas as theory
 
     c, n = m.config, m.total_steps
     k = (theory.error_target_k(n, c.smoothness, m.numel, c.lr, c.alpha, c.eps_q) if c.convex

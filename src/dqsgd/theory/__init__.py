@@ -1,11 +1,12 @@
-"""The DQSGD paper's theory: its bounds as plain functions (:mod:`dqsgd.theory.bounds`, whose names
-are also this package's: ``dqsgd.theory.optimal_real_bits``), and the theory set beside seeded
-Monte-Carlo measurements, with plots and a report (the other modules here)::
+"""The DQSGD paper's theory set beside seeded Monte-Carlo measurements, with plots and a report.
+
+The paper's bounds and width rules are plain functions in :mod:`dqsgd.theory.formulas`, whose names
+are also this package's (``dqsgd.theory.optimal_real_bits``); the other modules here check them::
 
     python -m dqsgd.experiments.theory_checks --out runs/theory [--quick]
 
 writes ``results.json``, four PNG figures and ``report.md`` under ``--out``. Every number comes from
-:mod:`dqsgd.theory` (the bounds) and from simulations driven by the real stochastic uniform
+:mod:`dqsgd.theory.formulas` (the bounds) and from simulations driven by the real stochastic uniform
 quantizer :func:`dqsgd.quantizers.quantize_uniform`. Runs are simulated side by side: one row of an
 ``(R, d)`` tensor per run, and one quantizer call per step with one norm per row
 (``Layout(bucket=d)``). Everything is seeded: a rerun gives the same numbers (timings aside).
@@ -24,7 +25,7 @@ quantizer :func:`dqsgd.quantizers.quantize_uniform`. Runs are simulated side by 
    (QSGD) or with DQSGD's eq. (18) widths. The bounds get the measured E‖g_n‖_∞², the sampling
    variance and the quantization variance. Three versions are checked. The printed one uses
    σ² = sup and cell factor 1/6 in both bounds. The valid one uses the constants under which the
-   proofs' conditions hold (see :func:`dqsgd.theory.theorem1.theorem1_bounds`). The third is the valid one, restarted at
+   proofs' conditions hold (see :func:`dqsgd.theory.bounds.theorem1_bounds`). The third is the valid one, restarted at
    the step n₀ ≤ N/2 that gives the tightest bound.
 3. **Proposition 1**: the variance of the real quantizer, measured by MC, divided by d‖g‖²/(6s²),
    for B = 2..10. It is taken on logistic gradients from item 2, on vectors that meet the
@@ -33,8 +34,8 @@ quantizer :func:`dqsgd.quantizers.quantize_uniform`. Runs are simulated side by 
    Σ w_n E‖g_n‖²/s_n² and the measured final error, for DQSGD (k set so that its mean width is as
    close to the fixed width as it gets without exceeding it) and for fixed widths, with :func:`dqsgd.theory.optimal_real_bits` for reference.
 
-The modules, each reading only those above it: ``settings`` (the knobs of the quick and full runs),
-``sims`` (the simulations), ``bounds`` (Theorem 1's bounds on a simulated run), ``plots`` (the four
+The modules, each reading only those above it: ``formulas`` (the paper's bounds), ``settings`` (the
+knobs of the quick and full runs), ``sims`` (the simulations), ``bounds`` (Theorem 1's bounds on a simulated run), ``plots`` (the four
 figures), ``report`` (``report.md`` from the JSON results), ``checks`` (the four checks, the claims
 the results must support, and :func:`~dqsgd.theory.checks.run_theory_checks`, which runs
 them and writes every file), ``cli`` (the command line). ``dqsgd.experiments.theory_checks`` is the
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 from dqsgd.core.lazy import attach
 
 if TYPE_CHECKING:
-    from dqsgd.theory.bounds import (BoundTerms, bits_for_levels, convex_weights, dqsgd_convex_bits,
+    from dqsgd.theory.formulas import (BoundTerms, bits_for_levels, convex_weights, dqsgd_convex_bits,
                                      dqsgd_nonconvex_bits, error_target_k, error_target_t,
                                      exact_quantization_variance, fixed_vs_dynamic, levels_for_bits,
                                      nonconvex_weights, optimal_real_bits, quantization_term,

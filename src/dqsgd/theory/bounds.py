@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-import dqsgd.theory.bounds as T
+import dqsgd.theory.formulas as T
 from dqsgd.theory.sims import Logistic
 
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-import dqsgd.theory.bounds as T
+import dqsgd.theory.formulas as T
 from dqsgd.quantizers import Norm
 from dqsgd.theory.plots import plot_equal_bits, plot_prop1, plot_theorem1, plot_theorem2
 from dqsgd.theory.report import notes, write_report
 from dqsgd.theory.settings import B_PRE, F64, FULL, INF, PLOTTED_T1, QUICK, Settings, command
 from dqsgd.theory.sims import (fixed_widths, levels, make_logistic, mc_variance, row_norms, run_dqsgd,
                                           simulate_logistic, simulate_quadratic)
-from dqsgd.theory.theorem1 import best_restart, effective_widths, theorem1_bounds, valid_totals
+from dqsgd.theory.bounds import best_restart, effective_widths, theorem1_bounds, valid_totals
 
 
 # ---------------------------------------------------------------- 1. Theorem 2

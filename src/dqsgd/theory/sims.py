@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from dqsgd.quantizers import Layout, Norm, dequantize, quantize_uniform
-from dqsgd.theory.bounds import bits_for_levels
+from dqsgd.theory.formulas import bits_for_levels
 from dqsgd.theory.settings import F64, INF, MAX_BITS, MIN_BITS, Settings
 
 
