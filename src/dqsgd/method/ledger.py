@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from dqsgd.topology.names import TOPOLOGIES  # noqa: F401  (re-exported)
-from dqsgd.topology.traffic import wire_traffic  # noqa: F401  (re-exported)
+from dqsgd.topology.traffic import fp32_legs, wire_traffic  # noqa: F401  (wire_traffic: re-exported)
 
 
 @dataclass
@@ -124,7 +124,7 @@ class Ledger:
 
     def fp32_total_bytes(self) -> int:
         """Every message in fp32: the uplink, and as much again downlink unless the topology has none."""
-        return self.fp32_up_bytes() * (1 if self.topology == "allgather" else 2)
+        return self.fp32_up_bytes() * fp32_legs(self.topology)
 
     def total_ratio(self) -> float:
         """Measured over all traffic: fp32 bytes of every message / bytes of every message sent."""
