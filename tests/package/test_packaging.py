@@ -8,6 +8,7 @@ install. The control (asking for the old exact pin) must install the other torch
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -72,6 +73,12 @@ def test_wheel_metadata_ranges_extras_and_files(wheel: Path) -> None:
     assert "dqsgd/py.typed" in names and "dqsgd/experiments/configs/table1-mnist.toml" in names
     assert {"dqsgd/cli/bench/common.py", "dqsgd/theory/checks.py", "dqsgd/experiments/theory_checks.py"} <= set(names)
     assert not any("benchmarks/" in n for n in names)  # `dqsgd bench codec|compressors|network` need a checkout
+    src = ROOT / "src"
+    assert {str(f.relative_to(src)) for f in (src / "dqsgd").rglob("*.py")} <= set(names)  # every module
+    with zipfile.ZipFile(wheel) as z:
+        scripts = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    module, function = re.search(r"^dqsgd = (\S+):(\w+)$", scripts, re.M).groups()  # type: ignore[union-attr]
+    assert callable(getattr(importlib.import_module(module), function))  # the console script's target exists
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
 
 
