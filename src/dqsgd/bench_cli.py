@@ -197,4 +197,4 @@ def _bench_fsdp(args: argparse.Namespace) -> int:
     if not args.rates:
         bench_fsdp(args)
         return 0
-    return _checkout_command("fsdp --rates", "network/netns.py", lambda m, a: bench_fsdp(a, m))(args)
+    return _checkout_command("fsdp", "network/netns.py", lambda m, a: bench_fsdp(a, m))(args)
