@@ -204,6 +204,22 @@ def lone_refusals(rank: int, world: int, timeout: float) -> dict[str, tuple[str,
     return out
 
 
+def nonfinite(rank: int, world: int) -> dict[str, Any]:
+    """ef-signsgd; at the second step rank W−1's batch holds a NaN: every rank's reduced gradient
+    shards, and whether each unit's error-feedback residual kept its value."""
+    state = dfsdp.FSDPState("ef-signsgd", seed=SEED, total_steps=STEPS, timeout=30)
+    m = model(world, state)
+    train(m, rank, range(1))
+    before = {i: u.residual.clone() for i, u in state.units.items()}
+    x = batch(rank, 1)
+    if rank == world - 1:
+        x[3, 5] = float("nan")
+    m(x).square().mean().backward()
+    grads = [p.grad.to_local().clone() for p in m.parameters()]
+    kept = {i: torch.equal(u.residual, before[i]) for i, u in state.units.items()}
+    return {"grads": grads, "kept": kept, "n": {i: u.n for i, u in state.units.items()}}
+
+
 def _error(fn: Any) -> str:
     return _timed_error(fn)[0]
 

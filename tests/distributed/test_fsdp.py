@@ -155,3 +155,14 @@ def test_a_payload_one_rank_refuses_stops_every_rank_promptly(world: int) -> Non
             assert err.startswith(f"PayloadError: rank {rank}: FSDP unit "), (name, rank, err)
             assert "rank 0 refused a payload it received: " in err and len(err) > 90, (name, rank, err)
             assert seconds < 20.0, (name, rank, seconds, err)
+
+
+@pytest.mark.timeout(300)
+def test_a_nonfinite_gradient_gives_nan_everywhere_and_keeps_the_residuals() -> None:
+    """One rank's NaN (an AMP overflow): every rank's reduced shards are NaN (as FSDP's own sum gives,
+    so a GradScaler skips the step) and no error-feedback residual takes the skipped step in."""
+    results = spawn_local(fr.nonfinite, 2, (), timeout=60, deadline=250)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    for r in results:
+        assert all(g.numel() and torch.isnan(g).all() for g in r.value["grads"]), r.value["grads"]
+        assert r.value["kept"] and all(r.value["kept"].values()), r.value["kept"]

@@ -171,9 +171,8 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         payloads, sizes = protocol.exchange(t, u, row)
         side += (u.world - 1) * 8 * u.world  # the size exchange: W int64 to every peer
         bad = any(sum(r) == 0 for r in sizes)
-        if bad:  # a rank's gradient was NaN/Inf (AMP overflow): NaN everywhere, as FSDP's own sum gives
-            u.residual = residual
-            out.fill_(float("nan"))
+        if bad:  # a rank's gradient was NaN/Inf (AMP overflow): NaN everywhere, as FSDP's own sum gives;
+            out.fill_(float("nan"))  # the residuals keep their values (the step is skipped, as the trainer skips it)
         else:
             avg, handed = self._decode(u, t, payloads, rank)
             side += handed  # the ranks' status bytes
