@@ -44,7 +44,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from dqsgd.kernels.levels import rounding_histogram
+from dqsgd.kernels.levels import expected_level_entropies
 from dqsgd.policies.base import GradStats, Rounding, integerize
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
 from dqsgd.quantizers.constants import levels_for_bits
@@ -74,13 +74,7 @@ def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int 
     step = max(1, -(-g.numel() // sample))
     g = g[::step].to(torch.float64).cpu().contiguous()  # the sample first: only it is converted
     u = (g.abs() / norm).clamp(max=1.0).numpy()
-    neg = (g < 0).numpy()
-    out = []
-    for b in widths:  # rounding_histogram: torch.bincount of both roundings' weights, bit for bit
-        p = torch.from_numpy(rounding_histogram(u, neg, levels_for_bits(b)))
-        p = p[p > 0] / g.numel()
-        out.append(float(-(p * torch.log2(p)).sum()))
-    return out
+    return expected_level_entropies(u, (g < 0).numpy(), [levels_for_bits(b) for b in widths])
 
 
 @dataclass(frozen=True)
