@@ -44,9 +44,10 @@ import numpy as np
 import torch
 from numba import njit
 
+from dqsgd.codecs.auto import smallest_body
 from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
 from dqsgd.codecs.bounds import body_width, check_body_can_hold, zstd_content_bound
-from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode
+from dqsgd.codecs.elias import EliasError, elias_decode, elias_encode
 from dqsgd.codecs.header import (
     MAX_NUMEL, U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
     write_header,
@@ -186,7 +187,7 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
     return data, scales
 
 
-def _fixed_body(data: np.ndarray, bits: int, width: int) -> np.ndarray:
+def fixed_body(data: np.ndarray, bits: int, width: int) -> np.ndarray:
     """FIXED's packing of the codes (offset binary of ``bits``) at ``width`` ≥ bits."""
     if bits == 32:  # IDENTITY, SKETCH: raw little-endian float32
         return data.astype("<f4", copy=False).view(np.uint8)
@@ -204,35 +205,16 @@ def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme) -> tuple[
         return coding, elias_encode(data)
     if coding == Coding.RANS:
         return coding, rans_encode(data, bits)
-    fixed = _fixed_body(data, bits, body_width(bits, coding))
+    fixed = fixed_body(data, bits, body_width(bits, coding))
     if coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         return coding, zstd_compress(fixed)
     return coding, fixed
 
 
 def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding, bytes | np.ndarray]:
-    """AUTO: the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties go to the earlier one).
-
-    Only the winner is written: FIXED's size is ``⌈n·bits/8⌉`` and ELIAS's comes from one length
-    scan, so neither body is built unless it wins; ZSTD_ALIGNED and RANS are only known by coding."""
-    best, size = Coding.FIXED, packed_size(data.size, bits)
-    if scheme not in RAW_SCHEMES:
-        # Elias wins iff its ⌈L/8⌉ bytes < size, i.e. L ≤ 8·size − 8: no need to scan further.
-        budget = 8 * size - 8
-        length = elias_bit_length(data, stop_above=budget)
-        if length <= budget:
-            best, size = Coding.ELIAS, (length + 7) // 8
-    body: bytes | np.ndarray | None = None
-    zbody = zstd_compress(_fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))
-    if len(zbody) < size:
-        best, size, body = Coding.ZSTD_ALIGNED, len(zbody), zbody
-    if scheme not in RAW_SCHEMES:
-        rbody = rans_encode(data, bits)
-        if rbody.size < size:
-            best, body = Coding.RANS, rbody
-    if body is None:
-        body = elias_encode(data) if best == Coding.ELIAS else _fixed_body(data, bits, bits)
-    return best, body
+    """AUTO: the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties go to the earlier one), from
+    size bounds first: only the winner is written (:mod:`dqsgd.codecs.auto`)."""
+    return smallest_body(data, bits, scheme not in RAW_SCHEMES)
 
 
 def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:

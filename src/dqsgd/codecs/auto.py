@@ -1,0 +1,115 @@
+"""``Coding.AUTO``: the smallest body of FIXED, ELIAS, ZSTD_ALIGNED and RANS, found without coding them all.
+
+Each candidate's size is known, or bounded, from one histogram of the levels (one compiled pass),
+before any body is built:
+
+* FIXED: exactly ``⌈n·b/8⌉`` bytes.
+* ELIAS: ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` bits; the histogram gives everything but the
+  gaps exactly, and every ``L(gap) ≥ 1``: a lower bound. The exact length is one scan of the codes
+  (:func:`~dqsgd.codecs.elias.elias_bit_length`), which stops as soon as Elias cannot win.
+* RANS: the table exactly, the stream within about ±1.1 % of a bit per code
+  (:func:`~dqsgd.codecs.rans.rans_size_bounds`); encoded (once, the histogram reused) only if its
+  lower bound can beat the best exact size so far.
+* ZSTD_ALIGNED: zstd exploits repeats (runs of zeros, the period of a layer whose inputs are
+  always zero), which no histogram sees. A body of at most :data:`ZSTD_EXACT_BYTES` is compressed
+  whole; a bigger one first compresses :data:`ZSTD_SAMPLES` evenly spaced blocks of
+  :data:`ZSTD_BLOCK` bytes, and the whole body only when that sample, scaled to the body, is within
+  :data:`ZSTD_SLACK` of the best size so far.
+
+So AUTO is exactly the smallest of the four (ties: FIXED, ELIAS, ZSTD_ALIGNED, RANS in that order)
+whenever zstd's size is known: bodies up to ``ZSTD_EXACT_BYTES``, and bigger ones whose sample is
+close enough; otherwise the smallest of FIXED, ELIAS and RANS. On 770 MLP and LeNet-5 gradients
+(MNIST, steps 0-300, 2-8 bits, whole and in 4 shards) zstd won 37 % of the time, nearly all at
+≥ 4 bits, where a layer's always-zero inputs repeat; rANS won 60 %, Elias 4 %.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dqsgd.codecs.bitpack import packed_size
+from dqsgd.codecs.bounds import body_width
+from dqsgd.codecs.elias import MAX_OMEGA, elias_bit_length, elias_encode, omega_length
+from dqsgd.codecs.header import Coding
+from dqsgd.codecs.rans import level_histogram, rans_encode, rans_size_bounds
+
+__all__ = ["ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "elias_lower_bound", "smallest_body"]
+
+ZSTD_EXACT_BYTES = 1 << 18  # aligned bodies up to 256 KiB: zstd runs on all of it (well under a millisecond)
+ZSTD_BLOCK = 1 << 14
+ZSTD_SAMPLES = 8  # 128 KiB sampled from a bigger body
+ZSTD_SLACK = 0.1  # the whole body is compressed when the sample's estimate ≤ 1.1 × the best size so far
+_ORDER = (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED, Coding.RANS)  # the tie order
+
+
+def _omega_lengths(top: int) -> np.ndarray:
+    """L(k) for k = 0 … top (L(0) = 0 unused): L(1) = 1, L(k) = |bin k| + L(|bin k| − 1) for k ≥ 2."""
+    k = np.arange(top + 1, dtype=np.int64)
+    bl = np.zeros(top + 1, dtype=np.int64)
+    bl[1:] = np.floor(np.log2(k[1:])).astype(np.int64) + 1
+    small = np.array([0] + [omega_length(m) for m in range(1, int(bl.max()) + 1)], dtype=np.int64)
+    out = bl + small[np.maximum(bl - 1, 0)]
+    out[:2] = (0, 1)
+    return out
+
+
+_OMEGA = _omega_lengths(1 << 15)  # every |code| of 16 bits
+
+
+def elias_lower_bound(hist: np.ndarray, bits: int) -> int:
+    """A lower bound on the ELIAS body's bytes from the level histogram (every ω(gap) ≥ 1 bit)."""
+    offset = 0 if bits == 1 else 1 << (bits - 1)
+    mags = np.abs(np.arange(hist.size, dtype=np.int64) - offset) if bits > 1 else np.ones(hist.size, np.int64)
+    nz = mags > 0
+    nnz = int(hist[nz].sum())
+    if nnz + 1 > MAX_OMEGA:
+        return 0
+    length = omega_length(nnz + 1) + int((hist[nz] * (2 + _OMEGA[mags[nz]])).sum())
+    return (length + 7) // 8
+
+
+def _zstd_may_win(data: np.ndarray, bits: int, best: int) -> bool:
+    """Whether ZSTD_ALIGNED may beat ``best`` bytes: always for a small body, else by a sample."""
+    from dqsgd.codecs.wire import fixed_body, zstd_compress  # the wire format's own packing and compressor
+
+    width = body_width(bits, Coding.ZSTD_ALIGNED)
+    size = packed_size(data.size, width)
+    if size <= ZSTD_EXACT_BYTES:
+        return True
+    per = 8 * ZSTD_BLOCK // width  # codes per sampled block (a multiple of 8: whole bytes)
+    starts = np.linspace(0, data.size - per, ZSTD_SAMPLES).astype(np.int64)
+    sample = sum(len(zstd_compress(fixed_body(data[a : a + per], bits, width))) for a in starts.tolist())
+    return sample * size / (ZSTD_SAMPLES * ZSTD_BLOCK) <= (1 + ZSTD_SLACK) * best
+
+
+def _wins(size: int, coding: Coding, best: tuple[int, Coding]) -> bool:
+    return (size, _ORDER.index(coding)) < (best[0], _ORDER.index(best[1]))
+
+
+def smallest_body(data: np.ndarray, bits: int, integer: bool) -> tuple[Coding, bytes | np.ndarray]:
+    """AUTO's (coding, body) for valid codes ``data`` (int32; raw float32 values when not ``integer``:
+    only FIXED and ZSTD_ALIGNED apply). See the module docstring."""
+    from dqsgd.codecs.wire import fixed_body, zstd_compress
+
+    best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)
+    bodies: dict[Coding, bytes | np.ndarray] = {}
+    hist = level_histogram(data, bits) if integer and data.size else None
+    rans_lo, rans_hi = rans_size_bounds(hist) if hist is not None else (0, 0)
+    if hist is not None and elias_lower_bound(hist, bits) <= min(best[0] - 1, rans_hi):
+        # Elias must be < FIXED and ≤ RANS (it comes first on a tie): stop scanning past that.
+        budget = 8 * min(best[0] - 1, rans_hi)
+        length = elias_bit_length(data, stop_above=budget)
+        if length <= budget:
+            best = ((length + 7) // 8, Coding.ELIAS)
+    if _zstd_may_win(data, bits, min(best[0], rans_hi) if hist is not None else best[0]):
+        z = zstd_compress(fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))
+        if _wins(len(z), Coding.ZSTD_ALIGNED, best):
+            best, bodies[Coding.ZSTD_ALIGNED] = (len(z), Coding.ZSTD_ALIGNED), z
+    if integer and data.size and rans_lo < best[0]:
+        r = rans_encode(data, bits, hist)
+        if _wins(r.size, Coding.RANS, best):
+            best, bodies[Coding.RANS] = (r.size, Coding.RANS), r
+    coding = best[1]
+    if coding not in bodies:
+        bodies[coding] = elias_encode(data) if coding == Coding.ELIAS else fixed_body(data, bits, bits)
+    return coding, bodies[coding]
