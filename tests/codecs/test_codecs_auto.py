@@ -11,7 +11,7 @@ from codec_strategies import SETTINGS, code_bounds, random_codes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqsgd.codecs import Coding, decode, encode
+from dqsgd.codecs import Coding, auto, decode, encode
 from dqsgd.codecs.auto import ZSTD_EXACT_BYTES, elias_lower_bound
 from dqsgd.codecs.rans import level_histogram
 from dqsgd.codecs.elias import elias_encode
@@ -101,3 +101,53 @@ def test_big_bodies_pick_the_smallest_of_the_candidates_they_try(kind: str) -> N
     assert (coding, bytes(memoryview(body))) == _every_candidate(data, 4, Scheme.UNIFORM)
     q = Quantized(Scheme.UNIFORM, 4, 7, torch.from_numpy(data), torch.ones(1), Layout(), (data.size,), Norm.MAX)
     assert torch.equal(decode(encode(q, Coding.AUTO)).codes, q.codes)
+
+
+def _fastest(data: np.ndarray, bits: int, link_mbit: float, cpu: dict[Coding, float]) -> Coding:
+    """The definition with a link: the least modelled time CPU_NS[c]·n + 8·bytes/rate over all four."""
+    sizes = {c: memoryview(_every_candidate_of(data, bits, c)).nbytes for c in cpu}
+    return min(cpu, key=lambda c: (cpu[c] * data.size + 8000.0 * sizes[c] / link_mbit, list(cpu).index(c)))
+
+
+def _every_candidate_of(data: np.ndarray, bits: int, coding: Coding) -> bytes | np.ndarray:
+    if coding == Coding.ELIAS:
+        return elias_encode(data)
+    if coding == Coding.RANS:
+        return rans_encode(data, bits)
+    if coding == Coding.ZSTD_ALIGNED:
+        return zstd_compress(fixed_body(data, bits, body_width(bits, coding)))
+    return fixed_body(data, bits, bits)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "runs", "flat"])
+@pytest.mark.parametrize("link_mbit", [1e-3, 30.0, 100.0, 300.0, 1000.0, 1e6])
+def test_with_a_link_rate_auto_sends_the_fastest(kind: str, link_mbit: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed CPU model (not a clock: the choice must be the same on every run and rank)."""
+    cpu = {Coding.FIXED: 1.0, Coding.ELIAS: 12.0, Coding.ZSTD_ALIGNED: 6.0, Coding.RANS: 9.0}
+    monkeypatch.setattr(auto, "CPU_NS", cpu)
+    rng = np.random.default_rng(len(kind))
+    for bits, n in ((2, 3000), (4, 20_000), (8, 5000)):
+        data = _levels(rng, n, bits, kind)
+        coding, body = auto.smallest_body(data, bits, True, link_mbit)
+        assert coding == _fastest(data, bits, link_mbit, cpu), (kind, bits, n)
+        assert bytes(memoryview(body)) == bytes(memoryview(_every_candidate_of(data, bits, coding)))
+    if link_mbit == 1e6:  # bytes cost ~nothing: the cheapest CPU wins
+        assert coding == Coding.FIXED
+
+
+def test_link_rate_through_encode_and_the_method() -> None:
+    rng = np.random.default_rng(5)
+    data = _levels(rng, 50_000, 4, "dense")
+    q = Quantized(Scheme.UNIFORM, 4, 7, torch.from_numpy(data), torch.ones(1), Layout(), (data.size,), Norm.MAX)
+    assert decode(encode(q, Coding.AUTO, link_mbit=1e6)).codes.equal(q.codes)
+    assert encode(q, Coding.AUTO, link_mbit=1e6)[5] == Coding.FIXED  # the header's coding byte
+    assert encode(q, Coding.AUTO, link_mbit=1.0)[5] == Coding.RANS
+    with pytest.raises(ValueError, match="link_mbit"):
+        encode(q, Coding.AUTO, link_mbit=-1.0)
+    from dqsgd.methods import method_config
+
+    assert method_config("dqsgd-coded", link_mbit=100.0).link_mbit == 100.0
+    with pytest.raises(ValueError, match="link_mbit chooses among the codings of coding 'auto'"):
+        method_config("qsgd-4bit", link_mbit=100.0)
+    with pytest.raises(ValueError, match="finite rate"):
+        method_config("dqsgd-coded", link_mbit=float("inf"))

@@ -27,6 +27,9 @@ about half of them.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from dqsgd.codecs.bitpack import packed_size
@@ -35,7 +38,7 @@ from dqsgd.codecs.elias import MAX_OMEGA, elias_bit_length, elias_encode, omega_
 from dqsgd.codecs.header import Coding
 from dqsgd.codecs.rans import level_histogram, rans_encode, rans_size_bounds
 
-__all__ = ["ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "elias_lower_bound", "smallest_body"]
+__all__ = ["CPU_NS", "ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "elias_lower_bound", "smallest_body"]
 
 ZSTD_EXACT_BYTES = 1 << 16  # aligned bodies up to 64 KiB: zstd runs on all of it
 ZSTD_BLOCK = 1 << 12
@@ -84,32 +87,64 @@ def _zstd_may_win(data: np.ndarray, bits: int, best: int) -> bool:
     return sample * size / (ZSTD_SAMPLES * ZSTD_BLOCK) <= (1 + ZSTD_SLACK) * best
 
 
-def _wins(size: int, coding: Coding, best: tuple[int, Coding]) -> bool:
-    return (size, _ORDER.index(coding)) < (best[0], _ORDER.index(best[1]))
+# Modelled CPU cost, ns per code, of encoding and decoding with each coding (the fused kernels for
+# FIXED): thread CPU time on a 1M-coordinate Gaussian at 2-6 bits, 2-core AMD EPYC shared with other
+# jobs, 2026-11-25 (the script is in the docs). Only used with a link rate.
+CPU_NS = {Coding.FIXED: 2.5, Coding.ELIAS: 20.0, Coding.ZSTD_ALIGNED: 7.5, Coding.RANS: 17.0}
 
 
-def smallest_body(data: np.ndarray, bits: int, integer: bool) -> tuple[Coding, bytes | np.ndarray]:
+@dataclass(frozen=True)
+class _Costs:
+    """How candidates compare: by size (ties: the tie order), or with ``link_mbit`` > 0 by the modelled
+    time ``CPU_NS[c]·n + 8·size / link`` (a byte takes 8000/link_mbit ns on the wire)."""
+
+    n: int
+    link_mbit: float
+
+    def key(self, size: int, coding: Coding) -> tuple[float, int]:
+        t = size if not self.link_mbit else CPU_NS[coding] * self.n + 8000.0 * size / self.link_mbit
+        return (t, _ORDER.index(coding))
+
+    def max_bytes(self, coding: Coding, best: tuple[int, Coding]) -> int:
+        """The largest size at which ``coding`` beats ``best`` (−1: none does)."""
+        if not self.link_mbit:
+            return best[0] - (0 if _ORDER.index(coding) < _ORDER.index(best[1]) else 1)
+        size = math.floor((self.key(*best)[0] - CPU_NS[coding] * self.n) * self.link_mbit / 8000.0)
+        while size >= 0 and not self.key(size, coding) < self.key(*best):  # a float rounding at the edge
+            size -= 1
+        return max(size, -1)
+
+
+def smallest_body(data: np.ndarray, bits: int, integer: bool,
+                  link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
     """AUTO's (coding, body) for valid codes ``data`` (int32; raw float32 values when not ``integer``:
-    only FIXED and ZSTD_ALIGNED apply). See the module docstring."""
+    only FIXED and ZSTD_ALIGNED apply). See the module docstring; ``link_mbit`` > 0: the fastest at that
+    link rate by the CPU_NS model, instead of the smallest."""
     from dqsgd.codecs.wire import fixed_body, zstd_compress
 
+    costs = _Costs(data.size, link_mbit)
     best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)
     bodies: dict[Coding, bytes | np.ndarray] = {}
     hist = level_histogram(data, bits) if integer and data.size else None
     rans_lo, rans_hi = rans_size_bounds(hist) if hist is not None else (0, 0)
-    if hist is not None and elias_lower_bound(hist, bits) <= min(best[0] - 1, rans_hi):
-        # Elias must be < FIXED and ≤ RANS (it comes first on a tie): stop scanning past that.
-        budget = 8 * min(best[0] - 1, rans_hi)
-        length = elias_bit_length(data, stop_above=budget)
-        if length <= budget:
-            best = ((length + 7) // 8, Coding.ELIAS)
-    if _zstd_may_win(data, bits, min(best[0], rans_hi) if hist is not None else best[0]):
+    if hist is not None:
+        cap = costs.max_bytes(Coding.ELIAS, best)
+        if not link_mbit:
+            cap = min(cap, rans_hi)  # by size, Elias must also be ≤ RANS (it comes first on a tie)
+        if 0 <= cap and elias_lower_bound(hist, bits) <= cap:
+            length = elias_bit_length(data, stop_above=8 * cap)  # stops as soon as Elias cannot win
+            if length <= 8 * cap:
+                best = ((length + 7) // 8, Coding.ELIAS)
+    cap = costs.max_bytes(Coding.ZSTD_ALIGNED, best)
+    if hist is not None and not link_mbit:
+        cap = min(cap, rans_hi)
+    if cap >= 0 and _zstd_may_win(data, bits, cap):
         z = zstd_compress(fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))
-        if _wins(len(z), Coding.ZSTD_ALIGNED, best):
+        if costs.key(len(z), Coding.ZSTD_ALIGNED) < costs.key(*best):
             best, bodies[Coding.ZSTD_ALIGNED] = (len(z), Coding.ZSTD_ALIGNED), z
-    if integer and data.size and rans_lo < best[0]:
+    if hist is not None and costs.key(rans_lo, Coding.RANS) < costs.key(*best):
         r = rans_encode(data, bits, hist)
-        if _wins(r.size, Coding.RANS, best):
+        if costs.key(r.size, Coding.RANS) < costs.key(*best):
             best, bodies[Coding.RANS] = (r.size, Coding.RANS), r
     coding = best[1]
     if coding not in bodies:

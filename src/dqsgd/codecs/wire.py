@@ -24,7 +24,9 @@ Bodies, by coding (b = bits, n = numel):
   empty for n = 0). Integer schemes only. Within ~0.1% of the levels' empirical entropy plus the
   table (a few bytes per distinct level), so it is the one that approaches the entropy on sparse
   gradients, where zstd's literals cannot go below ~1 bit per code.
-* AUTO (encode only): the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties: in that order).
+* AUTO (encode only): the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties: in that order),
+  found from size bounds so that only the winner is coded (:mod:`dqsgd.codecs.auto`); with a link
+  rate, the one with the least modelled time instead.
 
 Which codes are valid (checked on encode and decode): width b = 1 allows {−1, +1}, b ≥ 2 allows
 [−2^(b−1), 2^(b−1) − 1]; within that UNIFORM needs |c| ≤ levels, SIGN c ∈ {−1, +1}, TERNARY
@@ -37,6 +39,7 @@ are the same too).  The crc of big payloads is computed on several threads
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -196,11 +199,12 @@ def fixed_body(data: np.ndarray, bits: int, width: int) -> np.ndarray:
     return pack_bits(data, width, offset=1 << (bits - 1))
 
 
-def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme) -> tuple[Coding, bytes | np.ndarray]:
+def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme,
+          link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
     if scheme in RAW_SCHEMES and coding in (Coding.ELIAS, Coding.RANS):
         raise ValueError(f"{scheme.name} payloads cannot use {coding.name} coding (no integer codes)")
     if coding == Coding.AUTO:
-        return _smallest_body(data, bits, scheme)
+        return smallest_body(data, bits, scheme not in RAW_SCHEMES, link_mbit)
     if coding == Coding.ELIAS:
         return coding, elias_encode(data)
     if coding == Coding.RANS:
@@ -217,8 +221,11 @@ def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding,
     return smallest_body(data, bits, scheme not in RAW_SCHEMES)
 
 
-def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:
+def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.0) -> bytes:
     """The payload of ``q`` (format in the module docstring).
+
+    ``link_mbit`` (AUTO only): > 0 picks the coding whose modelled encode + decode time plus the
+    payload's time on a link of that many Mbit/s is least (:mod:`dqsgd.codecs.auto`), not the smallest.
 
     Raises:
       ValueError: an unknown coding, or a Quantized the wire cannot carry exactly (bad dtype or
@@ -228,9 +235,11 @@ def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:
         coding = Coding(coding)
     except ValueError:
         raise ValueError(f"unknown coding {coding!r}") from None
+    if not (math.isfinite(link_mbit) and link_mbit >= 0):
+        raise ValueError(f"link_mbit must be a finite rate ≥ 0 (0: by size), got {link_mbit!r}")
     data, scales = _validated(q)
     scheme = Scheme(q.scheme)
-    used, body = _body(data, q.bits, coding, scheme)
+    used, body = _body(data, q.bits, coding, scheme, link_mbit)
     if memoryview(body).nbytes > U32_MAX:
         raise ValueError(f"body of {memoryview(body).nbytes} bytes exceeds the u32 body length field")
     shape = tuple(int(d) for d in q.shape)
