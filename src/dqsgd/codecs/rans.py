@@ -183,8 +183,7 @@ def _encode(codes, offset, one_bit, table, out):  # pragma: no cover - compiled
     """rANS-encode ``codes`` backwards into the tail of ``out``; the first byte used, or −1 if full.
 
     The state step is ryg's division-free form (:func:`_encoder_tables`); renormalisation emits at
-    most two bytes per symbol (x < 2^31 and x_max = 2^15·f ≥ 2^15, so x < x_max after two): two tests
-    instead of a loop.
+    most two bytes per symbol (x < 2^31 and x_max = 2^15·f ≥ 2^15, so x < x_max after two).
     """
     n = codes.size
     x = np.uint64(RANS_L)
@@ -194,18 +193,14 @@ def _encode(codes, offset, one_bit, table, out):  # pragma: no cover - compiled
         c = np.int64(codes[n - 1 - j])
         u = np.int64(c > 0) if one_bit else c + offset
         xmax = table[u, 0]
-        if x >= xmax:
+        for _ in range(2):  # at most two bytes (see above): a bounded loop the compiler unrolls
+            if x < xmax:
+                break
             if p < 1:
                 return -1
             p -= 1
             out[p] = np.uint8(x & np.uint64(0xFF))
             x >>= eight
-            if x >= xmax:
-                if p < 1:
-                    return -1
-                p -= 1
-                out[p] = np.uint8(x & np.uint64(0xFF))
-                x >>= eight
         q = ((x * table[u, 1]) >> np.uint64(32)) >> table[u, 2]
         x = x + table[u, 3] + q * table[u, 4]
     if p < 4:
