@@ -114,6 +114,16 @@ def test_size_bounds_hold_and_the_histogram_can_be_given(bits: int, n: int, seed
     assert hi - lo <= 4 + n * 0.0227 / 8  # the state's rounding: within ±log2(1 ± 2^-7) bits per code
 
 
+@pytest.mark.parametrize("bits", [8, 9, 16])
+def test_every_symbol_of_a_width(bits: int) -> None:
+    """K = 2^b symbols at 8 bits fill the decoder's one-byte slot table (index 255); wider ones use two bytes."""
+    lo, hi, _ = bounds(bits)
+    k = min(hi - lo + 1, 4096)
+    codes = np.repeat(np.arange(lo, lo + k, dtype=np.int32), 3)
+    np.random.default_rng(bits).shuffle(codes)
+    assert np.array_equal(dec(rans_encode(codes, bits).tobytes(), codes.size, bits), codes)
+
+
 def test_documented_bytes_by_hand() -> None:
     # codes 0, 0, 0, 1 at 2 bits: symbols u = 2 (×3) and 3 (×1) → frequencies 49152 and 16384.
     body = rans_encode(np.array([0, 0, 0, 1], dtype=np.int32), 2).tobytes()

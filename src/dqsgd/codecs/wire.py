@@ -395,7 +395,8 @@ def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUME
 
 def coded_size(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUMEL) -> int:
     """Length of ``payload`` re-encoded with :attr:`Coding.AUTO`: the bytes its levels need with the
-    best coding dqsgd has (the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS).
+    best coding dqsgd has (the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS; above 64 KiB
+    zstd only where a sample says it may win: :mod:`dqsgd.codecs.auto`).
 
     Equal to ``len(encode(decode(payload), Coding.AUTO))``: the payload is validated and decoded
     like :func:`decode` (``max_numel`` caps the elements it may declare), and its levels, scales
