@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dqsgd.codecs import Coding, auto, decode, encode
-from dqsgd.codecs.auto import ZSTD_EXACT_BYTES, elias_lower_bound
+from dqsgd.codecs.auto import ZSTD_EXACT_BYTES, level_stats
 from dqsgd.codecs.rans import level_histogram
 from dqsgd.codecs.elias import elias_encode
 from dqsgd.codecs.rans import rans_encode
@@ -81,11 +81,12 @@ def test_auto_on_identity_and_one_bit_payloads() -> None:
 @settings(SETTINGS, max_examples=80)
 @given(bits=st.integers(1, 16), n=st.integers(0, 5000), seed=st.integers(0, 2**32 - 1),
        density=st.sampled_from([0.0, 0.001, 0.02, 0.3, 1.0]))
-def test_elias_lower_bound_and_exact_choice(bits: int, n: int, seed: int, density: float) -> None:
+def test_predicted_sizes_are_the_encoded_sizes_and_the_choice_exact(bits: int, n: int, seed: int,
+                                                                      density: float) -> None:
     lo, hi, zero_ok = code_bounds(Scheme.LOWPREC, bits, 1)
     data = random_codes(seed, n, lo, hi, zero_ok, density)
-    if n:
-        assert elias_lower_bound(level_histogram(data, bits), bits) <= elias_encode(data).size
+    hist, elias = level_stats(data, bits)
+    assert np.array_equal(hist, level_histogram(data, bits)) and elias == elias_encode(data).size
     coding, body = _smallest_body(data, bits, Scheme.LOWPREC)
     assert (coding, bytes(memoryview(body))) == _every_candidate(data, bits, Scheme.LOWPREC)
 

@@ -1,12 +1,11 @@
 """``Coding.AUTO``: the smallest body of FIXED, ELIAS, ZSTD_ALIGNED and RANS, found without coding them all.
 
-Each candidate's size is known, or bounded, from one histogram of the levels (one compiled pass),
-before any body is built:
+Each candidate's size is known, or bounded, from one compiled pass over the levels (their histogram
+and the Elias length), before any body is built:
 
 * FIXED: exactly ``⌈n·b/8⌉`` bytes.
-* ELIAS: ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` bits; the histogram gives everything but the
-  gaps exactly, and every ``L(gap) ≥ 1``: a lower bound. The exact length is one scan of the codes
-  (:func:`~dqsgd.codecs.elias.elias_bit_length`), which stops as soon as Elias cannot win.
+* ELIAS: ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` bits, exactly, summed in the same pass as
+  the histogram (:func:`level_stats`).
 * RANS: the table exactly, the stream within about ±1.1 % of a bit per code
   (:func:`~dqsgd.codecs.rans.rans_size_bounds`); encoded (once, the histogram reused) only if its
   lower bound can beat the best exact size so far.
@@ -31,14 +30,15 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.bounds import body_width
-from dqsgd.codecs.elias import MAX_OMEGA, elias_bit_length, elias_encode, omega_length
+from dqsgd.codecs.elias import _LENGTHS, MAX_OMEGA, _omega_word, elias_encode
 from dqsgd.codecs.header import Coding
-from dqsgd.codecs.rans import level_histogram, rans_encode, rans_size_bounds
+from dqsgd.codecs.rans import rans_encode, rans_size_bounds
 
-__all__ = ["CPU_NS", "ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "elias_lower_bound", "smallest_body"]
+__all__ = ["CPU_NS", "ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "level_stats", "smallest_body"]
 
 ZSTD_EXACT_BYTES = 1 << 16  # aligned bodies up to 64 KiB: zstd runs on all of it
 ZSTD_BLOCK = 1 << 12
@@ -47,30 +47,36 @@ ZSTD_SLACK = 0.1  # the whole body is compressed when the sample's estimate ≤ 
 _ORDER = (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED, Coding.RANS)  # the tie order
 
 
-def _omega_lengths(top: int) -> np.ndarray:
-    """L(k) for k = 0 … top (L(0) = 0 unused): L(1) = 1, L(k) = |bin k| + L(|bin k| − 1) for k ≥ 2."""
-    k = np.arange(top + 1, dtype=np.int64)
-    bl = np.zeros(top + 1, dtype=np.int64)
-    bl[1:] = np.floor(np.log2(k[1:])).astype(np.int64) + 1
-    small = np.array([0] + [omega_length(m) for m in range(1, int(bl.max()) + 1)], dtype=np.int64)
-    out = bl + small[np.maximum(bl - 1, 0)]
-    out[:2] = (0, 1)
-    return out
+
+@njit(cache=True, nogil=True)
+def _level_stats(codes, offset, one_bit, nsym, lengths):  # pragma: no cover - compiled
+    """(histogram of the offset-binary symbols, ELIAS stream bits before padding) in one pass: the
+    Elias length is ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` (:mod:`dqsgd.codecs.elias`), the
+    histogram four partial counts (consecutive codes are mostly the same level)."""
+    part = np.zeros((4, nsym), np.int64)
+    length = np.int64(0)
+    nnz = np.int64(0)
+    prev = np.int64(0)
+    for i in range(codes.size):
+        c = np.int64(codes[i])
+        part[i & 3, np.int64(c > 0) if one_bit else c + offset] += 1
+        if c != 0:
+            g = i + 1 - prev
+            m = abs(c)
+            length += (lengths[g] if g < lengths.size else _omega_word(g)[1]) + 1
+            length += lengths[m] if m < lengths.size else _omega_word(m)[1]
+            prev = i + 1
+            nnz += 1
+    hist = part[0].copy()
+    for k in range(1, 4):
+        hist += part[k]
+    return hist, length + _omega_word(nnz + 1)[1]
 
 
-_OMEGA = _omega_lengths(1 << 15)  # every |code| of 16 bits
-
-
-def elias_lower_bound(hist: np.ndarray, bits: int) -> int:
-    """A lower bound on the ELIAS body's bytes from the level histogram (every ω(gap) ≥ 1 bit)."""
-    offset = 0 if bits == 1 else 1 << (bits - 1)
-    mags = np.abs(np.arange(hist.size, dtype=np.int64) - offset) if bits > 1 else np.ones(hist.size, np.int64)
-    nz = mags > 0
-    nnz = int(hist[nz].sum())
-    if nnz + 1 > MAX_OMEGA:
-        return 0
-    length = omega_length(nnz + 1) + int((hist[nz] * (2 + _OMEGA[mags[nz]])).sum())
-    return (length + 7) // 8
+def level_stats(codes: np.ndarray, bits: int) -> tuple[np.ndarray, int]:
+    """(:func:`~dqsgd.codecs.rans.level_histogram`, the exact ELIAS body bytes) of valid codes, one pass."""
+    hist, length = _level_stats(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, 1 << bits, _LENGTHS)
+    return hist, (int(length) + 7) // 8
 
 
 def _zstd_may_win(data: np.ndarray, bits: int, best: int) -> bool:
@@ -125,16 +131,12 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool,
     costs = _Costs(data.size, link_mbit)
     best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)
     bodies: dict[Coding, bytes | np.ndarray] = {}
-    hist = level_histogram(data, bits) if integer and data.size else None
+    hist = None
+    if integer and data.size:
+        hist, elias = level_stats(data, bits)
+        if data.size < MAX_OMEGA and costs.key(elias, Coding.ELIAS) < costs.key(*best):
+            best = (elias, Coding.ELIAS)
     rans_lo, rans_hi = rans_size_bounds(hist) if hist is not None else (0, 0)
-    if hist is not None:
-        cap = costs.max_bytes(Coding.ELIAS, best)
-        if not link_mbit:
-            cap = min(cap, rans_hi)  # by size, Elias must also be ≤ RANS (it comes first on a tie)
-        if 0 <= cap and elias_lower_bound(hist, bits) <= cap:
-            length = elias_bit_length(data, stop_above=8 * cap)  # stops as soon as Elias cannot win
-            if length <= 8 * cap:
-                best = ((length + 7) // 8, Coding.ELIAS)
     cap = costs.max_bytes(Coding.ZSTD_ALIGNED, best)
     if hist is not None and not link_mbit:
         cap = min(cap, rans_hi)
