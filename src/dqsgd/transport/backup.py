@@ -40,7 +40,7 @@ import torch.distributed as dist
 from dqsgd.pipeline import ProtocolError
 from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
-from dqsgd.transport.torch_dist import _MESSAGE_CAP, FAILED, OK, TorchPSTransport, TransportError
+from dqsgd.transport.torch_dist import MESSAGE_CAP, FAILED, OK, TorchPSTransport, TransportError
 
 __all__ = ["BackupPSTransport"]
 
@@ -237,7 +237,7 @@ class BackupPSTransport(TorchPSTransport):
         if status == OK and count != len(ints):
             raise ProtocolError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
                                 f"the server announced {count}")
-        check_sizes([size], [max_bytes if status == OK else _MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
+        check_sizes([size], [max_bytes if status == OK else MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
         body = torch.empty(size + 8 * (count if status == OK else 0), dtype=torch.uint8)
         self._poll(dist.irecv(body, 0, group=self.group, tag=DOWN_DATA), "downlink from rank 0", deadline)
         if status != OK:
@@ -260,7 +260,7 @@ class BackupPSTransport(TorchPSTransport):
                 self._pending.append((dst, _Waiting(works, self.wait_s), [head, body]))
 
     def _fail_pending_downlink(self, msg: str) -> None:
-        self._send_downlink(FAILED, msg.encode()[:_MESSAGE_CAP], ())
+        self._send_downlink(FAILED, msg.encode()[:MESSAGE_CAP], ())
 
     def _drain(self) -> None:
         """After the last exchange: read what the live workers still send (their late payloads), then
