@@ -330,7 +330,8 @@ def launch(net: Any, a: argparse.Namespace, method: str, result: Path) -> None:
     """Start every rank in its namespace; kill the whole run past ``--timeout`` or if one rank fails."""
     procs = []
     # TORCH_CPP_LOG_LEVEL: the namespaces have no name service, and c10d warns about it on every connect.
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH")))),
+    path = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))  # the caller's dqsgd too
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONPATH": path,
            "TORCH_CPP_LOG_LEVEL": "ERROR"}
     try:
         for r in range(a.workers):
