@@ -57,7 +57,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helpers beside the script (run as a script, or loaded by dqsgd bench)
 
-from local_rows import LOCAL_SYNTAX, local_problem, local_row, local_stepper  # noqa: E402
+from local_rows import LOCAL_SYNTAX, local_problem, local_row, local_stepper, training_step  # noqa: E402
 from net_tables import grouped, link_s, plot, speedup, table, time_to_target  # noqa: E402,F401
 
 TORCH_HOOKS = ("fp32", "fp16", "powersgd")
@@ -212,10 +212,9 @@ def _build(a: argparse.Namespace, data: Any) -> Any:
 def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     """(one training step of rank ``a.rank`` at step n, the model to evaluate, the hook's state) under DDP."""
     import torch
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dqsgd.train.sampling import MODEL_INIT, WorkerBatches, seed_for
+    from dqsgd.train.sampling import MODEL_INIT, seed_for
 
     torch.manual_seed(seed_for(a.seed, MODEL_INIT))
     # PowerSGD's hook waits on a nested all-reduce inside its future callback: on gloo, two buckets in
@@ -224,16 +223,7 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     model = DDP(_build(a, data), bucket_cap_mb=25 if powersgd_rank(a.method) else None)
     state = register_hook(model, a)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
-    batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
-
-    def step(n: int) -> None:
-        idx = batches.indices(a.rank, n)
-        loss = F.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return step, model.module, state
+    return training_step(a, data, model, opt), model.module, state
 
 
 def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:

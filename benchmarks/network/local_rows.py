@@ -60,9 +60,8 @@ def local_stepper(a: argparse.Namespace, data: Any, build: Callable[[], Any]) ->
     """(one training step of rank ``a.rank`` at step n, the model to evaluate, the optimizer) of a Local
     SGD row; ``build()`` makes the benchmark's model (seeded here, the same on every rank)."""
     import torch
-    import torch.nn.functional as F
 
-    from dqsgd.train.sampling import MODEL_INIT, WorkerBatches, seed_for
+    from dqsgd.train.sampling import MODEL_INIT, seed_for
 
     kind, period, name = local_row(a.method) or ("", 0, None)
     torch.manual_seed(seed_for(a.seed, MODEL_INIT))
@@ -78,6 +77,15 @@ def local_stepper(a: argparse.Namespace, data: Any, build: Callable[[], Any]) ->
 
         opt = LocalSGDOptimizer(inner, model, local_steps=period, method=name or "sgd",
                                 rounds=math.ceil(a.steps / period), seed=a.seed, timeout=a.timeout)
+    return training_step(a, data, model, opt), model, opt
+
+
+def training_step(a: argparse.Namespace, data: Any, model: Any, opt: Any) -> Callable[[int], None]:
+    """Step n of rank ``a.rank``: its minibatch of the benchmark's shards, cross-entropy, backward, ``opt``."""
+    import torch.nn.functional as F
+
+    from dqsgd.train.sampling import WorkerBatches
+
     batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
 
     def step(n: int) -> None:
@@ -87,4 +95,4 @@ def local_stepper(a: argparse.Namespace, data: Any, build: Callable[[], Any]) ->
         loss.backward()
         opt.step()
 
-    return step, model, opt
+    return step

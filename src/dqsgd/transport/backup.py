@@ -221,15 +221,11 @@ class BackupPSTransport(TorchPSTransport):
     # --- downlink -------------------------------------------------------------------------------
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
                   max_bytes: int | None = None) -> tuple[bytes, list[int]]:
-        if self.is_server:
-            if payload is None:
-                raise ValueError("ps transport: the server must provide the downlink payload")
-            self._send_downlink(OK, payload, ints)
-            self._owes_downlink = False
-            self.steps += 1
+        if self.is_server:  # the parent's, whose _send_downlink is this class's point-to-point one
+            out = super().broadcast(payload, ints, max_bytes)
             if self.exchanges is not None and self.steps >= self.exchanges:
                 self._drain()
-            return payload, [int(v) for v in ints]
+            return out
         deadline = time.monotonic() + self.wait_s
         head = torch.zeros(3, dtype=torch.int64)
         self._poll(dist.irecv(head, 0, group=self.group, tag=DOWN_HEAD), "downlink header from rank 0", deadline)
