@@ -46,8 +46,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -318,30 +316,15 @@ def _result(a: argparse.Namespace, step: int, acc: float, train_s: float, reache
 # --- the orchestrator -------------------------------------------------------------------------------
 def launch(net: Any, a: argparse.Namespace, method: str, result: Path) -> None:
     """Start every rank in its namespace; kill the whole run past ``--timeout`` or if one rank fails."""
-    procs = []
+    from netns import run_ranks
+
     # TORCH_CPP_LOG_LEVEL: the namespaces have no name service, and c10d warns about it on every connect.
     path = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))  # the caller's dqsgd too
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONPATH": path,
            "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    try:
-        for r in range(a.workers):
-            cmd = net.exec_prefix(r) + [sys.executable, str(Path(__file__).resolve()), "--rank", str(r), "--method", method,
-                                        "--master", net.address(0), "--result", str(result), *_forward(a)]
-            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-        deadline = time.monotonic() + a.timeout + 30
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.2)
-        time.sleep(0.5)
-        codes = [p.poll() for p in procs]
-        if codes != [0] * len(procs):
-            raise RuntimeError(f"{method}: ranks ended with {codes} (None: still running at the deadline)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)  # each rank was started in its own session
-                p.wait(timeout=10)
+    run_ranks(net, lambda r: [sys.executable, str(Path(__file__).resolve()), "--rank", str(r), "--method", method,
+                              "--master", net.address(0), "--result", str(result), *_forward(a)],
+              env, a.timeout + 30, method)
 
 
 def _forward(a: argparse.Namespace) -> list[str]:
