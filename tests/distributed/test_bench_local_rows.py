@@ -14,6 +14,7 @@ FOLDER = Path(__file__).resolve().parents[2] / "benchmarks" / "network"
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_local_sgd_rows_average_every_h_steps() -> None:
     """H = 2, ending on an exchange: after it both ranks hold the same model (PyTorch's averager, dqsgd's
     fp32 and QSGD rows alike), and quantizing Δ changed it."""
