@@ -33,8 +33,9 @@ import numpy as np
 from numba import njit
 
 from dqsgd.codecs.bitpack import packed_size
+from dqsgd.codecs.bodies import fixed_body, zstd_compress
 from dqsgd.codecs.bounds import body_width
-from dqsgd.codecs.elias import _LENGTHS, MAX_OMEGA, _omega_word, elias_encode
+from dqsgd.codecs.elias import OMEGA_LENGTHS, MAX_OMEGA, omega_word, elias_encode
 from dqsgd.codecs.header import Coding
 from dqsgd.codecs.rans import rans_encode, rans_size_bounds
 
@@ -63,25 +64,24 @@ def _level_stats(codes, offset, one_bit, nsym, lengths):  # pragma: no cover - c
         if c != 0:
             g = i + 1 - prev
             m = abs(c)
-            length += (lengths[g] if g < lengths.size else _omega_word(g)[1]) + 1
-            length += lengths[m] if m < lengths.size else _omega_word(m)[1]
+            length += (lengths[g] if g < lengths.size else omega_word(g)[1]) + 1
+            length += lengths[m] if m < lengths.size else omega_word(m)[1]
             prev = i + 1
             nnz += 1
     hist = part[0].copy()
     for k in range(1, 4):
         hist += part[k]
-    return hist, length + _omega_word(nnz + 1)[1]
+    return hist, length + omega_word(nnz + 1)[1]
 
 
 def level_stats(codes: np.ndarray, bits: int) -> tuple[np.ndarray, int]:
     """(:func:`~dqsgd.codecs.rans.level_histogram`, the exact ELIAS body bytes) of valid codes, one pass."""
-    hist, length = _level_stats(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, 1 << bits, _LENGTHS)
+    hist, length = _level_stats(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, 1 << bits, OMEGA_LENGTHS)
     return hist, (int(length) + 7) // 8
 
 
 def _zstd_may_win(data: np.ndarray, bits: int, best: int) -> bool:
     """Whether ZSTD_ALIGNED may beat ``best`` bytes: always for a small body, else by a sample."""
-    from dqsgd.codecs.wire import fixed_body, zstd_compress  # the wire format's own packing and compressor
 
     width = body_width(bits, Coding.ZSTD_ALIGNED)
     size = packed_size(data.size, width)
@@ -126,7 +126,6 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool,
     """AUTO's (coding, body) for valid codes ``data`` (int32; raw float32 values when not ``integer``:
     only FIXED and ZSTD_ALIGNED apply). See the module docstring; ``link_mbit`` > 0: the fastest at that
     link rate by the CPU_NS model, instead of the smallest."""
-    from dqsgd.codecs.wire import fixed_body, zstd_compress
 
     costs = _Costs(data.size, link_mbit)
     best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)

@@ -48,7 +48,8 @@ import torch
 from numba import njit
 
 from dqsgd.codecs.auto import smallest_body
-from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
+from dqsgd.codecs.bodies import fixed_body, zstandard_module, zstd_compress
+from dqsgd.codecs.bitpack import packed_size, unpack_bits
 from dqsgd.codecs.bounds import body_width, check_body_can_hold, zstd_content_bound
 from dqsgd.codecs.elias import EliasError, elias_decode, elias_encode
 from dqsgd.codecs.header import (
@@ -62,21 +63,10 @@ from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 __all__ = ["Coding", "PayloadError", "body_width", "coded_size", "decode", "encode", "header_size", "predicted_size"]
 
 MAX_CODE_BITS = 16
-_ZSTD_LEVEL = 3
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd clamps a frame's window to its declared content size (which must equal the expected size);
 # level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
 _ZSTD_MAX_WINDOW = 1 << 23
-def _zstd():  # noqa: ANN202 - the zstandard module
-    """zstandard, imported where a ZSTD coding is used (the FIXED codec runs without it)."""
-    import zstandard
-
-    return zstandard
-
-
-def zstd_compress(body: np.ndarray | bytes) -> bytes:
-    """One zstd frame (level 3, content size in the header) of ``body``: ZSTD and ZSTD_ALIGNED."""
-    return _zstd().ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
 
 
 @dataclass(frozen=True)
@@ -190,15 +180,6 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
     return data, scales
 
 
-def fixed_body(data: np.ndarray, bits: int, width: int) -> np.ndarray:
-    """FIXED's packing of the codes (offset binary of ``bits``) at ``width`` ≥ bits."""
-    if bits == 32:  # IDENTITY, SKETCH: raw little-endian float32
-        return data.astype("<f4", copy=False).view(np.uint8)
-    if bits == 1:
-        return pack_bits(data > 0, width)
-    return pack_bits(data, width, offset=1 << (bits - 1))
-
-
 def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme,
           link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
     if scheme in RAW_SCHEMES and coding in (Coding.ELIAS, Coding.RANS):
@@ -310,7 +291,7 @@ def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     itself bounds the output), with nothing after it."""
     if bytes(body[:4]) != _ZSTD_MAGIC:
         raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
-    zstandard = _zstd()
+    zstandard = zstandard_module()
     if expected > zstd_content_bound(len(body)):
         raise PayloadError(f"ZSTD body at offset {offset}: {len(body)} bytes cannot decompress to the "
                            f"{expected} bytes the header's numel needs")
