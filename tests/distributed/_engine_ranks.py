@@ -70,7 +70,7 @@ def run_trainer(method: str, topology: str, transport: Any = None, workers: int 
     """The trainer for STEPS steps (``transport``: None = the simulation; ``train``: more TrainConfig
     keys); returns it and its ledger."""
     from dqsgd.data import load_dataset
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
     from dqsgd.train.config import MethodEntry
     from dqsgd.train.trainer import Trainer
 
@@ -85,8 +85,8 @@ def run_ddp(rank: int, world: int, method: str, topology: str, like: Any, **hook
     """DDP with the dqsgd hook, the trainer ``like``'s model, data order, learning rate and seed
     (``hook``: more HookState arguments)."""
     import dqsgd.ddp
+    from dqsgd.core.rng import MODEL_INIT, seed_for
     from dqsgd.models import build_model
-    from dqsgd.rng import MODEL_INIT, seed_for
     from dqsgd.train.sampling import WorkerBatches
 
     with torch.random.fork_rng(devices=[]):

@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from dqsgd._lazy import attach
+from dqsgd.core.lazy import attach
 
 if TYPE_CHECKING:
     from dqsgd.policies.adaptive import AdaptiveRMS, AdaQS

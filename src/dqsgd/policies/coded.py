@@ -29,7 +29,7 @@ remaining steps at ``min_bits`` would overspend C. Every cost in that check is a
 
 What is guaranteed, and what is measured: the sizes of coded messages are only known once they are
 encoded, so unlike the nominal budget (where every size is known in advance) the "never overspent"
-property rests on the reserve's margin, not on arithmetic. ``tests/test_policy_coded.py`` trains
+property rests on the reserve's margin, not on arithmetic. ``tests/policies/test_policy_coded.py`` trains
 real models through the simulation and checks that the ledger's coded bytes never exceed C and land
 within 1% of it (N ≥ 100). Step 0 has no entropy estimate yet: it is charged at the fixed size, at
 the largest width whose fixed size fits the per-step share C/N (at least ``min_bits``).
@@ -44,6 +44,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from dqsgd.kernels.levels import expected_level_entropies
 from dqsgd.policies.base import GradStats, Rounding, integerize
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
 from dqsgd.quantizers.constants import levels_for_bits
@@ -67,27 +68,13 @@ def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int 
 
     Exact in the rounding probabilities, over a fixed stride of at most ``sample`` coordinates
     (deterministic: no draw). A zero vector has entropy 0 at every width."""
-    g = grad.detach().reshape(-1).to(torch.float64)
+    g = grad.detach().reshape(-1)
     if g.numel() == 0 or not norm > 0:
         return [0.0] * len(widths)
     step = max(1, -(-g.numel() // sample))
-    g = g[::step].cpu()
-    u = (g.abs() / norm).clamp(max=1.0)
-    sign = torch.where(g < 0, -1, 1).to(torch.int64)
-    out = []
-    for b in widths:
-        s = levels_for_bits(b)
-        v = u * s
-        low = v.floor()
-        frac = v - low
-        low = low.to(torch.int64)
-        high = (low + 1).clamp(max=s)
-        weights = torch.cat([1.0 - frac, frac])
-        idx = torch.cat([s + sign * low, s + sign * high])
-        p = torch.bincount(idx, weights=weights, minlength=2 * s + 1)
-        p = p[p > 0] / g.numel()
-        out.append(float(-(p * torch.log2(p)).sum()))
-    return out
+    g = g[::step].to(torch.float64).cpu().contiguous()  # the sample first: only it is converted
+    u = (g.abs() / norm).clamp(max=1.0).numpy()
+    return expected_level_entropies(u, (g < 0).numpy(), [levels_for_bits(b) for b in widths])
 
 
 @dataclass(frozen=True)
@@ -133,6 +120,22 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
         return np.maximum.accumulate(np.minimum(fixed, coded))
 
+    def above_measured(self, cost: np.ndarray, measured: int, spent_bits: int, margin: float) -> np.ndarray:
+        """``cost`` raised, above the width ``measured`` just sent, to the measured body bits per
+        coordinate plus one bit per extra bit of width (× ``margin``), capped by fixed(B).
+
+        G is the mean of messages quantized at the measured width (or the 8-bit downlink): above that
+        width its levels do not resolve, so H_B(G) stops growing while a worker's own vector still gains
+        about one bit per coordinate for every bit of width (each level splits in two). Without the
+        floor, a round after a 2-bit round was costed at 16 bits as 53 kbit and sent 784 kbit."""
+        if not math.isfinite(spent_bits) or spent_bits <= 0:
+            return cost
+        widths = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
+        body = max(0.0, spent_bits - self.header_bits) + self.numel * np.maximum(widths - measured, 0.0)
+        floor = np.where(widths > measured, self.header_bits + margin * body, 0.0)
+        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        return np.maximum.accumulate(np.maximum(cost, np.minimum(floor, fixed)))
+
     def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
                       remaining: float) -> tuple[float, float]:
         """(k, real B_step) so that the predicted coded spend of steps step..N−1 — each width costed by
@@ -153,8 +156,10 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
             ratio = observed if not math.isfinite(ratio) else (1 - self.smoothing) * ratio + self.smoothing * observed
         if step >= self.total_steps:
             return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
-        cost = self.costs(entropy, ratio)
-        upper = self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
+        cost = self.above_measured(self.costs(entropy, ratio), state.bits, stats.spent_bits, 1.0)
+        upper = self.above_measured(
+            self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio),
+            state.bits, stats.spent_bits, self.margin)
         forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
         k, real = self.solve_coded_k(step, stats.norm, forecast, cost, float(self.budget_bits - spent))
         bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)

@@ -10,7 +10,7 @@ One worker per process: rank r computes worker r's gradient (``local_workers == 
   decodes them in worker order and runs the same policy on the same bytes, so all ranks reach the
   same B_{n+1} without a downlink (``is_server`` is True everywhere). ``broadcast`` only checks,
   with one tiny all-reduce, that the ranks really agree (same integers, same downlink CRC-32).
-* :class:`TorchShardedTransport` — every rank is the server of one shard (``dqsgd.sharding``):
+* :class:`TorchShardedTransport` — every rank is the server of one shard (``dqsgd.core.sharding``):
   ``exchange`` is the uplink all-to-all (rank j receives every worker's payload for shard j),
   ``share`` the downlink all-gather of the W averaged, re-quantized shards.
 
@@ -27,7 +27,7 @@ Failures. Every collective runs under a timeout (the transport's ``timeout``, el
 :class:`TransportError` naming this rank, the operation and, when the failing rank left one, its
 own error message (an error board in the rendezvous store). Errors found by the server after a
 gather (a malformed payload: :class:`~dqsgd.codecs.PayloadError`, a wrong message:
-:class:`~dqsgd.pipeline.ProtocolError`, both naming the worker) are sent to the waiting ranks in
+:class:`~dqsgd.method.pipeline.ProtocolError`, both naming the worker) are sent to the waiting ranks in
 the downlink header by :meth:`abort`, so they stop at once with the same error type and text rather
 than at the timeout. Run a trainer inside ``with transport.guard(): ...`` to get this.
 """
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
-from dqsgd.pipeline import ProtocolError
+from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.agreement import RankDisagreement
 from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.names import check_topology
@@ -55,7 +55,7 @@ __all__ = ["RankDisagreement", "TorchAllGatherTransport", "TorchPSTransport", "T
 
 OK, FAILED = 0, 1
 _ERROR_KEY = "dqsgd/error/{}"
-_MESSAGE_CAP = 1 << 16  # the most bytes of an error message in a downlink header
+MESSAGE_CAP = 1 << 16  # the most bytes of an error message in a downlink header
 _BOARD_TIMEOUT = datetime.timedelta(seconds=2)  # the error board is best effort: a short wait, not a collective's
 # Errors re-raised with their own type on the ranks that learn of them from the server.
 _REMOTE_TYPES: dict[str, type[Exception]] = {"PayloadError": PayloadError, "ProtocolError": ProtocolError}
@@ -83,7 +83,7 @@ class _TorchTransport:
             raise ValueError(f"timeout must be > 0 seconds (or None: the process group's), got {timeout}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
-                               "(dqsgd.launch does it for `dqsgd train --transport torch`)")
+                               "(dqsgd.cli.launch does it for `dqsgd train --transport torch`)")
         self.group = group
         self.rank = dist.get_rank(group)
         self.workers = dist.get_world_size(group)
@@ -258,7 +258,7 @@ class TorchPSTransport(_TorchTransport):
         if status == OK and count != len(ints):
             raise ProtocolError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
                                 f"the server announced {count}")
-        check_sizes([size], [max_bytes if status == OK else _MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
+        check_sizes([size], [max_bytes if status == OK else MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
         count = count if status == OK else 0
         body = torch.empty(size + 8 * count, dtype=torch.uint8, device=self.device)
         self._collective("broadcast", dist.broadcast, body, src=0)
@@ -268,7 +268,7 @@ class TorchPSTransport(_TorchTransport):
         return tensor_bytes(body, size), body[size:].cpu().clone().view(torch.int64).tolist()
 
     def _fail_pending_downlink(self, msg: str) -> None:
-        self._send_downlink(FAILED, msg.encode()[:_MESSAGE_CAP], ())
+        self._send_downlink(FAILED, msg.encode()[:MESSAGE_CAP], ())
 
     def _send_downlink(self, status: int, payload: bytes, ints: Sequence[int]) -> None:
         header = torch.tensor([status, len(payload), len(ints)], dtype=torch.int64, device=self.device)
