@@ -2,8 +2,9 @@
 
 ``spawn_local`` forks the ranks of this session from one forkserver that imported torch and dqsgd
 once and ran one step of the common methods (_warm.py): a fresh interpreter per rank spends seconds
-on imports and on loading compiled kernels, and the suite starts over a hundred ranks. What the ranks compute does not depend on how they were started; the fresh-interpreter path
-(`dqsgd train --workers N`, torchrun) is run by test_launch, test_restart and test_reliability_dist.
+on imports and on loading compiled kernels, and the suite starts over a hundred ranks. What the
+ranks compute does not depend on how they were started; the fresh-interpreter path (`dqsgd train
+--workers N`, torchrun) is run by test_launch, test_restart and test_reliability_dist.
 """
 
 import sys
