@@ -10,12 +10,12 @@ ranks compute does not depend on how they were started; the fresh-interpreter pa
 import sys
 from pathlib import Path
 
-from dqsgd.launch import use_forkserver
+from dqsgd.cli.launch import use_forkserver
 
 # Spawned ranks unpickle the functions of _ranks.py by module name: make the folder importable.
 sys.path.insert(0, str(Path(__file__).parent))
 
 use_forkserver(["torch", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp",
-                "torch.distributed.device_mesh", "dqsgd.launch", "dqsgd.data", "dqsgd.ddp", "dqsgd.fsdp",
-                "dqsgd.local", "dqsgd.sketched", "dqsgd.train.trainer", "dqsgd.train.runner",
+                "torch.distributed.device_mesh", "dqsgd.cli.launch", "dqsgd.data", "dqsgd.ddp", "dqsgd.fsdp",
+                "dqsgd.train.local_sgd", "dqsgd.topology.sketched", "dqsgd.train.trainer", "dqsgd.train.runner",
                 "dqsgd.topology.bucket", "dqsgd.kernels.fused", "dqsgd.codecs", "_warm"])
