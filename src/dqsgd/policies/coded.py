@@ -141,8 +141,9 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         return self.solve_widths(step, norm, forecast, lambda widths: float(np.interp(widths, grid, cost).sum()),
                                  remaining)
 
-    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
-        step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
+    def learn(self, state: CodedBudgetState, stats: GradStats) -> tuple[tuple[float, ...], float, float]:
+        """(H_B(G) per width, running ratio r, observed ratio) after step ``stats.step``, whose uplink was
+        sent at ``state.bits`` and cost ``stats.spent_bits`` (the uplink's bits alone)."""
         if stats.grad is None:
             raise ValueError("coded DQSGD needs the aggregated gradient in GradStats.grad (needs_grad = True)")
         entropy = tuple(level_entropies(stats.grad, stats.norm, self.widths, self.sample))
@@ -151,6 +152,11 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         if predicted > 0:
             observed = max(0.0, stats.spent_bits - self.header_bits) / predicted
             ratio = observed if not math.isfinite(ratio) else (1 - self.smoothing) * ratio + self.smoothing * observed
+        return entropy, ratio, observed
+
+    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
+        step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
+        entropy, ratio, observed = self.learn(state, stats)
         if step >= self.total_steps:
             return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
         cost = self.costs(entropy, ratio)
