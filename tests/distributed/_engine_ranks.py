@@ -40,7 +40,8 @@ class Recorder:
         from dqsgd.topology.bucket import BucketProtocol
 
         self.rows: list[tuple[int, list[bytes]]] = []
-        encode, messages = BucketProtocol.encode, payloads.encode_messages
+        self.down: list[int] = []  # the downlink width of every shard this process served, in order
+        encode, messages, down = BucketProtocol.encode, payloads.encode_messages, BucketProtocol.encode_down_fed
 
         def spy_encode(proto, worker, flat, bits, *args, **kw):  # type: ignore[no-untyped-def]
             out, res = encode(proto, worker, flat, bits, *args, **kw)
@@ -58,12 +59,21 @@ class Recorder:
                 self.rows.append((bits, row))
             return got
 
+        def spy_down(proto, shard, avg, step, residual, size=None, bad=None, dbits=None):  # type: ignore[no-untyped-def]
+            self.down.append(proto.down_bits if dbits is None else dbits)
+            return down(proto, shard, avg, step, residual, size, bad, dbits)
+
         BucketProtocol.encode = spy_encode  # type: ignore[method-assign]
+        BucketProtocol.encode_down_fed = spy_down  # type: ignore[method-assign]
         payloads.encode_messages = spy_messages  # type: ignore[assignment]
 
     def take(self) -> list[tuple[int, list[bytes]]]:
         rows, self.rows = self.rows, []
         return rows
+
+    def take_down(self) -> list[int]:
+        down, self.down = self.down, []
+        return down
 
 
 def run_trainer(method: str, topology: str, transport: Any = None, workers: int = 2, **train: Any) -> tuple[Any, Any]:
@@ -113,10 +123,12 @@ def engines(rank: int, world: int) -> dict[str, Any]:
     for method in METHODS:
         for topology in TOPOLOGIES:
             tr, _ = run_trainer(method, topology, make_transport(topology, timeout=60.0), world)
-            trainer_rows = rec.take()
+            trainer_rows, trainer_down = rec.take(), rec.take_down()
             params = run_ddp(rank, world, method, topology, tr)
             out[f"{method}/{topology}"] = {
                 "trainer_rows": trainer_rows, "hook_rows": rec.take(),
+                "trainer_down": trainer_down, "hook_down": rec.take_down(),
+                "trainer_down_bytes": [r.down_bytes for r in tr.ledger.records],
                 "trainer_params": torch.cat([p.detach().reshape(-1) for p in tr.params]), "hook_params": params,
                 "trainer_bits": [r.bits for r in tr.ledger.records]}
     return out

@@ -178,9 +178,10 @@ def resolve_device(name: str) -> "torch.device":
 
 
 # [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods,
-# outer optimizers and downlink widths in one config file).
+# outer optimizers, topologies and downlink widths in one config file; a simulated comparison: the torch
+# transport's topology is the run's).
 METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
-                     "outer_lr", "outer_momentum", "downlink_bits")
+                     "outer_lr", "outer_momentum", "downlink_bits", "topology")
 
 
 @dataclass(frozen=True)
