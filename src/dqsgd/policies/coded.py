@@ -133,6 +133,11 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
         return np.maximum.accumulate(np.minimum(fixed, coded))
 
+    def upper_costs(self, entropy: tuple[float, ...], ratio: float, observed: float) -> np.ndarray:
+        """The reserve's upper estimate of each width's coded bits: ``margin`` × the larger of r and the
+        last observed ratio (the fixed size where that is smaller)."""
+        return self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
+
     def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
                       remaining: float) -> tuple[float, float]:
         """(k, real B_step) so that the predicted coded spend of steps step..N−1 — each width costed by
@@ -159,8 +164,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         entropy, ratio, observed = self.learn(state, stats)
         if step >= self.total_steps:
             return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
-        cost = self.costs(entropy, ratio)
-        upper = self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
+        cost, upper = self.costs(entropy, ratio), self.upper_costs(entropy, ratio, observed)
         forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
         k, real = self.solve_coded_k(step, stats.norm, forecast, cost, float(self.budget_bits - spent))
         bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)

@@ -155,7 +155,7 @@ class SplitBudget:
         if not self.coded:
             return np.array([self.inner.message_bits(u) for u in self.legs.up], dtype=np.float64)
         c: Any = self.inner
-        return c.costs(entropy, c.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
+        return c.upper_costs(entropy, ratio, observed)
 
     def costs(self, up: np.ndarray) -> np.ndarray:
         """Both legs' bits of every pair, rows u, columns v."""
