@@ -62,8 +62,8 @@ class SplitState:
     fit: tuple[float, ...]      # the norm forecast's decayed sums (BudgetedDQSGD)
     k: float                    # the last solved constant
     entropy: tuple[float, ...] = ()  # coded budget: H_B(G) per uplink width (CodedBudgetedDQSGD)
-    ratio: float = math.nan          # coded budget: running real / predicted uplink body bits
-    observed: float = math.nan       # coded budget: the last observed ratio
+    ratio: float = 0.0               # coded budget: running real / predicted uplink body bits (nan: none yet)
+    observed: float = 0.0            # coded budget: the last observed ratio (nan: none yet); nominal: 0, unused
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,8 @@ class SplitBudget:
     def init(self) -> SplitState:
         n, up = self.inner.total_steps, self.upper_up(())
         u, v = self.pick(self.inner.budget_bits / n, self.inner.budget_bits - (n - 1) * self.costs(up).min(), up, up)
-        return SplitState(u, v, float("nan"), 0, (0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), float("nan"))
+        none = math.nan if self.coded else 0.0  # a nominal state compares equal to its copy (no nan)
+        return SplitState(u, v, math.nan, 0, (0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), math.nan, (), none, none)
 
     def update(self, state: SplitState, stats: GradStats) -> SplitState:
         p = self.inner

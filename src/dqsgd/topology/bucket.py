@@ -277,12 +277,13 @@ def replace_kernel(config: MethodConfig, kernel: str) -> MethodConfig:
 
 
 def run_in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, step: int,
-                   generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+                   generators: Sequence[torch.Generator | None] | None = None, dbits: int | None = None) -> torch.Tensor:
     """One step of ``proto`` for W workers' flat gradients in one process, without memory or scalers
-    (what every rank of a real run computes): the update every rank applies."""
+    (what every rank of a real run computes): the update every rank applies. ``dbits``: the step's
+    downlink width (``downlink_bits = "auto"``; None: the fixed width)."""
     gens = generators if generators is not None else [None] * len(flats)
     sent = [proto.encode(w, g, bits, step, gens[w])[0] for w, g in enumerate(flats)]
     avg = [proto.reduce(j, [row[j] for row in sent], bits) for j in range(len(proto.shards))]
     if proto.topology == "allgather":
         return avg[0]
-    return proto.decode_down([proto.encode_down(j, a, step) for j, a in enumerate(avg)])
+    return proto.decode_down([proto.encode_down(j, a, step, dbits=dbits) for j, a in enumerate(avg)], dbits=dbits)
