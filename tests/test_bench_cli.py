@@ -1,4 +1,4 @@
-"""`dqsgd bench codec|compressors|network` run scripts of the checkout's benchmarks/: found here, and a
+"""`dqsgd bench codec|compressors|network` (and `fsdp --rates`) run scripts of the checkout's benchmarks/: found here, and a
 clear refusal with exit status 2 where the folder is missing (an installed wheel ships no benchmarks/)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_the_scripts_are_found_in_this_checkout() -> None:
 
 
 @pytest.mark.parametrize("argv", [["bench", "codec"], ["bench", "compressors", "--repeats", "1"],
-                                  ["bench", "network", "--workers", "2"]])
+                                  ["bench", "network", "--workers", "2"], ["bench", "fsdp", "--rates", "100mbit"]])
 def test_without_benchmarks_the_command_says_why_and_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     monkeypatch.setattr(bench_cli, "BENCHMARKS", tmp_path / "benchmarks")
@@ -52,3 +52,15 @@ def test_network_forwards_its_options_and_returns_the_scripts_status(monkeypatch
     assert main(["bench", "network", "--workers", "2", "--rates", "1gbit"]) == 3
     assert main(["bench", "network", "--help"]) == 3
     assert seen == [[], ["--workers", "2", "--rates", "1gbit"], ["--help"]]
+
+
+def test_fsdp_on_shaped_links_gets_the_checkouts_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dqsgd.bench_fsdp
+
+    seen = []
+    fake = types.SimpleNamespace()
+    monkeypatch.setattr(bench_cli, "load_script", lambda rel: fake if rel == "network/netns.py" else None)
+    monkeypatch.setattr(dqsgd.bench_fsdp, "bench_fsdp", lambda a, netns=None: seen.append((a.rates, a.repeats, netns)))
+    assert main(["bench", "fsdp", "--rates", "100mbit,1gbit", "--repeats", "1"]) == 0
+    assert main(["bench", "fsdp"]) == 0  # loopback: no script needed
+    assert seen == [("100mbit,1gbit", 1, fake), ("", 2, None)]

@@ -121,3 +121,18 @@ def test_a_failed_run_is_reported_and_has_no_time(bench: Any) -> None:
     lines = bench.table(rows, 0.9).splitlines()
     assert "failed: powersgd: ranks ended with [None, None]" in lines[-1]
     assert bench.time_to_target(rows[1:]) is None and bench.speedup(bench.grouped(rows), "100mbit", "fp32", "powersgd") == "—"
+
+
+def test_local_sgd_rows_parse_and_bad_ones_are_refused(bench: Any) -> None:
+    assert bench.local_row("local-h16") == ("local", 16, "sgd")  # fp32 pseudo-gradients
+    assert bench.local_row("local-h8-qsgd-4bit") == ("local", 8, "qsgd-4bit")
+    assert bench.local_row("local-h4-dqsgd-coded") == ("local", 4, "dqsgd-coded")
+    assert bench.local_row("postlocal-h16") == ("postlocal", 16, None)
+    for name in ("local-h0", "local-hx", "postlocal-h8-qsgd-4bit", "qsgd-4bit", "fp32"):
+        assert bench.local_row(name) is None, name
+    assert all(bench.method_problem(m) == "" for m in ("local-h16", "local-h8-qsgd-4bit", "postlocal-h4"))
+    assert "is not a dqsgd method" in bench.method_problem("local-h8-bogus")
+    assert "a Local SGD row is" in bench.method_problem("postlocal-h8-qsgd-4bit")
+    assert bench.check_args(bench.parse(["--methods", "local-h8"]), ["local-h8", "postlocal-h0"]).startswith(
+        "'postlocal-h0': a Local SGD row is")
+

@@ -110,7 +110,8 @@ def test_outer_nesterov_is_momentum_on_the_averaged_pseudo_gradient() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,topology", [("dqsgd", "sharded"), ("dqsgd", "ps"), ("dqsgd-coded", "sharded")])
+@pytest.mark.parametrize("method,topology", [("dqsgd", "sharded"), ("dqsgd", "ps"), ("dqsgd-coded", "sharded"),
+                                             ("dqsgd-coded", "ps")])
 def test_budget_over_rounds_is_never_overspent(method: str, topology: str) -> None:
     """Budgeted DQSGD with H = 4: the budget of nominal bits (dqsgd) or entropy-coded bits (dqsgd-coded)
     is planned over the rounds, checked after every exchange, and nearly spent by the last."""
@@ -122,7 +123,8 @@ def test_budget_over_rounds_is_never_overspent(method: str, topology: str) -> No
         tr.step()
         assert tr.ledger.spent_bits() <= budget, f"overspent at step {tr.next_step - 1}"
     assert len(tr.ledger.records) == 20
-    assert tr.ledger.spent_bits() >= 0.95 * budget, tr.ledger.spent_bits() / budget
+    # Coded sizes above the width last sent are planned from an upper estimate: a little is left unspent.
+    assert tr.ledger.spent_bits() >= (0.95 if method == "dqsgd" else 0.9) * budget, tr.ledger.spent_bits() / budget
     assert len({r.bits for r in tr.ledger.records}) > 1  # the width follows the rounds' norms
 
 

@@ -15,7 +15,7 @@ from dqsgd.data import load_dataset
 from dqsgd.kernels import HashRNG
 from dqsgd.methods import method_config
 from dqsgd.policies import CodedBudgetedDQSGD, GradStats, level_entropies
-from dqsgd.quantizers import quantize_uniform
+from dqsgd.quantizers import dequantize, quantize_uniform
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.runner import run_one
 from dqsgd.train.trainer import Trainer
@@ -66,6 +66,31 @@ def test_costs_never_exceed_fixed_and_do_not_decrease() -> None:
         c = pol.costs(ent, ratio)
         assert np.all(np.diff(c) >= 0) and np.all(c <= [fixed(b) for b in pol.widths])
     assert list(pol.costs((), float("nan"))) == [fixed(b) for b in pol.widths]  # no estimate yet: the fixed size
+
+
+def test_widths_above_the_measured_one_are_costed_from_the_measurement() -> None:
+    """G after a 2-bit step is the mean of W ternary messages: few distinct values, so H_B(G) barely grows
+    with B. A worker's own vector gains about a bit per coordinate per bit of width, so the next width
+    must be costed from the measured size plus that, or one step can spend many steps' share."""
+    d, workers, steps = 20_000, 4, 20
+    fixed = lambda b: 8 * (40 + -(-d * b // 8))  # noqa: E731
+    pol = CodedBudgetedDQSGD(steps * fixed(2) // 2, steps, d, fixed)
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(d, generator=gen) ** 3
+    coarse = torch.stack([dequantize(quantize_uniform(g + 0.3 * torch.randn(d, generator=gen), 2, gen))
+                          for _ in range(workers)]).mean(0)
+    state = pol.init()
+    measured = 2 * d // 5  # coded bits one worker sent at state.bits (0.4 bits per coordinate)
+    new = pol.update(state, GradStats(0, float(coarse.abs().max()), 0.0, measured, coarse))
+    raw = pol.costs(new.entropy, new.ratio)
+    floor = pol.above_measured(raw, state.bits, measured, 1.0)
+    above = [b - pol.min_bits for b in pol.widths if b > state.bits]
+    assert np.all(floor[above] >= np.minimum([measured + d * (b - state.bits) for b in pol.widths if b > state.bits],
+                                             [fixed(b) for b in pol.widths if b > state.bits]))
+    assert np.all(np.diff(floor) >= 0) and np.all(floor <= [fixed(b) for b in pol.widths])
+    assert raw[-1] < 0.5 * floor[-1]  # what the old cost said at 16 bits: well under half of it
+    share = (pol.budget_bits - measured) / (steps - 1)
+    assert pol.above_measured(raw, state.bits, measured, 1.0)[new.bits - pol.min_bits] <= 2 * share  # no jump
 
 
 def test_refused_configurations() -> None:

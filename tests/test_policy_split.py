@@ -79,7 +79,7 @@ def test_every_pair_is_affordable_and_least_bound_for_its_cost(feedback: bool) -
     P = _protocol(steps=60, feedback=feedback, target_bits=2.5)
     pol: SplitBudget = P.method.policy
     assert min(pol.legs.down) == (2 if feedback else 4)
-    up = pol.upper_up(())
+    up = pol.upper_up()
     cost, q = pol.costs(up), pol.legs.q
     state, spent, norms = pol.init(), 0, 3.0 * np.exp(-np.arange(60) / 25) * (1 + 0.3 * np.sin(np.arange(60)))
     for n in range(60):

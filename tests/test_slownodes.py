@@ -13,7 +13,7 @@ from dqsgd.data import load_dataset
 from dqsgd.ledger import Ledger
 from dqsgd.methods import method_config
 from dqsgd.train.config import ConfigError, MethodEntry, TrainConfig
-from dqsgd.train.slownodes import SlowNodes, arrivals
+from dqsgd.train.slownodes import SlowNodes, arrivals, check_backup_keys
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import SimTransport
 
@@ -122,3 +122,54 @@ def test_checkpoint_keeps_the_clock_and_the_dropped_workers() -> None:
     assert again.timer.elapsed == recs[-1]["sim_time_s"]
     assert [r.dropped for r in again.ledger.records] == [r["dropped"] for r in recs]
     assert Ledger.from_state_dict(tr.ledger.state_dict()).wasted_up_bytes == tr.ledger.wasted_up_bytes
+
+
+def test_replay_drops_the_recorded_workers() -> None:
+    """A run over processes records who was dropped at each step; the simulation replays exactly that
+    (the bitwise equality with the processes is tests/distributed/test_backup_workers.py)."""
+    cfg = dataclasses.replace(CFG, backup_workers=2)
+    drops = [[0, 3], [1, 2], [2, 3], [0, 1], [1, 3], [0, 2]]
+    tr = Trainer(cfg, QSGD, load_dataset("synthetic"), 0)
+    tr.timer.backup.replay = dict(enumerate(drops))
+    for _ in range(cfg.steps):
+        assert tr.step().dropped == drops[tr.next_step - 1]
+    assert [r.dropped for r in tr.ledger.records] == drops
+    bad = Trainer(cfg, QSGD, load_dataset("synthetic"), 0)
+    bad.timer.backup.replay = {0: [1]}
+    with pytest.raises(ValueError, match="replay of step 0"):
+        bad.step()
+
+
+def test_late_uplinks_count_as_wasted_exactly_once() -> None:
+    led = Ledger(100, 3)
+    led.record(0, 4, [60, 70, 0], 50, dropped=[2])
+    led.record(1, 4, [60, 0, 0], 50, dropped=[1, 2])
+    led.record_late(0, 2, 65)  # read at the next step: sent, not used
+    assert led.wasted_up_bytes == 65 and led.up_bytes == 60 + 70 + 65 + 60
+    for args, msg in [((0, 2, 65), "already counted"), ((1, 0, 9), "not dropped"), ((5, 1, 9), "no exchange 5")]:
+        with pytest.raises(ValueError, match=msg):
+            led.record_late(*args)
+
+
+class _ArrivalTransport(SimTransport):
+    """What the trainer sees of dqsgd.transport.backup.BackupPSTransport before the first exchange."""
+
+    arrival_order = True
+    backup = 1
+
+    def expect(self, exchanges: int) -> None:
+        self.exchanges = exchanges
+
+
+def test_backup_workers_over_processes_refuse_what_needs_every_rank() -> None:
+    cfg = dataclasses.replace(CFG, backup_workers=1, topology="ps")
+    t = _ArrivalTransport(4, "ps")
+    Trainer(dataclasses.replace(cfg, local_steps=2), QSGD, load_dataset("synthetic"), 0, t)
+    assert t.exchanges == 3  # the server drains the stragglers after the last of ceil(6 / 2) exchanges
+    for kw, msg in [(dict(checkpoint_every=2), "checkpoint_every = 0"), (dict(coded_every=1), "coded_every = 0"),
+                    (dict(on_nonfinite="skip"), "on_nonfinite = 'raise'"), (dict(backup_workers=2), "serves W - 1"),
+                    (dict(local_steps=4, local_steps_min=2, local_period="adaptive"), "local_period = 'fixed'")]:
+        with pytest.raises(ConfigError, match=msg):
+            Trainer(dataclasses.replace(cfg, **kw), QSGD, load_dataset("synthetic"), 0, _ArrivalTransport(4, "ps"))
+    with pytest.raises(ConfigError, match="need topology 'ps'"):  # what `dqsgd train --transport torch` checks first
+        check_backup_keys(dataclasses.replace(cfg, topology="sharded"))

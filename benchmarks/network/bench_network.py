@@ -4,6 +4,7 @@
     sudo .venv/bin/python benchmarks/network/bench_network.py --rates 100mbit,1gbit --target 0.95 --steps 800
     sudo .venv/bin/python benchmarks/network/bench_network.py --model cnn --methods fp32,qsgd-4bit,dqsgd
     sudo .venv/bin/python benchmarks/network/bench_network.py --methods fp32,powersgd-r2,qsgd-2bit@4,dqsgd-coded
+    sudo .venv/bin/python benchmarks/network/bench_network.py --methods fp32,postlocal-h16,local-h16,local-h16-qsgd-4bit
 
 W ranks (default 4), each in its own network namespace, joined by veth pairs to a bridge; every link
 is shaped with tc/tbf to ``rate`` each way (see netns.py: only addresses 10.99.0.x inside the
@@ -15,7 +16,9 @@ on its default topology ``sharded`` (every rank serves 1/W of each bucket: an al
 shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` down); ``-allgather``
 runs the hook on the all-gather topology (every rank receives every payload); ``@DOWN`` (2..16 or
 fp32; ``2e``..``16e``: error-fed) sets that row's downlink width, overriding ``--downlink-bits``
-(a row's width below 4 without ``e`` runs as asked, to measure it); ``-trainer`` runs
+(a row's width below 4 without ``e`` runs as asked, to measure it); ``local-hH[-METHOD]`` and
+``postlocal-hH`` are Local SGD rows (local_rows.py: dqsgd's LocalSGDOptimizer, and PyTorch's
+PostLocalSGDOptimizer as the uncompressed peer); ``-trainer`` runs
 dqsgd's own trainer on the sharded topology (no overlap with backward; same data order, init and
 optimizer). Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
 hook (numba compilation, gloo connections), then trains from the same initial weights.
@@ -43,8 +46,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +55,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helpers beside the script (run as a script, or loaded by dqsgd bench)
 
+from local_rows import LOCAL_SYNTAX, local_problem, local_row, local_stepper, training_step  # noqa: E402
 from net_tables import grouped, link_s, plot, speedup, table, time_to_target  # noqa: E402,F401
 
 TORCH_HOOKS = ("fp32", "fp16", "powersgd")
@@ -62,7 +64,7 @@ DEFAULT_METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd", "qsgd-4bit-
 METHOD_SYNTAX = ("fp32 | fp16 | powersgd[-rN] | DQSGD_METHOD[-allgather|-trainer][@DOWN] (DQSGD_METHOD: any name of "
                  "`dqsgd methods`, e.g. qsgd-2bit, dqsgd, dqsgd-coded; DOWN: the sharded downlink's width for "
                  "this row, 2..16 or fp32, overriding --downlink-bits; a trailing 'e' (e.g. @2e) makes it "
-                 "error-fed; a width below 4 without 'e' runs as asked (allow_unsafe_downlink))")
+                 "error-fed; a width below 4 without 'e' runs as asked (allow_unsafe_downlink)) | " + LOCAL_SYNTAX)
 
 
 def _registered(name: str) -> bool:
@@ -103,6 +105,8 @@ def method_problem(method: str) -> str:
     """Why ``method`` is not a row this benchmark can run ("" if it is)."""
     if method in ("fp32", "fp16") or powersgd_rank(method) is not None:
         return ""
+    if method.startswith(("local-", "postlocal-")):
+        return local_problem(method)
     v, (_, down) = variant(method), _split_downlink(method)
     if v is None:
         return f"unknown method {method!r}"
@@ -206,10 +210,9 @@ def _build(a: argparse.Namespace, data: Any) -> Any:
 def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     """(one training step of rank ``a.rank`` at step n, the model to evaluate, the hook's state) under DDP."""
     import torch
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dqsgd.train.sampling import MODEL_INIT, WorkerBatches, seed_for
+    from dqsgd.train.sampling import MODEL_INIT, seed_for
 
     torch.manual_seed(seed_for(a.seed, MODEL_INIT))
     # PowerSGD's hook waits on a nested all-reduce inside its future callback: on gloo, two buckets in
@@ -218,16 +221,7 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     model = DDP(_build(a, data), bucket_cap_mb=25 if powersgd_rank(a.method) else None)
     state = register_hook(model, a)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
-    batches = WorkerBatches(len(data.train.y), a.workers, a.batch_size, a.seed)
-
-    def step(n: int) -> None:
-        idx = batches.indices(a.rank, n)
-        loss = F.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return step, model.module, state
+    return training_step(a, data, model, opt), model.module, state
 
 
 def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
@@ -248,6 +242,8 @@ def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
 
 
 def stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
+    if local_row(a.method) is not None:
+        return local_stepper(a, data, lambda: _build(a, data))
     v = variant(a.method)
     return (_trainer_stepper if v is not None and v[1] == "trainer" else _ddp_stepper)(a, data)
 
@@ -320,29 +316,15 @@ def _result(a: argparse.Namespace, step: int, acc: float, train_s: float, reache
 # --- the orchestrator -------------------------------------------------------------------------------
 def launch(net: Any, a: argparse.Namespace, method: str, result: Path) -> None:
     """Start every rank in its namespace; kill the whole run past ``--timeout`` or if one rank fails."""
-    procs = []
+    from netns import run_ranks
+
     # TORCH_CPP_LOG_LEVEL: the namespaces have no name service, and c10d warns about it on every connect.
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE),
+    path = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))  # the caller's dqsgd too
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONPATH": path,
            "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    try:
-        for r in range(a.workers):
-            cmd = net.exec_prefix(r) + [sys.executable, str(Path(__file__).resolve()), "--rank", str(r), "--method", method,
-                                        "--master", net.address(0), "--result", str(result), *_forward(a)]
-            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-        deadline = time.monotonic() + a.timeout + 30
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.2)
-        time.sleep(0.5)
-        codes = [p.poll() for p in procs]
-        if codes != [0] * len(procs):
-            raise RuntimeError(f"{method}: ranks ended with {codes} (None: still running at the deadline)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)  # each rank was started in its own session
-                p.wait(timeout=10)
+    run_ranks(net, lambda r: [sys.executable, str(Path(__file__).resolve()), "--rank", str(r), "--method", method,
+                              "--master", net.address(0), "--result", str(result), *_forward(a)],
+              env, a.timeout + 30, method)
 
 
 def _forward(a: argparse.Namespace) -> list[str]:

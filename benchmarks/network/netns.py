@@ -19,6 +19,8 @@ import re
 import shutil
 import signal
 import subprocess
+import time
+from typing import Callable, Mapping
 
 SUBNET = "10.99.0"
 
@@ -125,6 +127,30 @@ class PrivateNetwork:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def run_ranks(net: PrivateNetwork, argv: Callable[[int], list[str]], env: Mapping[str, str], timeout: float,
+              what: str) -> None:
+    """Run ``argv(r)`` for every rank r in its namespace (each in its own session) and wait; kill the
+    whole run past ``timeout`` seconds or as soon as one rank fails (RuntimeError naming ``what``)."""
+    procs = []
+    try:
+        for r in range(net.world):
+            procs.append(subprocess.Popen(net.exec_prefix(r) + argv(r), env=dict(env), start_new_session=True))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
+        time.sleep(0.5)
+        codes = [p.poll() for p in procs]
+        if codes != [0] * len(procs):
+            raise RuntimeError(f"{what}: ranks ended with {codes} (None: still running at the deadline)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)  # each rank was started in its own session
+                p.wait(timeout=10)
 
 
 def tx_bytes(interface: str = "eth0") -> int:

@@ -182,5 +182,19 @@ def add_fsdp_parser(bsub: Any) -> None:
     f.add_argument("--world", type=int, default=4, help="gloo processes on CPU")
     f.add_argument("--batch", type=int, default=64, help="batch per rank (synthetic)")
     f.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    f.add_argument("--rates", default="", help="comma-separated link rates, e.g. 100mbit,1gbit: run the ranks in "
+                   "network namespaces on tc-shaped links (root, a source checkout; as `dqsgd bench network`); "
+                   "default: loopback")
+    f.add_argument("--repeats", type=int, default=2, help="runs per rate with --rates (median and range reported)")
     _process_options(f, 2, "untimed steps per variant first (at least 1)", 1800.0, "runs/bench/fsdp.json")
-    f.set_defaults(func=lambda a: (__import__("dqsgd.bench_fsdp", fromlist=["bench"]).bench_fsdp(a), 0)[1])
+    f.set_defaults(func=_bench_fsdp)
+
+
+def _bench_fsdp(args: argparse.Namespace) -> int:
+    """``bench fsdp``; with ``--rates``, given the checkout's ``benchmarks/network/netns.py``."""
+    from dqsgd.bench_fsdp import bench_fsdp
+
+    if not args.rates:
+        bench_fsdp(args)
+        return 0
+    return _checkout_command("fsdp", "network/netns.py", lambda m, a: bench_fsdp(a, m))(args)

@@ -51,6 +51,8 @@ from dqsgd.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.train.checkpoint import CheckpointError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
 from dqsgd.train.rundir import RunDirError
+from dqsgd.train.slownodes import check_backup_keys
+from dqsgd.transport.backup import BackupPSTransport
 from dqsgd.transport.torch_dist import RankDisagreement, TransportError, make_transport
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
@@ -255,7 +257,8 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
 
     cuda = str(dist.get_backend()) == "nccl"
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    transport = make_transport(job.topology, device=device)
+    backup = job.exp.train.backup_workers
+    transport = make_transport(job.topology, device=device) if not backup else BackupPSTransport(backup)
     out = Path(job.out) if job.out is not None else None
     with transport.guard():
         summary = run_one(job.exp.train, job.entry, load_data_for(job.exp), job.seed, out, transport=transport,
@@ -290,7 +293,10 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     threads = max(1, (os.cpu_count() or 1) // world)
     for attempt in range(restarts + 1):
         results = spawn_local(run_rank, world, (job,), timeout=timeout, threads=threads)
-        if all(r.ok for r in results):
+        lost = [r for r in results if not r.ok]
+        if results[0].ok and len(lost) <= exp.train.backup_workers:  # the server finished: so did the run
+            for r in lost:
+                print(f"dqsgd: {r.describe()}; the server went on without it (backup workers)", file=sys.stderr)
             _print_summary(results[0].value, out, job.topology)
             return 0
         print("dqsgd: error: distributed run failed:\n  " + "\n  ".join(r.describe() for r in results), file=sys.stderr)
@@ -315,6 +321,8 @@ def check_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int,
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if (restarts or args.resume) and not exp.train.checkpoint_every:
         raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
+    if exp.train.backup_workers:
+        check_backup_keys(dataclasses.replace(exp.train, topology=exp.train.topology or "sharded"))
     if not under_torchrun():
         world = args.workers if args.workers is not None else exp.train.workers
         _check_world(exp, world, "--workers")

@@ -86,6 +86,17 @@ class Ledger:
             raise ValueError(f"ledger: coded uplink sizes need {self.workers} entries >= 0, got {list(coded_up)}")
         last.coded_up = [int(b) for b in coded_up]
 
+    def record_late(self, index: int, worker: int, nbytes: int) -> None:
+        """A dropped worker's uplink of the ``index``-th recorded exchange arrived after it was served
+        (backup workers over processes): its bytes were sent, not used — they count as wasted."""
+        if not 0 <= index < len(self.records):
+            raise ValueError(f"ledger: no exchange {index} to add a late uplink to ({len(self.records)} recorded)")
+        rec = self.records[index]
+        if worker not in rec.dropped or rec.up_bytes[worker] or nbytes < 0:
+            raise ValueError(f"ledger: exchange {index}: worker {worker} was not dropped, or its late uplink was "
+                             f"already counted")
+        rec.up_bytes[worker] = int(nbytes)
+
     # --- totals -------------------------------------------------------------------------------
     @property
     def steps(self) -> int:

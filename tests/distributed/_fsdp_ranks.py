@@ -175,16 +175,70 @@ def refusals(rank: int, world: int) -> dict[str, str]:
     return out
 
 
+def lone_refusals(rank: int, world: int, timeout: float) -> dict[str, tuple[str, float]]:
+    """Rank W−1 alone damages its payload for rank 0 (so rank 0 alone refuses it): a flipped byte in
+    the body; the payload cut short by 3 bytes (a forged size under the cap, so every rank accepts the
+    size table). Each rank's error and the seconds until it was raised (after one clean step, which
+    compiles the codec's kernels)."""
+    train(model(world, dfsdp.FSDPState("qsgd-4bit", seed=SEED, timeout=timeout)), rank, range(1))
+    orig, out = protocol.encode, {}
+
+    def damaged(how: Any) -> Any:
+        def encode(u, flat, r, scalers):
+            row, res = orig(u, flat, r, scalers)
+            return ([how(row[0])] + row[1:] if r == world - 1 else row), res
+        return encode
+
+    def flip(p: bytes) -> bytes:
+        b = bytearray(p)
+        b[len(b) // 2] ^= 0xFF
+        return bytes(b)
+
+    for name, how in (("corrupt", flip), ("short", lambda p: p[:-3])):
+        protocol.encode = damaged(how)
+        try:
+            out[name] = _timed_error(lambda: train(model(world, dfsdp.FSDPState("qsgd-4bit", seed=SEED,
+                                                                               timeout=timeout)), rank, range(2)))
+        finally:
+            protocol.encode = orig
+    return out
+
+
+def nonfinite(rank: int, world: int) -> dict[str, Any]:
+    """ef-signsgd; at the second step rank W−1's batch holds a NaN: every rank's reduced gradient
+    shards, and whether each unit's error-feedback residual kept its value."""
+    state = dfsdp.FSDPState("ef-signsgd", seed=SEED, total_steps=STEPS, timeout=30)
+    m = model(world, state)
+    train(m, rank, range(1))
+    before = {i: u.residual.clone() for i, u in state.units.items()}
+    x = batch(rank, 1)
+    if rank == world - 1:
+        x[3, 5] = float("nan")
+    m(x).square().mean().backward()
+    grads = [p.grad.to_local().clone() for p in m.parameters()]
+    kept = {i: torch.equal(u.residual, before[i]) for i, u in state.units.items()}
+    return {"grads": grads, "kept": kept, "n": {i: u.n for i, u in state.units.items()}}
+
+
 def _error(fn: Any) -> str:
-    """Run ``fn``; its error (or "") — then one all-gather, so the ranks leave the case together."""
+    return _timed_error(fn)[0]
+
+
+def _timed_error(fn: Any) -> tuple[str, float]:
+    """Run ``fn``; its error (or "") and the seconds until it returned or raised — then one
+    all-gather, so the ranks leave the case together."""
+    import time
+
+    t0 = time.perf_counter()
     try:
         fn()
         err = ""
     except Exception as e:  # noqa: BLE001 - the test reads the message
         err = f"{type(e).__name__}: {e}"
+    elapsed = time.perf_counter() - t0
     flag = torch.tensor([1 if err else 0])
     dist.all_gather([torch.zeros_like(flag) for _ in range(dist.get_world_size())], flag)
-    return err
+    return err, elapsed
 
 
 def cases(rank: int, world: int, spec: list[tuple[str, dict]], extras: bool) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dqsgd.launch import spawn_local
 from dqsgd.methods import method_config
 from dqsgd.pipeline import Method
 from dqsgd.step import FP32, ShardedStep
+from dqsgd.topology.agreement import SLOTS
 from dqsgd.topology.keys import worker_generator
 from dqsgd.transport.sim import SimTransport
 
@@ -104,9 +105,10 @@ def test_bytes_handed_equal_counters_and_prediction(w2, w4) -> None:
             seen = set()
             for c in r["runs"]["qsgd-4bit"]["calls"]:
                 shard = Method(method_config("qsgd-4bit"), c["output"].numel(), fr.STEPS).message_bits(4) // 8
-                agree = 0 if c["unit"] in seen else (world - 1) * 16 * 8  # the unit's first call compares configs
+                agree = 0 if c["unit"] in seen else (world - 1) * (2 + SLOTS) * 8  # the first call compares configs
                 seen.add(c["unit"])
-                assert c["handed"] == (world - 1) * shard + 8 * world * (world - 1) + agree
+                status = 2 * (world - 1)  # the all-reduce of W status bytes after the receive
+                assert c["handed"] == (world - 1) * shard + 8 * world * (world - 1) + status + agree
 
 
 @pytest.mark.timeout(600)
@@ -134,6 +136,33 @@ def test_save_load_resumes_bitwise(w2) -> None:
 @pytest.mark.timeout(600)
 def test_refusals_on_every_rank(w2) -> None:
     errors = [r["refusals"] for r in w2]
-    assert all("RankDisagreement" in e["config"] and "configuration" in e["config"] for e in errors), errors
+    assert all(e["config"].startswith("RankDisagreement: FSDP unit ") and "the ranks run different configurations: "
+               "method.bits (rank(s) [1] differ from rank 0" in e["config"] for e in errors), errors
     assert all("PayloadError" in e["forged"] and "refused before allocating" in e["forged"] for e in errors), errors
     assert all("PayloadError" in e["corrupt"] for e in errors), errors
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_payload_one_rank_refuses_stops_every_rank_promptly(world: int) -> None:
+    """Rank W−1 damages its payload for rank 0 alone; every rank raises rank 0's error within seconds,
+    far below the 60 s collective timeout the ranks would otherwise wait out."""
+    results = spawn_local(fr.lone_refusals, world, (60.0,), timeout=120, deadline=250)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    for name in ("corrupt", "short"):
+        for rank, r in enumerate(results):
+            err, seconds = r.value[name]
+            assert err.startswith(f"PayloadError: rank {rank}: FSDP unit "), (name, rank, err)
+            assert "rank 0 refused a payload it received: " in err and len(err) > 90, (name, rank, err)
+            assert seconds < 20.0, (name, rank, seconds, err)
+
+
+@pytest.mark.timeout(300)
+def test_a_nonfinite_gradient_gives_nan_everywhere_and_keeps_the_residuals() -> None:
+    """One rank's NaN (an AMP overflow): every rank's reduced shards are NaN (as FSDP's own sum gives,
+    so a GradScaler skips the step) and no error-feedback residual takes the skipped step in."""
+    results = spawn_local(fr.nonfinite, 2, (), timeout=60, deadline=250)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    for r in results:
+        assert all(g.numel() and torch.isnan(g).all() for g in r.value["grads"]), r.value["grads"]
+        assert r.value["kept"] and all(r.value["kept"].values()), r.value["kept"]

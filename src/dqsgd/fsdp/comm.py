@@ -114,17 +114,18 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         return (numel // world,) * world
 
     def _agree(self, group: dist.ProcessGroup, u: UnitState) -> None:
-        """Every rank's configuration and unit size, compared once per unit (one small all-gather)."""
-        from dqsgd.topology.agreement import RankDisagreement
+        """Every rank's configuration and unit layout, compared once per unit with the project's one
+        rank agreement (:func:`dqsgd.topology.agreement.agree`: a fixed-size all-gather)."""
+        from dqsgd.topology.agreement import SLOTS, RankDisagreement, agree
 
-        mine = [*self.state.fingerprint(), self.index, u.numel, *u.pieces[: len(u.pieces) // u.world][:8]]
-        rows = self._net(group).all_gather_ints([*mine, *([0] * (16 - len(mine)))])
-        self.state.side_bytes += (u.world - 1) * 16 * 8  # 16 int64 to every peer
-        if any(r != rows[0] for r in rows):
-            bad = [w for w, r in enumerate(rows) if r != rows[0]]
-            raise RankDisagreement(f"FSDP unit {self.index}: ranks {bad} run another dqsgd configuration or unit "
-                                   f"layout than rank 0 (this rank: {self.state.describe()}, {u.numel} elements); "
-                                   "every rank needs the same FSDPState and model")
+        fields = {**self.state.fields(), "fsdp.unit": self.index, "fsdp.unit_numel": u.numel,
+                  "fsdp.unit_pieces": list(u.pieces[: len(u.pieces) // u.world])}
+        self.state.side_bytes += (u.world - 1) * (2 + SLOTS) * 8  # the fingerprint's int64 to every peer
+        try:
+            agree(fields, self._net(group).all_gather_ints, dist.get_rank(group))
+        except RankDisagreement as e:
+            raise RankDisagreement(f"FSDP unit {self.index}: {e}; every rank needs the same FSDPState and the same "
+                                   "model") from e
         self._checked = True
 
     def _net(self, group: dist.ProcessGroup) -> TorchShardedTransport:
@@ -170,11 +171,12 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         payloads, sizes = protocol.exchange(t, u, row)
         side += (u.world - 1) * 8 * u.world  # the size exchange: W int64 to every peer
         bad = any(sum(r) == 0 for r in sizes)
-        u.residual = residual
-        if bad:  # a rank's gradient was NaN/Inf (AMP overflow): NaN everywhere, as FSDP's own sum gives
-            out.fill_(float("nan"))
+        if bad:  # a rank's gradient was NaN/Inf (AMP overflow): NaN everywhere, as FSDP's own sum gives;
+            out.fill_(float("nan"))  # the residuals keep their values (the step is skipped, as the trainer skips it)
         else:
-            avg = protocol.average(u, payloads, rank)
+            avg, handed = self._decode(u, t, payloads, rank)
+            side += handed  # the ranks' status bytes
+            u.residual = residual
             out.copy_((avg if u.world * scale == 1.0 else avg * (u.world * scale)).reshape(out.shape))
             spent = protocol.spent_bits(u, sizes)
             u.spent.append(spent)
@@ -183,6 +185,22 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         st.count(sum(sizes[rank]) - sizes[rank][rank], sum(r[rank] for r in sizes) - sizes[rank][rank], side,
                  u.numel, u.world, u.method.width(u.bits) if not bad else 0)
         u.n += 1
+
+    def _decode(self, u: UnitState, t: TorchShardedTransport, payloads: list[bytes],
+                rank: int) -> tuple[torch.Tensor, int]:
+        """This rank's averaged shard and the bytes of :func:`protocol.settle`, through which a payload
+        that any rank refuses stops every rank at once."""
+        from dqsgd.codecs import PayloadError
+        from dqsgd.pipeline import ProtocolError
+
+        avg, error = None, None
+        try:
+            avg = protocol.average(u, payloads, rank)
+        except (PayloadError, ProtocolError) as e:
+            error = e
+        handed = protocol.settle(t, error, self.index, u.n)
+        assert avg is not None  # settle raised otherwise
+        return avg, handed
 
 
 def _check_tensors(out: torch.Tensor, x: torch.Tensor, world: int) -> None:

@@ -23,17 +23,20 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from dqsgd.codecs import PayloadError
 from dqsgd.methods import MethodConfig
-from dqsgd.pipeline import Method
+from dqsgd.pipeline import Method, ProtocolError
 from dqsgd.policies import GradStats
 from dqsgd.topology import FP32
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+
 from dqsgd.transport.torch_dist import TorchShardedTransport, TransportError, make_transport
 
 if TYPE_CHECKING:
     from dqsgd.fsdp.state import UnitState
 
+REFUSAL_CAP = 1 << 12  # the most bytes of a refusing rank's error text that the others receive
 STATS = 2  # per rank: max |G_j| (or Σ|G_j|^p for a finite p) and Σ G_j², sent as float32 like G's sample
 
 
@@ -92,6 +95,27 @@ def exchange(t: TorchShardedTransport, u: UnitState, row: list[bytes]) -> tuple[
 def average(u: UnitState, payloads: list[bytes], rank: int) -> torch.Tensor:
     """Σ_w (1/W)·decode(payload_w) for this rank's shard, float32 (rank order)."""
     return u.protocol.reduce(rank, [bytes_tensor(p) for p in payloads], u.bits)
+
+
+def settle(t: TorchShardedTransport, error: Exception | None, unit: int, step: int) -> int:
+    """After the receive, make every rank stop together when any rank refused a payload it received
+    (a corrupted body, a size or header that does not match): one all-reduce (MAX) of W status bytes
+    (byte w: rank w refused) and, only then, one all-gather of the refusing ranks' error texts. Every
+    rank raises the refusing rank's error type (PayloadError or ProtocolError) naming that rank, the
+    unit, the step and the text, at once rather than at the timeout. Returns the bytes this rank
+    handed to the group (the all-reduce's ring: 2·(W−1)/W of W bytes)."""
+    flags = torch.zeros(t.workers, dtype=torch.uint8)
+    flags[t.rank] = int(error is not None)
+    refused = [w for w, f in enumerate(t.max_reduce([flags]).tolist()) if f]
+    if not refused:
+        return 2 * (t.workers - 1)
+    mine = f"{type(error).__name__}: {error}".encode()[:REFUSAL_CAP] if error is not None else b""
+    texts = [b.decode(errors="replace") for b in t.all_gather_bytes(mine, "refusal", REFUSAL_CAP)]
+    kind, _, text = texts[refused[0]].partition(": ")
+    also = f" (rank(s) {refused[1:]} refused payloads too)" if len(refused) > 1 else ""
+    err = (ProtocolError if kind == "ProtocolError" else PayloadError)(f"rank {t.rank}: FSDP unit {unit}, compressed step {step}: rank "
+                                                f"{refused[0]} refused a payload it received{also}: {text}")
+    raise err from error
 
 
 def spent_bits(u: UnitState, sizes: list[list[int]]) -> int:

@@ -113,17 +113,19 @@ class FSDPState:
         for name in _COUNTERS:
             setattr(self, name, 0)
 
-    def fingerprint(self) -> list[int]:
-        """Integers every rank must agree on (compared at each unit's first reduce-scatter)."""
-        import zlib
+    def fields(self) -> dict[str, Any]:
+        """Everything the ranks must share, by name (compared at each unit's first reduce-scatter with
+        :func:`dqsgd.topology.agreement.agree`): the method and every option, the seed, the horizon,
+        the manners, the state format and the dqsgd version."""
+        import dataclasses
 
-        text = repr((self.config, self.seed, self.total_steps, self.start_iter, self.min_numel,
-                     self.min_compression_rate, STATE_VERSION))
-        return [zlib.crc32(text.encode()), self.seed & 0x7FFFFFFF, self.total_steps, self.start_iter]
+        from dqsgd import __version__
 
-    def describe(self) -> str:
-        return (f"method {self.config.name!r}, seed {self.seed}, total_steps {self.total_steps}, start_iter "
-                f"{self.start_iter}, min_numel {self.min_numel}, min_compression_rate {self.min_compression_rate}")
+        out: dict[str, Any] = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
+        out.update({"seed": self.seed, "total_steps": self.total_steps, "start_iter": self.start_iter,
+                    "min_numel": self.min_numel, "min_compression_rate": self.min_compression_rate,
+                    "state_version": STATE_VERSION, "dqsgd_version": __version__})
+        return out
 
     # --- units ----------------------------------------------------------------------------------
     def unit(self, index: int, numel: int, world: int, rank: int, pieces: tuple[int, ...]) -> UnitState:

@@ -138,6 +138,29 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         last observed ratio (the fixed size where that is smaller)."""
         return self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
 
+    def estimates(self, entropy: tuple[float, ...], ratio: float, observed: float, measured: int,
+                  spent_bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted, upper) coded bits of each width after a message at width ``measured`` that cost
+        ``spent_bits``: :meth:`costs` and :meth:`upper_costs`, each floored by :meth:`above_measured`."""
+        return (self.above_measured(self.costs(entropy, ratio), measured, spent_bits, 1.0),
+                self.above_measured(self.upper_costs(entropy, ratio, observed), measured, spent_bits, self.margin))
+
+    def above_measured(self, cost: np.ndarray, measured: int, spent_bits: int, margin: float) -> np.ndarray:
+        """``cost`` raised, above the width ``measured`` just sent, to the measured body bits per
+        coordinate plus one bit per extra bit of width (× ``margin``), capped by fixed(B).
+
+        G is the mean of messages quantized at the measured width (or the 8-bit downlink): above that
+        width its levels do not resolve, so H_B(G) stops growing while a worker's own vector still gains
+        about one bit per coordinate for every bit of width (each level splits in two). Without the
+        floor, a round after a 2-bit round was costed at 16 bits as 53 kbit and sent 784 kbit."""
+        if not math.isfinite(spent_bits) or spent_bits <= 0:
+            return cost
+        widths = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
+        body = max(0.0, spent_bits - self.header_bits) + self.numel * np.maximum(widths - measured, 0.0)
+        floor = np.where(widths > measured, self.header_bits + margin * body, 0.0)
+        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        return np.maximum.accumulate(np.maximum(cost, np.minimum(floor, fixed)))
+
     def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
                       remaining: float) -> tuple[float, float]:
         """(k, real B_step) so that the predicted coded spend of steps step..N−1 — each width costed by
@@ -164,7 +187,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         entropy, ratio, observed = self.learn(state, stats)
         if step >= self.total_steps:
             return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
-        cost, upper = self.costs(entropy, ratio), self.upper_costs(entropy, ratio, observed)
+        cost, upper = self.estimates(entropy, ratio, observed, state.bits, stats.spent_bits)
         forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
         k, real = self.solve_coded_k(step, stats.norm, forecast, cost, float(self.budget_bits - spent))
         bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)

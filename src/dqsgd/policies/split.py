@@ -127,7 +127,7 @@ class SplitBudget:
     legs: LegCosts
 
     def __post_init__(self) -> None:
-        cheapest = self.upper_up(())[0] + min(self.legs.down_bits)
+        cheapest = self.upper_up()[0] + min(self.legs.down_bits)
         if self.inner.budget_bits < self.inner.total_steps * cheapest:
             raise ValueError(f"infeasible budget: {self.inner.budget_bits} bits cannot pay {self.inner.total_steps} "
                              f"steps of both legs even at the cheapest pair ({cheapest:g} bits a step)")
@@ -149,13 +149,10 @@ class SplitBudget:
     def coded(self) -> bool:
         return isinstance(self.inner, CodedBudgetedDQSGD)
 
-    def upper_up(self, entropy: tuple[float, ...], ratio: float = math.nan,
-                 observed: float = math.nan) -> np.ndarray:
-        """An upper estimate of each uplink width's bits (exact for the nominal budget)."""
-        if not self.coded:
-            return np.array([self.inner.message_bits(u) for u in self.legs.up], dtype=np.float64)
-        c: Any = self.inner
-        return c.upper_costs(entropy, ratio, observed)
+    def upper_up(self) -> np.ndarray:
+        """Each uplink width's fixed size: exact for the nominal budget, an upper bound of the coded size
+        (the coded budget's estimate before the first step)."""
+        return np.array([self.inner.message_bits(u) for u in self.legs.up], dtype=np.float64)
 
     def costs(self, up: np.ndarray) -> np.ndarray:
         """Both legs' bits of every pair, rows u, columns v."""
@@ -171,7 +168,7 @@ class SplitBudget:
         return self.legs.up[i], self.legs.down[j]
 
     def init(self) -> SplitState:
-        n, up = self.inner.total_steps, self.upper_up(())
+        n, up = self.inner.total_steps, self.upper_up()
         u, v = self.pick(self.inner.budget_bits / n, self.inner.budget_bits - (n - 1) * self.costs(up).min(), up, up)
         none = math.nan if self.coded else 0.0  # a nominal state compares equal to its copy (no nan)
         return SplitState(u, v, math.nan, 0, (0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), math.nan, (), none, none)
@@ -187,8 +184,9 @@ class SplitBudget:
             learned = dict(zip(("entropy", "ratio", "observed"), c.learn(state, up_stats)))
         if step >= p.total_steps:
             return replace(state, spent=spent, fit=fit, **learned)
-        est = p.costs(learned["entropy"], learned["ratio"]) if self.coded else self.upper_up(())  # type: ignore[attr-defined]
-        upper = self.upper_up(learned.get("entropy", ()), learned.get("ratio", math.nan), learned.get("observed", math.nan))
+        est = upper = self.upper_up()
+        if self.coded:  # floored above the width just sent, as the coded policy's own estimates
+            est, upper = c.estimates(*learned.values(), state.bits, up_stats.spent_bits)
         q = self.legs.q
         xs, ys = frontier(self.costs(est), q, self.legs.equivalent_bits(q), p.numel / 16)
         forecast = forecast_norms(fit, stats.step, step + 1, p.total_steps, stats.norm, p.tau)

@@ -71,7 +71,7 @@ class TrainConfig:
     # The simulated wall clock (dqsgd.train.slownodes): per-worker compute time, log-normal with median
     # compute_s and spread compute_sigma, plus a stall of stall_s with probability stall_prob; links of
     # link_mbps with link_latency_s per message round. backup_workers = b: the ps server aggregates the
-    # first W - b arrivals of each step (simulation).
+    # first W - b arrivals of each step (simulation: by the time model; gloo: by arrival order).
     compute_s: float = 0.1
     compute_sigma: float = 0.25
     stall_prob: float = 0.02

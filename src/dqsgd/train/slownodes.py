@@ -26,6 +26,7 @@ every worker's bytes and which were dropped (``wasted_up_bytes``).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -79,6 +80,7 @@ class BackupGather:
         self.used: list[int] = list(range(inner.workers))
         self.dropped: list[int] = []
         self.sizes: list[int] = []
+        self.replay: dict[int, list[int]] = {}  # step -> the workers to drop (recorded by a run over processes)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -91,9 +93,17 @@ class BackupGather:
     def steps(self, value: int) -> None:
         self.inner.steps = value
 
-    def begin(self, times: Sequence[float]) -> float:
-        """This step's arrivals; returns when the server stops waiting."""
-        self.used, self.dropped, wait = arrivals(times, self.inner.workers - self.backup)
+    def begin(self, times: Sequence[float], step: int = -1) -> float:
+        """This step's arrivals; returns when the server stops waiting. A step in :attr:`replay` drops
+        the workers recorded there (a run over processes, replayed), whatever the times say."""
+        keep = self.inner.workers - self.backup
+        if step in self.replay:
+            dropped = sorted(self.replay[step])
+            if len(dropped) != self.backup or any(not 0 <= w < self.inner.workers for w in dropped):
+                raise ValueError(f"replay of step {step}: dropped workers {dropped} are not {self.backup} of "
+                                 f"{self.inner.workers} workers")
+            times = [math.inf if w in dropped else t for w, t in enumerate(times)]
+        self.used, self.dropped, wait = arrivals(times, keep)
         return wait
 
     def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
@@ -107,7 +117,9 @@ class StepTimer:
 
     def __init__(self, model: SlowNodes, seed: int, workers: int, transport: Any, backup: int = 0, rounds: int = 2):
         self.model, self.seed, self.workers, self.rounds = model, seed, workers, rounds
-        self.backup = BackupGather(transport, backup) if backup else None
+        # Over processes the transport itself serves by arrival order (dqsgd.transport.backup).
+        self.arrivals = transport if getattr(transport, "arrival_order", False) else None
+        self.backup = BackupGather(transport, backup) if backup and self.arrivals is None else None
         self.elapsed = 0.0  # simulated seconds of the steps so far
         self.wait = 0.0
 
@@ -119,7 +131,7 @@ class StepTimer:
         """A step (or a Local SGD round of ``count`` steps ending at ``step``) begins: what each worker
         computes before it can send."""
         times = sum(self.model.compute_times(self.seed, s, self.workers) for s in range(step - count + 1, step + 1))
-        self.wait = float(times.max()) if self.backup is None else self.backup.begin(times)
+        self.wait = float(times.max()) if self.backup is None else self.backup.begin(times, step)
 
     def account(self, up: list[int], up_rows: list[list[int]], down: list[int], topology: str,
                 wire: tuple[list[int], list[int]]) -> tuple[list[int], tuple[list[int], list[int]], list[int], float]:
@@ -127,8 +139,9 @@ class StepTimer:
         step whose exchange reported ``up``/``up_rows``/``down``/``wire`` (with backup workers: the used ones
         only). Only the aggregating process knows the bytes; elsewhere the step's time is the wait alone."""
         dropped: list[int] = []
-        if self.backup is not None and up:
-            up, dropped = list(self.backup.sizes), list(self.backup.dropped)
+        served = self.backup if self.backup is not None else self.arrivals
+        if served is not None and up:
+            up, dropped = list(served.sizes), list(served.dropped)
             wire = wire_traffic(topology, [[b] for b in up], down)
         busiest = max((a + b for a, b in zip(*wire)), default=0)
         seconds = self.wait + self.model.comm_s(busiest, self.rounds)
@@ -146,3 +159,32 @@ def check_backup(config: Any) -> None:
     if config.quantizer.shares_scalers or config.error_feedback or config.scheme == "sketch":
         raise ValueError(f"method {config.name!r}: backup workers need a method whose workers send one "
                          "independent message per step (no shared scalers, error feedback or sketch rounds)")
+
+
+def check_backup_keys(cfg: Any) -> None:
+    """Backup workers over processes: refuse what would need every rank at every step — checkpoints and
+    coded-size measurements gather from every rank, ``on_nonfinite = "skip"`` needs every rank to agree
+    to skip, the adaptive Local SGD period needs every worker's loss — and any topology but ``ps``."""
+    from dqsgd.config import ConfigError
+
+    if (cfg.topology or "ps") != "ps":
+        raise ConfigError(f"backup workers over processes need topology 'ps' (the server waits for the first "
+                          f"W - b arrivals), not {cfg.topology!r}")
+    for bad, key in [(cfg.checkpoint_every > 0, "train.checkpoint_every = 0"), (cfg.coded_every > 0, "train.coded_every = 0"),
+                     (cfg.on_nonfinite != "raise", "train.on_nonfinite = 'raise'"),
+                     (cfg.local_period != "fixed", "train.local_period = 'fixed'")]:
+        if bad:
+            raise ConfigError(f"backup workers over processes need {key} (it would need every rank at every step)")
+
+
+def check_backup_processes(cfg: Any, transport: Any, exchanges: int) -> None:
+    """Over processes (:class:`~dqsgd.transport.backup.BackupPSTransport`): :func:`check_backup_keys`,
+    then tell the transport how many exchanges the run has. Nothing to do in the simulation."""
+    if not getattr(transport, "arrival_order", False):
+        return
+    if transport.backup != cfg.backup_workers:
+        from dqsgd.config import ConfigError
+
+        raise ConfigError(f"train.backup_workers = {cfg.backup_workers}, the transport serves W - {transport.backup}")
+    check_backup_keys(cfg)
+    transport.expect(exchanges)

@@ -42,7 +42,7 @@ from dqsgd.topology.names import AUTO, check_downlink_safety, resolve_downlink_b
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.local import LocalRounds, outer_optimizer
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, partition_shards, seed_for
-from dqsgd.train.slownodes import SlowNodes, StepTimer, check_backup
+from dqsgd.train.slownodes import SlowNodes, StepTimer, check_backup, check_backup_processes
 from dqsgd.transport import SimTransport, Transport
 
 
@@ -129,6 +129,7 @@ class Trainer:
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         if cfg.backup_workers:
             check_backup(entry.config)
+            check_backup_processes(cfg, self.transport, self.method.total_steps)
         self.timer = StepTimer(SlowNodes(cfg), seed, cfg.workers, self.transport, cfg.backup_workers,
                                getattr(self.step_runner, "rounds", 2))
         self.next_step = 0
@@ -265,6 +266,8 @@ class Trainer:
         down = sum(r.down)
         if up:  # the aggregating process (a ps rank other than the server sees no uplink sizes)
             self.ledger.record(n, bits, up, down, r.side, *wire, coded_up=coded, dropped=dropped)
+            for index, worker, size in getattr(t, "late", ()):  # stragglers' payloads read over processes
+                self.ledger.record_late(index, worker, size)
         assert r.state is not None
         self.state = r.state
         self.apply_update(r.update.to(self.device), lr)

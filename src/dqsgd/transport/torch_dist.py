@@ -55,7 +55,7 @@ __all__ = ["RankDisagreement", "TorchAllGatherTransport", "TorchPSTransport", "T
 
 OK, FAILED = 0, 1
 _ERROR_KEY = "dqsgd/error/{}"
-_MESSAGE_CAP = 1 << 16  # the most bytes of an error message in a downlink header
+MESSAGE_CAP = 1 << 16  # the most bytes of an error message in a downlink header
 _BOARD_TIMEOUT = datetime.timedelta(seconds=2)  # the error board is best effort: a short wait, not a collective's
 # Errors re-raised with their own type on the ranks that learn of them from the server.
 _REMOTE_TYPES: dict[str, type[Exception]] = {"PayloadError": PayloadError, "ProtocolError": ProtocolError}
@@ -258,7 +258,7 @@ class TorchPSTransport(_TorchTransport):
         if status == OK and count != len(ints):
             raise ProtocolError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
                                 f"the server announced {count}")
-        check_sizes([size], [max_bytes if status == OK else _MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
+        check_sizes([size], [max_bytes if status == OK else MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
         count = count if status == OK else 0
         body = torch.empty(size + 8 * count, dtype=torch.uint8, device=self.device)
         self._collective("broadcast", dist.broadcast, body, src=0)
@@ -268,7 +268,7 @@ class TorchPSTransport(_TorchTransport):
         return tensor_bytes(body, size), body[size:].cpu().clone().view(torch.int64).tolist()
 
     def _fail_pending_downlink(self, msg: str) -> None:
-        self._send_downlink(FAILED, msg.encode()[:_MESSAGE_CAP], ())
+        self._send_downlink(FAILED, msg.encode()[:MESSAGE_CAP], ())
 
     def _send_downlink(self, status: int, payload: bytes, ints: Sequence[int]) -> None:
         header = torch.tensor([status, len(payload), len(ints)], dtype=torch.int64, device=self.device)
