@@ -155,8 +155,11 @@ def add_hook_parser(bsub: Any) -> None:
     h = bsub.add_parser("hook", help="DDP step time per comm hook (fp16, PowerSGD, dqsgd) / no hook")
     h.add_argument("--model", default="mlp,cnn", help=f"comma-separated, from {', '.join(MODELS)} "
                    "(resnet18 is slow on CPU)")
-    h.add_argument("--hooks", default=",".join(HOOKS[1:]), help=f"comma-separated, from {', '.join(HOOKS[1:])} "
-                   "(no hook always runs: it is the reference)")
+    h.add_argument("--hooks", default=",".join(HOOKS[1:]), help=f"comma-separated, from {', '.join(HOOKS[1:])}, "
+                   "or '<method> <sharded|allgather>' for any registered method (e.g. 'dqsgd-coded sharded'); "
+                   "no hook always runs: it is the reference")
+    h.add_argument("--ratios", default="", help="comma-separated 'a/b' pairs of hooks that run: also report "
+                   "step a / step b per round (e.g. 'dqsgd-coded sharded/qsgd-2bit sharded')")
     h.add_argument("--batch", type=int, default=128, help="batch per rank (CIFAR-shaped synthetic data)")
     h.add_argument("--steps", type=int, default=5, help="timed steps per hook per round")
     h.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median and range reported)")

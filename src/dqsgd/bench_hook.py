@@ -16,6 +16,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -105,42 +106,71 @@ def rank_times(rank: int, world: int, models: list[str], hooks: list[str], steps
     return out
 
 
-def summarize(times: dict[str, list[float]]) -> list[dict[str, Any]]:
-    """Per hook: median step (ms) and the median, min and max over rounds of step / no-hook step."""
+def summarize(times: dict[str, list[float]], pairs: list[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """Per hook: median step (ms) and the median, min and max over rounds of step / no-hook step; then,
+    per (a, b) of ``pairs`` (and qsgd-4bit against fp16 where both ran), the same of step a / step b."""
     rows = []
     for h, ts in times.items():
         ratios = [t / base for t, base in zip(ts, times["none"])]
         rows.append({"hook": h, "ms": 1e3 * statistics.median(ts), "ratio": statistics.median(ratios),
                      "min": min(ratios), "max": max(ratios)})
-    for topo in ("sharded", "allgather"):  # each qsgd-4bit topology that ran, against fp16 if it ran
-        if "fp16" in times and f"qsgd-4bit {topo}" in times:
-            r = [a / b for a, b in zip(times[f"qsgd-4bit {topo}"], times["fp16"])]
-            rows.append({"hook": f"qsgd-4bit {topo} / fp16", "ms": float("nan"), "ratio": statistics.median(r),
+    pairs = [*pairs, *((f"qsgd-4bit {topo}", "fp16") for topo in ("sharded", "allgather"))]
+    for num, den in dict.fromkeys(pairs):  # each pair once, where both of its hooks ran
+        if num in times and den in times:
+            r = [a / b for a, b in zip(times[num], times[den])]
+            rows.append({"hook": f"{num} / {den}", "ms": float("nan"), "ratio": statistics.median(r),
                          "min": min(r), "max": max(r)})
     return rows
+
+
+def known_hook(hook: str) -> bool:
+    """One of :data:`HOOKS`, or ``"<registered dqsgd method> <sharded|allgather>"``."""
+    from dqsgd.methods import method_config
+
+    method, _, topology = hook.partition(" ")
+    if hook in HOOKS:
+        return True
+    try:
+        method_config(method)
+    except ValueError:
+        return False
+    return topology in ("sharded", "allgather")
+
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """``"a/b,c/d"`` as [(a, b), (c, d)] (hook names, stripped)."""
+    pairs = [tuple(h.strip() for h in item.split("/")) for item in text.split(",") if item.strip()]
+    bad = [p for p in pairs if len(p) != 2 or not all(p)]
+    if bad:
+        raise SystemExit(f"dqsgd bench hook: --ratios wants 'hook/hook' pairs, got {bad}")
+    return pairs  # type: ignore[return-value]
 
 
 def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
     from dqsgd.launch import spawn_local
 
     models, hooks = args.model.split(","), ["none", *[h for h in args.hooks.split(",") if h and h != "none"]]
-    bad = [m for m in models if m not in MODELS] + [h for h in hooks if h not in HOOKS]
+    pairs = parse_pairs(args.ratios)
+    bad = ([m for m in models if m not in MODELS] + [h for h in hooks if not known_hook(h)]
+           + [h for p in pairs for h in p if h not in hooks])
     if bad:
-        raise SystemExit(f"dqsgd bench hook: unknown {bad}; models: {', '.join(MODELS)}; hooks: {', '.join(HOOKS)}")
+        raise SystemExit(f"dqsgd bench hook: unknown {bad}; models: {', '.join(MODELS)}; hooks: {', '.join(HOOKS)}, "
+                         "or '<method> <sharded|allgather>' for any registered method; --ratios: hooks that run")
     cuda = torch.cuda.is_available()
     world, backend = (1, "nccl") if cuda else (args.world, "gloo")
     print(f"bench hook: {', '.join(models)} x {len(hooks)} hooks, {backend} W={world}, {args.rounds} rounds of "
-          f"{args.steps} steps after {args.warmup} warm-up steps" + (f"; writes {args.out}" if args.out else ""),
+          f"{args.steps} steps after {args.warmup} warm-up steps; load average {os.getloadavg()[0]:.2f}"
+          + (f"; writes {args.out}" if args.out else ""),
           flush=True)
     res = spawn_local(rank_times, world, (models, hooks, args.steps, args.warmup, args.rounds, args.batch),
                       backend=backend, timeout=args.timeout, threads=args.threads, deadline=args.deadline)
     failed = [r.describe() for r in res if not r.ok]
     if failed:
         raise SystemExit("dqsgd bench hook: " + "; ".join(failed))
-    result: dict[str, Any] = {"device": "cuda" if cuda else "cpu", "world": world, "backend": backend,
+    result: dict[str, Any] = {"loadavg": os.getloadavg(), "device": "cuda" if cuda else "cpu", "world": world, "backend": backend,
                               "batch": args.batch, "steps": args.steps, "rounds": args.rounds, "models": {}}
     for name in models:
-        rows = summarize(res[0].value[name])
+        rows = summarize(res[0].value[name], pairs)
         result["models"][name] = rows
         print(f"\n{name} ({sum(p.numel() for p in build(name).parameters()):,} parameters), {backend} W={world}, "
               f"batch {args.batch}: step time / no-hook step, median [min, max] over {args.rounds} rounds")

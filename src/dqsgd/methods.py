@@ -50,6 +50,9 @@ class MethodConfig:
     bucket: int = 0                 # uniform: coordinates per norm bucket; 0 = whole gradient
     per_tensor: bool = False        # one scale per parameter tensor (TernGrad, scaled sign)
     coding: CodingName = "fixed"
+    # coding "auto" only: > 0 sends the coding whose modelled encode + decode time plus its bytes on a link of
+    # this many Mbit/s is least (dqsgd.codecs.auto.CPU_NS), instead of the smallest; 0 = the smallest.
+    link_mbit: float = 0.0
     policy: PolicyName = "fixed"
     # DQSGD: k (convex, eq. 18) or t (non-convex, eq. 20), alpha, horizon from the run.
     k: float = 1.0
@@ -153,6 +156,10 @@ def _validate(c: MethodConfig) -> None:
         _fail(c, "the error-target policy needs eps_q > 0, smoothness (L) > 0 and lr > 0")
     if c.policy == "dqsgd-error" and not c.smoothness * c.lr < 2:
         _fail(c, f"the error-target policy needs L·lr < 2 (the bounds of Theorems 1/3), got {c.smoothness * c.lr}")
+    if not (math.isfinite(c.link_mbit) and c.link_mbit >= 0):
+        _fail(c, f"link_mbit must be a finite rate >= 0 (0 = the smallest coding), got {c.link_mbit}")
+    if c.link_mbit and c.coding != "auto":
+        _fail(c, f"link_mbit chooses among the codings of coding 'auto'; coding is {c.coding!r}")
     if c.calib_steps < 1:
         _fail(c, f"calib_steps must be >= 1, got {c.calib_steps}")
     if c.clip < 0:

@@ -173,18 +173,19 @@ class Method:
                                                  layout=self.layout).cpu().numpy().tobytes(), None
                 return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm,
                                            layout=self.layout, coding=self.coding), None
-            return encode_payload(self.compress(flat, bits, generator, scalers, hash_rng), self.coding), None
+            q = self.compress(flat, bits, generator, scalers, hash_rng)
+            return encode_payload(q, self.coding, link_mbit=self.config.link_mbit), None
         p = memory.compensate(flat, residual)
         q = self.compress(p, bits, generator, scalers, hash_rng)
-        return encode_payload(q, self.coding), memory.update(p, dequantize(q))
+        return encode_payload(q, self.coding, link_mbit=self.config.link_mbit), memory.update(p, dequantize(q))
 
     def coded_size(self, payload: bytes) -> int:
         """The bytes ``payload``'s levels would take with the best coding (:func:`dqsgd.codecs.coded_size`,
         capped at this method's d elements); fp32 payloads count their own length. A measurement only:
         what is sent is ``payload``. A method that codes with ``auto`` already sent exactly that
         encoding of its own levels (AUTO is deterministic and decode is exact), so its payload's length
-        is the answer without decoding and encoding it again."""
-        if self.coding == Coding.AUTO:
+        is the answer without decoding and encoding it again (by size: not with a ``link_mbit``)."""
+        if self.coding == Coding.AUTO and not self.config.link_mbit:
             return len(payload)
         return coded_size(payload, max_numel=max(self.numel, 1))
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dqsgd.codecs import Coding, PayloadError, RansError, decode, encode, rans_decode, rans_encode
-from dqsgd.codecs.rans import normalize
+from dqsgd.codecs.rans import level_histogram, normalize, rans_size_bounds
 from dqsgd.methods import method_config
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
 
@@ -90,6 +90,38 @@ def test_round_trip_every_width(bits: int, n: int, seed: int, density: float, si
 def test_body_is_the_documented_bytes(bits: int, n: int, seed: int, density: float) -> None:
     codes = random_codes(seed, n, *bounds(bits), density)
     assert rans_encode(codes, bits).tobytes() == reference_body(codes.tolist(), bits)
+
+
+@settings(SETTINGS, max_examples=30)
+@given(bits=st.integers(1, 16), n=st.integers(61, 4000), seed=st.integers(0, 2**32 - 1),
+       density=st.sampled_from([0.001, 0.02, 0.3, 1.0]))
+def test_division_free_encoder_is_the_documented_bytes(bits: int, n: int, seed: int, density: float) -> None:
+    """Longer bodies: rare symbols of frequency 1, two renormalisation bytes, every reciprocal shift."""
+    codes = random_codes(seed, n, *bounds(bits), density)
+    assert rans_encode(codes, bits).tobytes() == reference_body(codes.tolist(), bits)
+
+
+@settings(SETTINGS, max_examples=60)
+@given(bits=st.integers(1, 16), n=st.integers(0, 20_000), seed=st.integers(0, 2**32 - 1),
+       density=st.sampled_from([0.0, 0.001, 0.05, 0.5, 1.0]))
+def test_size_bounds_hold_and_the_histogram_can_be_given(bits: int, n: int, seed: int, density: float) -> None:
+    codes = random_codes(seed, n, *bounds(bits), density)
+    hist = level_histogram(codes, bits)
+    body = rans_encode(codes, bits, hist)
+    assert body.tobytes() == rans_encode(codes, bits).tobytes()
+    lo, hi = rans_size_bounds(hist)
+    assert lo <= body.size <= hi
+    assert hi - lo <= 4 + n * 0.0227 / 8  # the state's rounding: within ±log2(1 ± 2^-7) bits per code
+
+
+@pytest.mark.parametrize("bits", [8, 9, 16])
+def test_every_symbol_of_a_width(bits: int) -> None:
+    """K = 2^b symbols at 8 bits fill the decoder's one-byte slot table (index 255); wider ones use two bytes."""
+    lo, hi, _ = bounds(bits)
+    k = min(hi - lo + 1, 4096)
+    codes = np.repeat(np.arange(lo, lo + k, dtype=np.int32), 3)
+    np.random.default_rng(bits).shuffle(codes)
+    assert np.array_equal(dec(rans_encode(codes, bits).tobytes(), codes.size, bits), codes)
 
 
 def test_documented_bytes_by_hand() -> None:

@@ -88,7 +88,7 @@ def _bit_length(k):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _omega_word(k):  # pragma: no cover - compiled
+def omega_word(k):  # pragma: no cover - compiled
     """(bits, length) of ω(k), 1 ≤ k < 2^32: the groups are prepended to the final '0'."""
     word = np.uint64(0)
     length = 1
@@ -110,7 +110,7 @@ _PEEK = 16  # decoder: every ω(k) of at most 16 bits (k < 512), indexed by the 
 @njit(cache=True)
 def _fill_tables(words, lengths, peek):  # pragma: no cover - compiled
     for k in range(1, words.size):
-        w, n = _omega_word(k)
+        w, n = omega_word(k)
         words[k] = w
         lengths[k] = n
         if n <= _PEEK:  # every 16-bit window that starts with ω(k) decodes to k
@@ -120,18 +120,18 @@ def _fill_tables(words, lengths, peek):  # pragma: no cover - compiled
 
 
 _WORDS = np.zeros(_TABLE, dtype=np.uint64)
-_LENGTHS = np.zeros(_TABLE, dtype=np.int64)
+OMEGA_LENGTHS = np.zeros(_TABLE, dtype=np.int64)
 # k << 5 | L(k) (k < 512, L ≤ 16) in one uint16 (128 KiB: one cache-friendly load per word);
 # 0 means the code word is longer than 16 bits.
 _PEEK_TABLE = np.zeros(1 << _PEEK, dtype=np.uint16)
-_fill_tables(_WORDS, _LENGTHS, _PEEK_TABLE)
+_fill_tables(_WORDS, OMEGA_LENGTHS, _PEEK_TABLE)
 
 
 def omega_length(k: int) -> int:
     """``L(k)``: the number of bits of ω(k), k ≥ 1."""
     if not 1 <= k <= MAX_OMEGA:
         raise ValueError(f"omega_length needs 1 ≤ k < 2^32, got {k}")
-    return int(_omega_word(np.int64(k))[1])
+    return int(omega_word(np.int64(k))[1])
 
 
 @njit(cache=True)
@@ -150,13 +150,13 @@ def _scan(codes, lengths, stop_above):  # pragma: no cover - compiled
             top = max(top, c)
             g = i + 1 - prev
             if c <= MAX_OMEGA:  # else the caller raises; keep the length loop bounded
-                bits += (lengths[g] if g < _TABLE else _omega_word(g)[1]) + 1
-                bits += lengths[c] if c < _TABLE else _omega_word(c)[1]
+                bits += (lengths[g] if g < _TABLE else omega_word(g)[1]) + 1
+                bits += lengths[c] if c < _TABLE else omega_word(c)[1]
             prev = i + 1
             nnz += 1
             if bits > stop_above:
                 break
-    return bits + _omega_word(nnz + 1)[1], nnz, top
+    return bits + omega_word(nnz + 1)[1], nnz, top
 
 
 @njit(cache=True)
@@ -173,7 +173,7 @@ def _encode(codes, nnz, out, words, lengths):  # pragma: no cover - compiled
     prev = 0
     for i in range(-1, codes.size):
         if i < 0:
-            w0, l0 = _omega_word(nnz + 1)
+            w0, l0 = omega_word(nnz + 1)
             w1, l1 = np.uint64(0), 0
         else:
             c = np.int64(codes[i])
@@ -182,8 +182,8 @@ def _encode(codes, nnz, out, words, lengths):  # pragma: no cover - compiled
             g = i + 1 - prev
             m = abs(c)
             prev = i + 1
-            w0, l0 = (words[g], lengths[g]) if g < _TABLE else _omega_word(g)
-            w1, l1 = (words[m], lengths[m]) if m < _TABLE else _omega_word(m)
+            w0, l0 = (words[g], lengths[g]) if g < _TABLE else omega_word(g)
+            w1, l1 = (words[m], lengths[m]) if m < _TABLE else omega_word(m)
             w1 |= np.uint64(c < 0) << np.uint64(l1)
             l1 += 1
         for piece in range(2):
@@ -217,7 +217,7 @@ def _scan_checked(codes: np.ndarray, stop_above: int = 1 << 62) -> tuple[np.ndar
         raise ValueError(f"Elias coding supports < 2^32 - 1 elements, got {arr.size}")
     if arr.dtype == np.uint64 and arr.size and int(arr.max()) > MAX_OMEGA:
         raise ValueError("Elias coding supports |code| < 2^32")
-    bits, nnz, top = _scan(arr, _LENGTHS, stop_above)
+    bits, nnz, top = _scan(arr, OMEGA_LENGTHS, stop_above)
     if top > MAX_OMEGA:
         raise ValueError(f"Elias coding supports |code| < 2^32, got {top}")
     return arr, int(bits), int(nnz)
@@ -237,7 +237,7 @@ def elias_encode(codes: np.ndarray) -> np.ndarray:
     """Encode signed integer codes as the stream of the module docstring (uint8 array)."""
     arr, nbits, nnz = _scan_checked(codes)
     out = np.empty((nbits + 7) // 8, dtype=np.uint8)
-    _encode(arr, nnz, out, _WORDS, _LENGTHS)
+    _encode(arr, nnz, out, _WORDS, OMEGA_LENGTHS)
     return out
 
 

@@ -38,7 +38,8 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["PROB_BITS", "RansError", "normalize", "rans_decode", "rans_encode", "rans_table"]
+__all__ = ["PROB_BITS", "RansError", "level_histogram", "normalize", "rans_decode", "rans_encode", "rans_size_bounds",
+           "rans_table"]
 
 PROB_BITS = 16
 M = 1 << PROB_BITS
@@ -107,11 +108,20 @@ def normalize(counts: np.ndarray) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _histogram(codes, offset, one_bit, nsym):  # pragma: no cover - compiled
-    hist = np.zeros(nsym, np.int64)
-    for i in range(codes.size):
+    """Counts of the symbols, in four partial histograms summed at the end: consecutive codes are
+    mostly the same level, and one histogram would chain every increment on the one before (3x)."""
+    part = np.zeros((4, nsym), np.int64)
+    n4 = codes.size // 4 * 4
+    for i in range(0, n4, 4):
+        for k in range(4):
+            c = np.int64(codes[i + k])
+            part[k, np.int64(c > 0) if one_bit else c + offset] += 1
+    for i in range(n4, codes.size):
         c = np.int64(codes[i])
-        u = np.int64(c > 0) if one_bit else c + offset
-        hist[u] += 1
+        part[0, np.int64(c > 0) if one_bit else c + offset] += 1
+    hist = part[0].copy()
+    for k in range(1, 4):
+        hist += part[k]
     return hist
 
 
@@ -138,8 +148,7 @@ def _write_table(symbols, freq, out):  # pragma: no cover - compiled
 
 def rans_table(codes: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(symbols, counts, frequencies) of the codes' offset-binary symbols (int64 arrays, by symbol)."""
-    offset = 0 if bits == 1 else 1 << (bits - 1)
-    hist = _histogram(codes, offset, bits == 1, 1 << bits)
+    hist = level_histogram(codes, bits)
     symbols = np.flatnonzero(hist).astype(np.int64)
     counts = hist[symbols]
     return symbols, counts, normalize(counts)
@@ -148,25 +157,52 @@ def rans_table(codes: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np
 # ------------------------------------------------------------------------------ encode
 
 
+def _encoder_tables(symbols: np.ndarray, freq: np.ndarray, bits: int) -> np.ndarray:
+    """Per symbol u (a row of 2^b, only the occurring ones filled): x_max, the reciprocal of f, its
+    shift, the bias and M − f, for the division-free step of ryg's rans_byte (``RansEncSymbolInit``).
+
+    For ``x < 2^31``: ``q = ⌊x·rcp / 2^32⌋ >> shift = ⌊x/f⌋`` (f ≥ 2: rcp = ⌈2^(31+sh)/f⌉ with
+    2^(sh−1) < f ≤ 2^sh; f = 1: rcp = 2^32 − 1, shift 0 gives q = x − 1 and the bias adds the rest),
+    and ``x + bias + q·(M − f) = ⌊x/f⌋·M + (x mod f) + c``: the same state as the division.
+    """
+    table = np.zeros((1 << bits, 5), dtype=np.uint64)
+    cum = 0
+    for u, f in zip(symbols.tolist(), freq.tolist()):
+        if f < 2:
+            rcp, shift, bias = (1 << 32) - 1, 0, cum + M - 1
+        else:
+            sh = (f - 1).bit_length()  # 2^(sh−1) < f ≤ 2^sh
+            rcp, shift, bias = ((1 << (sh + 31)) + f - 1) // f, sh - 1, cum
+        table[u] = (_XMAX_UNIT * f, rcp, shift, bias, M - f)
+        cum += f
+    return table
+
+
 @njit(cache=True, nogil=True)
-def _encode(codes, offset, one_bit, index, freq, cum, out):  # pragma: no cover - compiled
-    """rANS-encode ``codes`` backwards into the tail of ``out``; the first byte used, or −1 if full."""
+def _encode(codes, offset, one_bit, table, out):  # pragma: no cover - compiled
+    """rANS-encode ``codes`` backwards into the tail of ``out``; the first byte used, or −1 if full.
+
+    The state step is ryg's division-free form (:func:`_encoder_tables`); renormalisation emits at
+    most two bytes per symbol (x < 2^31 and x_max = 2^15·f ≥ 2^15, so x < x_max after two).
+    """
     n = codes.size
     x = np.uint64(RANS_L)
     p = out.size
+    eight = np.uint64(8)
     for j in range(n):
         c = np.int64(codes[n - 1 - j])
         u = np.int64(c > 0) if one_bit else c + offset
-        k = index[u]
-        f = np.uint64(freq[k])
-        xmax = np.uint64(_XMAX_UNIT) * f
-        while x >= xmax:
-            if p == 0:
+        xmax = table[u, 0]
+        for _ in range(2):  # at most two bytes (see above): a bounded loop the compiler unrolls
+            if x < xmax:
+                break
+            if p < 1:
                 return -1
             p -= 1
             out[p] = np.uint8(x & np.uint64(0xFF))
-            x >>= np.uint64(8)
-        x = (x // f << np.uint64(PROB_BITS)) + x % f + np.uint64(cum[k])
+            x >>= eight
+        q = ((x * table[u, 1]) >> np.uint64(32)) >> table[u, 2]
+        x = x + table[u, 3] + q * table[u, 4]
     if p < 4:
         return -1
     p -= 4
@@ -175,25 +211,66 @@ def _encode(codes, offset, one_bit, index, freq, cum, out):  # pragma: no cover 
     return p
 
 
-def rans_encode(codes: np.ndarray, bits: int) -> np.ndarray:
-    """The RANS body (uint8) of ``codes`` (int32, valid for ``bits`` in 1..16: the caller checks)."""
+def level_histogram(codes: np.ndarray, bits: int) -> np.ndarray:
+    """int64 counts of the codes' offset-binary symbols ``u`` (``2^bits`` of them; valid codes only)."""
+    return _histogram(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, 1 << bits)
+
+
+def _varint_len(v: np.ndarray) -> np.ndarray:
+    """Bytes of each unsigned LEB128 varint (values < 2^21: at most 3)."""
+    return 1 + (v >= 1 << 7) + (v >= 1 << 14)
+
+
+def _table_len(symbols: np.ndarray, freq: np.ndarray) -> int:
+    gaps = np.diff(symbols, prepend=-1) - 1
+    return int(_varint_len(np.array([symbols.size])).sum() + _varint_len(gaps).sum() + _varint_len(freq).sum())
+
+
+def rans_size_bounds(hist: np.ndarray) -> tuple[int, int]:
+    """(lo, hi) with lo ≤ len(rans_encode(codes, bits)) ≤ hi for any codes whose histogram is ``hist``.
+
+    The table is exact (its varints); the stream is not a function of the histogram (the state's
+    rounding depends on the order of the codes), but each symbol moves log2 x by log2(M/f) within
+    log2(1 ± 2^-7) (x ≥ 2^7·f when it is coded), and x starts at L and ends in [L, 2^8·L): so with
+    I = Σ_u count_u·log2(M/f_u) the stream has between (I + n·log2(1 − 2^-7) − 8)/8 and
+    (I + n·log2(1 + 2^-7))/8 bytes, plus the 4 state bytes.
+    """
+    n = int(hist.sum())
+    if n == 0:
+        return 0, 0
+    symbols = np.flatnonzero(hist).astype(np.int64)
+    counts = hist[symbols]
+    freq = normalize(counts)
+    ideal = float((counts * (PROB_BITS - np.log2(freq))).sum())
+    slack = 1e-9 * ideal + 1.0  # float rounding of the sum of n logarithms
+    lo = max(0, math.floor((ideal - slack + n * math.log2(1 - 2.0**-7) - 8) / 8))
+    hi = math.ceil((ideal + slack + n * math.log2(1 + 2.0**-7)) / 8)
+    head = _table_len(symbols, freq) + 4
+    return head + lo, head + hi
+
+
+def rans_encode(codes: np.ndarray, bits: int, hist: np.ndarray | None = None) -> np.ndarray:
+    """The RANS body (uint8) of ``codes`` (int32, valid for ``bits`` in 1..16: the caller checks).
+
+    ``hist``: :func:`level_histogram` of the codes, when the caller already has it."""
     n = codes.size
     if n == 0:
         return np.zeros(0, dtype=np.uint8)
-    symbols, counts, freq = rans_table(codes, bits)
+    if hist is None:
+        hist = level_histogram(codes, bits)
+    symbols = np.flatnonzero(hist).astype(np.int64)
+    counts = hist[symbols]
+    freq = normalize(counts)
     table = np.empty(_VARINT_MAX_BYTES * (1 + 2 * symbols.size), dtype=np.uint8)
     tlen = _write_table(symbols, freq, table)
-    index = np.zeros(1 << bits, dtype=np.int64)
-    index[symbols] = np.arange(symbols.size)
-    cum = np.zeros(symbols.size, dtype=np.int64)
-    np.cumsum(freq[:-1], out=cum[1:])
     # Stream bound: each symbol grows log2(x) by < log2(M/f) + log2(1 + 2^-7) and each byte takes
     # 8 bits off; or at most ⌈(16 − ⌊log2 f⌋)/8⌋ bytes per symbol.  The encoder checks it anyway.
     ideal = float((counts * (PROB_BITS - np.log2(freq))).sum()) + n * math.log2(1 + 2.0**-7)
     exact = int((counts * ((PROB_BITS - np.floor(np.log2(freq)).astype(np.int64) + 7) // 8)).sum())
     cap = min(exact, int(ideal * (1 + 1e-9) / 8) + 16) + 4
     out = np.empty(tlen + cap, dtype=np.uint8)
-    start = _encode(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, index, freq, cum, out[tlen:])
+    start = _encode(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, _encoder_tables(symbols, freq, bits),
+                    out[tlen:])
     if start < 0:  # pragma: no cover - the bound above is a proof
         raise RuntimeError("rANS stream exceeded its proven bound")
     stream = out[tlen + start :]
@@ -255,7 +332,7 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
             return _FREQ, at, 0
         if total + f > M:
             return _SUM, at, 0
-        for s in range(total, total + f):  # total + f ≤ M = slot_index.size
+        for s in range(total, total + f):  # total + f ≤ M = slot_index.size; j < K ≤ the dtype's range
             slot_index[s] = j
         symbols[j] = code
         freq[j] = f
@@ -276,7 +353,7 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
     mask = np.uint64(M - 1)
     for i in range(n):
         slot = x & mask  # < M
-        j = slot_index[slot]
+        j = np.int64(slot_index[slot])
         out[i] = symbols[j]
         counts[j] += 1
         x = np.uint64(freq[j]) * (x >> np.uint64(PROB_BITS)) + slot - np.uint64(cum[j])  # < 2^31
@@ -311,7 +388,9 @@ def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo
     symbols = np.zeros(nsym, dtype=np.int32)
     freq = np.zeros(nsym, dtype=np.int64)
     counts = np.zeros(nsym, dtype=np.int64)
-    slot_index = np.zeros(M, dtype=np.int32)
+    # The slot → symbol table is read at random: one byte per slot where 256 symbols fit (a quarter of the
+    # cache an int32 table takes), else two.
+    slot_index = np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16)
     status, pos, k = _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index)
     if status != _OK:
         raise RansError(_MESSAGES[status], int(pos))

@@ -24,7 +24,9 @@ Bodies, by coding (b = bits, n = numel):
   empty for n = 0). Integer schemes only. Within ~0.1% of the levels' empirical entropy plus the
   table (a few bytes per distinct level), so it is the one that approaches the entropy on sparse
   gradients, where zstd's literals cannot go below ~1 bit per code.
-* AUTO (encode only): the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties: in that order).
+* AUTO (encode only): the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties: in that order),
+  found from size bounds so that only the winner is coded (:mod:`dqsgd.codecs.auto`); with a link
+  rate, the one with the least modelled time instead.
 
 Which codes are valid (checked on encode and decode): width b = 1 allows {−1, +1}, b ≥ 2 allows
 [−2^(b−1), 2^(b−1) − 1]; within that UNIFORM needs |c| ≤ levels, SIGN c ∈ {−1, +1}, TERNARY
@@ -37,6 +39,7 @@ are the same too).  The crc of big payloads is computed on several threads
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -44,9 +47,11 @@ import numpy as np
 import torch
 from numba import njit
 
-from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits
+from dqsgd.codecs.auto import smallest_body
+from dqsgd.codecs.bodies import fixed_body, zstandard_module, zstd_compress
+from dqsgd.codecs.bitpack import packed_size, unpack_bits
 from dqsgd.codecs.bounds import body_width, check_body_can_hold, zstd_content_bound
-from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode
+from dqsgd.codecs.elias import EliasError, elias_decode, elias_encode
 from dqsgd.codecs.header import (
     MAX_NUMEL, U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
     write_header,
@@ -58,21 +63,10 @@ from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 __all__ = ["Coding", "PayloadError", "body_width", "coded_size", "decode", "encode", "header_size", "predicted_size"]
 
 MAX_CODE_BITS = 16
-_ZSTD_LEVEL = 3
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd clamps a frame's window to its declared content size (which must equal the expected size);
 # level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
 _ZSTD_MAX_WINDOW = 1 << 23
-def _zstd():  # noqa: ANN202 - the zstandard module
-    """zstandard, imported where a ZSTD coding is used (the FIXED codec runs without it)."""
-    import zstandard
-
-    return zstandard
-
-
-def zstd_compress(body: np.ndarray | bytes) -> bytes:
-    """One zstd frame (level 3, content size in the header) of ``body``: ZSTD and ZSTD_ALIGNED."""
-    return _zstd().ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
 
 
 @dataclass(frozen=True)
@@ -186,57 +180,33 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
     return data, scales
 
 
-def _fixed_body(data: np.ndarray, bits: int, width: int) -> np.ndarray:
-    """FIXED's packing of the codes (offset binary of ``bits``) at ``width`` ≥ bits."""
-    if bits == 32:  # IDENTITY, SKETCH: raw little-endian float32
-        return data.astype("<f4", copy=False).view(np.uint8)
-    if bits == 1:
-        return pack_bits(data > 0, width)
-    return pack_bits(data, width, offset=1 << (bits - 1))
-
-
-def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme) -> tuple[Coding, bytes | np.ndarray]:
+def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme,
+          link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
     if scheme in RAW_SCHEMES and coding in (Coding.ELIAS, Coding.RANS):
         raise ValueError(f"{scheme.name} payloads cannot use {coding.name} coding (no integer codes)")
     if coding == Coding.AUTO:
-        return _smallest_body(data, bits, scheme)
+        return smallest_body(data, bits, scheme not in RAW_SCHEMES, link_mbit)
     if coding == Coding.ELIAS:
         return coding, elias_encode(data)
     if coding == Coding.RANS:
         return coding, rans_encode(data, bits)
-    fixed = _fixed_body(data, bits, body_width(bits, coding))
+    fixed = fixed_body(data, bits, body_width(bits, coding))
     if coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         return coding, zstd_compress(fixed)
     return coding, fixed
 
 
 def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding, bytes | np.ndarray]:
-    """AUTO: the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties go to the earlier one).
-
-    Only the winner is written: FIXED's size is ``⌈n·bits/8⌉`` and ELIAS's comes from one length
-    scan, so neither body is built unless it wins; ZSTD_ALIGNED and RANS are only known by coding."""
-    best, size = Coding.FIXED, packed_size(data.size, bits)
-    if scheme not in RAW_SCHEMES:
-        # Elias wins iff its ⌈L/8⌉ bytes < size, i.e. L ≤ 8·size − 8: no need to scan further.
-        budget = 8 * size - 8
-        length = elias_bit_length(data, stop_above=budget)
-        if length <= budget:
-            best, size = Coding.ELIAS, (length + 7) // 8
-    body: bytes | np.ndarray | None = None
-    zbody = zstd_compress(_fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))
-    if len(zbody) < size:
-        best, size, body = Coding.ZSTD_ALIGNED, len(zbody), zbody
-    if scheme not in RAW_SCHEMES:
-        rbody = rans_encode(data, bits)
-        if rbody.size < size:
-            best, body = Coding.RANS, rbody
-    if body is None:
-        body = elias_encode(data) if best == Coding.ELIAS else _fixed_body(data, bits, bits)
-    return best, body
+    """AUTO: the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS (ties go to the earlier one), from
+    size bounds first: only the winner is written (:mod:`dqsgd.codecs.auto`)."""
+    return smallest_body(data, bits, scheme not in RAW_SCHEMES)
 
 
-def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:
+def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.0) -> bytes:
     """The payload of ``q`` (format in the module docstring).
+
+    ``link_mbit`` (AUTO only): > 0 picks the coding whose modelled encode + decode time plus the
+    payload's time on a link of that many Mbit/s is least (:mod:`dqsgd.codecs.auto`), not the smallest.
 
     Raises:
       ValueError: an unknown coding, or a Quantized the wire cannot carry exactly (bad dtype or
@@ -246,9 +216,11 @@ def encode(q: Quantized, coding: Coding = Coding.FIXED) -> bytes:
         coding = Coding(coding)
     except ValueError:
         raise ValueError(f"unknown coding {coding!r}") from None
+    if not (math.isfinite(link_mbit) and link_mbit >= 0):
+        raise ValueError(f"link_mbit must be a finite rate ≥ 0 (0: by size), got {link_mbit!r}")
     data, scales = _validated(q)
     scheme = Scheme(q.scheme)
-    used, body = _body(data, q.bits, coding, scheme)
+    used, body = _body(data, q.bits, coding, scheme, link_mbit)
     if memoryview(body).nbytes > U32_MAX:
         raise ValueError(f"body of {memoryview(body).nbytes} bytes exceeds the u32 body length field")
     shape = tuple(int(d) for d in q.shape)
@@ -319,7 +291,7 @@ def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     itself bounds the output), with nothing after it."""
     if bytes(body[:4]) != _ZSTD_MAGIC:
         raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
-    zstandard = _zstd()
+    zstandard = zstandard_module()
     if expected > zstd_content_bound(len(body)):
         raise PayloadError(f"ZSTD body at offset {offset}: {len(body)} bytes cannot decompress to the "
                            f"{expected} bytes the header's numel needs")
@@ -404,7 +376,8 @@ def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUME
 
 def coded_size(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUMEL) -> int:
     """Length of ``payload`` re-encoded with :attr:`Coding.AUTO`: the bytes its levels need with the
-    best coding dqsgd has (the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS).
+    best coding dqsgd has (the smallest of FIXED, ELIAS, ZSTD_ALIGNED and RANS; above 64 KiB
+    zstd only where a sample says it may win: :mod:`dqsgd.codecs.auto`).
 
     Equal to ``len(encode(decode(payload), Coding.AUTO))``: the payload is validated and decoded
     like :func:`decode` (``max_numel`` caps the elements it may declare), and its levels, scales

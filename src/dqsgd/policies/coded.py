@@ -44,6 +44,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from dqsgd.kernels.levels import expected_level_entropies
 from dqsgd.policies.base import GradStats, Rounding, integerize
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
 from dqsgd.quantizers.constants import levels_for_bits
@@ -67,27 +68,13 @@ def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int 
 
     Exact in the rounding probabilities, over a fixed stride of at most ``sample`` coordinates
     (deterministic: no draw). A zero vector has entropy 0 at every width."""
-    g = grad.detach().reshape(-1).to(torch.float64)
+    g = grad.detach().reshape(-1)
     if g.numel() == 0 or not norm > 0:
         return [0.0] * len(widths)
     step = max(1, -(-g.numel() // sample))
-    g = g[::step].cpu()
-    u = (g.abs() / norm).clamp(max=1.0)
-    sign = torch.where(g < 0, -1, 1).to(torch.int64)
-    out = []
-    for b in widths:
-        s = levels_for_bits(b)
-        v = u * s
-        low = v.floor()
-        frac = v - low
-        low = low.to(torch.int64)
-        high = (low + 1).clamp(max=s)
-        weights = torch.cat([1.0 - frac, frac])
-        idx = torch.cat([s + sign * low, s + sign * high])
-        p = torch.bincount(idx, weights=weights, minlength=2 * s + 1)
-        p = p[p > 0] / g.numel()
-        out.append(float(-(p * torch.log2(p)).sum()))
-    return out
+    g = g[::step].to(torch.float64).cpu().contiguous()  # the sample first: only it is converted
+    u = (g.abs() / norm).clamp(max=1.0).numpy()
+    return expected_level_entropies(u, (g < 0).numpy(), [levels_for_bits(b) for b in widths])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,153 @@
+"""``Coding.AUTO``: the smallest body of FIXED, ELIAS, ZSTD_ALIGNED and RANS, found without coding them all.
+
+Each candidate's size is known, or bounded, from one compiled pass over the levels (their histogram
+and the Elias length), before any body is built:
+
+* FIXED: exactly ``⌈n·b/8⌉`` bytes.
+* ELIAS: ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` bits, exactly, summed in the same pass as
+  the histogram (:func:`level_stats`).
+* RANS: the table exactly, the stream within about ±1.1 % of a bit per code
+  (:func:`~dqsgd.codecs.rans.rans_size_bounds`); encoded (once, the histogram reused) only if its
+  lower bound can beat the best exact size so far.
+* ZSTD_ALIGNED: zstd exploits repeats (runs of zeros, the period of a layer whose inputs are
+  always zero), which no histogram sees. A body of at most :data:`ZSTD_EXACT_BYTES` is compressed
+  whole; a bigger one first compresses :data:`ZSTD_SAMPLES` evenly spaced blocks of
+  :data:`ZSTD_BLOCK` bytes, and the whole body only when that sample, scaled to the body, is within
+  :data:`ZSTD_SLACK` of the best size so far.
+
+So AUTO is exactly the smallest of the four (ties: FIXED, ELIAS, ZSTD_ALIGNED, RANS in that order)
+whenever zstd's size is known: bodies up to ``ZSTD_EXACT_BYTES``, and bigger ones whose sample is
+close enough; otherwise the smallest of FIXED, ELIAS and RANS. On 770 MLP and LeNet-5 gradients
+(MNIST, SGD steps 0-300, 2-8 bits, whole and in 4 shards) rANS was the smallest 60 % of the time,
+zstd 37 % (nearly all at ≥ 4 bits, where the always-zero inputs of the first layer repeat), Elias
+4 %, FIXED never; AUTO picked the smallest every time, and compressed the whole body with zstd in
+about half of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from dqsgd.codecs.bitpack import packed_size
+from dqsgd.codecs.bodies import fixed_body, zstd_compress
+from dqsgd.codecs.bounds import body_width
+from dqsgd.codecs.elias import OMEGA_LENGTHS, MAX_OMEGA, omega_word, elias_encode
+from dqsgd.codecs.header import Coding
+from dqsgd.codecs.rans import rans_encode, rans_size_bounds
+
+__all__ = ["CPU_NS", "ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "level_stats", "smallest_body"]
+
+ZSTD_EXACT_BYTES = 1 << 16  # aligned bodies up to 64 KiB: zstd runs on all of it
+ZSTD_BLOCK = 1 << 12
+ZSTD_SAMPLES = 8  # 32 KiB sampled from a bigger body
+ZSTD_SLACK = 0.1  # the whole body is compressed when the sample's estimate ≤ 1.1 × the best size so far
+_ORDER = (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED, Coding.RANS)  # the tie order
+
+
+
+@njit(cache=True, nogil=True)
+def _level_stats(codes, offset, one_bit, nsym, lengths):  # pragma: no cover - compiled
+    """(histogram of the offset-binary symbols, ELIAS stream bits before padding) in one pass: the
+    Elias length is ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` (:mod:`dqsgd.codecs.elias`), the
+    histogram four partial counts (consecutive codes are mostly the same level)."""
+    part = np.zeros((4, nsym), np.int64)
+    length = np.int64(0)
+    nnz = np.int64(0)
+    prev = np.int64(0)
+    for i in range(codes.size):
+        c = np.int64(codes[i])
+        part[i & 3, np.int64(c > 0) if one_bit else c + offset] += 1
+        if c != 0:
+            g = i + 1 - prev
+            m = abs(c)
+            length += (lengths[g] if g < lengths.size else omega_word(g)[1]) + 1
+            length += lengths[m] if m < lengths.size else omega_word(m)[1]
+            prev = i + 1
+            nnz += 1
+    hist = part[0].copy()
+    for k in range(1, 4):
+        hist += part[k]
+    return hist, length + omega_word(nnz + 1)[1]
+
+
+def level_stats(codes: np.ndarray, bits: int) -> tuple[np.ndarray, int]:
+    """(:func:`~dqsgd.codecs.rans.level_histogram`, the exact ELIAS body bytes) of valid codes, one pass."""
+    hist, length = _level_stats(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, 1 << bits, OMEGA_LENGTHS)
+    return hist, (int(length) + 7) // 8
+
+
+def _zstd_may_win(data: np.ndarray, bits: int, best: int) -> bool:
+    """Whether ZSTD_ALIGNED may beat ``best`` bytes: always for a small body, else by a sample."""
+
+    width = body_width(bits, Coding.ZSTD_ALIGNED)
+    size = packed_size(data.size, width)
+    if size <= ZSTD_EXACT_BYTES:
+        return True
+    per = 8 * ZSTD_BLOCK // width  # codes per sampled block (a multiple of 8: whole bytes)
+    starts = np.linspace(0, data.size - per, ZSTD_SAMPLES).astype(np.int64)
+    sample = sum(len(zstd_compress(fixed_body(data[a : a + per], bits, width))) for a in starts.tolist())
+    return sample * size / (ZSTD_SAMPLES * ZSTD_BLOCK) <= (1 + ZSTD_SLACK) * best
+
+
+# Modelled CPU cost, ns per code, of encoding and decoding with each coding (the fused kernels for
+# FIXED): thread CPU time on a 1M-coordinate Gaussian at 2-6 bits, 2-core AMD EPYC shared with other
+# jobs, 2026-11-25 (the script is in the docs). Only used with a link rate.
+CPU_NS = {Coding.FIXED: 2.5, Coding.ELIAS: 20.0, Coding.ZSTD_ALIGNED: 7.5, Coding.RANS: 17.0}
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """How candidates compare: by size (ties: the tie order), or with ``link_mbit`` > 0 by the modelled
+    time ``CPU_NS[c]·n + 8·size / link`` (a byte takes 8000/link_mbit ns on the wire)."""
+
+    n: int
+    link_mbit: float
+
+    def key(self, size: int, coding: Coding) -> tuple[float, int]:
+        t = size if not self.link_mbit else CPU_NS[coding] * self.n + 8000.0 * size / self.link_mbit
+        return (t, _ORDER.index(coding))
+
+    def max_bytes(self, coding: Coding, best: tuple[int, Coding]) -> int:
+        """The largest size at which ``coding`` beats ``best`` (−1: none does)."""
+        if not self.link_mbit:
+            return best[0] - (0 if _ORDER.index(coding) < _ORDER.index(best[1]) else 1)
+        size = math.floor((self.key(*best)[0] - CPU_NS[coding] * self.n) * self.link_mbit / 8000.0)
+        while size >= 0 and not self.key(size, coding) < self.key(*best):  # a float rounding at the edge
+            size -= 1
+        return max(size, -1)
+
+
+def smallest_body(data: np.ndarray, bits: int, integer: bool,
+                  link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
+    """AUTO's (coding, body) for valid codes ``data`` (int32; raw float32 values when not ``integer``:
+    only FIXED and ZSTD_ALIGNED apply). See the module docstring; ``link_mbit`` > 0: the fastest at that
+    link rate by the CPU_NS model, instead of the smallest."""
+
+    costs = _Costs(data.size, link_mbit)
+    best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)
+    bodies: dict[Coding, bytes | np.ndarray] = {}
+    hist = None
+    if integer and data.size:
+        hist, elias = level_stats(data, bits)
+        if data.size < MAX_OMEGA and costs.key(elias, Coding.ELIAS) < costs.key(*best):
+            best = (elias, Coding.ELIAS)
+    rans_lo, rans_hi = rans_size_bounds(hist) if hist is not None else (0, 0)
+    cap = costs.max_bytes(Coding.ZSTD_ALIGNED, best)
+    if hist is not None and not link_mbit:
+        cap = min(cap, rans_hi)
+    if cap >= 0 and _zstd_may_win(data, bits, cap):
+        z = zstd_compress(fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))
+        if costs.key(len(z), Coding.ZSTD_ALIGNED) < costs.key(*best):
+            best, bodies[Coding.ZSTD_ALIGNED] = (len(z), Coding.ZSTD_ALIGNED), z
+    if hist is not None and costs.key(rans_lo, Coding.RANS) < costs.key(*best):
+        r = rans_encode(data, bits, hist)
+        if costs.key(r.size, Coding.RANS) < costs.key(*best):
+            best, bodies[Coding.RANS] = (r.size, Coding.RANS), r
+    coding = best[1]
+    if coding not in bodies:
+        bodies[coding] = elias_encode(data) if coding == Coding.ELIAS else fixed_body(data, bits, bits)
+    return coding, bodies[coding]
