@@ -4,7 +4,7 @@ Run as ``dqsgd bench codec [options]`` from a source checkout, or as
 ``python benchmarks/bench_codec.py [--out FILE] [options]`` (see ``--help``). The table is printed and
 the JSON goes to ``--out``. It lives here, not in the package, because it times the fused kernel's
 internal pieces with a numba kernel of its own (``_hashes_range``); the shared helpers come from
-:mod:`dqsgd.bench`.
+:mod:`dqsgd.cli.bench.common`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numba
 import numpy as np
 import torch
 
-from dqsgd.bench import (best_of, coded_sizes, device_codec_rows, level_entropy, pick_device, print_table,
+from dqsgd.cli.bench.common import (best_of, coded_sizes, device_codec_rows, level_entropy, pick_device, print_table,
                          real_gradient, set_threads, write_result)
 from dqsgd.codecs import decode, encode
 from dqsgd.codecs.threads import crc32, run_split
@@ -144,6 +144,6 @@ def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from dqsgd.bench_cli import parse_args
+    from dqsgd.cli.bench.parser import parse_args
 
     bench_codec(parse_args(["bench", "codec", *sys.argv[1:]]))

@@ -4,7 +4,7 @@ Run as ``dqsgd bench compressors [options]`` from a source checkout, or as
 ``python benchmarks/bench_compressors.py [--out FILE] [options]`` (see ``--help``). The table is printed
 and the JSON goes to ``--out``. It lives here, not in the package, because it calls PyTorch's hooks on
 a one-process gloo group and their private quantization backend; the shared helpers come from
-:mod:`dqsgd.bench`.
+:mod:`dqsgd.cli.bench.common`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from dqsgd.bench import best_of, print_table, real_gradient, set_threads, write_result
+from dqsgd.cli.bench.common import best_of, print_table, real_gradient, set_threads, write_result
 from dqsgd.kernels import HashRNG
 
 
@@ -89,8 +89,8 @@ def _torch_hooks(g: torch.Tensor, shapes: list[torch.Size]) -> dict[str, _Case]:
 
 
 def bench_compressors(args: argparse.Namespace) -> dict[str, Any]:
-    from dqsgd.methods import method_config
-    from dqsgd.pipeline import Method
+    from dqsgd.method.config import method_config
+    from dqsgd.method.pipeline import Method
 
     set_threads(args.threads)
     g, shapes = real_gradient(args.model, args.dataset, args.batch)
@@ -130,6 +130,6 @@ def bench_compressors(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from dqsgd.bench_cli import parse_args
+    from dqsgd.cli.bench.parser import parse_args
 
     bench_compressors(parse_args(["bench", "compressors", *sys.argv[1:]]))

@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from dqsgd import theory
 from dqsgd.policies import BudgetedDQSGD, GradStats
 from dqsgd.quantizers import levels_for_bits
+from dqsgd.theory import formulas as theory
 
 SHAPES = {
     "decay": lambda i, n: -i / 120,

@@ -17,7 +17,7 @@ import collections
 
 from dqsgd import theory
 from dqsgd.data import load_dataset
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
 

@@ -6,7 +6,7 @@
 For each seed it trains the same model with FSDP's own fp32 reduce-scatter and with each dqsgd
 method, and prints the test accuracy, the final training loss and the gradient bytes each rank handed
 to the process group per step. The only dqsgd lines are the two marked ``<- dqsgd`` in ``build``
-(through :func:`dqsgd.bench_fsdp.mlp`): ``FSDPState(...)`` and ``compress(model, state)``.
+(through :func:`dqsgd.cli.bench.fsdp.mlp`): ``FSDPState(...)`` and ``compress(model, state)``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dqsgd.cli.bench.fsdp import gradient_bytes, mlp
 from dqsgd.data import load_dataset
-from dqsgd.bench_fsdp import gradient_bytes, mlp
 
 SIZES = [784, 256, 256, 10]
 
@@ -93,7 +93,7 @@ if __name__ == "__main__":
             summary(res, args)
         dist.destroy_process_group()
     else:
-        from dqsgd.launch import spawn_local
+        from dqsgd.cli.launch import spawn_local
 
         ranks = spawn_local(main_rank, args.world, (args,), timeout=120, deadline=3600)
         if not all(r.ok for r in ranks):

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dqsgd.local import LocalSGDOptimizer  # <- dqsgd
+from dqsgd.train.local_sgd import LocalSGDOptimizer  # <- dqsgd
 
 STEPS, BATCH, H = 80, 64, 8
 
@@ -57,7 +57,7 @@ if __name__ == "__main__":
         print("\n".join(train(dist.get_rank(), dist.get_world_size())))
         dist.destroy_process_group()
     else:
-        from dqsgd.launch import spawn_local
+        from dqsgd.cli.launch import spawn_local
 
         results = spawn_local(train, 2, timeout=60)
         for r in results:

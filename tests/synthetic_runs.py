@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
 
 

@@ -68,7 +68,7 @@ METHOD_SYNTAX = ("fp32 | fp16 | powersgd[-rN] | DQSGD_METHOD[-allgather|-trainer
 
 
 def _registered(name: str) -> bool:
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
 
     try:
         method_config(name)
@@ -177,7 +177,7 @@ def register_hook(model: Any, a: argparse.Namespace) -> Any:
         model.register_comm_hook(state, ps.powerSGD_hook)
         return state
     import dqsgd.ddp
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
 
     base, _, topology = variant(a.method)
     state = dqsgd.ddp.HookState(method=method_config(base, kernel=a.kernel), process_group=None, seed=a.seed,
@@ -226,7 +226,7 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
 
 def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
     """The same for dqsgd's trainer on the sharded topology (same init, batches and optimizer)."""
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
     from dqsgd.train.config import MethodEntry, TrainConfig
     from dqsgd.train.trainer import Trainer
     from dqsgd.transport.torch_dist import make_transport

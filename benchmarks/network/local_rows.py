@@ -1,6 +1,6 @@
 """Local SGD rows of the shaped-link benchmark (bench_network.py).
 
-* ``local-hH[-METHOD]``: dqsgd's :class:`~dqsgd.local.LocalSGDOptimizer` — every rank trains its own
+* ``local-hH[-METHOD]``: dqsgd's :class:`~dqsgd.train.local_sgd.LocalSGDOptimizer` — every rank trains its own
   copy of the model with SGD (the benchmark's lr and momentum); every H steps the pseudo-gradient
   Δ = θ_start − θ is compressed by the dqsgd method METHOD (default ``sgd``: fp32 payloads) and
   exchanged on the sharded topology, and the decoded average is applied (outer SGD, lr 1: model
@@ -47,7 +47,7 @@ def local_problem(method: str) -> str:
     if row is None:
         return f"{method!r}: a Local SGD row is {LOCAL_SYNTAX}"
     if row[2] is not None:
-        from dqsgd.methods import method_config
+        from dqsgd.method.config import method_config
 
         try:
             method_config(row[2])
@@ -73,7 +73,7 @@ def local_stepper(a: argparse.Namespace, data: Any, build: Callable[[], Any]) ->
 
         opt: Any = PostLocalSGDOptimizer(inner, PeriodicModelAverager(period=period, warmup_steps=0))
     else:
-        from dqsgd.local import LocalSGDOptimizer
+        from dqsgd.train.local_sgd import LocalSGDOptimizer
 
         opt = LocalSGDOptimizer(inner, model, local_steps=period, method=name or "sgd",
                                 rounds=math.ceil(a.steps / period), seed=a.seed, timeout=a.timeout)

@@ -1,5 +1,5 @@
 import sys
 
-from dqsgd.cli import main
+from dqsgd.cli.commands import main
 
 sys.exit(main())

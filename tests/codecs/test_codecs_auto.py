@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from dqsgd.codecs import Coding, auto, decode, encode
 from dqsgd.codecs.auto import ZSTD_EXACT_BYTES, level_stats
-from dqsgd.codecs.rans import level_histogram
 from dqsgd.codecs.elias import elias_encode
+from dqsgd.codecs.rans import level_histogram
 from dqsgd.codecs.rans import rans_encode
 from dqsgd.codecs.wire import fixed_body, _smallest_body, body_width, zstd_compress
 import torch
@@ -145,7 +145,7 @@ def test_link_rate_through_encode_and_the_method() -> None:
     assert encode(q, Coding.AUTO, link_mbit=1.0)[5] == Coding.RANS
     with pytest.raises(ValueError, match="link_mbit"):
         encode(q, Coding.AUTO, link_mbit=-1.0)
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
 
     assert method_config("dqsgd-coded", link_mbit=100.0).link_mbit == 100.0
     with pytest.raises(ValueError, match="link_mbit chooses among the codings of coding 'auto'"):

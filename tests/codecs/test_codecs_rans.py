@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dqsgd.codecs import Coding, PayloadError, RansError, decode, encode, rans_decode, rans_encode
 from dqsgd.codecs.rans import level_histogram, normalize, rans_size_bounds
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme
 
 M, L = 1 << 16, 1 << 23

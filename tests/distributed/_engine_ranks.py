@@ -28,7 +28,7 @@ CASES = [(m, t) for m in METHODS for t in TOPOLOGIES] + [(m, "sharded") for m in
 
 def config_of(method: str) -> Any:
     """The method config of a case label (a registered name, or a :data:`VARIANTS` label)."""
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
 
     name, overrides = VARIANTS.get(method, (method, {}))
     return method_config(name, **overrides)
@@ -105,8 +105,8 @@ def run_ddp(rank: int, world: int, method: str, topology: str, like: Any, **hook
     """DDP with the dqsgd hook, the trainer ``like``'s model, data order, learning rate and seed
     (``hook``: more HookState arguments)."""
     import dqsgd.ddp
+    from dqsgd.core.rng import MODEL_INIT, seed_for
     from dqsgd.models import build_model
-    from dqsgd.rng import MODEL_INIT, seed_for
     from dqsgd.train.sampling import WorkerBatches
 
     with torch.random.fork_rng(devices=[]):

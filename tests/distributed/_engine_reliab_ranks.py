@@ -11,8 +11,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dqsgd.ddp
-from dqsgd.integrations import ddp_hook
-from dqsgd.methods import method_config
+from dqsgd.ddp import comm_hook as ddp_hook
+from dqsgd.method.config import method_config
 from dqsgd.topology import payloads
 from dqsgd.topology.bucket import BucketProtocol
 

@@ -206,7 +206,7 @@ def compiled(rank: int, world: int, backend: str) -> dict[str, Any]:
 def device_path_runs(rank: int, world: int, cases: list[tuple[str, dict]]) -> dict[str, Any]:
     """The same cases through the numba kernels and through the torch-ops device codec (the GPU
     code path, forced on CPU)."""
-    from dqsgd.integrations import ddp_codec
+    from dqsgd.topology import payloads as ddp_codec
 
     host = hooked_runs(rank, world, cases)
     ddp_codec.route_cpu_through_device_codec(True)

@@ -1,4 +1,4 @@
-"""Functions that run inside the processes started by ``dqsgd.transport.launch.spawn_local``.
+"""Functions that run inside the processes started by ``dqsgd.cli.launch.spawn_local``.
 
 They live in an importable module (not in the test files) so that spawned processes can unpickle them.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dqsgd.data import load_dataset
-from dqsgd.pipeline import Method
+from dqsgd.method.pipeline import Method
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
 from dqsgd.transport.torch_dist import RankDisagreement, make_transport
@@ -111,7 +111,7 @@ def oversized_payload(rank: int, world: int, topology: str) -> dict[str, Any]:
     import resource
 
     from dqsgd.codecs import PayloadError
-    from dqsgd.methods import method_config
+    from dqsgd.method.config import method_config
 
     method = Method(method_config("qsgd-4bit"), 5000, 10)
     cap = method.max_payload_bytes(4)

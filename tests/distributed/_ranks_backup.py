@@ -1,4 +1,4 @@
-"""Rank functions for the backup-worker tests (spawned by ``dqsgd.transport.launch.spawn_local``)."""
+"""Rank functions for the backup-worker tests (spawned by ``dqsgd.cli.launch.spawn_local``)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dqsgd.local import LocalSGDOptimizer
+from dqsgd.train.local_sgd import LocalSGDOptimizer
 from dqsgd.transport.torch_dist import RankDisagreement
 
 D_IN, CLASSES, BATCH = 20, 4, 8

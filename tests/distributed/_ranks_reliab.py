@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from dqsgd.data import load_dataset
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.runner import run_one
 from dqsgd.train.trainer import Trainer

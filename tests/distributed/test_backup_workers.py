@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import _ranks_backup
+from dqsgd.cli.launch import spawn_local
 from dqsgd.data import load_dataset
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
 from dqsgd.transport import SimTransport
-from dqsgd.transport.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 

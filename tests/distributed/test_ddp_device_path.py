@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import _hook_ranks as hr
+from dqsgd.cli.launch import spawn_local
 from dqsgd.codecs import PayloadError
-from dqsgd.integrations import ddp_codec
-from dqsgd.integrations.ddp_state import BucketState
+from dqsgd.ddp.state import BucketState
 from dqsgd.kernels import HashRNG
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method
-from dqsgd.transport.launch import spawn_local
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method
+from dqsgd.topology import payloads as ddp_codec
 
 CASES = [("qsgd-4bit", {}), ("qsgd-4bit", {"topology": "allgather"}), ("dqsgd", {}),
          ("qsgd-4bit", {"downlink_bits": 2, "downlink_feedback": True})]

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import _hook_ranks as hr
+from dqsgd.cli.launch import spawn_local
+from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.ddp import HookState
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method
-from dqsgd.sharding import shard_bounds, shard_sizes
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method
 from dqsgd.topology.bucket import BucketProtocol, run_in_process
-from dqsgd.transport.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import _hook_ranks as hr
-from dqsgd.transport.launch import spawn_local
+from dqsgd.cli.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 
@@ -58,5 +58,5 @@ def test_import_loads_only_what_the_hook_needs() -> None:
     assert r.returncode == 0, r.stderr
     new = json.loads(r.stdout)
     heavy = [m for m in new if m.split(".")[0] in ("numba", "tqdm", "zstandard", "matplotlib", "scipy")
-             or m in ("dqsgd.kernels", "dqsgd.codecs", "dqsgd.pipeline", "dqsgd.transport")]
+             or m in ("dqsgd.kernels", "dqsgd.codecs", "dqsgd.method.pipeline", "dqsgd.transport")]
     assert not heavy, heavy

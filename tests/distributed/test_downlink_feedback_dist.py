@@ -9,7 +9,7 @@ import torch
 
 import _engine_ranks as er
 import _feedback_ranks as fr
-from dqsgd.transport.launch import spawn_local
+from dqsgd.cli.launch import spawn_local
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import _engine_reliab_ranks as rr
-from dqsgd.transport.launch import spawn_local
+from dqsgd.cli.launch import spawn_local
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 TOPOLOGIES = ("sharded", "allgather")

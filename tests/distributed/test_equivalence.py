@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import _ranks
-from dqsgd.methods import method_config
+from dqsgd.cli.launch import spawn_local
+from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.transport import SimTransport
-from dqsgd.transport.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 

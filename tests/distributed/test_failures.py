@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 import _ranks
-from dqsgd.methods import method_config
+from dqsgd.cli.launch import spawn_local
+from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
-from dqsgd.transport.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import _fsdp_ranks as fr
+from dqsgd.cli.launch import spawn_local
 from dqsgd.fsdp import unit_seed
 from dqsgd.fsdp.protocol import ShardedMethod
-from dqsgd.launch import spawn_local
-from dqsgd.methods import method_config
-from dqsgd.pipeline import Method
-from dqsgd.step import FP32, ShardedStep
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method
 from dqsgd.topology.agreement import SLOTS
 from dqsgd.topology.keys import worker_generator
+from dqsgd.topology.step import FP32, ShardedStep
 from dqsgd.transport.sim import SimTransport
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import _horizon_ranks as hr
-from dqsgd.transport.launch import spawn_local
+from dqsgd.cli.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 

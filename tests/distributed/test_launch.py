@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd.cli import main
+from dqsgd.cli.commands import main
 from dqsgd.train.metrics import read_jsonl
 
 pytestmark = pytest.mark.distributed

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import _ranks_local
-from dqsgd.launch import spawn_local
+from dqsgd.cli.launch import spawn_local
 
 pytestmark = pytest.mark.distributed
 

@@ -1,4 +1,4 @@
-"""Issue 13 across processes (gloo on 127.0.0.1, explicit timeouts): ranks that disagree refuse to start,
+"""Reliability across processes (gloo on 127.0.0.1, explicit timeouts): ranks that disagree refuse to start,
 a non-finite gradient on one rank is skipped or refused by every rank, ranks die with their launcher."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import torch
 from test_restart import _children, _is_rank
 
+from dqsgd.cli.launch import spawn_local
 from dqsgd.train.rundir import open_run
-from dqsgd.transport.launch import spawn_local
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")]
 TIMEOUT = 30.0

@@ -109,7 +109,7 @@ def test_master_refuses_out_of_protocol_messages(problem) -> None:
     """Duplicates, gradients nobody asked for, forged worker ids, wrong epochs: ProtocolError."""
     from dqsgd.dq.engine import Master, Worker
     from dqsgd.dq.messages import Up, UpKind, pack_up
-    from dqsgd.pipeline import ProtocolError
+    from dqsgd.method.pipeline import ProtocolError
 
     cfg = dataclasses.replace(BASE, workers=2)
     master = Master(problem, cfg)
@@ -134,10 +134,10 @@ def test_master_refuses_out_of_protocol_messages(problem) -> None:
 
 
 def test_each_generator_is_its_own_rng_stream(problem) -> None:
-    """Master, per-worker sampling and quantization come from dqsgd.rng streams 6-8, all distinct."""
+    """Master, per-worker sampling and quantization come from dqsgd.core.rng streams 6-8, all distinct."""
     import torch
 
-    from dqsgd import rng
+    from dqsgd.core import rng
     from dqsgd.dq.engine import Master, Worker
 
     cfg = dataclasses.replace(BASE, workers=2, seed=5)

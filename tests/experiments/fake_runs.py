@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dqsgd.methods import method_config
+from dqsgd.method.config import method_config
 from dqsgd.train.config import TrainConfig
 
 D, W, STEPS, EVAL_EVERY = 1000, 4, 40, 10

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dqsgd.cli import main
+from dqsgd.cli.commands import main
 
 BASE = ["--quiet", "--set", 'train.dataset="synthetic"', "--set", 'train.model="mlp"', "--set", "train.workers=2",
         "--set", "train.batch_size=8", "--set", "train.eval_every=2", "--set", "train.threads=1",

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from dqsgd.codecs import PayloadError
+from dqsgd.core.sharding import shard_bounds
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
 from dqsgd.kernels.codec import FixedPlan, fixed_plan, inverse_norms
 from dqsgd.kernels.fused import CHUNK
 from dqsgd.quantizers import Layout, NonFiniteGradientError, Norm, levels_for_bits
-from dqsgd.sharding import shard_bounds
 
 LAYOUTS = [Layout(), Layout(bucket=100), Layout(bucket=CHUNK + 3)]
 

@@ -1,11 +1,11 @@
-"""The measuring helpers of dqsgd.bench (the timed runs themselves are `dqsgd bench ...`)."""
+"""The measuring helpers of dqsgd.cli.bench.common (the timed runs themselves are `dqsgd bench ...`)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from dqsgd.bench import best_of, coded_sizes, level_entropy
+from dqsgd.cli.bench.common import best_of, coded_sizes, level_entropy
 
 
 def test_level_entropy_of_known_distributions() -> None:
@@ -44,7 +44,7 @@ def test_bench_step_runs_every_variant(tmp_path) -> None:
     """`dqsgd bench step` end to end (one timed step; the numbers themselves are not checked)."""
     import json
 
-    from dqsgd.cli import main
+    from dqsgd.cli.commands import main
 
     out = tmp_path / "step.json"
     assert main(["bench", "step", "--config", "table1-mnist", "--steps", "1", "--warmup", "0", "--out", str(out)]) == 0

@@ -255,7 +255,7 @@ def test_cuda_payload_and_decode_equal_the_cpu() -> None:  # pragma: no cover - 
 
 
 def test_bench_device_rows_measure_the_real_payload() -> None:
-    from dqsgd.bench import device_codec_rows, pick_device
+    from dqsgd.cli.bench.common import device_codec_rows, pick_device
     from dqsgd.codecs.bitpack import packed_size
 
     (row,) = device_codec_rows(4099, [4], 1, pick_device("cpu"))

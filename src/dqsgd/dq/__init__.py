@@ -17,7 +17,7 @@ Pieces (each one idea, composable; docs/algorithms.md §9 is the specification, 
 
 from typing import TYPE_CHECKING
 
-from dqsgd._lazy import attach
+from dqsgd.core.lazy import attach
 
 if TYPE_CHECKING:
     from dqsgd.dq.algorithms import ALGORITHMS, Algorithm, RunConfig, make_codecs

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from dqsgd.core.timeouts import DQ_WAIT_S, check_wait
 from dqsgd.dq.gradq import Fp32Grad, GradCodec, LowPrecGrad, SparseLowPrecGrad
 from dqsgd.dq.modelq import FP32_MODEL, ModelPrecision
-from dqsgd.timeouts import DQ_WAIT_S, check_wait
 
 __all__ = ["Algorithm", "ALGORITHMS", "RunConfig", "RUN_FIELDS", "make_codecs"]
 

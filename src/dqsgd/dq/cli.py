@@ -67,7 +67,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from dqsgd.plan import dq_plan
+        from dqsgd.cli.plan import dq_plan
 
         print("\n".join(dq_plan(exps, Path(args.out))))
         return 0

@@ -10,7 +10,7 @@ with a message that names them)::
 
 The first line of a shipped file is a comment with the exact command that runs it.
 Overrides: ``experiment.KEY=V``, ``problem.KEY=V``, ``run.KEY=V``, ``methods.LABEL.KEY=V`` (TOML values).
-The file checks, overrides and lookup are :mod:`dqsgd.config`'s, shared with ``dqsgd compare``'s configs.
+The file checks, overrides and lookup are :mod:`dqsgd.core.config_file`'s, shared with ``dqsgd compare``'s configs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dqsgd.config import ConfigError, ConfigSchema, check_name
+from dqsgd.core.config_file import ConfigError, ConfigSchema, check_name
 from dqsgd.dq.algorithms import ALGORITHMS, RUN_FIELDS, RunConfig
 from dqsgd.dq.problem import ProblemSpec
 

@@ -33,13 +33,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dqsgd.core.rng import DQ_SHARD, generator
 from dqsgd.dq.algorithms import RunConfig
 from dqsgd.dq.engine import Master, Worker
 from dqsgd.dq.messages import unpack_up
 from dqsgd.dq.problem import Problem, ProblemSpec
 from dqsgd.dq.result import RunResult, collect
-from dqsgd.pipeline import ProtocolError
-from dqsgd.rng import DQ_SHARD, generator
+from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.transport.torch_dist import TransportError
 

@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from dqsgd.core.rng import DQ_MASTER, DQ_QUANT, DQ_SAMPLE, generator
 from dqsgd.dq.algorithms import RunConfig, make_codecs
 from dqsgd.dq.gradq import Fp32Grad
 from dqsgd.dq.messages import Down, DownKind, Up, UpKind, pack_down, pack_up, unpack_down, unpack_up
 from dqsgd.dq.modelq import ModelKind, decode_model, encode_model
 from dqsgd.dq.problem import Problem
-from dqsgd.ledger import Ledger
-from dqsgd.pipeline import ProtocolError
-from dqsgd.rng import DQ_MASTER, DQ_QUANT, DQ_SAMPLE, generator
+from dqsgd.method.ledger import Ledger
+from dqsgd.method.pipeline import ProtocolError
 
 __all__ = ["Master", "Worker", "MsgRecord", "EvalRecord", "shard_sizes"]
 

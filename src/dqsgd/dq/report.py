@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dqsgd._extras import require
+from dqsgd.core.extras import require
 
 Figure = require("matplotlib.figure", "the dq report's figures").Figure  # the [plots] extra
 

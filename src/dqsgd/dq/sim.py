@@ -24,12 +24,12 @@ from typing import Sequence
 
 import torch
 
+from dqsgd.core.rng import DQ_DELAY, DQ_SHARD, generator
 from dqsgd.dq.algorithms import RunConfig
 from dqsgd.dq.engine import Master, Worker
 from dqsgd.dq.messages import DownKind
 from dqsgd.dq.problem import Problem
 from dqsgd.dq.result import RunResult, collect
-from dqsgd.rng import DQ_DELAY, DQ_SHARD, generator
 
 __all__ = ["DelayModel", "run_sim"]
 

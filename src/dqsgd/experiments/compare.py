@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dqsgd._extras import require
+from dqsgd.core.extras import require
 from dqsgd.data import load_dataset
 from dqsgd.experiments.summary import write_tables
+from dqsgd.train import reader
 from dqsgd.train.config import ExperimentConfig, resolve_device
 from dqsgd.train.progress import CompareProgress
-from dqsgd.train import reader
 from dqsgd.train.rundir import RunDirError, check_same_run, data_fingerprint, holds_run, resolved_of_run
 from dqsgd.train.runfiles import atomic_write, dir_lock
 from dqsgd.train.runner import run_dir, run_one

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dqsgd._extras import require
+from dqsgd.core.extras import require
 from dqsgd.experiments.summary import ordered_labels, aggregate, method_order, run_dirs, summarize_run
 from dqsgd.train.reader import read_run
 

@@ -29,6 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from dqsgd.topology.traffic import fp32_legs
 from dqsgd.train import reader
 from dqsgd.train.config import METHOD_TRAIN_KEYS
 from dqsgd.train.rundir import differing, explain, resolved_of_facts
@@ -78,7 +79,7 @@ def summarize_run(run: Path) -> dict[str, Any]:
     topology = facts["train_config"].get("topology") or "ps"
     down = sum(int(r["down_bytes"]) for r in steps)
     sent = up + down + side
-    fp32_all = fp32 * (1 if topology == "allgather" else 2)
+    fp32_all = fp32 * fp32_legs(topology)
     ranked = [r["rank_total_bytes"] for r in steps if r.get("rank_total_bytes") is not None]
     mean_bits = statistics.fmean(r["bits"] for r in steps) if steps else float("nan")
     tail = [r["loss"] for r in steps[-20:] if r.get("loss") is not None]

@@ -191,7 +191,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         """This rank's averaged shard and the bytes of :func:`protocol.settle`, through which a payload
         that any rank refuses stops every rank at once."""
         from dqsgd.codecs import PayloadError
-        from dqsgd.pipeline import ProtocolError
+        from dqsgd.method.pipeline import ProtocolError
 
         avg, error = None, None
         try:

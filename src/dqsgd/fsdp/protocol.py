@@ -11,7 +11,7 @@ scaled by 1/W before it is added).
 
 Unit u is the bucket 0 of a protocol seeded with ``unit_seed(seed, u)``: its keys are the trainer's
 keys for a model of its own, so rank j's reduced shard is bitwise shard j of
-:class:`dqsgd.step.ShardedStep`'s update (downlink fp32) for the same gradients, seed and step.
+:class:`dqsgd.topology.step.ShardedStep`'s update (downlink fp32) for the same gradients, seed and step.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
-from dqsgd.methods import MethodConfig
-from dqsgd.pipeline import Method, ProtocolError
+from dqsgd.method.config import MethodConfig
+from dqsgd.method.pipeline import Method, ProtocolError
 from dqsgd.policies import GradStats
 from dqsgd.topology import FP32
 from dqsgd.topology.bucket import BucketProtocol, shard_methods

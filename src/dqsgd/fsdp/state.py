@@ -2,7 +2,7 @@
 
 A unit is one ``fully_shard``-ed module; FSDP calls its reduce-scatter once per backward with a
 flat gradient of W·n elements (W the shard group's size, n the unit's padded shard). The unit is
-the protocol's bucket: its own :class:`~dqsgd.pipeline.Method` and policy (one width per step for
+the protocol's bucket: its own :class:`~dqsgd.method.pipeline.Method` and policy (one width per step for
 the whole unit), its error-feedback residual, its step counter and its seed.
 """
 
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dqsgd.methods import MethodConfig, method_config
-from dqsgd.rng import QUANT, seed_for
-from dqsgd.timeouts import HOOK_COLLECTIVE_S
+from dqsgd.core.rng import QUANT, seed_for
+from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
+from dqsgd.method.config import MethodConfig, method_config
 
 if TYPE_CHECKING:
-    from dqsgd.pipeline import Method
+    from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import BucketProtocol
 
 STATE_VERSION = 1
@@ -81,7 +81,7 @@ class FSDPState:
     ``HookState``): the method, seed, horizon, manners and every unit's state.
 
     ``method``: a registered name (``"qsgd-4bit"``, ``"dqsgd"``, ``"dqsgd-coded"``, ``"ef-signsgd"``,
-    ``"terngrad"``, ``"sgd"``, …) or a :class:`~dqsgd.methods.MethodConfig`; ``seed`` of the quantization
+    ``"terngrad"``, ``"sgd"``, …) or a :class:`~dqsgd.method.config.MethodConfig`; ``seed`` of the quantization
     randomness; ``total_steps``: the horizon N of dynamic policies (a budget is spread over N steps of
     each unit); ``timeout``: seconds any collective may take; ``start_iter``: backward passes sent as
     FSDP's exact reduce-scatter first (PowerSGD's ``start_powerSGD_iter``); ``min_numel``: a unit with
@@ -95,7 +95,8 @@ class FSDPState:
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
         if not isinstance(method, MethodConfig):
-            raise TypeError(f"method must be a method name or a dqsgd.methods.MethodConfig, got {type(method).__name__}")
+            raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
+                            f"got {type(method).__name__}")
         for name, value, low in (("seed", seed, 0), ("total_steps", total_steps, 1), ("start_iter", start_iter, 0),
                                  ("min_numel", min_numel, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -3,7 +3,7 @@ a budgeted policy choosing both legs of the sharded step (split)."""
 
 from typing import TYPE_CHECKING
 
-from dqsgd._lazy import attach
+from dqsgd.core.lazy import attach
 
 if TYPE_CHECKING:
     from dqsgd.policies.adaptive import AdaptiveRMS, AdaQS

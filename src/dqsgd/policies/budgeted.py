@@ -37,7 +37,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from dqsgd.policies.base import GradStats, Rounding, integerize
-from dqsgd.theory import bits_for_levels
+from dqsgd.theory.formulas import bits_for_levels
 
 
 @dataclass(frozen=True)

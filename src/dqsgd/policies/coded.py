@@ -29,7 +29,7 @@ remaining steps at ``min_bits`` would overspend C. Every cost in that check is a
 
 What is guaranteed, and what is measured: the sizes of coded messages are only known once they are
 encoded, so unlike the nominal budget (where every size is known in advance) the "never overspent"
-property rests on the reserve's margin, not on arithmetic. ``tests/test_policy_coded.py`` trains
+property rests on the reserve's margin, not on arithmetic. ``tests/policies/test_policy_coded.py`` trains
 real models through the simulation and checks that the ledger's coded bytes never exceed C and land
 within 1% of it (N ≥ 100). Step 0 has no entropy estimate yet: it is charged at the fixed size, at
 the largest width whose fixed size fits the per-step share C/N (at least ``min_bits``).

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from dqsgd.policies.base import GradStats, Rounding, integerize
-from dqsgd.theory import bits_for_levels
+from dqsgd.theory.formulas import bits_for_levels
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ import numpy as np
 from dqsgd.policies.base import GradStats
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
 from dqsgd.policies.coded import CodedBudgetedDQSGD
-from dqsgd.theory import bits_for_levels, two_stage_quantization_term
+from dqsgd.theory.formulas import bits_for_levels, two_stage_quantization_term
 
 
 @dataclass(frozen=True)

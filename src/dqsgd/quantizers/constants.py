@@ -6,7 +6,9 @@ from __future__ import annotations
 
 __all__ = ["TERNGRAD_CLIP", "levels_for_bits"]
 
-TERNGRAD_CLIP = 2.5  # TernGrad's clip factor c: scaler = c·σ of the tensor (CLIP_FACTOR of the TernGrad code [code])
+# TernGrad's clip factor c: scaler = c·σ of the tensor (CLIP_FACTOR in bingrad_common.py of the authors' code,
+# github.com/wenwei202/terngrad; docs/algorithms.md, TernGrad)
+TERNGRAD_CLIP = 2.5
 
 
 def levels_for_bits(bits: int) -> int:

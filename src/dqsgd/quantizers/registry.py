@@ -1,6 +1,6 @@
 """The quantizer registry: every scheme by name, with what the layers above need to know about it.
 
-``QUANTIZERS[name]`` is a :class:`Quantizer`. The method registry (``dqsgd.methods``: which schemes
+``QUANTIZERS[name]`` is a :class:`Quantizer`. The method registry (``dqsgd.method.config``: which schemes
 a method may use, their nominal widths, the checks of a configuration), ``pipeline.Method``
 (quantize, scaler sharing, the width and scheme an uplink message must have) and ``dqsgd.encode``
 (the ``scheme=`` names) read it instead of testing scheme names.

@@ -15,10 +15,10 @@ fewer than r/2 rows, every light estimate is at most L in magnitude and every he
 min_{i ∈ H} |x_i| − L; so when min_H |x_i| > 2L the k largest estimates are exactly H.
 
 The hashes are drawn once from a seeded generator that every worker builds from the run's seed
-(:func:`dqsgd.rng.seed_for` of the stream ``SKETCH``): the same on every process, never sent.
+(:func:`dqsgd.core.rng.seed_for` of the stream ``SKETCH``): the same on every process, never sent.
 The registry entry ``sketch`` is what ``dqsgd.encode(scheme="sketch")`` uses: the table of a tensor,
 with hashes from the caller's generator and ``layout.bucket`` columns (a method uses
-:class:`dqsgd.sketched.SketchedStep`, which owns its hashes).
+:class:`dqsgd.topology.sketched.SketchedStep`, which owns its hashes).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dqsgd.quantizers.segments import flat_float, require_finite
 from dqsgd.quantizers.base import Layout, Norm, Quantized, Scheme, SchemeQuantizer
+from dqsgd.quantizers.segments import flat_float, require_finite
 
 DEFAULT_ROWS = 5
 
@@ -105,7 +105,7 @@ class SketchQuantizer(SchemeQuantizer):
     """The registry entry of the count sketch: fp32 sums, no scales, 32 bits.
 
     ``quantize(x, bits, generator, layout=Layout(bucket=c))``: the (5 × c) table of ``x`` with hashes
-    drawn from ``generator``. A method (``sketched-sgd``) runs :class:`dqsgd.sketched.SketchedStep`."""
+    drawn from ``generator``. A method (``sketched-sgd``) runs :class:`dqsgd.topology.sketched.SketchedStep`."""
 
     name, scheme, width = "sketch", Scheme.SKETCH, 32
     segment_scales = False
@@ -117,8 +117,8 @@ class SketchQuantizer(SchemeQuantizer):
                  clip=None) -> Quantized:
         if generator is None or layout.bucket < 1 or layout.sizes is not None:
             raise ValueError("the sketch scheme needs a generator (its hashes) and the column count as "
-                             "layout=Layout(bucket=c); the sketched-sgd method runs dqsgd.sketched.SketchedStep "
-                             "(its own two rounds), not a one-message pipeline such as the DDP hook")
+                             "layout=Layout(bucket=c); the sketched-sgd method runs "
+                             "dqsgd.topology.sketched.SketchedStep (its own two rounds), not a one-message pipeline such as the DDP hook")
         flat = flat_float(x)
         cs = CountSketch.draw(flat.numel(), DEFAULT_ROWS, layout.bucket, generator)
         return sketch_message(cs.sketch(flat), x.dtype)

@@ -1,6 +1,6 @@
 """The per-bucket protocol of every topology: what one step sends, receives and computes.
 
-The trainer's steps (:mod:`dqsgd.step`), the torch.distributed transports and the DDP hook run a
+The trainer's steps (:mod:`dqsgd.topology.step`), the torch.distributed transports and the DDP hook run a
 bucket (a flat vector of ``numel`` coordinates made of tensors of ``param_sizes``) through the same
 object, :class:`~dqsgd.topology.bucket.BucketProtocol`. It is sans-IO: it returns what to send and
 takes what was received; the engines only move bytes (or ``uint8`` tensors) and futures.
@@ -16,8 +16,8 @@ topology=..., workers=W, seed=..., bucket=i, total_steps=N, downlink_bits=b)``):
     down_j = P.encode_down(j, avg_j, step)     # exact size P.down_sizes()[j]
     update = P.decode_down(all_down)           # the same bytes -> the same update on every rank
 
-* shards: ``sharded`` cuts the bucket into W contiguous shards (:func:`dqsgd.sharding.shard_bounds`),
-  each a vector of its own (``P.shards[j]`` is its :class:`~dqsgd.pipeline.Method`); ``ps`` and
+* shards: ``sharded`` cuts the bucket into W contiguous shards (:func:`dqsgd.core.sharding.shard_bounds`),
+  each a vector of its own (``P.shards[j]`` is its :class:`~dqsgd.method.pipeline.Method`); ``ps`` and
   ``allgather`` have one shard, the whole bucket.
 * keys (:mod:`dqsgd.topology.keys`): worker w's payload for shard j of bucket i at step n rounds
   with ``HashRNG(seed_for(seed, QUANT, i), n, w·S + j)`` (S shards); the downlink of shard j with

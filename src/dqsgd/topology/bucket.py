@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from dqsgd.sharding import shard_bounds, shard_sizes
+from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.topology import keys, payloads
 from dqsgd.topology.limits import check_table
 from dqsgd.topology.names import (
@@ -38,9 +38,9 @@ from dqsgd.topology.names import (
 
 if TYPE_CHECKING:
     from dqsgd.kernels import HashRNG
+    from dqsgd.method.config import MethodConfig
+    from dqsgd.method.pipeline import Method
     from dqsgd.policies.split import SplitBudget
-    from dqsgd.methods import MethodConfig
-    from dqsgd.pipeline import Method
 
 SIGN = payloads.SIGN
 
@@ -50,7 +50,7 @@ def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_size
     """The ``shards`` contiguous shards of a vector of ``numel`` coordinates and the method each is
     quantized with: a shard is a vector of its own (a bucket layout restarts at its start, a
     per-tensor layout is cut at its edges)."""
-    from dqsgd.pipeline import Method
+    from dqsgd.method.pipeline import Method
 
     bounds = shard_bounds(numel, shards)
     return bounds, [Method(config, hi - lo, total_steps, shard_sizes(param_sizes, lo, hi)) for lo, hi in bounds]
@@ -58,13 +58,13 @@ def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_size
 
 class BucketProtocol:
     """One bucket of ``numel`` coordinates (tensors of ``param_sizes``) under ``topology`` for ``workers``
-    ranks. ``method``: the whole bucket's :class:`~dqsgd.pipeline.Method` (its policy picks every
+    ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method` (its policy picks every
     shard's width), built from ``config`` when not given."""
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
                  workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int | str = 8,
                  method: Method | None = None, downlink_feedback: bool = False):
-        from dqsgd.pipeline import Method
+        from dqsgd.method.pipeline import Method
 
         self.topology, self.workers, self.bucket = check_topology(topology), workers, bucket
         self.method = method if method is not None else Method(config, numel, total_steps, param_sizes)
@@ -266,7 +266,7 @@ class BucketProtocol:
         h = payloads.decode_accumulate_payload(p[:n], out, max_numel=max(numel, 1), expect=expect,
                                                bad=bad if uniform else None)
         if h.numel != numel:
-            from dqsgd.pipeline import ProtocolError
+            from dqsgd.method.pipeline import ProtocolError
 
             raise ProtocolError(f"shard {j}'s downlink payload holds {h.numel} values, the shard {numel}")
 

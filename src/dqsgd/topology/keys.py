@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from dqsgd.core.rng import DOWNLINK, QUANT, seed_for
 from dqsgd.kernels import HashRNG
-from dqsgd.rng import DOWNLINK, QUANT, seed_for
 
 
 def uplink_seed(seed: int, bucket: int = 0) -> int:

@@ -1,7 +1,7 @@
 """One size bound for everything a peer announces: refused before a byte is allocated.
 
 A receiver always knows how many elements a payload may carry, hence the most bytes any valid
-coding of them can take (:meth:`dqsgd.pipeline.Method.max_payload_bytes`, the downlink's exact size);
+coding of them can take (:meth:`dqsgd.method.pipeline.Method.max_payload_bytes`, the downlink's exact size);
 a peer's announced size above that cap raises :class:`~dqsgd.codecs.PayloadError` naming the peer
 and the cap. Every rank sees the same announcements (they travel in an all-gather), so every rank
 refuses together and nobody waits.

@@ -8,7 +8,7 @@ Two functions choose where the codec runs (:func:`encode_uniform_payload`,
 other device the torch-ops device codec ``dqsgd.kernels.device`` (imported only for non-CPU
 tensors), which writes the same wire bytes for the same ``HashRNG``. Every other scheme (sign,
 ternary, identity), error feedback and the entropy codings go through the host path
-(:meth:`dqsgd.pipeline.Method.encode`): the bucket is copied to the CPU, encoded there, and the
+(:meth:`dqsgd.method.pipeline.Method.encode`): the bucket is copied to the CPU, encoded there, and the
 payload copied back.
 
 A *message* is a payload followed by one flag byte (:data:`FLAG_NONFINITE`, :data:`FLAG_ZERO`), so
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the codec modules load numba: imported on first use only
     from dqsgd.codecs.header import Header
     from dqsgd.kernels import HashRNG
     from dqsgd.kernels.codec import FixedPlan
-    from dqsgd.pipeline import Method
+    from dqsgd.method.pipeline import Method
     from dqsgd.quantizers import Layout, Norm
 
 __all__ = ["FLAG_NONFINITE", "FLAG_ZERO", "FP32", "SIGN", "accumulate", "bytes_tensor", "decode_accumulate_payload",

@@ -50,3 +50,9 @@ def rank_traffic(topology: str, table: Sequence[Sequence[int]], down: Sequence[i
         recv = sum(row[rank] for row in table) - table[rank][rank]
         return sent + dmax, recv + dmax
     raise ValueError(f"the hook's traffic is counted for allgather and sharded, not {topology!r}")
+
+
+def fp32_legs(topology: str) -> int:
+    """How many times the fp32 reference sends the whole vector per worker and step: the uplink, and
+    the downlink unless the topology has none (allgather: every rank aggregates for itself)."""
+    return 1 if topology == "allgather" else 2

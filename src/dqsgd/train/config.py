@@ -1,11 +1,11 @@
 """Typed run configuration, TOML files and dotted command-line overrides.
 
 A config file has a ``[train]`` table (:class:`TrainConfig`) and a ``[methods.NAME]`` table per
-method to compare (each an override set for :func:`dqsgd.methods.method_config`, plus the
+method to compare (each an override set for :func:`dqsgd.method.config.method_config`, plus the
 optimizer keys ``lr``/``momentum`` a method may override). Overrides are ``section.key=value``
 strings with TOML values (``train.steps=200``, ``methods.qsgd-4bit.bits=3``). Unknown sections
 and keys, and values of the wrong type, are refused with a message naming them (the file checks,
-overrides and shipped-config lookup are :mod:`dqsgd.config`'s, shared with :mod:`dqsgd.dq.config`).
+overrides and shipped-config lookup are :mod:`dqsgd.core.config_file`'s, shared with :mod:`dqsgd.dq.config`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from dqsgd.config import (  # ConfigError, load_raw, shipped_configs: also public names of this module
+from dqsgd.core.config_file import (  # ConfigError, load_raw, shipped_configs: also public names of this module
     ConfigError, ConfigSchema, apply_overrides as _apply_overrides, check_name, coerce, load_raw, shipped_configs)
-from dqsgd.methods import FIELDS as METHOD_FIELDS, MethodConfig, method_config
+from dqsgd.method.config import FIELDS as METHOD_FIELDS, MethodConfig, method_config
 from dqsgd.topology.names import TOPOLOGIES
 
 DEVICES = ("auto", "cpu", "cuda")

@@ -6,9 +6,31 @@ import json
 import math
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from dqsgd.train.runfiles import atomic_write, open_text
+
+
+@dataclass
+class StepResult:
+    """What one training step did and measured: its loss, width, bytes and times (one metrics line)."""
+
+    step: int
+    loss: float
+    lr: float
+    bits: int
+    skipped: bool
+    up_bytes: list[int]
+    down_bytes: int
+    side_bytes: int
+    compute_s: float
+    encode_s: float
+    decode_s: float
+    coded_up: list[int] | None = None  # per worker, the uplink with the best coding (measured steps only)
+    coded_s: float = 0.0               # seconds this process spent measuring it (not in encode_s/decode_s)
+    sim_time_s: float = 0.0            # the simulated wall clock after this step (dqsgd.train.slownodes)
+    dropped: list[int] | None = None   # backup workers: the workers whose gradients this step dropped
 
 
 def _clean(v: Any) -> Any:

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from dqsgd._extras import available
+from dqsgd.core.extras import available
 
 _WARNED: list[bool] = []
 

@@ -14,19 +14,19 @@ from typing import Any, Iterator
 
 import torch
 
+from dqsgd.core.errors import Interrupted  # re-exported: raised by the training loop
 from dqsgd.data import Dataset
-from dqsgd.errors import Interrupted  # re-exported: raised by the training loop
+from dqsgd.topology.agreement import RankDisagreement, agree  # noqa: F401  (RankDisagreement: re-exported)
 from dqsgd.train.checkpoint import checkpoint_path, resume as resume_from, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.metrics import JsonlWriter, truncate_jsonl
 from dqsgd.train.progress import eval_line, on_terminal, step_bar, write
-from dqsgd.train.tensorboard import open_logger
 from dqsgd.train.reader import RunDataError, finished
 from dqsgd.train.rundir import (RunDirError, RunFinished, atomic_write, check_same_run, clear_run, data_fingerprint,
                                 environment, holds_run, open_run, resolved_of_run, staged)
+from dqsgd.train.tensorboard import open_logger
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
-from dqsgd.topology.agreement import RankDisagreement, agree  # noqa: F401  (RankDisagreement: re-exported)
 
 class RunSummary(dict):
     """A finished run's summary: exactly what ``summary.json`` holds (JSON values only), and the

@@ -1,8 +1,8 @@
 """Per-worker minibatches as pure functions of (seed, worker, step), from IID or label-skewed shards.
 
-A worker's batch at step n depends only on (seed, w, n) (the streams of :mod:`dqsgd.rng`), so a
+A worker's batch at step n depends only on (seed, w, n) (the streams of :mod:`dqsgd.core.rng`), so a
 resumed run and a run on real processes draw exactly the same data. ``seed_for``, ``generator``
-and the stream numbers live in :mod:`dqsgd.rng` and are re-exported here.
+and the stream numbers live in :mod:`dqsgd.core.rng` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dqsgd.rng import DATA_EPOCH, DATA_PARTITION, DATA_SHARDS, MODEL_INIT, QUANT, generator, seed_for
+from dqsgd.core.rng import DATA_EPOCH, DATA_PARTITION, DATA_SHARDS, MODEL_INIT, QUANT, generator, seed_for
 
 __all__ = ["DATA_EPOCH", "DATA_SHARDS", "MODEL_INIT", "QUANT", "WorkerBatches", "dirichlet_shards", "generator",
            "partition_shards", "seed_for"]

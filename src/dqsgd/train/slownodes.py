@@ -14,7 +14,7 @@ The step's simulated wall-clock time:
 
 where A_n is when the server stops waiting: the last arrival (synchronous SGD) or, with
 ``backup_workers = b``, the (W − b)-th arrival — the b slowest workers' gradients are dropped. The
-busiest rank's bytes are the ledger's (:func:`dqsgd.ledger.wire_traffic`: max over ranks of its uplink
+busiest rank's bytes are the ledger's (:func:`dqsgd.method.ledger.wire_traffic`: max over ranks of its uplink
 plus downlink phase bytes); ``rounds`` is the number of message exchanges (2; Sketched SGD: 4). A
 method's time-to-accuracy is the sum of t_n up to the first evaluation that reaches the accuracy.
 
@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dqsgd.ledger import wire_traffic
-from dqsgd.rng import COMPUTE_TIME, seed_for
+from dqsgd.core.rng import COMPUTE_TIME, seed_for
+from dqsgd.method.ledger import wire_traffic
 
 
 class SlowNodes:
@@ -153,7 +153,7 @@ def check_backup(config: Any) -> None:
     """Refuse a method whose workers' messages depend on each other or on every step being used: shared
     scalers (TernGrad), error feedback (a dropped worker's memory would count what was never applied) and
     Sketched SGD (two rounds over the same workers)."""
-    from dqsgd.methods import MethodConfig
+    from dqsgd.method.config import MethodConfig
 
     assert isinstance(config, MethodConfig)
     if config.quantizer.shares_scalers or config.error_feedback or config.scheme == "sketch":
@@ -165,7 +165,7 @@ def check_backup_keys(cfg: Any) -> None:
     """Backup workers over processes: refuse what would need every rank at every step — checkpoints and
     coded-size measurements gather from every rank, ``on_nonfinite = "skip"`` needs every rank to agree
     to skip, the adaptive Local SGD period needs every worker's loss — and any topology but ``ps``."""
-    from dqsgd.config import ConfigError
+    from dqsgd.core.config_file import ConfigError
 
     if (cfg.topology or "ps") != "ps":
         raise ConfigError(f"backup workers over processes need topology 'ps' (the server waits for the first "
@@ -183,7 +183,7 @@ def check_backup_processes(cfg: Any, transport: Any, exchanges: int) -> None:
     if not getattr(transport, "arrival_order", False):
         return
     if transport.backup != cfg.backup_workers:
-        from dqsgd.config import ConfigError
+        from dqsgd.core.config_file import ConfigError
 
         raise ConfigError(f"train.backup_workers = {cfg.backup_workers}, the transport serves W - {transport.backup}")
     check_backup_keys(cfg)

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dqsgd._extras import require
+from dqsgd.core.extras import require
 
 _SCALARS = {"loss": "train/loss", "lr": "train/lr", "test_acc": "test/accuracy", "test_loss": "test/loss",
             "bits": "comm/bits", "up_bytes": "comm/up_bytes", "down_bytes": "comm/down_bytes",

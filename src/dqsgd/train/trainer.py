@@ -3,14 +3,14 @@
 One step, the same for every topology and transport:
 
 1. every local worker w draws its minibatch (a pure function of seed, w, n) and computes g_w;
-2. the step object of the topology (:mod:`dqsgd.step`: :class:`~dqsgd.step.ServerStep` for ps and
-   allgather, :class:`~dqsgd.step.ShardedStep`) checks the gradients, encodes them at the current
+2. the step object of the topology (:mod:`dqsgd.topology.step`: :class:`~dqsgd.topology.step.ServerStep` for ps and
+   allgather, :class:`~dqsgd.topology.step.ShardedStep`) checks the gradients, encodes them at the current
    width B_n, exchanges the bytes, aggregates, lets the policy pick B_{n+1} and decodes the update;
 3. the aggregating process records the measured bytes in the ledger;
 4. every process applies the same optimizer step.
 
 On the steps n with n % ``train.coded_every`` == 0, every process also measures the uplink it sends
-with the best coding (:meth:`dqsgd.pipeline.Method.coded_size` of each local worker's payload, or
+with the best coding (:meth:`dqsgd.method.pipeline.Method.coded_size` of each local worker's payload, or
 the sum over its W shard payloads), and the sizes are all-gathered (``Transport.all_gather_ints``)
 so that every ledger records the same W numbers. Nothing sent changes: the model and the widths
 are the same with or without the measurement.
@@ -25,44 +25,25 @@ import dataclasses
 import math
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from dqsgd.data import Dataset
-from dqsgd.ledger import Ledger
+from dqsgd.method.ledger import Ledger
+from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
-from dqsgd.pipeline import Method, MethodState
-from dqsgd.sketched import SketchedStep
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.step import ServerStep, ShardedStep, all_finite, codec_input
 from dqsgd.topology.names import AUTO, check_downlink_safety, resolve_downlink_bits
+from dqsgd.topology.sketched import SketchedStep
+from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.local import LocalRounds, outer_optimizer
+from dqsgd.train.metrics import StepResult
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, partition_shards, seed_for
 from dqsgd.train.slownodes import SlowNodes, StepTimer, check_backup, check_backup_processes
 from dqsgd.transport import SimTransport, Transport
-
-
-@dataclass
-class StepResult:
-    step: int
-    loss: float
-    lr: float
-    bits: int
-    skipped: bool
-    up_bytes: list[int]
-    down_bytes: int
-    side_bytes: int
-    compute_s: float
-    encode_s: float
-    decode_s: float
-    coded_up: list[int] | None = None  # per worker, the uplink with the best coding (measured steps only)
-    coded_s: float = 0.0               # seconds this process spent measuring it (not in encode_s/decode_s)
-    sim_time_s: float = 0.0            # the simulated wall clock after this step (dqsgd.train.slownodes)
-    dropped: list[int] | None = None   # backup workers: the workers whose gradients this step dropped
 
 
 STATE_FORMAT = 2  # the layout of Trainer.state_dict (and of checkpoint files)
@@ -120,8 +101,8 @@ class Trainer:
                               spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
-            else ShardedStep(self.method, sizes, cfg.workers, seed, self.downlink_bits, cfg.downlink_feedback)
-            if self.topology == "sharded" else ServerStep(self.method, seed, self.topology))
+            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
+                          cfg.downlink_feedback))
         # "auto": the sharded step's protocol gave the method its both-leg policy (and budget) just now
         self.state: MethodState = self.method.init_state(cfg.workers)
         self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,

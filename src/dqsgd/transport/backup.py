@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from dqsgd.pipeline import ProtocolError
+from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.transport.torch_dist import MESSAGE_CAP, FAILED, OK, TorchPSTransport, TransportError

@@ -1,6 +1,6 @@
 """What a transport must do: move bytes between the workers and the server, nothing else.
 
-A step of DQSGD Algorithm 2 is written once per topology (:mod:`dqsgd.step`) against this
+A step of DQSGD Algorithm 2 is written once per topology (:mod:`dqsgd.topology.step`) against this
 interface; ``SimTransport`` runs all W workers in one process, the torch.distributed transports run
 one worker per process. Only the server (or, for the peer topology, every rank) aggregates.
 

@@ -10,7 +10,7 @@ One worker per process: rank r computes worker r's gradient (``local_workers == 
   decodes them in worker order and runs the same policy on the same bytes, so all ranks reach the
   same B_{n+1} without a downlink (``is_server`` is True everywhere). ``broadcast`` only checks,
   with one tiny all-reduce, that the ranks really agree (same integers, same downlink CRC-32).
-* :class:`TorchShardedTransport` — every rank is the server of one shard (``dqsgd.sharding``):
+* :class:`TorchShardedTransport` — every rank is the server of one shard (``dqsgd.core.sharding``):
   ``exchange`` is the uplink all-to-all (rank j receives every worker's payload for shard j),
   ``share`` the downlink all-gather of the W averaged, re-quantized shards.
 
@@ -27,7 +27,7 @@ Failures. Every collective runs under a timeout (the transport's ``timeout``, el
 :class:`TransportError` naming this rank, the operation and, when the failing rank left one, its
 own error message (an error board in the rendezvous store). Errors found by the server after a
 gather (a malformed payload: :class:`~dqsgd.codecs.PayloadError`, a wrong message:
-:class:`~dqsgd.pipeline.ProtocolError`, both naming the worker) are sent to the waiting ranks in
+:class:`~dqsgd.method.pipeline.ProtocolError`, both naming the worker) are sent to the waiting ranks in
 the downlink header by :meth:`abort`, so they stop at once with the same error type and text rather
 than at the timeout. Run a trainer inside ``with transport.guard(): ...`` to get this.
 """
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
-from dqsgd.pipeline import ProtocolError
+from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.agreement import RankDisagreement
 from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.names import check_topology
@@ -83,7 +83,7 @@ class _TorchTransport:
             raise ValueError(f"timeout must be > 0 seconds (or None: the process group's), got {timeout}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
-                               "(dqsgd.launch does it for `dqsgd train --transport torch`)")
+                               "(dqsgd.cli.launch does it for `dqsgd train --transport torch`)")
         self.group = group
         self.rank = dist.get_rank(group)
         self.workers = dist.get_world_size(group)

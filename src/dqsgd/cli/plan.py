@@ -1,0 +1,109 @@
+"""``--dry-run`` of ``dqsgd train``, ``dqsgd compare`` and ``dqsgd dq run``: resolve and check
+everything a run would use, print the plan, and stop before training or writing anything.
+
+What is checked is what the real command checks before its first step, through the same functions:
+the config and every ``--set`` override, the method(s), the device, the data (loaded, so a missing or
+damaged dataset is refused here), the model (built once for its parameter count), the output
+directory (a file, a directory that already holds a run without ``--resume``/``--overwrite``) and
+the resume target (its ``config.json`` and that the resumed run has the same resolved config). For
+``--transport torch`` also the process count against ``train.workers`` (under torchrun: its
+WORLD_SIZE), ``--max-restarts`` and checkpoints; no process group is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dqsgd.train.config import ExperimentConfig, MethodEntry
+
+DONE = "dry run: nothing trained, nothing written"
+
+
+def _setting(exp: ExperimentConfig, data: Any, device: Any) -> str:
+    t = exp.train
+    return (f"  setting: {t.dataset} ({len(data.train.y)} train / {len(data.test.y)} test samples) / {t.model} "
+            f"({_parameters(exp, data)} parameters), W = {t.workers}, {t.steps} steps, batch {t.batch_size} "
+            f"per worker, device {device}")
+
+
+def _parameters(exp: ExperimentConfig, data: Any) -> int:
+    from dqsgd.models import build_model
+
+    return sum(p.numel() for p in build_model(exp.train.model, data).parameters() if p.requires_grad)
+
+
+def train_plan(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argparse.Namespace) -> list[str]:
+    """The plan of ``dqsgd train`` (simulated or ``--transport torch``)."""
+    from dqsgd.experiments.compare import load_data_for
+    from dqsgd.train.config import resolve_device
+    from dqsgd.train.rundir import check_run_dir, check_same_run, data_fingerprint, resolved_of_run
+    from dqsgd.train.runner import default_train_dir
+
+    lines = [f"dry run: train {entry.label} (config {exp.source or 'from the command line'}), seed {seed}"]
+    if args.transport == "torch":
+        from dqsgd.cli.launch import check_distributed, under_torchrun
+
+        exp, out_s, restarts, world = check_distributed(exp, entry, seed, args)
+        out, device = Path(out_s), "cpu or cuda:LOCAL_RANK (per process)"
+        how = "torchrun" if under_torchrun() else f"{world} local processes on 127.0.0.1"
+        lines.append(f"  transport: torch, {how}, topology {exp.train.topology or 'sharded'}, "
+                     f"collective timeout {args.timeout:g} s" + (f", up to {restarts} restarts" if restarts else ""))
+    else:
+        out = Path(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
+        device = resolve_device(exp.train.device)
+        lines.append(f"  transport: simulated in this process, topology {exp.train.topology or 'ps'}")
+    data = load_data_for(exp)
+    lines.append(_setting(exp, data, device))
+    action = check_run_dir(out, bool(args.resume), bool(args.overwrite))
+    if args.resume:
+        check_same_run(out, resolved_of_run(exp.train, entry, seed, data_fingerprint(data)))
+    lines.append(f"  output: {out} ({_ACTIONS[action]})")
+    return [*lines, DONE]
+
+
+_ACTIONS = {"new": "a new run", "resume": "continue from its newest checkpoint, same config",
+            "replace": "replace the run there (--overwrite)"}
+
+
+def compare_plan(exp: ExperimentConfig, out: Path, resume: bool, only: list[str] | None,
+                 overwrite: bool) -> list[str]:
+    """The plan of ``dqsgd compare``: the checks of :func:`dqsgd.experiments.compare.prepare`, and
+    what happens to each (method, seed) run."""
+    from dqsgd.experiments.compare import finished, prepare
+    from dqsgd.train.rundir import holds_run
+    from dqsgd.train.runner import run_dir
+
+    p = prepare(exp, out, resume, only, overwrite)
+    t = exp.train
+    lines = [f"dry run: compare {t.name} (config {exp.source or 'from the command line'})",
+             _setting(exp, p.data, p.device), f"  output: {out}; {len(p.entries) * len(t.seeds)} runs:"]
+    width = max(len(e.label) for e in p.entries)
+    for seed in t.seeds:
+        for e in p.entries:
+            where = run_dir(out, e.label, seed)
+            if not holds_run(where):
+                what = "new"
+            elif resume:
+                what = "kept (finished)" if finished(where, t.steps, e.label, seed) else "continue from its checkpoint"
+            else:
+                what = "replace (--overwrite)"
+            lines.append(f"    {e.label:<{width}}  seed {seed}  {where}  {what}")
+    return [*lines, DONE]
+
+
+def dq_plan(exps: list, out_root: Path) -> list[str]:
+    """The plan of ``dqsgd dq run``: each experiment's problem (data loaded, model built) and runs."""
+    from dqsgd.dq.problem import Problem
+
+    lines: list[str] = []
+    for exp in exps:
+        problem = Problem(exp.problem)
+        runs = exp.runs()
+        out = out_root / exp.spec.name
+        lines += [f"dry run: dq {exp.spec.name} (config {exp.source})",
+                  f"  problem: {exp.problem.dataset} / {exp.problem.model}, n = {problem.n}, d = {problem.d}",
+                  f"  output: {out} ({'its files are replaced' if out.exists() else 'new'}); {len(runs)} runs: "
+                  + ", ".join(f"{r.label} ({r.cfg.transport})" for r in runs)]
+    return [*lines, DONE]

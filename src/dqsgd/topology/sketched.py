@@ -1,0 +1,218 @@
+"""Sketched SGD: count sketches summed across the workers, the heavy coordinates fetched exactly.
+
+One step n, worker w with error accumulator e_w (zero at the start):
+
+1. u_w ← ρ·u_w + g_w (momentum on the worker), a_w = e_w + u_w; the worker sends the count sketch
+   S(a_w), an r × c table (a SKETCH payload);
+2. the sketches are summed, S = Σ_w S(a_w) = S(Σ_w a_w) (the sketch is linear), and the m = ⌈P·k⌉
+   coordinates with the largest estimates |x̃_i| of Σ_w a_w become the candidates C;
+3. second round: every worker sends its exact a_w[C] (an IDENTITY payload of m values), and the sums
+   V = Σ_w a_w[C] are exact;
+4. the k candidates of largest |V| form T; the update is G_T = V_T / W, zero elsewhere;
+5. every worker removes what was sent from its accumulator and stops its momentum there ("momentum
+   masking"): e_w ← a_w and u_w ← u_w with the coordinates of T set to 0. So
+   sent_w + e_w(new) = u_w + e_w(old) exactly, and Σ_w sent_w / W = G. The optimizer applies G with the
+   learning rate and no momentum of its own (the method's momentum is ρ, ``sketch_momentum``).
+
+k = max(1, round(topk_ratio·d)), c = ⌈sketch_cols·k⌉, r = sketch_rows, m = min(d, ⌈sketch_p·k⌉)
+(:class:`dqsgd.method.config.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``). A worker's
+memory (``MethodState.residuals[w]``, checkpointed) is the (2, d) tensor [u_w; e_w].
+
+Topologies, each over its usual transport calls (:mod:`dqsgd.transport.base`):
+
+* ``ps``: the server gathers the sketches, sends the candidates (an INDICES message of
+  :mod:`dqsgd.codecs.sketch_wire`) with the downlink broadcast, gathers the values and broadcasts the
+  sparse update (a SPARSE message: T and G_T) with B_{n+1};
+* ``allgather``: every rank receives every payload and computes C, T and G itself; the broadcasts only
+  check that the ranks agree (nothing crosses a link downward);
+* ``sharded``: the sketch is sharded by columns — rank j sums column block j of every worker's table and
+  all-gathers the sum, so every rank holds S and the same C; the values are sharded by coordinates —
+  rank j sums a_w[C ∩ shard j] and all-gathers that, so every rank holds V, T and G.
+
+The bytes the ledger records are the payloads' lengths: per worker the sketch plus the values
+(sharded: over the W blocks), per downlink the candidates plus the update (sharded: the summed blocks
+plus the summed values).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import torch
+
+from dqsgd.codecs import Coding, PayloadError, encode as encode_payload, predicted_size
+from dqsgd.codecs.sketch_wire import IndexKind, decode_indices, encode_indices
+from dqsgd.core.rng import SKETCH, generator
+from dqsgd.core.sharding import shard_bounds
+from dqsgd.kernels import decode_accumulate, read_header
+from dqsgd.method.pipeline import Method, MethodState, ProtocolError
+from dqsgd.quantizers import Layout, Scheme, quantize_identity
+from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
+from dqsgd.topology.step import StepOutcome, with_residuals
+
+if TYPE_CHECKING:
+    from dqsgd.transport.base import ShardedTransport, Transport
+
+
+class SketchedStep:
+    """The step of a ``sketched-sgd`` method (built for the whole vector) on ``topology`` with ``workers``."""
+
+    rounds = 4  # message exchanges per step: sketches up, candidates down, values up, update down
+
+    def __init__(self, method: Method, seed: int, topology: str, workers: int):
+        if method.config.scheme != "sketch":
+            raise ValueError(f"SketchedStep runs the sketch scheme, not {method.config.scheme!r}")
+        c, d = method.config, method.numel
+        self.method, self.topology, self.workers = method, topology, workers
+        self.k = min(d, max(1, round(c.topk_ratio * d)))
+        self.cols = max(1, math.ceil(c.sketch_cols * self.k))
+        self.m = min(d, math.ceil(c.sketch_p * self.k))
+        self.rho = c.sketch_momentum
+        self.cs = CountSketch.draw(d, c.sketch_rows, self.cols, generator(seed, SKETCH))
+        if topology == "sharded":
+            if self.cols < workers:
+                raise ValueError(f"topology sharded cuts the sketch's {self.cols} columns among {workers} workers: "
+                                 f"raise sketch_cols or topk_ratio")
+            self.col_bounds, self.coord_bounds = shard_bounds(self.cols, workers), shard_bounds(d, workers)
+
+    # --- sizes ----------------------------------------------------------------------------------
+    def sketch_bytes(self, cols: int | None = None) -> int:
+        """The exact size of a sketch payload of ``cols`` columns (default: the whole table)."""
+        return predicted_size(self.cs.rows * (self.cols if cols is None else cols), 32, 0, 2, Layout())
+
+    @staticmethod
+    def values_bytes(n: int) -> int:
+        return predicted_size(n, 32, 0, 1, Layout(), Coding.FIXED)
+
+    # --- pieces ---------------------------------------------------------------------------------
+    def accumulate(self, grad: torch.Tensor, memory: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(u_w, a_w): the momentum u_w = ρ·u_w + g_w and the accumulator a_w = e_w + u_w (float32, CPU).
+        ``memory`` is the worker's (2, d) state [u_w; e_w] (None: zeros)."""
+        g = grad.detach().reshape(-1).to(torch.float32).cpu()
+        if g.numel() != self.method.numel:
+            raise ValueError(f"gradient has {g.numel()} elements, the method was built for {self.method.numel}")
+        if not bool(torch.isfinite(g).all()):
+            from dqsgd.quantizers import NonFiniteGradientError
+
+            raise NonFiniteGradientError("sketched-sgd: the gradient has NaN or Inf values")
+        if memory is None:
+            return g, g
+        u = self.rho * memory[0] + g if self.rho else g
+        return u, memory[1] + u
+
+    def sum_payloads(self, payloads: Sequence[bytes], scheme: Scheme, shape: tuple[int, ...]) -> torch.Tensor:
+        """Σ_w of the payloads' values (worker order), each checked to be ``scheme`` of ``shape``."""
+        total = torch.zeros(math.prod(shape), dtype=torch.float32)
+        for w, p in enumerate(payloads):
+            try:
+                h = read_header(p, numel=total.numel())
+                if h.scheme != scheme or tuple(h.shape) != shape:
+                    raise ProtocolError(f"worker {w}: expected a {scheme.name} message of shape {shape}, got "
+                                        f"{h.scheme.name} of shape {tuple(h.shape)}")
+                decode_accumulate(p, total, header=h)
+            except PayloadError as e:
+                raise PayloadError(f"worker {w}: {e}") from None
+        return total.reshape(shape)
+
+    def candidates(self, table: torch.Tensor) -> torch.Tensor:
+        """C: the m coordinates of largest estimate in the summed sketch, increasing."""
+        return top_indices(self.cs.estimate(table), self.m)
+
+    def choose(self, cand: torch.Tensor, sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, G_T): the k candidates of largest exact |sum|, and their mean over the W workers."""
+        pick = top_indices(sums, self.k)
+        return cand[pick], sums[pick] / self.workers
+
+    def update_of(self, chosen: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        update = torch.zeros(self.method.numel, dtype=torch.float32)
+        update[chosen] = values
+        return update
+
+    @staticmethod
+    def memory_after(u: torch.Tensor, acc: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """[u_w; e_w] after the step: the momentum and the accumulator without the coordinates sent."""
+        mem = torch.stack([u, acc])
+        mem[:, chosen] = 0.0
+        return mem
+
+    # --- one step -------------------------------------------------------------------------------
+    def run(self, t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
+        """Steps 1-5 of the module docstring for the local workers ``grads`` over ``t``; then the policy
+        (fixed width) observes G. ``measure_coded``: fp32 payloads count their own length."""
+        completed = t.steps  # two rounds per step: the transport counts one completed step
+        t0 = time.perf_counter()
+        mom_acc = {w: self.accumulate(g, state.residuals[w]) for w, g in grads.items()}
+        acc = {w: a for w, (_, a) in mom_acc.items()}
+        tables = {w: self.cs.sketch(a) for w, a in acc.items()}
+        encode_s = time.perf_counter() - t0
+        if self.topology == "sharded":
+            chosen, values, up, down, sent = self._sharded(t, acc, tables)  # type: ignore[arg-type]
+        else:
+            chosen, values, up, down, sent = self._server(t, acc, tables, state.bits)  # type: ignore[arg-type]
+        t.steps = completed + 1
+        new_res = {w: self.memory_after(u, a, chosen) for w, (u, a) in mom_acc.items()}
+        update = self.update_of(chosen, values)
+        residuals = with_residuals(state, new_res)
+        if state.policy is not None:
+            after = self.method.observe(MethodState(state.policy, residuals), update, step,
+                                        8 * max((sum(r) for r in up), default=0))
+        else:
+            after = MethodState(None, residuals, state.bits)
+        coded = {w: sent[w] for w in grads} if measure_coded else None
+        return StepOutcome(update, up, down, 0, new_res, encode_s, coded, 0.0, self.topology, after)
+
+    def _server(self, t: Transport, acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor],
+                bits: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
+        d, shape = self.method.numel, (self.cs.rows, self.cols)
+        sketches = [encode_payload(sketch_message(tables[w])) for w in acc]
+        gathered = t.gather(sketches, self.sketch_bytes())
+        ask = None
+        if t.is_server and gathered is not None:
+            ask = encode_indices(self.candidates(self.sum_payloads(gathered, Scheme.SKETCH, shape)), d)
+        ask, _ = t.broadcast(ask, [bits])
+        cand, _ = decode_indices(ask, d, self.m, IndexKind.INDICES)
+        values = [encode_payload(quantize_identity(acc[w][cand])) for w in acc]
+        answers = t.gather(values, self.values_bytes(cand.numel()))
+        reply, up = None, []
+        if t.is_server and answers is not None:
+            chosen, vals = self.choose(cand, self.sum_payloads(answers, Scheme.IDENTITY, (cand.numel(),)))
+            reply = encode_indices(chosen, d, vals)
+            assert gathered is not None
+            up = [[len(s) + len(v)] for s, v in zip(gathered, answers)]
+        reply, _ = t.broadcast(reply, [bits])
+        chosen, vals = decode_indices(reply, d, self.k, IndexKind.SPARSE)
+        down = [] if self.topology == "allgather" else [len(ask) + len(reply)]
+        sent = {w: len(s) + len(v) for w, s, v in zip(acc, sketches, values)}
+        assert vals is not None
+        return chosen, vals, up, down, sent
+
+    def _sharded(self, t: ShardedTransport, acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
+        rows = [[encode_payload(sketch_message(tables[w][:, lo:hi].contiguous())) for lo, hi in self.col_bounds]
+                for w in acc]
+        served, up1 = t.exchange(rows, [self.sketch_bytes(hi - lo) for lo, hi in self.col_bounds])
+        blocks = {j: encode_payload(sketch_message(self.sum_payloads(ps, Scheme.SKETCH, self._block_shape(j))))
+                  for j, ps in served.items()}
+        shared = t.share(blocks, max(self.sketch_bytes(hi - lo) for lo, hi in self.col_bounds))
+        table = torch.cat([self.sum_payloads([p], Scheme.SKETCH, self._block_shape(j))
+                           for j, p in enumerate(shared)], dim=1)
+        cand = self.candidates(table)
+        parts = [cand[(cand >= lo) & (cand < hi)] for lo, hi in self.coord_bounds]
+        rows2 = [[encode_payload(quantize_identity(acc[w][part])) for part in parts] for w in acc]
+        served2, up2 = t.exchange(rows2, [self.values_bytes(part.numel()) for part in parts])
+        sums = {j: encode_payload(quantize_identity(self.sum_payloads(ps, Scheme.IDENTITY, (parts[j].numel(),))))
+                for j, ps in served2.items()}
+        shared2 = t.share(sums, self.values_bytes(max(part.numel() for part in parts)))
+        exact = torch.cat([self.sum_payloads([p], Scheme.IDENTITY, (parts[j].numel(),)) for j, p in enumerate(shared2)])
+        chosen, vals = self.choose(cand, exact)
+        up = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(up1, up2)]
+        down = [len(a) + len(b) for a, b in zip(shared, shared2)]
+        sent = {w: sum(map(len, r1)) + sum(map(len, r2)) for w, r1, r2 in zip(acc, rows, rows2)}
+        return chosen, vals, up, down, sent
+
+    def _block_shape(self, j: int) -> tuple[int, int]:
+        lo, hi = self.col_bounds[j]
+        return (self.cs.rows, hi - lo)

@@ -1,0 +1,253 @@
+"""One step of DQSGD Algorithm 2 for every topology: the exchange from local gradients to the update.
+
+The trainer calls one step object per run, ``run(transport, grads, state, step, generators)``, and
+gets a :class:`StepOutcome`: the update every rank applies, the bytes that crossed the wire, the
+method state after the step (error-feedback memory, the policy's B_{n+1}) and timings. Two classes:
+
+* :class:`ServerStep` — topologies ``ps`` and ``allgather``: every worker encodes its whole
+  gradient, the aggregating process(es) decode and average the W payloads into G, the policy picks
+  B_{n+1} from G, the server encodes the downlink (fp32, or the signs of a majority vote) and sends
+  it together with B_{n+1} to every process, which decodes it into the update. With ``allgather``
+  every rank aggregates the same bytes and runs the same policy; the transport checks that they agree.
+* :class:`ShardedStep` — topology ``sharded``, below.
+
+:func:`all_finite` is the step's check of the gradients before anything is encoded.
+
+Topology ``sharded``: every rank is the server of 1/W of the vector.
+
+The flat gradient of d coordinates is cut into W contiguous shards (:func:`dqsgd.core.sharding.shard_bounds`);
+each shard is quantized as a vector of its own (a bucket layout restarts at the shard, a per-tensor
+layout keeps one scale per piece of a tensor inside it: :func:`dqsgd.core.sharding.shard_sizes`).
+
+One step, for worker w and shard server j:
+
+1. uplink: w quantizes shard j of g_w at the step's width B_n into its own payload (uniforms
+   ``HashRNG(seed_for(seed, QUANT), n, w·W + j)`` for the fused kernel) and sends it to rank j —
+   an all-to-all of payloads;
+2. rank j decodes and averages its shard, Ĝ_j = (1/W) Σ_w Q(g_w)_j (or the sign majority vote);
+3. downlink: rank j quantizes Ĝ_j once more — unbiased stochastic uniform rounding at ``b`` bits
+   (default 8) with the max norm and the same layout, uniforms ``HashRNG(seed_for(seed, DOWNLINK),
+   n, j)`` — or sends it in fp32 (``b = 32``; a sign vote is sent as signs) — and all-gathers it;
+   with ``downlink_feedback`` it rounds Ĝ_j + e_j and keeps the residual e_j (``MethodState.down_residuals``,
+   :meth:`~dqsgd.topology.bucket.BucketProtocol.encode_down_fed`);
+4. every rank decodes the W shards into the same update G = [Q_d(Ĝ_0), …, Q_d(Ĝ_{W−1})]: bitwise
+   identical on all ranks, so the policy, which observes G, picks the same B_{n+1} everywhere
+   without another collective.
+
+Both stages are unbiased and their randomness independent, so E[G] = (1/W) Σ_w g_w and
+E‖G − ḡ‖² = (1/W²) Σ_w E‖Q(g_w) − g_w‖² + E‖Q_d(Ĝ) − Ĝ‖²: the uplink variance over W plus the
+downlink's (:func:`dqsgd.theory.two_stage_variance_bound`).
+Per rank and step the links carry ≈ 2·(W−1)/W·d·b/8 bytes plus headers, instead of the
+(W−1)·d·b/8 of an all-gather or the (W−1)·d·(b+32)/8 of a parameter server.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import torch
+
+from dqsgd.method.pipeline import Method, MethodState
+from dqsgd.quantizers import NonFiniteGradientError
+from dqsgd.topology.bucket import BucketProtocol, shard_methods
+from dqsgd.topology.names import AUTO, FP32, check_downlink_bits
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+from dqsgd.topology.traffic import wire_traffic
+
+if TYPE_CHECKING:
+    from dqsgd.transport.base import ShardedTransport, Transport
+
+__all__ = ["FP32", "StepOutcome", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
+           "shard_methods", "step_for"]
+
+
+@dataclass
+class StepOutcome:
+    """One step's exchange as one rank sees it (every topology)."""
+
+    update: torch.Tensor              # G, the same on every rank
+    up: list[list[int]]               # up[w][j]: bytes of worker w's payload for shard j (ps, allgather: one
+                                      # shard); empty on a ps rank that is not the server (it sees no sizes)
+    down: list[int]                   # down[j]: bytes of shard j's downlink payload (ps: the one message;
+                                      # allgather: none crosses a link)
+    side: int                         # per-worker side traffic (TernGrad scalers), bytes
+    residuals: dict[int, torch.Tensor | None]  # new error-feedback memory of the local workers
+    encode_s: float = 0.0             # seconds spent quantizing and encoding the local uplinks
+    coded: dict[int, int] | None = None  # local worker -> its uplink's size with the best coding (if measured)
+    coded_s: float = 0.0              # seconds spent measuring them
+    topology: str = "sharded"
+    state: MethodState | None = None  # the method state after the step: residuals and B_{n+1}
+
+    def uplink(self) -> list[int]:
+        """Bytes each worker sent (summed over its shard payloads)."""
+        return [sum(row) for row in self.up]
+
+    def wire(self) -> tuple[list[int], list[int]]:
+        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.method.ledger.wire_traffic`)."""
+        return wire_traffic(self.topology, self.up, self.down)
+
+
+def all_finite(t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], step: int,
+               on_nonfinite: str) -> bool:
+    """Whether step ``step`` goes ahead: every worker's gradient is finite.
+
+    With several processes (or ``on_nonfinite = "skip"``) one tiny max-reduce makes every rank take
+    the same branch; then a non-finite gradient anywhere skips the step on every rank (``"skip"``) or
+    stops every rank (``"raise"``). In one process with ``"raise"`` nothing is checked here: the
+    quantizer refuses the non-finite gradient and names the worker."""
+    shared = len(t.local_workers) < t.workers
+    if on_nonfinite != "skip" and not shared:
+        return True
+    bad = torch.tensor([0.0 if bool(torch.isfinite(g).all()) else 1.0 for g in grads.values()])
+    if float(t.max_reduce([bad.amax().reshape(1)])[0]) == 0.0:
+        return True
+    if on_nonfinite == "raise":
+        raise NonFiniteGradientError(f"step {step}: a worker's gradient has NaN or Inf on some rank "
+                                     f"(on_nonfinite = 'raise': every rank stops)")
+    return False
+
+
+def codec_input(g: torch.Tensor, method: Method) -> torch.Tensor:
+    """The gradient where ``method``'s encoder takes it. The fused kernel (no error feedback) takes
+    it on any device: its payload depends only on the values, and it moves to the host itself only
+    what host code needs. The torch-kernel quantizers draw from CPU generators and error-feedback
+    residuals live on the CPU, so those get a CPU copy."""
+    if g.device.type == "cpu" or (method.fused and not method.config.error_feedback):
+        return g
+    return g.cpu()
+
+
+def with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) -> list[torch.Tensor | None]:
+    res = list(state.residuals)
+    for w, r in new.items():
+        res[w] = r
+    return res
+
+
+class ServerStep:
+    """Topologies ``ps`` and ``allgather``: the whole vector, one aggregation, one downlink."""
+
+    def __init__(self, method: Method, seed: int, topology: str = "ps", param_sizes: Sequence[int] | None = None):
+        if topology not in ("ps", "allgather"):
+            raise ValueError(f"ServerStep runs topology 'ps' or 'allgather', not {topology!r}")
+        self.method, self.topology, self.seed = method, topology, seed
+        self.param_sizes = tuple(param_sizes) if param_sizes is not None else (method.numel,)
+        self._protocols: dict[int, BucketProtocol] = {}
+
+    def protocol(self, workers: int) -> BucketProtocol:
+        """The bucket protocol of the whole vector for ``workers`` workers."""
+        if workers not in self._protocols:
+            m = self.method
+            self._protocols[workers] = BucketProtocol(m.config, m.numel, self.param_sizes, topology=self.topology,
+                                                      workers=workers, seed=self.seed, total_steps=m.total_steps,
+                                                      method=m)
+        return self._protocols[workers]
+
+    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
+        """One step for the local workers ``grads`` over ``t``, at the width ``state.bits``.
+
+        The aggregating process runs the policy on G before the downlink leaves, and B_{n+1} travels
+        with the downlink payload (one integer beside it): a ps rank other than the server gets a
+        state holding only that width; with allgather every rank computed it and the transport checks
+        that all agree. ``measure_coded``: also give each local worker's uplink with the best coding,
+        measured after the downlink (every payload was accepted by then)."""
+        m, bits, P = self.method, state.bits, self.protocol(t.workers)
+        scalers, side = None, 0
+        if m.shares_scalers:
+            scalers = t.max_reduce([P.local_scalers(g) for g in grads.values()])
+            side = 4 * scalers.numel()  # L float32 scalers up and down per worker [docs/algorithms.md §3]
+        t0, payloads, new_res = time.perf_counter(), [], {}
+        for w, g in grads.items():
+            pays, res = P.encode(w, codec_input(g, m), bits, step, generators[w], [state.residuals[w]], scalers)
+            payloads.append(tensor_bytes(pays[0]))
+            new_res[w] = res[0]
+        encode_s = time.perf_counter() - t0
+        residuals = with_residuals(state, new_res)
+        gathered = t.gather(payloads, P.caps(bits)[0])
+        down, up, after = None, [], None
+        if t.is_server and gathered is not None:
+            agg = P.reduce(0, [bytes_tensor(p) for p in gathered], bits)
+            down = tensor_bytes(P.encode_down(0, agg, step))
+            up = [[len(p)] for p in gathered]
+            after = m.observe(MethodState(state.policy, residuals), agg, step, P.spent_bits(up))
+        down, (next_bits,) = t.broadcast(down, [bits if after is None else after.bits], P.down_sizes()[0])
+        if after is None:
+            after = MethodState(None, residuals, next_bits)
+        update = P.decode_down([bytes_tensor(down)])
+        t1 = time.perf_counter()
+        coded = {w: m.coded_size(p) for w, p in zip(grads, payloads)} if measure_coded else None
+        return StepOutcome(update, up, [] if self.topology == "allgather" else [len(down)], side, new_res, encode_s,
+                        coded, time.perf_counter() - t1, self.topology, after)
+
+
+class ShardedStep:
+    """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
+
+    def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
+                 downlink_bits: int | str = 8, downlink_feedback: bool = False):
+        self.method, self.workers = method, workers
+        self.downlink_bits = downlink_bits if downlink_bits == AUTO else check_downlink_bits(downlink_bits)
+        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
+                                       seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
+                                       method=method, downlink_feedback=downlink_feedback)
+        self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
+
+    def coded_size(self, row: Sequence[bytes]) -> int:
+        """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
+        return sum(m.coded_size(p) for m, p in zip(self.shards, row, strict=True))
+
+    def encode_worker(self, worker: int, grad: torch.Tensor, bits: int, step: int, generator: torch.Generator | None,
+                      residual: torch.Tensor | None, scalers: torch.Tensor | None) -> tuple[list[bytes], torch.Tensor | None]:
+        """Worker ``worker``'s W shard payloads, and its new error-feedback memory (whole vector)."""
+        P = self.protocol
+        shards = None if residual is None else [residual[lo:hi] for lo, hi in P.bounds]
+        pays, res = P.encode(worker, grad if grad.device.type == "cpu" else grad.cpu(), bits, step, generator,
+                             shards, scalers)
+        return [tensor_bytes(p) for p in pays], (None if res[0] is None else torch.cat(res))  # type: ignore[arg-type]
+
+    def run(self, t: ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
+        """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``, at
+        the width ``state.bits``; then the policy observes G (the same on every rank) for B_{n+1}.
+
+        ``measure_coded``: also give each local worker's uplink with the best coding (:meth:`coded_size`),
+        measured on the payloads it sent, after the exchange (nothing sent changes)."""
+        bits, P = state.bits, self.protocol
+        dbits = P.down_width(state.policy)  # "auto": the policy's downlink width for this step
+        scalers, side = None, 0
+        if self.method.shares_scalers:
+            scalers = t.max_reduce([P.local_scalers(g.cpu()) for g in grads.values()])
+            side = 4 * scalers.numel()  # the scalers go up and come back once per worker, float32
+        rows, new_res, t0 = [], {}, time.perf_counter()
+        for w, g in grads.items():
+            row, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], state.residuals[w], scalers)
+            rows.append(row)
+        encode_s = time.perf_counter() - t0
+        served, up = t.exchange(rows, P.caps(bits))
+        down, fed = {}, dict(state.down_residuals)  # fed: the error-fed downlink's residuals (shards served here)
+        for j, payloads in served.items():
+            avg = P.reduce(j, [bytes_tensor(p) for p in payloads], bits)
+            pay, res = P.encode_down_fed(j, avg, step, fed.get(j), dbits=dbits)
+            down[j] = tensor_bytes(pay)
+            if res is not None:
+                fed[j] = res
+        shared = t.share(down, max(P.down_sizes(dbits)))
+        update = P.decode_down([bytes_tensor(p) for p in shared], dbits=dbits)
+        after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res), down_residuals=fed),
+                                    update, step, P.spent_bits(up, dbits))
+        # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
+        t1 = time.perf_counter()
+        coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
+        coded_s = time.perf_counter() - t1
+        return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, "sharded", after)
+
+
+def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
+             downlink_bits: int | str = 8, downlink_feedback: bool = False) -> ServerStep | ShardedStep:
+    """The step object of ``topology``: :class:`ShardedStep` for sharded, :class:`ServerStep` for ps and allgather."""
+    if topology == "sharded":
+        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback)
+    return ServerStep(method, seed, topology)

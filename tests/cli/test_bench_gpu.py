@@ -1,0 +1,114 @@
+"""``dqsgd bench gpu``'s CPU parts: arguments, the no-GPU exit, the report, and the loopback hook."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dqsgd.cli.bench.parser import parse_args
+
+
+def test_arguments_and_defaults() -> None:
+    a = parse_args(["bench", "gpu", "--out", "r"])
+    assert (a.out, a.sizes, a.bits, a.worlds, a.models, a.device) == (
+        "r", [1_000_000, 25_000_000, 100_000_000], [1, 2, 4, 8], [4, 8], ["resnet18", "transformer"], "auto")
+    a = parse_args(["bench", "gpu", "--out", "r", "--sizes", "1e3,2e3", "--worlds", "2", "--models", "resnet18"])
+    assert a.sizes == [1000, 2000] and a.worlds == [2] and a.models == ["resnet18"]
+    assert parse_args(["bench", "gpu"]).out == "runs/bench/gpu"  # where the other benchmarks write
+    with pytest.raises(SystemExit):
+        parse_args(["bench", "gpu", "--out", "r", "--device", "cuda:1"])
+
+
+def test_without_a_gpu_it_says_so_and_exits_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from dqsgd.cli.bench.gpu import bench_gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench_gpu(parse_args(["bench", "gpu", "--out", str(tmp_path / "r")])) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no CUDA device" in out[0] and "GPU not measured" in out[0]
+    assert not (tmp_path / "r").exists()
+
+
+def _fake(device: str) -> dict:
+    env = {"device": device, "gpu": "Fake GPU 80GB" if device == "cuda" else None, "torch": "2.x", "cuda": "12.x",
+           "triton": "3.x", "numba": "0.x", "python": "3.11", "command": "dqsgd bench gpu --out r", "utc": "now"}
+    return {"environment": env,
+            "correctness": [{"bits": 4, "norm": "max", "kernels": "triton", "bytes_equal": True,
+                             "decode_bitwise": True, "corrupt_refused": True}],
+            "codec": [{"path": "triton", "n": 25_000_000, "bits": 4, "enc": 0.61, "dec": 0.9, "both": 0.37,
+                       "copy_ms": 0.1, "both_ms": 0.27}],
+            "ddp": {"rows": [{"model": "resnet18", "world": 4, "hook": "qsgd-4bit", "ms": 12.5, "ratio": 1.1,
+                              "min": 1.0, "max": 1.2, "peak_mb_over_none": 30.0}], "recompilations": 0}}
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_report_from_a_fake_result(device: str, tmp_path: Path) -> None:
+    from dqsgd.cli.bench.gpu import write_report
+
+    js, md = write_report(_fake(device), tmp_path / "out")
+    assert json.loads(js.read_text()) == _fake(device)
+    text = md.read_text()
+    first = text.splitlines()[0]
+    if device == "cuda":
+        assert "Fake GPU 80GB" in first and "CPU" not in first
+    else:
+        assert "CPU TEST RUN" in first and "GPU not measured" in first
+    assert "| triton | 25000000 | 4 | 0.61 | 0.9 | 0.37 |" in text
+    assert "| resnet18 | 4 | qsgd-4bit | 12.5 | 1.1 | 1 | 1.2 | 30 |" in text
+    assert "Recompilations after warm-up: 0." in text
+
+
+def test_loopback_bucket_is_the_hook_codec_round_trip() -> None:
+    """Uplink, decode, downlink re-quantization and decode of every shard: the same floats as the
+    host kernels composed by hand (shard methods of the qsgd-4bit config, W = 3)."""
+    from dqsgd.cli.bench.loopback import DOWNLINK_BITS, LoopbackHook, loopback_bucket
+    from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
+    from dqsgd.quantizers import Norm
+    from dqsgd.topology.step import shard_methods
+
+    n, world, step = 5003, 3, 4
+    loop = LoopbackHook("qsgd-4bit", world)
+    bounds, shards = shard_methods(loop.config, n, 100, [n], world)
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    seeds = [11, 12, 13]
+    got = loopback_bucket(shards, bounds, flat, 4, step, seeds, 99, None)
+    want = torch.zeros(n)
+    for j, (m, (lo, hi)) in enumerate(zip(shards, bounds)):
+        avg = torch.zeros(hi - lo)
+        decode_accumulate(encode_uniform_fast(flat[lo:hi], 4, HashRNG(seeds[j], step, 0), norm=m.norm,
+                                              layout=m.layout), avg)
+        down = encode_uniform_fast(avg, DOWNLINK_BITS, HashRNG(99, step, j), norm=Norm.MAX, layout=m.layout)
+        decode_accumulate(down, want[lo:hi])
+    assert torch.equal(got, want)
+    assert 0 < float((got - flat).norm() / flat.norm()) < 1  # quantized, and near the gradient
+    with pytest.raises(ValueError, match="W >= 2"):
+        LoopbackHook("qsgd-4bit", 1)
+
+
+@pytest.mark.slow
+def test_loopback_ddp_rounds_on_cpu() -> None:
+    """The DDP part end to end at world size 1 on gloo: every hook timed, ratios to no hook, no
+    recompilation, the dynamic policy running (on the CPU kernels: a CPU run, not GPU figures)."""
+    from dqsgd.cli.bench.loopback import ddp_times
+
+    res = ddp_times(torch.device("cpu"), ["transformer-small"], [2], rounds=2, steps=1, batch=8,
+                    hooks=("none", "fp16", "qsgd-4bit", "dqsgd"), warmup=2)
+    rows = {r["hook"]: r for r in res["rows"]}
+    assert set(rows) == {"none", "fp16", "qsgd-4bit", "dqsgd"} and rows["none"]["ratio"] == 1.0
+    assert all(r["ms"] > 0 and r["min"] <= r["ratio"] <= r["max"] for r in rows.values())
+    assert res["recompilations"] == 0
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_simulation_rows_on_cpu() -> None:
+    """Simulation steps per second on synthetic data: one row per method, SGD the reference."""
+    from dqsgd.cli.bench.gpu import simulation
+
+    rows = simulation(torch.device("cpu"), ["cnn"], steps=1, warmup=1, workers=2)
+    assert [r["method"] for r in rows] == ["sgd", "qsgd-4bit", "dqsgd"]
+    assert rows[0]["vs_sgd"] == 1.0 and all(r["steps_per_s"] > 0 for r in rows)

@@ -1,0 +1,138 @@
+"""benchmarks/network/bench_network.py without root: its method names, option checks, the table's
+medians and speed-ups, and its refusal to overwrite a finished run (the shaped runs themselves need root
+and minutes, so they are run by hand; see the script's docstring)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dqsgd.cli.bench import parser as bench_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "network"))  # the script imports its netns helper
+    module = bench_cli.load_script("network/bench_network.py")
+    assert module is not None
+    return module
+
+
+def test_method_names_map_to_engine_and_topology(bench: Any) -> None:
+    assert bench.variant("qsgd-4bit") == ("qsgd-4bit", "hook", "sharded")
+    assert bench.variant("dqsgd-allgather") == ("dqsgd", "hook", "allgather")
+    assert bench.variant("dqsgd-trainer") == ("dqsgd", "trainer", "sharded")
+    assert [bench.variant(m) for m in ("fp32", "fp16", "powersgd", "dqsgd-bogus")] == [None] * 4
+    assert all(bench.method_problem(m) == "" for m in bench.DEFAULT_METHODS)
+
+
+def test_any_registered_method_with_a_topology_and_a_downlink_width_is_a_row(bench: Any) -> None:
+    from dqsgd.method.config import METHODS
+
+    for name in METHODS:
+        assert bench.variant(name) == (name, "hook", "sharded"), name
+        assert bench.variant(name + "-trainer") == (name, "trainer", "sharded"), name
+    assert bench.variant("qsgd-2bit@4") == ("qsgd-2bit", "hook", "sharded")
+    assert bench.variant("dqsgd-coded-allgather") == ("dqsgd-coded", "hook", "allgather")
+    assert [bench.powersgd_rank(m) for m in ("powersgd", "powersgd-r2", "powersgd-r4", "powersgd-r0", "fp16")] \
+        == [1, 2, 4, None, None]
+    assert bench.method_problem("qsgd-2bit@4") == "" and bench.method_problem("qsgd-2bit@fp32") == ""
+    assert "@DOWN needs the sharded topology" in bench.method_problem("qsgd-2bit-allgather@4")
+    assert "@DOWN needs" in bench.method_problem("qsgd-2bit@1")
+    a = bench.parse(["--downlink-bits", "8"])
+    a.method = "qsgd-2bit@4"
+    assert bench.downlink(a) == 4
+    a.method = "qsgd-2bit"
+    assert bench.downlink(a) == 8
+    assert bench.downlink_options(a) == {"downlink_feedback": False, "allow_unsafe_downlink": True}
+    a.method = "qsgd-2bit@2e"  # error-fed
+    assert bench.method_problem(a.method) == "" and bench.downlink(a) == 2
+    assert bench.downlink_options(a)["downlink_feedback"]
+    assert "@DOWN needs" in bench.method_problem("qsgd-2bit@1e") and "@DOWN needs" in bench.method_problem("qsgd-2bit@e")
+
+
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["--methods", "fp32,nope"], "unknown method 'nope'"),
+    (["--methods", "qsgd-4bit-allgather@4"], "@DOWN needs the sharded topology"),
+    (["--workers", "1"], "--workers must be >= 2"),
+    (["--hidden", "512,x"], "--hidden must be comma-separated positive widths"),
+    (["--hidden", "512", "--model", "cnn"], "--hidden applies to --model mlp"),
+    (["--hidden", "512", "--methods", "fp32,dqsgd-trainer"], "--hidden applies to --model mlp"),
+    (["--downlink-bits", "17"], "--downlink-bits must be 2..16 or fp32"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+])
+def test_bad_options_exit_2_with_the_reason(bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            argv: list[str], problem: str) -> None:
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 2
+    assert problem in capsys.readouterr().err
+    assert not (tmp_path / "network.json").exists()
+
+
+def test_a_finished_run_is_not_overwritten(bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "network.json").write_text("{}")
+    assert bench.main(["--out", str(tmp_path)]) == 2
+    assert "exists" in capsys.readouterr().err and (tmp_path / "network.json").read_text() == "{}"
+
+
+def _row(method: str, seconds: float | None, rep: int = 0) -> dict[str, Any]:
+    return {"rate": "100mbit", "method": method, "repeat": rep, "steps": 100, "final_acc": 0.9, "train_s": 9.0,
+            "reached": None if seconds is None else {"step": 90, "train_s": seconds},
+            "wire_bytes": 4_000_000, "wire_bytes_per_rank": [1_250_000, 1_000_000], "payload_ratio": None}
+
+
+def test_table_gives_median_over_repeats_and_speedups_against_fp32_and_fp16(bench: Any) -> None:
+    rows = [_row("fp32", 12.0, 0), _row("fp16", 6.0, 0), _row("dqsgd", 3.0, 0), _row("qsgd-4bit", None, 0),
+            _row("fp32", 10.0, 1), _row("fp16", 6.0, 1), _row("dqsgd", 5.0, 1), _row("qsgd-4bit", 2.0, 1),
+            _row("fp32", 11.0, 2), _row("fp16", 6.0, 2), _row("dqsgd", 4.0, 2), _row("qsgd-4bit", 2.0, 2)]
+    lines = {line.split()[1]: line for line in bench.table(rows, 0.9).splitlines()[2:]}
+    assert "11.0 s [10.0-12.0]" in lines["fp32"] and "1.00x   0.55x" in lines["fp32"]
+    assert "4.0 s [3.0-5.0]" in lines["dqsgd"] and "2.75x   1.50x" in lines["dqsgd"]
+    assert lines["qsgd-4bit"].split()[2:5] == ["—", "—", "—"]  # one repeat missed the target: no median
+    assert " 0.1 " in lines["fp32"]  # link s: the busiest rank's 1.25 MB at 100 Mbit/s
+
+
+def test_summary_tables_several_runs_with_their_commands(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "network"))
+    summarize = bench_cli.load_script("network/summarize.py")
+    assert summarize is not None
+    config = {"workers": 4, "model": "mlp", "hidden": "", "target": 0.9}
+    run = tmp_path / "w4"
+    run.mkdir()
+    (run / "network.json").write_text(json.dumps({"command": "sudo bench --workers 4", "config": config,
+                                                  "runs": [_row("fp32", 12.0), _row("dqsgd", 3.0)]}))
+    assert summarize.main([str(run), "--out", str(tmp_path / "sum")]) == 0
+    md = (tmp_path / "sum" / "summary.md").read_text()
+    assert "| W = 4, mlp, target 90% | 100mbit | DQSGD sharded | 3.0 | 4.00x | — | 100 | 0.013 |" in md
+    assert "`sudo bench --workers 4`" in md and (tmp_path / "sum" / "summary.png").stat().st_size > 0
+    assert summarize.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "no network.json" in capsys.readouterr().err
+
+
+def test_a_failed_run_is_reported_and_has_no_time(bench: Any) -> None:
+    rows = [_row("fp32", 12.0), {"rate": "100mbit", "method": "powersgd", "repeat": 0,
+                                 "error": "powersgd: ranks ended with [None, None] (None: still running at the deadline)"}]
+    lines = bench.table(rows, 0.9).splitlines()
+    assert "failed: powersgd: ranks ended with [None, None]" in lines[-1]
+    assert bench.time_to_target(rows[1:]) is None and bench.speedup(bench.grouped(rows), "100mbit", "fp32", "powersgd") == "—"
+
+
+def test_local_sgd_rows_parse_and_bad_ones_are_refused(bench: Any) -> None:
+    assert bench.local_row("local-h16") == ("local", 16, "sgd")  # fp32 pseudo-gradients
+    assert bench.local_row("local-h8-qsgd-4bit") == ("local", 8, "qsgd-4bit")
+    assert bench.local_row("local-h4-dqsgd-coded") == ("local", 4, "dqsgd-coded")
+    assert bench.local_row("postlocal-h16") == ("postlocal", 16, None)
+    for name in ("local-h0", "local-hx", "postlocal-h8-qsgd-4bit", "qsgd-4bit", "fp32"):
+        assert bench.local_row(name) is None, name
+    assert all(bench.method_problem(m) == "" for m in ("local-h16", "local-h8-qsgd-4bit", "postlocal-h4"))
+    assert "is not a dqsgd method" in bench.method_problem("local-h8-bogus")
+    assert "a Local SGD row is" in bench.method_problem("postlocal-h8-qsgd-4bit")
+    assert bench.check_args(bench.parse(["--methods", "local-h8"]), ["local-h8", "postlocal-h0"]).startswith(
+        "'postlocal-h0': a Local SGD row is")
+
