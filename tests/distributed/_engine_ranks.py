@@ -21,6 +21,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 STEPS = 5
 METHODS = ("qsgd-4bit", "dqsgd", "signsgd", "terngrad")
 TOPOLOGIES = ("sharded", "allgather")
+# Sharded only: dqsgd at a budget whose pair of widths (uplink, downlink "auto") moves within STEPS at W = 2 and 4.
+VARIANTS = {"dqsgd-t3": ("dqsgd", {"target_bits": 3.0})}
+CASES = [(m, t) for m in METHODS for t in TOPOLOGIES] + [(m, "sharded") for m in VARIANTS]
+
+
+def config_of(method: str) -> Any:
+    """The method config of a case label (a registered name, or a :data:`VARIANTS` label)."""
+    from dqsgd.method.config import method_config
+
+    name, overrides = VARIANTS.get(method, (method, {}))
+    return method_config(name, **overrides)
 SEED = 7
 
 
@@ -40,7 +51,8 @@ class Recorder:
         from dqsgd.topology.bucket import BucketProtocol
 
         self.rows: list[tuple[int, list[bytes]]] = []
-        encode, messages = BucketProtocol.encode, payloads.encode_messages
+        self.down: list[int] = []  # the downlink width of every shard this process served, in order
+        encode, messages, down = BucketProtocol.encode, payloads.encode_messages, BucketProtocol.encode_down_fed
 
         def spy_encode(proto, worker, flat, bits, *args, **kw):  # type: ignore[no-untyped-def]
             out, res = encode(proto, worker, flat, bits, *args, **kw)
@@ -58,23 +70,31 @@ class Recorder:
                 self.rows.append((bits, row))
             return got
 
+        def spy_down(proto, shard, avg, step, residual, size=None, bad=None, dbits=None):  # type: ignore[no-untyped-def]
+            self.down.append(proto.down_bits if dbits is None else dbits)
+            return down(proto, shard, avg, step, residual, size, bad, dbits)
+
         BucketProtocol.encode = spy_encode  # type: ignore[method-assign]
+        BucketProtocol.encode_down_fed = spy_down  # type: ignore[method-assign]
         payloads.encode_messages = spy_messages  # type: ignore[assignment]
 
     def take(self) -> list[tuple[int, list[bytes]]]:
         rows, self.rows = self.rows, []
         return rows
 
+    def take_down(self) -> list[int]:
+        down, self.down = self.down, []
+        return down
+
 
 def run_trainer(method: str, topology: str, transport: Any = None, workers: int = 2, **train: Any) -> tuple[Any, Any]:
     """The trainer for STEPS steps (``transport``: None = the simulation; ``train``: more TrainConfig
     keys); returns it and its ledger."""
     from dqsgd.data import load_dataset
-    from dqsgd.method.config import method_config
     from dqsgd.train.config import MethodEntry
     from dqsgd.train.trainer import Trainer
 
-    tr = Trainer(train_config(topology, workers, **train), MethodEntry(method, method_config(method)),
+    tr = Trainer(train_config(topology, workers, **train), MethodEntry(method, config_of(method)),
                  load_dataset("synthetic"), SEED, transport)
     for _ in range(STEPS):
         tr.step()
@@ -93,7 +113,7 @@ def run_ddp(rank: int, world: int, method: str, topology: str, like: Any, **hook
         torch.manual_seed(seed_for(SEED, MODEL_INIT))
         model = build_model("logreg", like.data)
     ddp = DDP(model, bucket_cap_mb=25, find_unused_parameters=True)
-    state = dqsgd.ddp.HookState(method, None, seed=SEED, timeout=60.0, total_steps=STEPS, topology=topology, **hook)
+    state = dqsgd.ddp.HookState(config_of(method), None, seed=SEED, timeout=60.0, total_steps=STEPS, topology=topology, **hook)
     ddp.register_comm_hook(state, dqsgd.ddp.hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=like.lr, momentum=0.0)
     batches = WorkerBatches(len(like.data.train.y), world, like.cfg.batch_size, SEED)
@@ -110,13 +130,14 @@ def engines(rank: int, world: int) -> dict[str, Any]:
     from dqsgd.transport import make_transport
 
     rec, out = Recorder(), {}
-    for method in METHODS:
-        for topology in TOPOLOGIES:
-            tr, _ = run_trainer(method, topology, make_transport(topology, timeout=60.0), world)
-            trainer_rows = rec.take()
-            params = run_ddp(rank, world, method, topology, tr)
-            out[f"{method}/{topology}"] = {
-                "trainer_rows": trainer_rows, "hook_rows": rec.take(),
-                "trainer_params": torch.cat([p.detach().reshape(-1) for p in tr.params]), "hook_params": params,
-                "trainer_bits": [r.bits for r in tr.ledger.records]}
+    for method, topology in CASES:
+        tr, _ = run_trainer(method, topology, make_transport(topology, timeout=60.0), world)
+        trainer_rows, trainer_down = rec.take(), rec.take_down()
+        params = run_ddp(rank, world, method, topology, tr)
+        out[f"{method}/{topology}"] = {
+            "trainer_rows": trainer_rows, "hook_rows": rec.take(),
+            "trainer_down": trainer_down, "hook_down": rec.take_down(),
+            "trainer_down_bytes": [r.down_bytes for r in tr.ledger.records],
+            "trainer_params": torch.cat([p.detach().reshape(-1) for p in tr.params]), "hook_params": params,
+            "trainer_bits": [r.bits for r in tr.ledger.records]}
     return out

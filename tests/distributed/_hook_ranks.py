@@ -68,12 +68,14 @@ def hooked_runs(rank: int, world: int, cases: list[tuple[str, dict]]) -> dict[st
         state = dqsgd.ddp.HookState(method, None, seed=3, timeout=30.0, total_steps=20, **kw)
         buckets: list = []
         model = ddp_model(state, buckets)
-        runs, bits = [], []
+        runs, bits, down = [], [], []
         for s in range(STEPS):
             runs.append(grads(model, rank, s))
             bits.append(state.current_bits())
+            down.append(state.current_downlink_bits())
         buckets = [(i, local, sizes, fut.value().clone()) for i, local, sizes, fut in buckets]
-        out[f"{method}/{kw}"] = {"runs": runs, "bits": bits, "stats": state.compression_stats(), "buckets": buckets}
+        out[f"{method}/{kw}"] = {"runs": runs, "bits": bits, "down": down, "stats": state.compression_stats(),
+                                 "buckets": buckets}
     return out
 
 

@@ -38,14 +38,15 @@ def w3() -> list[dict]:
 
 
 def reference(method: str, kw: dict, locals_: list[torch.Tensor], sizes: list[int], bits: int, index: int,
-              step: int) -> torch.Tensor:
+              step: int, dbits: int) -> torch.Tensor:
     """The averaged bucket every rank must return: the bucket's protocol run in one process on the W
-    local buckets (the trainer runs the same protocol: tests/distributed/test_engine_equivalence.py)."""
-    cfg, n = method_config(method), locals_[0].numel()
-    down = kw.get("downlink_bits", 8)
-    proto = BucketProtocol(cfg, n, sizes, topology=kw.get("topology", "sharded"), workers=W, seed=SEED, bucket=index,
-                           total_steps=20, downlink_bits=32 if down == "fp32" else down)
-    return run_in_process(proto, locals_, bits, step)
+    local buckets at the widths the hook used (the trainer runs the same protocol and picks the same
+    widths: tests/distributed/test_engine_equivalence.py)."""
+    cfg, n, topology = method_config(method), locals_[0].numel(), kw.get("topology", "sharded")
+    down = HookState(cfg, topology=topology, downlink_bits=kw.get("downlink_bits")).downlink_bits
+    proto = BucketProtocol(cfg, n, sizes, topology=topology, workers=W, seed=SEED, bucket=index, total_steps=20,
+                           downlink_bits=down)
+    return run_in_process(proto, locals_, bits, step, dbits=dbits if down == "auto" else None)
 
 
 @pytest.mark.timeout(500)
@@ -58,14 +59,17 @@ def test_hooked_bucket_equals_reference_bitwise(w3: list[dict], method: str, kw:
     for step in range(hr.STEPS):
         index, _, sizes, got = per_rank[0][step]
         assert sum(sizes) == 5471 and 5471 % W
-        bits = runs[0]["bits"][step][index]
-        want = reference(method, kw, [p[step][1] for p in per_rank], sizes, bits, index, step)
+        bits, dbits = runs[0]["bits"][step][index], runs[0]["down"][step][index]
+        want = reference(method, kw, [p[step][1] for p in per_rank], sizes, bits, index, step, dbits)
         for p in per_rank:
             assert torch.equal(p[step][3], want), (method, kw, step)
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(r["runs"], runs[0]["runs"]))
+    assert all(r["down"] == runs[0]["down"] for r in runs)  # and the same downlink width
     if method == "dqsgd":
         assert {b[0] for b in runs[0]["bits"]} <= set(range(2, 17))
+    if method == "dqsgd" and kw == SHARDED:  # downlink_bits "auto": a safe width every step (no feedback)
+        assert {d[0] for d in runs[0]["down"]} <= set(range(4, 17))
 
 
 @pytest.mark.timeout(500)

@@ -24,6 +24,7 @@ import dataclasses
 import math
 import re
 import tomllib
+import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,6 +99,13 @@ def _tuple_items(cls: type) -> dict[str, type]:
         if args:
             out[f.name] = args[0]
     return out
+
+
+def _union_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """The member types of each ``A | B`` field of dataclass ``cls`` (None excluded)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: tuple(t for t in typing.get_args(hints[f.name]) if t is not type(None))
+            for f in dataclasses.fields(cls) if isinstance(hints[f.name], types.UnionType)}
 
 
 def shipped_configs(prefix: str = "") -> dict[str, Path]:
@@ -197,7 +205,9 @@ class ConfigSchema:
             raise self.error(self.unknown_keys.format(where=where, bad=bad, allowed=", ".join(fields)))
         ref = {k: getattr(base, k) if base is not None else _default(f) for k, f in fields.items()}
         items = _tuple_items(cls) if any(isinstance(ref[k], tuple) for k in raw) else {}
-        return {k: coerce(f"{where}.{k}", v, ref[k], items.get(k), self.error) for k, v in raw.items()}
+        either = _union_types(cls)  # a field of several types (int | str) takes a value of any of them as it is
+        return {k: v if type(v) in either.get(k, ()) else coerce(f"{where}.{k}", v, ref[k], items.get(k), self.error)
+                for k, v in raw.items()}
 
     def table(self, cls: type, raw: dict[str, Any], section: str) -> Any:
         """The ``[section]`` table of ``raw`` as an instance of frozen dataclass ``cls``."""

@@ -16,7 +16,9 @@ have a size that follows from (numel, bits), so no sizes are exchanged; variable
 contiguous shards (:func:`dqsgd.core.sharding.shard_bounds`), each quantized as a vector of its own;
 one ``all_to_all`` sends shard j to rank j; rank j decodes the W payloads of its shard and
 averages them (G_j = Σ_w (1/W)·Q(g_w,j)), quantizes G_j for the downlink — unbiased stochastic
-max-norm rounding at ``downlink_bits`` (default 8) with hash uniforms of
+max-norm rounding at ``downlink_bits`` (default 8; for the budgeted methods ``dqsgd`` and
+``dqsgd-coded`` ``"auto"``: the policy chooses both legs' widths from one budget,
+:mod:`dqsgd.policies.split`) with hash uniforms of
 ``HashRNG(seed_for(seed, DOWNLINK, bucket), step, j)``, or ``"fp32"`` — and one all-gather
 delivers every averaged shard to every rank. Then E[Q_down(G)] = E[G] = mean gradient (both
 roundings are unbiased and independent), and each rank moves ≈ 2·(W−1)/W·n·b/8 bytes per step

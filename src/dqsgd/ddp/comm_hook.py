@@ -258,10 +258,11 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
     send_sizes, recv_sizes = [n + 1 for n in mine], [row[rank] + 1 for row in table]
     send = codec.messages(payloads, flags) if send is None else send
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=grad.device)
-    dmsg = max(b.proto.down_sizes()) + 1  # the longest downlink payload and the status byte
+    dbits = b.proto.down_width(b.policy)  # downlink_bits "auto": the policy's width for this step
+    dmsg = max(b.proto.down_sizes(dbits)) + 1  # the longest downlink payload and the status byte
     state.count(*rank_traffic("sharded", [[n + 1 for n in row] for row in table], [dmsg] * world, rank), b.numel,
                 grad.element_size(), b.width(), world)
-    bits, step, spent = b.bits, b.step, b.proto.spent_bits(table)
+    bits, step, spent = b.bits, b.step, b.proto.spent_bits(table, dbits)
     b.step += 1
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=up, async_op=True)
 
@@ -274,12 +275,12 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
         try:
             avg = _average(b, rank, [msg[:-1] for msg in msgs], flg, bits, grad.device)
             mine_down, b.down_staged = b.proto.encode_down_fed(rank, avg, step, b.down_residual, dmsg,
-                                                               b.payload_flag(avg))  # zero padded: status 0
+                                                               b.payload_flag(avg), dbits)  # zero padded: status 0
         except (PayloadError, ProtocolError) as e:  # tell every rank, in the downlink itself
             mine_down = _failure(e, dmsg, grad.device)
         gathered = [torch.empty_like(mine_down) for _ in range(world)]
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
-            lambda: _assemble(state, b, gathered, flg, step, spent, grad)
+            lambda: _assemble(state, b, gathered, flg, step, spent, grad, dbits)
 
     return _ordered(state, work.get_future(), reduce_shard, grad)
 
@@ -293,7 +294,7 @@ def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
 
 
 def _assemble(state: HookState, b: BucketState, gathered: list[torch.Tensor], flags: torch.Tensor, step: int, spent: int,
-              grad: torch.Tensor) -> torch.Tensor:
+              grad: torch.Tensor, dbits: int) -> torch.Tensor:
     """Decode every shard server's downlink into the bucket (the same bytes on every rank). A shard
     server that refused a payload: every rank raises its error (CPU) or flags the bucket (device)."""
     from dqsgd.codecs import PayloadError
@@ -309,7 +310,7 @@ def _assemble(state: HookState, b: BucketState, gathered: list[torch.Tensor], fl
                 f"step {step}: rank {j} (the server of shard {j}) refused a payload: {text}")
     else:
         flag |= (status != 0).any()
-    b.proto.decode_down([g[:-1] for g in gathered], out, flag)
+    b.proto.decode_down([g[:-1] for g in gathered], out, flag, dbits)
     return _finish(state, b, out, flags, step, spent, grad)
 
 

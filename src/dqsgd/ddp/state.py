@@ -21,7 +21,7 @@ import torch.distributed as dist
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.topology.names import (
-    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_bits, check_downlink_safety, check_topology)
+    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_topology, resolve_downlink_bits)
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
@@ -226,7 +226,7 @@ class HookState:
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
                  seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
-                 topology: str = "sharded", downlink_bits: int | str = 8, start_iter: int = 0,
+                 topology: str = "sharded", downlink_bits: int | str | None = None, start_iter: int = 0,
                  min_compression_rate: float = 1.0, downlink_feedback: bool = False,
                  allow_unsafe_downlink: bool = False):
         """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
@@ -236,7 +236,10 @@ class HookState:
         ``topology``: ``"sharded"`` (reduce-scatter of payloads + quantized all-gather) or ``"allgather"``;
         ``downlink_bits``: width of the sharded downlink (2..16) or ``"fp32"``; below 4 bits only with
         ``downlink_feedback`` (each shard server keeps its rounding residual and adds it next step) or
-        ``allow_unsafe_downlink`` (as is: may diverge);
+        ``allow_unsafe_downlink`` (as is: may diverge); or ``"auto"`` (budgeted policies, sharded): each
+        bucket's policy picks the uplink and downlink widths of every step from one both-leg budget
+        (:mod:`dqsgd.policies.split`; widths below 4 only with ``downlink_feedback``); None: ``"auto"``
+        for a budgeted method on ``"sharded"``, else 8;
         ``start_iter``: backward passes sent as a plain all-reduce first (``start_powerSGD_iter``);
         ``min_compression_rate``: a bucket whose predicted ratio (bytes in its dtype / payload bytes)
         is below this is all-reduced as is."""
@@ -254,7 +257,8 @@ class HookState:
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
         check_topology(topology, TOPOLOGIES)
-        dbits = check_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits)
+        dbits = resolve_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits, policy=method.policy,
+                                      topology=topology, vote=method.aggregate == "majority")
         for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -264,7 +268,7 @@ class HookState:
             raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
-        self.downlink_bits = FP32 if downlink_bits == "fp32" else downlink_bits
+        self.downlink_bits = dbits
         self.downlink_feedback, self.allow_unsafe_downlink = downlink_feedback, allow_unsafe_downlink
         self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
@@ -292,6 +296,11 @@ class HookState:
         """The width each bucket index used in its last step (a dynamic policy applies its next choice
         when the bucket next arrives)."""
         return {i: b.bits for i, b in sorted(self._buckets.items())}
+
+    def current_downlink_bits(self) -> dict[int, int]:
+        """The downlink width each bucket index's next step uses (``downlink_bits = "auto"``: its
+        policy's choice; else the fixed width)."""
+        return {i: b.proto.down_width(b.policy) for i, b in sorted(self._buckets.items())}
 
     def count(self, sent: int, received: int, numel: int, itemsize: int, width: int, world: int) -> None:
         self.bytes_sent += sent

@@ -54,6 +54,7 @@ class Ledger:
     budget_bits: int | None = None   # per-worker uplink budget C, if the method has one
     records: list[StepRecord] = field(default_factory=list)
     topology: str = "ps"
+    both_legs: bool = False          # the budget counts the downlink too (sharded, downlink_bits = "auto")
 
     def record(self, step: int, bits: int, up_bytes: list[int], down_bytes: int, side_bytes: int = 0,
                rank_up: Sequence[int] = (), rank_down: Sequence[int] = (),
@@ -119,8 +120,10 @@ class Ledger:
         return sum(r.side_bytes for r in self.records) * self.workers
 
     def spent_bits(self) -> int:
-        """Per-worker uplink bits spent (max over workers each step): what a budget is charged."""
-        return sum(8 * max(r.up_bytes) for r in self.records if r.up_bytes)
+        """Per-worker bits spent, what a budget is charged: the uplink (max over workers each step) and,
+        where the budget counts both legs, the downlink bytes each worker received."""
+        down = 8 * sum(r.down_bytes for r in self.records if r.up_bytes) if self.both_legs else 0
+        return sum(8 * max(r.up_bytes) for r in self.records if r.up_bytes) + down
 
     def budget_left(self) -> int | None:
         return None if self.budget_bits is None else self.budget_bits - self.spent_bits()
@@ -208,6 +211,7 @@ class Ledger:
     def state_dict(self) -> dict[str, object]:
         return {
             "numel": self.numel, "workers": self.workers, "budget_bits": self.budget_bits, "topology": self.topology,
+            "both_legs": self.both_legs,
             "records": [[r.step, r.bits, list(r.up_bytes), r.down_bytes, r.side_bytes, list(r.rank_up), list(r.rank_down),
                          None if r.coded_up is None else list(r.coded_up), list(r.dropped)]
                         for r in self.records],
@@ -216,7 +220,7 @@ class Ledger:
     @classmethod
     def from_state_dict(cls, d: dict[str, object]) -> "Ledger":
         led = cls(int(d["numel"]), int(d["workers"]), d["budget_bits"],  # type: ignore[arg-type]
-                  topology=str(d.get("topology", "ps")))
+                  topology=str(d.get("topology", "ps")), both_legs=bool(d.get("both_legs", False)))
         for step, bits, up, down, side, *rest in d["records"]:  # type: ignore[union-attr]
             # older checkpoints: no per-rank accounting (5 fields), no coded sizes (7), no dropped workers (8)
             ru, rd, coded, dropped = [*rest, *[[], [], None, []][len(rest):]]

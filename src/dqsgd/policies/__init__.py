@@ -1,4 +1,5 @@
-"""Bit policies: fixed, DQSGD (convex / non-convex / budgeted / coded budget / error target), Adaptive, AdaQS."""
+"""Bit policies: fixed, DQSGD (convex / non-convex / budgeted / coded budget / error target), Adaptive, AdaQS;
+a budgeted policy choosing both legs of the sharded step (split)."""
 
 from typing import TYPE_CHECKING
 
@@ -11,5 +12,6 @@ if TYPE_CHECKING:
     from dqsgd.policies.budgeted import BudgetedDQSGD
     from dqsgd.policies.coded import CodedBudgetedDQSGD, level_entropies
     from dqsgd.policies.rules import DQSGDRule, FixedBits
+    from dqsgd.policies.split import SplitBudget, SplitState
 
 __getattr__, __dir__, __all__ = attach(__name__, __file__)

@@ -120,6 +120,18 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
         return np.maximum.accumulate(np.minimum(fixed, coded))
 
+    def upper_costs(self, entropy: tuple[float, ...], ratio: float, observed: float) -> np.ndarray:
+        """The reserve's upper estimate of each width's coded bits: ``margin`` × the larger of r and the
+        last observed ratio (the fixed size where that is smaller)."""
+        return self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
+
+    def estimates(self, entropy: tuple[float, ...], ratio: float, observed: float, measured: int,
+                  spent_bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted, upper) coded bits of each width after a message at width ``measured`` that cost
+        ``spent_bits``: :meth:`costs` and :meth:`upper_costs`, each floored by :meth:`above_measured`."""
+        return (self.above_measured(self.costs(entropy, ratio), measured, spent_bits, 1.0),
+                self.above_measured(self.upper_costs(entropy, ratio, observed), measured, spent_bits, self.margin))
+
     def above_measured(self, cost: np.ndarray, measured: int, spent_bits: int, margin: float) -> np.ndarray:
         """``cost`` raised, above the width ``measured`` just sent, to the measured body bits per
         coordinate plus one bit per extra bit of width (× ``margin``), capped by fixed(B).
@@ -144,8 +156,9 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         return self.solve_widths(step, norm, forecast, lambda widths: float(np.interp(widths, grid, cost).sum()),
                                  remaining)
 
-    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
-        step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
+    def learn(self, state: CodedBudgetState, stats: GradStats) -> tuple[tuple[float, ...], float, float]:
+        """(H_B(G) per width, running ratio r, observed ratio) after step ``stats.step``, whose uplink was
+        sent at ``state.bits`` and cost ``stats.spent_bits`` (the uplink's bits alone)."""
         if stats.grad is None:
             raise ValueError("coded DQSGD needs the aggregated gradient in GradStats.grad (needs_grad = True)")
         entropy = tuple(level_entropies(stats.grad, stats.norm, self.widths, self.sample))
@@ -154,12 +167,14 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         if predicted > 0:
             observed = max(0.0, stats.spent_bits - self.header_bits) / predicted
             ratio = observed if not math.isfinite(ratio) else (1 - self.smoothing) * ratio + self.smoothing * observed
+        return entropy, ratio, observed
+
+    def update(self, state: CodedBudgetState, stats: GradStats) -> CodedBudgetState:  # type: ignore[override]
+        step, spent, fit = self.observe(state, stats)  # type: ignore[arg-type]
+        entropy, ratio, observed = self.learn(state, stats)
         if step >= self.total_steps:
             return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
-        cost = self.above_measured(self.costs(entropy, ratio), state.bits, stats.spent_bits, 1.0)
-        upper = self.above_measured(
-            self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio),
-            state.bits, stats.spent_bits, self.margin)
+        cost, upper = self.estimates(entropy, ratio, observed, state.bits, stats.spent_bits)
         forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
         k, real = self.solve_coded_k(step, stats.norm, forecast, cost, float(self.budget_bits - spent))
         bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)

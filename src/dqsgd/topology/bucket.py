@@ -33,12 +33,14 @@ import torch
 from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.topology import keys, payloads
 from dqsgd.topology.limits import check_table
-from dqsgd.topology.names import FP32, check_downlink_bits, check_topology
+from dqsgd.topology.names import (
+    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_topology)
 
 if TYPE_CHECKING:
     from dqsgd.kernels import HashRNG
     from dqsgd.method.config import MethodConfig
     from dqsgd.method.pipeline import Method
+    from dqsgd.policies.split import SplitBudget
 
 SIGN = payloads.SIGN
 
@@ -60,7 +62,7 @@ class BucketProtocol:
     shard's width), built from ``config`` when not given."""
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
-                 workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int = 8,
+                 workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int | str = 8,
                  method: Method | None = None, downlink_feedback: bool = False):
         from dqsgd.method.pipeline import Method
 
@@ -75,13 +77,35 @@ class BucketProtocol:
         else:
             self.bounds, self.shards = shard_methods(config, numel, total_steps, param_sizes, count)
         self.vote = config.aggregate == "majority"
+        self.auto = downlink_bits == AUTO
+        if self.auto:
+            check_auto_downlink(topology, self.vote, config.policy)
+            downlink_bits = DOWNLINK_PARITY_BITS
         self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if topology == "sharded" else FP32)
         self.useed, self.dseed = keys.uplink_seed(seed, bucket), keys.downlink_seed(seed, bucket)
-        self._down_sizes = [payloads.downlink_size(m, self.down_bits) for m in self.shards]
+        self._sizes: dict[int, list[int]] = {}
         if downlink_feedback and self.down_bits in (FP32, SIGN):
             raise ValueError("downlink_feedback needs a quantized downlink: topology 'sharded', downlink_bits 2..16, "
                              "not a majority vote")
         self.feedback = bool(downlink_feedback)
+        if self.auto:
+            self.method.policy = self._split(total_steps)
+
+    def _split(self, total_steps: int) -> SplitBudget:
+        """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is
+        its uplink budget plus an 8-bit downlink's cost over the run, both legs counted as the ledger does."""
+        from dqsgd.policies.split import split_budget
+
+        low = 2 if self.feedback else SAFE_DOWNLINK_BITS  # without feedback only widths that train safely
+        down = tuple(range(low, 17))
+        budget = self.method.budget_bits()
+        if budget is None:
+            raise ValueError(f"downlink_bits = 'auto' splits a budget between the legs: method "
+                             f"{self.method.config.name!r} (policy {self.method.config.policy!r}) has none; use a "
+                             f"budgeted policy (dqsgd, dqsgd-coded) or give an integer width")
+        budget += total_steps * 8 * sum(self.down_sizes(DOWNLINK_PARITY_BITS))
+        return split_budget(self.method.policy, budget, lambda b: sum(m.message_bits(b) for m in self.shards), down,
+                            tuple(8 * sum(self.down_sizes(v)) for v in down), self.workers)
 
     @property
     def numel(self) -> int:
@@ -102,13 +126,24 @@ class BucketProtocol:
         """Refuse (PayloadError) ``table[w][j]`` above shard j's cap, before anything is allocated."""
         check_table(table, self.caps(bits), who)
 
-    def down_sizes(self) -> list[int]:
-        """Exact bytes of each shard's downlink payload (the cap of a downlink announcement)."""
-        return self._down_sizes
+    def down_sizes(self, dbits: int | None = None) -> list[int]:
+        """Exact bytes of each shard's downlink payload at width ``dbits`` (None: the protocol's fixed
+        width) (the cap of a downlink announcement)."""
+        d = self.down_bits if dbits is None else dbits
+        if d not in self._sizes:
+            self._sizes[d] = [payloads.downlink_size(m, d) for m in self.shards]
+        return self._sizes[d]
 
-    def spent_bits(self, table: Sequence[Sequence[int]]) -> int:
-        """The policy's spent bits of a step: the longest worker's uplink, all its shards together."""
-        return 8 * max(sum(row) for row in table)
+    def down_width(self, policy: object) -> int:
+        """The downlink width of the step whose policy state is ``policy``: its ``down_bits`` under
+        ``downlink_bits = "auto"``, else the fixed width."""
+        return int(getattr(policy, "down_bits")) if self.auto else self.down_bits
+
+    def spent_bits(self, table: Sequence[Sequence[int]], dbits: int | None = None) -> int:
+        """The policy's spent bits of a step: the longest worker's uplink, all its shards together;
+        under ``downlink_bits = "auto"`` also the W downlink payloads at ``dbits`` every worker receives."""
+        up = 8 * max(sum(row) for row in table)
+        return up + 8 * sum(self.down_sizes(dbits)) if self.auto else up
 
     # --- uplink leg -----------------------------------------------------------------------------
     def local_scalers(self, flat: torch.Tensor) -> torch.Tensor:
@@ -159,27 +194,29 @@ class BucketProtocol:
         return out
 
     # --- downlink leg ---------------------------------------------------------------------------
-    def encode_down(self, shard: int, avg: torch.Tensor, step: int, size: int | None = None) -> torch.Tensor:
-        """Shard ``shard``'s downlink payload (exactly ``down_sizes()[shard]`` bytes), zero-padded to
-        ``size`` bytes when given (an all-gather's equal sizes; written in place on the CPU codec)."""
-        m, rng = self.shards[shard], self.downlink_rng(step, shard)
-        want = self._down_sizes[shard]
+    def encode_down(self, shard: int, avg: torch.Tensor, step: int, size: int | None = None,
+                    dbits: int | None = None) -> torch.Tensor:
+        """Shard ``shard``'s downlink payload (exactly ``down_sizes(dbits)[shard]`` bytes), zero-padded to
+        ``size`` bytes when given (an all-gather's equal sizes; written in place on the CPU codec).
+        ``dbits``: the step's width (:meth:`down_width`; None: the fixed width)."""
+        m, rng, d = self.shards[shard], self.downlink_rng(step, shard), self._width(dbits)
+        want = self.down_sizes(d)[shard]
         if self.feedback:  # rounded to nearest: the residual keeps the rest (encode_down_fed)
-            pay = payloads.encode_downlink_nearest(m, avg, self.down_bits)
+            pay = payloads.encode_downlink_nearest(m, avg, d)
             n = pay.numel()
             pay = pay if size is None else payloads.pad(pay, max(size, n))
         elif size is None:
-            pay = payloads.encode_downlink(m, avg, self.down_bits, rng)
+            pay = payloads.encode_downlink(m, avg, d, rng)
             n = pay.numel()
         else:
-            pay, n = payloads.encode_downlink_padded(m, avg, self.down_bits, rng, size)
+            pay, n = payloads.encode_downlink_padded(m, avg, d, rng, size)
         if n != want:
             raise RuntimeError(f"shard {shard}: downlink payload of {n} bytes, predicted {want}")
         return pay
 
     def encode_down_fed(self, shard: int, avg: torch.Tensor, step: int, residual: torch.Tensor | None,
-                        size: int | None = None,
-                        bad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        size: int | None = None, bad: torch.Tensor | None = None,
+                        dbits: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Shard ``shard``'s downlink payload and the shard server's new residual.
 
         Without feedback: :meth:`encode_down` of ``avg`` and None. With it (``residual``: e_j, None
@@ -188,32 +225,44 @@ class BucketProtocol:
         rounding of the difference; exactly where Q_d(x) and x are within a factor 2: Sterbenz).
         ``bad``: deferred validation of the decode (device path, as :meth:`decode_down`)."""
         if not self.feedback:
-            return self.encode_down(shard, avg, step, size), None
+            return self.encode_down(shard, avg, step, size, dbits), None
         x = avg if residual is None else avg + residual.to(avg.device)
-        pay = self.encode_down(shard, x, step, size)
+        pay = self.encode_down(shard, x, step, size, dbits)
         sent = torch.zeros_like(x)
-        self._decode_shard(shard, pay, sent, bad)
+        self._decode_shard(shard, pay, sent, bad, self._width(dbits))
         return pay, x - sent
 
     def decode_down(self, received: Sequence[torch.Tensor], out: torch.Tensor | None = None,
-                    bad: torch.Tensor | None = None) -> torch.Tensor:
+                    bad: torch.Tensor | None = None, dbits: int | None = None) -> torch.Tensor:
         """The update from every shard's downlink payload (shard order; a payload may be padded):
-        the same bytes give the same update on every rank. ``bad``: deferred validation (device)."""
+        the same bytes give the same update on every rank. ``bad``: deferred validation (device);
+        ``dbits``: the step's width (None: the fixed width)."""
         if len(received) != len(self.shards):
             raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
         if out is None:
             out = torch.zeros(self.numel, dtype=torch.float32, device=received[0].device)
         for j, ((lo, hi), p) in enumerate(zip(self.bounds, received)):
-            self._decode_shard(j, p, out[lo:hi], bad)
+            self._decode_shard(j, p, out[lo:hi], bad, self._width(dbits))
         return out
 
-    def _decode_shard(self, j: int, p: torch.Tensor, out: torch.Tensor, bad: torch.Tensor | None) -> None:
-        """``out += `` shard j's downlink payload ``p`` (maybe padded), validated."""
+    def _width(self, dbits: int | None) -> int:
+        if dbits is None:
+            if self.auto:
+                raise ValueError("downlink_bits = 'auto': the step's downlink width must be given (down_width)")
+            return self.down_bits
+        if dbits != self.down_bits and not self.auto:
+            raise ValueError(f"downlink width {dbits} given to a protocol of fixed width {self.down_bits}")
+        return dbits
+
+    def _decode_shard(self, j: int, p: torch.Tensor, out: torch.Tensor, bad: torch.Tensor | None,
+                      dbits: int | None = None) -> None:
+        """``out += `` shard j's downlink payload ``p`` (maybe padded) at width ``dbits``, validated."""
         from dqsgd.quantizers import Norm
 
-        n, numel = self._down_sizes[j], out.numel()
-        uniform = self.down_bits not in (FP32, SIGN)
-        expect = (self.down_bits, Norm.MAX, self.shards[j].layout) if uniform else None
+        dbits = self._width(dbits)
+        n, numel = self.down_sizes(dbits)[j], out.numel()
+        uniform = dbits not in (FP32, SIGN)
+        expect = (dbits, Norm.MAX, self.shards[j].layout) if uniform else None
         h = payloads.decode_accumulate_payload(p[:n], out, max_numel=max(numel, 1), expect=expect,
                                                bad=bad if uniform else None)
         if h.numel != numel:
@@ -228,12 +277,13 @@ def replace_kernel(config: MethodConfig, kernel: str) -> MethodConfig:
 
 
 def run_in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, step: int,
-                   generators: Sequence[torch.Generator | None] | None = None) -> torch.Tensor:
+                   generators: Sequence[torch.Generator | None] | None = None, dbits: int | None = None) -> torch.Tensor:
     """One step of ``proto`` for W workers' flat gradients in one process, without memory or scalers
-    (what every rank of a real run computes): the update every rank applies."""
+    (what every rank of a real run computes): the update every rank applies. ``dbits``: the step's
+    downlink width (``downlink_bits = "auto"``; None: the fixed width)."""
     gens = generators if generators is not None else [None] * len(flats)
     sent = [proto.encode(w, g, bits, step, gens[w])[0] for w, g in enumerate(flats)]
     avg = [proto.reduce(j, [row[j] for row in sent], bits) for j in range(len(proto.shards))]
     if proto.topology == "allgather":
         return avg[0]
-    return proto.decode_down([proto.encode_down(j, a, step) for j, a in enumerate(avg)])
+    return proto.decode_down([proto.encode_down(j, a, step, dbits=dbits) for j, a in enumerate(avg)], dbits=dbits)

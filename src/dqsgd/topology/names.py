@@ -5,6 +5,9 @@ from __future__ import annotations
 TOPOLOGIES = ("ps", "allgather", "sharded")  # every topology of the trainer
 HOOK_TOPOLOGIES = ("sharded", "allgather")    # those of the DDP hook (no parameter server in DDP)
 FP32 = 32                                     # downlink width meaning "send the averaged shard in fp32"
+AUTO = "auto"                                 # downlink width chosen with the uplink's from one budget
+DOWNLINK_PARITY_BITS = 8                      # the explicit default width; an "auto" budget adds its cost
+BUDGETED_POLICIES = ("dqsgd-budget", "dqsgd-coded")  # the policies "auto" splits the budget of
 
 
 def check_topology(topology: object, allowed: tuple[str, ...] = TOPOLOGIES) -> str:
@@ -22,10 +25,35 @@ def check_downlink_bits(bits: object) -> int:
     return bits
 
 
+def resolve_downlink_bits(bits: object, *, policy: str, topology: str, vote: bool) -> int | str:
+    """The downlink width a run uses: ``bits`` (2..16, 32 = fp32, or ``"auto"``), or where it is
+    None or 0 (not given) the method's default: ``"auto"`` for a budgeted policy on topology
+    ``sharded`` (not a vote), else :data:`DOWNLINK_PARITY_BITS`. ``"auto"`` where it means nothing
+    is refused (:func:`check_auto_downlink`)."""
+    if bits is None or (bits == 0 and not isinstance(bits, bool)):
+        return AUTO if policy in BUDGETED_POLICIES and topology == "sharded" and not vote else DOWNLINK_PARITY_BITS
+    if bits == AUTO:
+        check_auto_downlink(topology, vote, policy)
+        return AUTO
+    return check_downlink_bits(bits)
+
+
+def check_auto_downlink(topology: str, vote: bool, policy: str | None = None) -> None:
+    """Refuse ``downlink_bits = "auto"`` where there is no downlink width to choose or no budget to split."""
+    if topology != "sharded" or vote:
+        what = "a majority vote sends its signs" if vote else f"topology {topology!r} sends no quantized downlink"
+        raise ValueError(f"downlink_bits = 'auto' chooses the sharded downlink's width: {what}; use topology "
+                         f"'sharded' or leave downlink_bits unset")
+    if policy is not None and policy not in BUDGETED_POLICIES:
+        raise ValueError(f"downlink_bits = 'auto' splits a bit budget between the uplink and the downlink: it needs "
+                         f"a budgeted policy ({', '.join(BUDGETED_POLICIES)}: the methods dqsgd, dqsgd-coded), not "
+                         f"policy {policy!r}; give an integer width (2..16, or 32 for fp32)")
+
+
 SAFE_DOWNLINK_BITS = 4  # below this, an unbiased downlink without error feedback was seen to diverge
 
 
-def check_downlink_safety(bits: int, feedback: bool, force: bool, *, topology: str, vote: bool,
+def check_downlink_safety(bits: int | str, feedback: bool, force: bool, *, topology: str, vote: bool,
                           spell: tuple[str, str] = ("downlink_feedback=True", "allow_unsafe_downlink=True")) -> None:
     """Refuse a downlink configuration that trains badly or means nothing (a ValueError naming the fix).
 
@@ -36,6 +64,8 @@ def check_downlink_safety(bits: int, feedback: bool, force: bool, *, topology: s
       training can collapse after a good start; refused unless ``force``. ``spell``: how the caller's
       interface writes the two options (the hook's arguments, the trainer's config keys).
     """
+    if bits == AUTO:  # the policy picks widths >= SAFE_DOWNLINK_BITS unless feedback is on
+        return
     quantized = topology == "sharded" and not vote and bits != FP32
     if feedback and not quantized:
         what = ("a majority vote sends its exact signs" if vote else "an fp32 downlink" if bits == FP32

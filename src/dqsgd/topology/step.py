@@ -52,7 +52,7 @@ import torch
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
-from dqsgd.topology.names import FP32, check_downlink_bits
+from dqsgd.topology.names import AUTO, FP32, check_downlink_bits
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.traffic import wire_traffic
 
@@ -186,10 +186,10 @@ class ServerStep:
 class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
-    def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int, downlink_bits: int = 8,
-                 downlink_feedback: bool = False):
+    def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
+                 downlink_bits: int | str = 8, downlink_feedback: bool = False):
         self.method, self.workers = method, workers
-        self.downlink_bits = check_downlink_bits(downlink_bits)
+        self.downlink_bits = downlink_bits if downlink_bits == AUTO else check_downlink_bits(downlink_bits)
         self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
                                        seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
                                        method=method, downlink_feedback=downlink_feedback)
@@ -216,6 +216,7 @@ class ShardedStep:
         ``measure_coded``: also give each local worker's uplink with the best coding (:meth:`coded_size`),
         measured on the payloads it sent, after the exchange (nothing sent changes)."""
         bits, P = state.bits, self.protocol
+        dbits = P.down_width(state.policy)  # "auto": the policy's downlink width for this step
         scalers, side = None, 0
         if self.method.shares_scalers:
             scalers = t.max_reduce([P.local_scalers(g.cpu()) for g in grads.values()])
@@ -229,14 +230,14 @@ class ShardedStep:
         down, fed = {}, dict(state.down_residuals)  # fed: the error-fed downlink's residuals (shards served here)
         for j, payloads in served.items():
             avg = P.reduce(j, [bytes_tensor(p) for p in payloads], bits)
-            pay, res = P.encode_down_fed(j, avg, step, fed.get(j))
+            pay, res = P.encode_down_fed(j, avg, step, fed.get(j), dbits=dbits)
             down[j] = tensor_bytes(pay)
             if res is not None:
                 fed[j] = res
-        shared = t.share(down, max(P.down_sizes()))
-        update = P.decode_down([bytes_tensor(p) for p in shared])
+        shared = t.share(down, max(P.down_sizes(dbits)))
+        update = P.decode_down([bytes_tensor(p) for p in shared], dbits=dbits)
         after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res), down_residuals=fed),
-                                    update, step, P.spent_bits(up))
+                                    update, step, P.spent_bits(up, dbits))
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
@@ -245,7 +246,7 @@ class ShardedStep:
 
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
-             downlink_bits: int = 8, downlink_feedback: bool = False) -> ServerStep | ShardedStep:
+             downlink_bits: int | str = 8, downlink_feedback: bool = False) -> ServerStep | ShardedStep:
     """The step object of ``topology``: :class:`ShardedStep` for sharded, :class:`ServerStep` for ps and allgather."""
     if topology == "sharded":
         return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback)

@@ -60,7 +60,9 @@ class TrainConfig:
     device: str = "auto"              # the simulation's device: "auto" (CUDA when available) | "cpu" | "cuda"
     topology: str = ""                # "ps" | "allgather" | "sharded"; "" = the transport's default
                                       # (simulation: ps; torch: sharded)
-    downlink_bits: int = 8            # sharded: width of the downlink's stochastic rounding (2..16; 32 = fp32)
+    downlink_bits: int | str = 0      # sharded: width of the downlink's rounding (2..16; 32 = fp32), or "auto":
+                                      # chosen with the uplink's from one budget (budgeted policies). 0 = the
+                                      # method's default: "auto" for dqsgd / dqsgd-coded on sharded, else 8
     downlink_feedback: bool = False   # sharded: each shard server keeps its downlink rounding's residual and
                                       # adds it next step (needed below 4 bits; docs/topologies.md)
     allow_unsafe_downlink: bool = False  # run downlink_bits < 4 without feedback anyway (may diverge)
@@ -104,7 +106,9 @@ class TrainConfig:
             (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
             (self.device in DEVICES, f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}"),
             (self.topology in ("", *TOPOLOGIES), f"topology must be one of {', '.join(TOPOLOGIES)}"),
-            (2 <= self.downlink_bits <= 16 or self.downlink_bits == 32, "downlink_bits must be in [2, 16] or 32 (fp32)"),
+            (not isinstance(self.downlink_bits, bool) and (self.downlink_bits in (0, "auto", 32) or (
+                isinstance(self.downlink_bits, int) and 2 <= self.downlink_bits <= 16)),
+             f"downlink_bits must be in [2, 16], 32 (fp32), 'auto' or 0 (the method's default), got {self.downlink_bits!r}"),
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0
              and self.pad_to >= 0 and self.coded_every >= 0,
              "counts must be >= 0"),
@@ -174,9 +178,10 @@ def resolve_device(name: str) -> "torch.device":
 
 
 # [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods,
-# outer optimizers and downlink widths in one config file).
+# outer optimizers, topologies and downlink widths in one config file; a simulated comparison: the torch
+# transport's topology is the run's).
 METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
-                     "outer_lr", "outer_momentum", "downlink_bits")
+                     "outer_lr", "outer_momentum", "downlink_bits", "topology")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from dqsgd.method.ledger import Ledger
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.topology.names import check_downlink_safety
+from dqsgd.topology.names import AUTO, check_downlink_safety, resolve_downlink_bits
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig
@@ -85,20 +85,28 @@ class Trainer:
         self.optimizer = (outer_optimizer(self.params, cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum)
                           if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
         self.method = Method(entry.config, self.numel, cfg.rounds, sizes)  # the policy counts exchanges
-        self.state: MethodState = self.method.init_state(cfg.workers)
         shards = partition_shards(cfg.partition, data.train.y, cfg.workers, cfg.dirichlet_alpha, cfg.batch_size, seed)
         self.batches = WorkerBatches(len(data.train.y), cfg.workers, cfg.batch_size, seed, shards)
         self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
-        self.ledger = Ledger(self.numel, cfg.workers, self.method.budget_bits(), topology=self.topology)
-        check_downlink_safety(cfg.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
-                              topology=self.topology, vote=entry.config.aggregate == "majority",
+        vote = entry.config.aggregate == "majority"
+        try:
+            self.downlink_bits = resolve_downlink_bits(cfg.downlink_bits, policy=entry.config.policy,
+                                                       topology=self.topology, vote=vote)
+        except ValueError as e:
+            raise ValueError(f"train.downlink_bits: {e}") from None
+        check_downlink_safety(self.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
+                              topology=self.topology, vote=vote,
                               spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
-            else step_for(self.method, self.topology, sizes, cfg.workers, seed, cfg.downlink_bits,
+            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
                           cfg.downlink_feedback))
+        # "auto": the sharded step's protocol gave the method its both-leg policy (and budget) just now
+        self.state: MethodState = self.method.init_state(cfg.workers)
+        self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,
+                             both_legs=self.downlink_bits == AUTO)
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         if cfg.backup_workers:
             check_backup(entry.config)
@@ -108,6 +116,11 @@ class Trainer:
         self.next_step = 0
         self.skipped = 0
         self.local = LocalRounds(self, momentum) if cfg.local else None
+
+    def budget_bits(self) -> int | None:
+        """The budget the ledger charges: the method's uplink budget, or under ``downlink_bits = "auto"``
+        the both-leg budget of its split policy (:mod:`dqsgd.policies.split`)."""
+        return int(self.method.policy.budget_bits) if self.downlink_bits == AUTO else self.method.budget_bits()
 
     # --- pieces of a step -----------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -249,7 +262,7 @@ class Trainer:
         """What identifies this run and rank; a state dict of another run is refused."""
         meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
                 "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
-                "downlink_bits": self.cfg.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
+                "downlink_bits": self.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
         return meta if self.local is None else {**meta, "local_steps": self.cfg.local_steps}
 
