@@ -17,10 +17,11 @@ from dqsgd.transport import SimTransport
 pytestmark = pytest.mark.distributed
 
 CFG = TrainConfig(name="local-eq", dataset="synthetic", model="mlp", workers=4, steps=40, batch_size=16, lr=0.1,
-                  momentum=0.9, eval_every=100, coded_every=2, topology="sharded", local_steps=8)
-# budgeted DQSGD also with DiLoCo's outer Nesterov step, and AdamW inside the rounds
+                  momentum=0.9, eval_every=100, coded_every=2, topology="sharded", local_steps=8, downlink_bits=8)
+# budgeted DQSGD also with DiLoCo's outer Nesterov step, AdamW inside the rounds, and the both-leg split of the
+# budget (downlink_bits = "auto": each round's uplink and downlink widths chosen together)
 DILOCO = TrainConfig(**{**CFG.__dict__, "outer_optimizer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9,
-                        "inner_optimizer": "adamw", "lr": 0.003})
+                        "inner_optimizer": "adamw", "lr": 0.003, "downlink_bits": "auto"})
 CASES = [("sharded", CFG, MethodEntry("qsgd-4bit", method_config("qsgd-4bit")), 0),
          ("sharded", CFG, MethodEntry("dqsgd", method_config("dqsgd")), 0),
          ("sharded", DILOCO, MethodEntry("dqsgd-coded", method_config("dqsgd-coded")), 1)]
