@@ -37,8 +37,8 @@ def _fake(device: str) -> dict:
     env = {"device": device, "gpu": "Fake GPU 80GB" if device == "cuda" else None, "torch": "2.x", "cuda": "12.x",
            "triton": "3.x", "numba": "0.x", "python": "3.11", "command": "dqsgd bench gpu --out r", "utc": "now"}
     return {"environment": env,
-            "correctness": [{"bits": 4, "norm": "max", "kernels": "triton", "bytes_equal": True,
-                             "decode_bitwise": True, "corrupt_refused": True}],
+            "correctness": [{"bits": 4, "norm": "max", "kernels": "triton", "claimed": "bytes", "bytes_equal": True,
+                             "scale_rel": 0.0, "decode_bitwise": True, "corrupt_refused": True}],
             "codec": [{"path": "triton", "n": 25_000_000, "bits": 4, "enc": 0.61, "dec": 0.9, "both": 0.37,
                        "copy_ms": 0.1, "both_ms": 0.27}],
             "ddp": {"rows": [{"model": "resnet18", "world": 4, "hook": "qsgd-4bit", "ms": 12.5, "ratio": 1.1,
@@ -112,3 +112,50 @@ def test_simulation_rows_on_cpu() -> None:
     rows = simulation(torch.device("cpu"), ["cnn"], steps=1, warmup=1, workers=2)
     assert [r["method"] for r in rows] == ["sgd", "qsgd-4bit", "dqsgd"]
     assert rows[0]["vs_sgd"] == 1.0 and all(r["steps_per_s"] > 0 for r in rows)
+
+
+def test_a_failed_phase_is_reported_and_the_others_still_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys) -> None:
+    """One phase raising loses nothing: the report is written after every phase, the failure is named in
+    gpu.md and gpu.json, the later phases run, and the exit code is 1; a correctness row that is not all
+    True also exits 1."""
+    from dqsgd.cli.bench import gpu, loopback
+
+    def boom(*a, **k):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(gpu, "correctness", boom)
+    monkeypatch.setattr(gpu, "codec_speed", lambda *a, **k: _fake("cpu")["codec"])
+    monkeypatch.setattr(loopback, "ddp_times", lambda *a, **k: _fake("cpu")["ddp"])
+    monkeypatch.setattr(gpu, "simulation", lambda *a, **k: [{"model": "cnn", "method": "sgd", "steps_per_s": 1.0,
+                                                              "vs_sgd": 1.0}])
+    args = parse_args(["bench", "gpu", "--out", str(tmp_path / "r"), "--device", "cpu"])
+    assert gpu.bench_gpu(args) == 1
+    res = json.loads((tmp_path / "r" / "gpu.json").read_text())
+    assert res["errors"] == {"correctness": "RuntimeError: kernel exploded"}
+    assert {"codec", "ddp", "simulation"} <= set(res) and set(res["seconds"]) == {"correctness", "codec", "ddp",
+                                                                                  "simulation"}
+    assert "- correctness: `RuntimeError: kernel exploded`" in (tmp_path / "r" / "gpu.md").read_text()
+    assert "FAILED correctness: RuntimeError: kernel exploded" in capsys.readouterr().out
+    row = {"bits": 2, "norm": "max", "kernels": "triton", "claimed": "bytes", "bytes_equal": False,
+           "scale_rel": 0.0, "decode_bitwise": True, "corrupt_refused": True}
+    monkeypatch.setattr(gpu, "correctness", lambda *a, **k: [row])
+    assert gpu.bench_gpu(args) == 1
+    assert "correctness bits=2 norm=max: bytes_equal is False" in capsys.readouterr().out
+    row.update(norm="l2", claimed="decode, scales", scale_rel=3e-8)  # l2: bytes reported, not claimed
+    assert gpu.bench_gpu(args) == 0
+    row.update(scale_rel=1e-3)
+    assert gpu.bench_gpu(args) == 1
+    assert "correctness bits=2 norm=l2: scales differ by 0.001 (relative) > 1e-05" in capsys.readouterr().out
+    monkeypatch.setattr(gpu, "correctness", lambda *a, **k: _fake("cpu")["correctness"])
+    assert gpu.bench_gpu(args) == 0
+
+
+def test_correctness_phase_runs_on_the_cpu() -> None:
+    """The correctness phase itself (the torch-ops codec on the CPU): every check holds."""
+    from dqsgd.cli.bench.gpu import correctness
+
+    rows = correctness(torch.device("cpu"), 10_001)
+    assert len(rows) == 10 and {r["claimed"] for r in rows} == {"bytes", "decode, scales"}
+    assert all(r["bytes_equal"] and r["decode_bitwise"] and r["corrupt_refused"] and r["scale_rel"] == 0
+               for r in rows)

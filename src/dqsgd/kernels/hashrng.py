@@ -111,7 +111,10 @@ def hash_uniform_torch(key: torch.Tensor, n: int) -> torch.Tensor:
     # Hashes for a multiple of 64 counters (sliced to n below): inductor's CPU code (torch 2.13)
     # got the vector-loop tail of this int64 arithmetic wrong; with no tail it is exact (tested).
     m = -(-((n + 3) // 4) // 64) * 64
-    j = torch.arange(1, m + 1, dtype=torch.int64, device=key.device)
+    # `+ (key & 0)` makes j a loaded int64 value, not an index expression: inductor's CUDA code otherwise
+    # folds j·γ into its int32 indexing and cannot compile (γ does not fit in int32; seen on an H200 with
+    # torch 2.11). On every backend it adds 0.
+    j = torch.arange(1, m + 1, dtype=torch.int64, device=key.device) + (key & 0)
     h = _mix64_torch(j * signed64(GAMMA) + key)
     # (h >> 16k) & 0xFFFF: the mask keeps bits an arithmetic shift would have filled, for every k.
     fields = torch.stack([(h >> (16 * k)) & 0xFFFF for k in range(4)], dim=1).reshape(-1)[:n]

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU checks in one command, on a machine with a CUDA GPU, from the repository's root:
+#   benchmarks/gpu_check.sh OUTDIR [extra `dqsgd bench gpu` flags]
+# 1. the tests that take their CUDA branch (device codec, trainer device, hook codec): pytest-device.txt
+# 2. `dqsgd bench gpu` (correctness against the CPU kernels, codec speed as a ratio to copy_, loopback DDP
+#    step time per hook, simulation steps/s): OUTDIR/gpu/gpu.md and gpu.json, log in bench.txt
+# 3. the Triton kernel matrix of tests/kernels/test_kernels_triton.py compiled on the GPU instead of
+#    interpreted on the CPU (widths 1-16, three dtypes, odd sizes, bitwise against numba): pytest-triton.txt
+# Each step has its own time limit; the exit code is the first failing step's (0 = all passed).
+# Uses $PYTHON (default python3) with torch + CUDA, numba, triton, zstandard, pytest; dqsgd from src/.
+set -u
+out=${1:?usage: benchmarks/gpu_check.sh OUTDIR [bench gpu flags]}
+shift
+py=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  $py -c "import torch, triton, numba, sys; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, 'triton', triton.__version__, 'numba', numba.__version__)"; } >"$out/env.txt" 2>&1
+rc=0
+step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to OUTDIR/NAME.txt, keep the first failure
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+  local r=$?
+  echo "gpu_check: $name rc=$r in $((SECONDS - t0)) s" | tee -a "$out/env.txt"
+  tail -n 3 "$out/$name.txt"
+  [ "$rc" -ne 0 ] || rc=$r
+}
+step pytest-device "${DEVICE_TESTS_S:-120}" $py -m pytest -p no:cacheprovider -rs tests/kernels/test_kernels_device.py \
+  tests/kernels/test_kernels_method.py tests/api/test_api_device.py tests/train/test_train_device.py \
+  tests/cli/test_bench_gpu.py
+step bench "${BENCH_S:-330}" $py -m dqsgd bench gpu --out "$out/gpu" "$@"
+step pytest-triton "${TRITON_TESTS_S:-150}" env DQSGD_TRITON_TEST_DEVICE=cuda $py -m pytest -p no:cacheprovider -rs \
+  tests/kernels/test_kernels_triton.py
+exit "$rc"
