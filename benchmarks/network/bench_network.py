@@ -3,7 +3,8 @@
     sudo .venv/bin/python benchmarks/network/bench_network.py              # 100 Mbit/s, MLP on MNIST to 92%
     sudo .venv/bin/python benchmarks/network/bench_network.py --rates 100mbit,1gbit --target 0.95 --steps 800
     sudo .venv/bin/python benchmarks/network/bench_network.py --model cnn --methods fp32,qsgd-4bit,dqsgd
-    sudo .venv/bin/python benchmarks/network/bench_network.py --methods fp32,powersgd-r2,qsgd-2bit@4,dqsgd-coded
+    sudo .venv/bin/python benchmarks/network/bench_network.py --methods fp32,powersgd-r2,qsgd-2bit@4,dqsgd-coded@auto
+    sudo .venv/bin/python benchmarks/network/bench_network.py --methods fp32,sgd-ps,sgd-backup1,sketched-sgd-trainer
     sudo .venv/bin/python benchmarks/network/bench_network.py --methods fp32,postlocal-h16,local-h16,local-h16-qsgd-4bit
 
 W ranks (default 4), each in its own network namespace, joined by veth pairs to a bridge; every link
@@ -13,14 +14,14 @@ namespaces are used). The same model, data shards, seed and optimizer are traine
 with any registered dqsgd method (`dqsgd methods`; the defaults are QSGD 4-bit and DQSGD, budgeted, 4.5
 bits on average); ``powersgd-rN`` runs PowerSGD at rank N. A dqsgd method name alone runs the hook
 on its default topology ``sharded`` (every rank serves 1/W of each bucket: an all-to-all of 4-bit
-shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` down); ``-allgather``
-runs the hook on the all-gather topology (every rank receives every payload); ``@DOWN`` (2..16 or
-fp32; ``2e``..``16e``: error-fed) sets that row's downlink width, overriding ``--downlink-bits``
-(a row's width below 4 without ``e`` runs as asked, to measure it); ``local-hH[-METHOD]`` and
-``postlocal-hH`` are Local SGD rows (local_rows.py: dqsgd's LocalSGDOptimizer, and PyTorch's
-PostLocalSGDOptimizer as the uncompressed peer); ``-trainer`` runs
-dqsgd's own trainer on the sharded topology (no overlap with backward; same data order, init and
-optimizer). Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
+shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` down, default 8);
+``@auto`` (or ``--downlink-bits auto``) gives the budgeted methods the both-leg budget split that
+the hook and the trainer use by default; ``-allgather``, ``-trainer``, ``-ps`` and ``-backupB``
+(synchronous SGD with B backup workers on a parameter server) and the other ``@DOWN`` widths are
+described in method_rows.py, which says why Sketched SGD runs only as a trainer row;
+``local-hH[-METHOD]`` and ``postlocal-hH`` are Local SGD rows (local_rows.py: dqsgd's
+LocalSGDOptimizer, and PyTorch's PostLocalSGDOptimizer as the uncompressed peer).
+Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
 hook (numba compilation, gloo connections), then trains from the same initial weights.
 Reported per (rate, method):
 
@@ -58,66 +59,20 @@ sys.path.insert(0, str(HERE))  # the helpers beside the script (run as a script,
 from local_rows import LOCAL_SYNTAX, local_problem, local_row, local_stepper, training_step  # noqa: E402
 from net_tables import grouped, link_s, plot, speedup, table, time_to_target  # noqa: E402,F401
 
-TORCH_HOOKS = ("fp32", "fp16", "powersgd")
-VARIANTS = {"": ("hook", "sharded"), "-allgather": ("hook", "allgather"), "-trainer": ("trainer", "sharded")}
+from method_rows import (BACKUP, METHOD_SYNTAX as DQSGD_SYNTAX, TORCH_HOOKS, VARIANTS, backup_workers,  # noqa: E402,F401
+                         down_ok, downlink, downlink_options, dqsgd_problem, powersgd_rank, split_downlink, variant)
+
 DEFAULT_METHODS = ("fp32", "fp16", "powersgd", "qsgd-4bit", "dqsgd", "qsgd-4bit-allgather", "dqsgd-allgather")
-METHOD_SYNTAX = ("fp32 | fp16 | powersgd[-rN] | DQSGD_METHOD[-allgather|-trainer][@DOWN] (DQSGD_METHOD: any name of "
-                 "`dqsgd methods`, e.g. qsgd-2bit, dqsgd, dqsgd-coded; DOWN: the sharded downlink's width for "
-                 "this row, 2..16 or fp32, overriding --downlink-bits; a trailing 'e' (e.g. @2e) makes it "
-                 "error-fed; a width below 4 without 'e' runs as asked (allow_unsafe_downlink)) | " + LOCAL_SYNTAX)
+METHOD_SYNTAX = DQSGD_SYNTAX + " | " + LOCAL_SYNTAX
 
 
-def _registered(name: str) -> bool:
-    from dqsgd.method.config import method_config
-
-    try:
-        method_config(name)
-    except (ValueError, TypeError, KeyError):
-        return False
-    return True
-
-
-def _split_downlink(method: str) -> tuple[str, str | None]:
-    name, at, down = method.partition("@")
-    return name, (down if at else None)
-
-
-def variant(method: str) -> tuple[str, str, str] | None:
-    """(dqsgd method, engine "hook" or "trainer", topology) of a dqsgd row; None for PyTorch's rows and
-    for names that are not a registered dqsgd method with an optional suffix."""
-    name, _ = _split_downlink(method)
-    for suffix in sorted(VARIANTS, key=len, reverse=True):
-        base = name.removesuffix(suffix) if suffix else name
-        if (not suffix or name.endswith(suffix)) and base and base not in TORCH_HOOKS and _registered(base):
-            return (base, *VARIANTS[suffix])
-    return None
-
-
-def powersgd_rank(method: str) -> int | None:
-    """The matrix rank of a PowerSGD row (``powersgd`` = rank 1, ``powersgd-r4`` = rank 4); None otherwise."""
-    if method == "powersgd":
-        return 1
-    head, _, rank = method.partition("-r")
-    return int(rank) if head == "powersgd" and rank.isdigit() and int(rank) >= 1 else None
-
-
-def method_problem(method: str) -> str:
-    """Why ``method`` is not a row this benchmark can run ("" if it is)."""
+def method_problem(method: str, workers: int | None = None) -> str:
+    """Why ``method`` is not a row this benchmark can run ("" if it is); ``workers``: W, where known."""
     if method in ("fp32", "fp16") or powersgd_rank(method) is not None:
         return ""
     if method.startswith(("local-", "postlocal-")):
         return local_problem(method)
-    v, (_, down) = variant(method), _split_downlink(method)
-    if v is None:
-        return f"unknown method {method!r}"
-    if down is not None and (v[2] != "sharded" or not _down_ok(down)):
-        return f"{method!r}: @DOWN needs the sharded topology and 2..16 (error-fed: 2e..16e) or fp32"
-    return ""
-
-
-def _down_ok(down: str) -> bool:
-    width = down.removesuffix("e")
-    return down == "fp32" or (width.isdigit() and 2 <= int(width) <= 16)
+    return dqsgd_problem(method, workers)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -130,8 +85,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "the link is the bottleneck), cnn (LeNet-5, 62k parameters, compute-bound on 2 cores)")
     p.add_argument("--hidden", default="", help="mlp only: comma-separated hidden widths (default 200,200; "
                    "1024,1024 gives 1.86M parameters)")
-    p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink, 2..16 or fp32; a trailing "
-                   "'e' (e.g. 2e) makes it error-fed")
+    p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink of the rows without @DOWN, "
+                   "2..16 or fp32, or auto: every row's method default (the both-leg budget split for dqsgd and "
+                   "dqsgd-coded, 8 for the others); a trailing 'e' (e.g. 2e) makes it error-fed")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
     p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
                    "the median time to target")
@@ -187,19 +143,6 @@ def register_hook(model: Any, a: argparse.Namespace) -> Any:
     return state
 
 
-def downlink(a: argparse.Namespace) -> int | str:
-    """This rank's downlink width: the row's ``@DOWN`` if it has one, else ``--downlink-bits``."""
-    down = (_split_downlink(a.method)[1] or a.downlink_bits).removesuffix("e")
-    return "fp32" if down == "fp32" else int(down)
-
-
-def downlink_options(a: argparse.Namespace) -> dict[str, bool]:
-    """The downlink's feedback switches (HookState's and TrainConfig's names): error-fed when the width
-    ends in 'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it)."""
-    down = _split_downlink(a.method)[1] or a.downlink_bits
-    return {"downlink_feedback": down.endswith("e"), "allow_unsafe_downlink": True}
-
-
 def _build(a: argparse.Namespace, data: Any) -> Any:
     from dqsgd.models import build_model
 
@@ -225,19 +168,29 @@ def _ddp_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
 
 
 def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
-    """The same for dqsgd's trainer on the sharded topology (same init, batches and optimizer)."""
+    """The same for dqsgd's trainer (same init, batches and optimizer; Sketched SGD: its workers' momentum
+    ``sketch_momentum`` in place of the optimizer's) on the row's topology; ``-backupB`` rows on a
+    parameter server of their own process group that aggregates the first W − B uplinks."""
+    import torch.distributed as dist
+
     from dqsgd.method.config import method_config
     from dqsgd.train.config import MethodEntry, TrainConfig
     from dqsgd.train.trainer import Trainer
+    from dqsgd.transport.backup import BackupPSTransport
     from dqsgd.transport.torch_dist import make_transport
 
     base, _, topology = variant(a.method)
-    dbits = downlink(a)
+    dbits, backup, config = downlink(a), backup_workers(a.method), method_config(base, kernel=a.kernel)
     cfg = TrainConfig(name="bench-network", dataset=a.dataset, model=a.model, workers=a.workers, steps=a.steps,
                       batch_size=a.batch_size, lr=a.lr, momentum=a.momentum, topology=topology,
-                      downlink_bits=32 if dbits == "fp32" else dbits, threads=a.threads, **downlink_options(a))
-    tr = Trainer(cfg, MethodEntry(base, method_config(base, kernel=a.kernel)), data, a.seed,
-                 make_transport(topology, timeout=a.timeout))
+                      downlink_bits={"fp32": 32, None: 0}.get(dbits, dbits),  # type: ignore[arg-type]
+                      threads=a.threads, backup_workers=backup, coded_every=0 if backup else 1, **downlink_options(a))
+    # A backup server leaves receives posted for the stragglers: a group of its own keeps them off the
+    # next run's messages (the warm-up's trainer, then the timed one).
+    transport = (BackupPSTransport(backup, dist.new_group(), timeout=a.timeout) if backup
+                 else make_transport(topology, timeout=a.timeout))
+    momentum = 0.0 if config.scheme == "sketch" else None
+    tr = Trainer(cfg, MethodEntry(base, config, momentum=momentum), data, a.seed, transport)
     return lambda n: tr.step(), tr.model, tr
 
 
@@ -249,6 +202,8 @@ def stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
 
 
 def run_rank(a: argparse.Namespace) -> None:
+    """One rank: warm-up, then training to ``--steps`` or until rank 0 sees the target (``-backupB`` rows: to
+    ``--steps``, see :func:`_evaluate`), then its interface's bytes to rank 0, which writes the result."""
     import datetime
 
     import torch
@@ -262,11 +217,12 @@ def run_rank(a: argparse.Namespace) -> None:
                             timeout=datetime.timedelta(seconds=a.timeout))
     data = load_dataset(a.dataset)
     if a.warmup:  # a throwaway copy: compilation and first connections happen outside the timed loop
-        warm, _, _ = stepper(a, data)
+        warm, _, warm_state = stepper(a, data)
+        if backup_workers(a.method):  # its server reads the stragglers' last uplinks after the warm-up
+            warm_state.transport.expect(a.warmup)
         for n in range(a.warmup):
             warm(n)
     train_step, model, state = stepper(a, data)
-    tx_x, tx_y = data.test.x[: a.eval_samples], data.test.y[: a.eval_samples]
     train_s, curve, reached, acc, step = 0.0, [], None, float("nan"), 0
     dist.barrier()
     tx0 = tx_bytes()
@@ -275,18 +231,10 @@ def run_rank(a: argparse.Namespace) -> None:
         train_step(step - 1)
         train_s += time.perf_counter() - t0
         if step % a.eval_every == 0 or step == a.steps:
-            stop = torch.zeros(1)
-            if a.rank == 0:
-                with torch.no_grad():
-                    model.eval()
-                    acc = float((model(tx_x).argmax(1) == tx_y).float().mean())
-                    model.train()
-                curve.append({"step": step, "train_s": train_s, "acc": acc, "tx_bytes": tx_bytes() - tx0})
-                if reached is None and acc >= a.target:
-                    reached = {"step": step, "train_s": train_s}
-                stop[0] = float(reached is not None)
-            dist.broadcast(stop, 0)  # the others wait here while rank 0 evaluates (not counted as training)
-            if stop[0] > 0:
+            acc, stop = _evaluate(a, data, model, step, train_s, curve, tx_bytes() - tx0, reached)
+            if reached is None and acc >= a.target:  # rank 0 only (nan elsewhere)
+                reached = {"step": step, "train_s": train_s}
+            if stop:
                 break
     sent = torch.tensor([tx_bytes() - tx0], dtype=torch.int64)
     every = [torch.zeros_like(sent) for _ in range(a.workers)]
@@ -294,6 +242,33 @@ def run_rank(a: argparse.Namespace) -> None:
     if a.rank == 0:
         Path(a.result).write_text(json.dumps(_result(a, step, acc, train_s, reached, curve, every, state)))
     dist.destroy_process_group()
+
+
+def _evaluate(a: argparse.Namespace, data: Any, model: Any, step: int, train_s: float, curve: list[Any],
+              sent: int, reached: Any) -> tuple[float, bool]:
+    """Rank 0's test accuracy at ``step`` (appended to ``curve``; nan elsewhere), and whether every rank stops.
+
+    The others wait in a broadcast while rank 0 evaluates (not counted as training). Not under backup
+    workers: there a dropped worker's uplink completes only when the server reads it, at its next
+    exchange, so a collective between steps would wait for it forever; those rows train to ``--steps``
+    (rank 0 still records when it reached the target) and the server reads the last stragglers after
+    the last exchange (:meth:`~dqsgd.transport.backup.BackupPSTransport.expect`)."""
+    import torch
+    import torch.distributed as dist
+
+    acc = float("nan")
+    if a.rank == 0:
+        with torch.no_grad():
+            model.eval()
+            x, y = data.test.x[: a.eval_samples], data.test.y[: a.eval_samples]
+            acc = float((model(x).argmax(1) == y).float().mean())
+            model.train()
+        curve.append({"step": step, "train_s": train_s, "acc": acc, "tx_bytes": sent})
+    if backup_workers(a.method):
+        return acc, False
+    stop = torch.tensor([float(a.rank == 0 and (reached is not None or acc >= a.target))])
+    dist.broadcast(stop, 0)
+    return acc, bool(stop[0] > 0)
 
 
 def _result(a: argparse.Namespace, step: int, acc: float, train_s: float, reached: Any, curve: list[Any],
@@ -335,17 +310,17 @@ def _forward(a: argparse.Namespace) -> list[str]:
 
 def check_args(a: argparse.Namespace, methods: list[str]) -> str:
     """What is wrong with the options ("" if nothing)."""
-    bad = [p for p in map(method_problem, methods) if p]
+    bad = [p for p in (method_problem(m, a.workers) for m in methods) if p]
     if bad:
         return "; ".join(bad) + f" (rows: {METHOD_SYNTAX})"
     if a.workers < 2:
         return f"--workers must be >= 2, got {a.workers}"
     if a.hidden and (a.model != "mlp" or any((variant(m) or ("", ""))[1] == "trainer" for m in methods)):
-        return "--hidden applies to --model mlp under DDP only (the -trainer rows build the config's model)"
+        return "--hidden applies to --model mlp under DDP only (the trainer's rows build the config's model)"
     if a.hidden and not all(h.strip().isdigit() and int(h) > 0 for h in a.hidden.split(",")):
         return f"--hidden must be comma-separated positive widths, got {a.hidden!r}"
-    if not _down_ok(a.downlink_bits):
-        return f"--downlink-bits must be 2..16 or fp32 (error-fed: 2e..16e), got {a.downlink_bits!r}"
+    if not down_ok(a.downlink_bits):
+        return f"--downlink-bits must be 2..16, fp32 or auto (error-fed: 2e..16e, autoe), got {a.downlink_bits!r}"
     if a.repeats < 1 or a.warmup < 0:
         return "--repeats must be >= 1 and --warmup >= 0"
     return ""

@@ -62,7 +62,12 @@ def test_any_registered_method_with_a_topology_and_a_downlink_width_is_a_row(ben
     (["--hidden", "512,x"], "--hidden must be comma-separated positive widths"),
     (["--hidden", "512", "--model", "cnn"], "--hidden applies to --model mlp"),
     (["--hidden", "512", "--methods", "fp32,dqsgd-trainer"], "--hidden applies to --model mlp"),
-    (["--downlink-bits", "17"], "--downlink-bits must be 2..16 or fp32"),
+    (["--downlink-bits", "17"], "--downlink-bits must be 2..16, fp32 or auto"),
+    (["--methods", "qsgd-2bit@auto"], "needs a budgeted policy"),
+    (["--methods", "sketched-sgd"], "which the DDP hook does not run; use sketched-sgd-trainer"),
+    (["--methods", "sgd-backup4"], "backup workers must be in [1, W - 1] = [1, 3]"),
+    (["--methods", "ef-signsgd-backup1"], "backup workers need a method whose workers send one independent"),
+    (["--hidden", "512", "--methods", "fp32,sgd-backup1"], "--hidden applies to --model mlp"),
     (["--repeats", "0"], "--repeats must be >= 1"),
 ])
 def test_bad_options_exit_2_with_the_reason(bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -121,6 +126,44 @@ def test_a_failed_run_is_reported_and_has_no_time(bench: Any) -> None:
     lines = bench.table(rows, 0.9).splitlines()
     assert "failed: powersgd: ranks ended with [None, None]" in lines[-1]
     assert bench.time_to_target(rows[1:]) is None and bench.speedup(bench.grouped(rows), "100mbit", "fp32", "powersgd") == "—"
+
+
+def test_auto_downlink_rows_are_the_budgeted_methods_defaults(bench: Any) -> None:
+    from dqsgd.ddp import HookState
+
+    a = bench.parse([])  # --downlink-bits 8: a bare row keeps the committed tables' 8-bit downlink
+    for row, width in [("dqsgd@auto", "auto"), ("dqsgd-coded@auto", "auto"), ("dqsgd", 8), ("dqsgd@autoe", "auto")]:
+        a.method = row
+        assert bench.method_problem(row) == "" and bench.downlink(a) == width, row
+    a.method = "dqsgd@auto"  # exactly what users get from HookState("dqsgd"): no flag of its own
+    assert bench.downlink_options(a) == {"downlink_feedback": False, "allow_unsafe_downlink": False}
+    state = HookState("dqsgd", downlink_bits=bench.downlink(a), **bench.downlink_options(a))
+    assert state.fields() == HookState("dqsgd").fields() and state.downlink_bits == "auto"
+    a.method = "dqsgd@autoe"
+    assert bench.downlink_options(a) == {"downlink_feedback": True, "allow_unsafe_downlink": False}
+    a = bench.parse(["--downlink-bits", "auto"])  # every row's method default: None, as HookState takes it
+    for row in ("dqsgd", "qsgd-2bit", "dqsgd-trainer"):
+        a.method = row
+        assert bench.downlink(a) is None, row
+    assert HookState("qsgd-2bit", downlink_bits=None).downlink_bits == 8
+    assert bench.check_args(a, ["dqsgd", "qsgd-2bit", "fp32"]) == ""
+    assert "@DOWN needs" in bench.method_problem("dqsgd-allgather@auto")
+    assert "@DOWN needs" in bench.method_problem("dqsgd@fp32e") and "@DOWN needs" in bench.method_problem("dqsgd@autox")
+
+
+def test_sketch_and_backup_rows_run_on_the_trainer(bench: Any) -> None:
+    assert bench.variant("sketched-sgd-trainer") == ("sketched-sgd", "trainer", "sharded")
+    assert bench.variant("sketched-sgd-ps") == ("sketched-sgd", "trainer", "ps")
+    assert bench.method_problem("sketched-sgd-trainer") == "" and bench.method_problem("sketched-sgd-ps") == ""
+    assert "does not run" in bench.method_problem("sketched-sgd-allgather")
+    assert bench.variant("sgd-backup1") == ("sgd", "trainer", "ps") and bench.backup_workers("sgd-backup1") == 1
+    assert bench.variant("qsgd-4bit-backup2") == ("qsgd-4bit", "trainer", "ps")
+    assert bench.backup_workers("qsgd-4bit-backup2") == 2 and bench.backup_workers("qsgd-4bit") == 0
+    assert bench.method_problem("qsgd-4bit-backup2", 4) == "" and bench.method_problem("sgd-ps") == ""
+    for bad in ("fp32-backup1", "backup1", "sgd-backup", "nope-backup1", "sgd-backup0", "sgd-backup1x"):
+        assert bench.variant(bad) is None, bad
+    assert "@DOWN needs" in bench.method_problem("sgd-backup1@4", 4)
+    assert "sketch rounds" in bench.method_problem("sketched-sgd-backup1", 4)
 
 
 def test_local_sgd_rows_parse_and_bad_ones_are_refused(bench: Any) -> None:
