@@ -1,12 +1,16 @@
 """One table and one figure from several ``bench_network.py`` runs (each its own ``--out`` folder).
 
     python benchmarks/network/summarize.py RUN_DIR [RUN_DIR ...] --out results/network
+    python benchmarks/network/summarize.py RUN_DIR --readme "2-core AMD EPYC CPU, no GPU; 2026-11-26; load 1.2"
 
 Writes ``summary.md`` (a Markdown table: per run setting and rate, each method's median time to
 target, its speed-up against fp32 DDP and the fp16 hook, and the busiest rank's bytes per step) and
 ``summary.png`` (each method's speed-up over fp32 DDP in time to target, one panel per run setting,
 one bar group per rate).
 Each run's exact command comes from its ``network.json`` and is printed under the table.
+``--readme NOTE`` writes instead each RUN_DIR's ``README.md``: its command, NOTE (machine, date, load)
+and one row per (rate, method) with the time to target, the total wire bytes per step (all ranks) and
+their ratio to fp32 DDP's, the step time and the final accuracy.
 """
 
 from __future__ import annotations
@@ -33,7 +37,12 @@ def label(method: str) -> str:
     name, at, down = method.partition("@")
     rank = name.removeprefix("powersgd-r")
     base = f"PowerSGD rank {rank}" if name.startswith("powersgd-r") else LABELS.get(name, name)
-    return base + (f", downlink {down} bits" if at and down != "fp32" else ", downlink fp32" if at else "")
+    fed = ", error-fed" if at and down.endswith("e") and down != "e" else ""
+    down = down.removesuffix("e") if fed else down
+    if not at:
+        return base
+    return base + (", both-leg budget" if down == "auto" else ", downlink fp32" if down == "fp32"
+                   else f", downlink {down} bits") + fed
 
 
 def setting(run: dict[str, Any]) -> str:
@@ -61,6 +70,39 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     lines.append("")
     lines += [f"- {setting(run)}: `{run.get('command', '(command not recorded)')}`" for run in runs]
     return "\n".join(lines) + "\n"
+
+
+def run_table(run: dict[str, Any]) -> str:
+    """One run as a Markdown table: per (rate, method) the median time to target [range over repeats],
+    its speed-up over fp32 DDP, the total wire MB per step (all ranks, first repeat) and fp32 DDP's over
+    it, ms per step and the final accuracy."""
+    target = run["config"]["target"]
+    lines = [f"| rate | row | time to {target:.0%} (s) | vs fp32 | wire MB/step | fp32 bytes / bytes | "
+             "ms/step | final acc | steps |", "|---|---|---|---|---|---|---|---|---|"]
+    groups = grouped(run["runs"])
+    for (rate, method), rows in groups.items():
+        if "error" in rows[0]:
+            lines.append(f"| {rate} | `{method}` | failed: {rows[0]['error']} | — | — | — | — | — | — |")
+            continue
+        t, times = time_to_target(rows), [r["reached"]["train_s"] for r in rows if r.get("reached")]
+        shown = "—" if t is None else f"{t:.1f}" + (f" [{min(times):.1f}–{max(times):.1f}]" if len(rows) > 1 else "")
+        if t is None and times:
+            shown += f" ({len(times)} of {len(rows)} repeats reached it)"
+        mb = rows[0]["wire_bytes"] / 1e6 / rows[0]["steps"]
+        ref = groups.get((rate, "fp32"))
+        ratio = f"{ref[0]['wire_bytes'] / ref[0]['steps'] / 1e6 / mb:.1f}" if ref and "error" not in ref[0] else "—"
+        lines.append(f"| {rate} | `{method}` ({label(method)}) | {shown} | {speedup(groups, rate, method, 'fp32')} | "
+                     f"{mb:.3f} | {ratio} | {1000 * rows[0]['train_s'] / rows[0]['steps']:.0f} | "
+                     f"{rows[0]['final_acc']:.4f} | {rows[0]['steps']} |")
+    return "\n".join(lines) + "\n"
+
+
+def readme(run: dict[str, Any], note: str) -> str:
+    """A run folder's README.md: what produced it, where, and its table."""
+    return (f"# {setting(run)}\n\n{note}\n\nCommand (`sudo` not needed as root; the checkout's `src` first on "
+            f"PYTHONPATH):\n\n    {run.get('command', '(command not recorded)')}\n\n"
+            f"Wire bytes: what the ranks' interfaces sent (TCP/IP and gloo framing included), first repeat; "
+            f"times: training wall time on rank 0, medians over repeats.\n\n{run_table(run)}")
 
 
 def figure(runs: list[dict[str, Any]], path: Path) -> None:
@@ -104,13 +146,20 @@ def figure(runs: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="folders written by bench_network.py --out")
-    p.add_argument("--out", required=True)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--out", help="folder for summary.md and summary.png")
+    g.add_argument("--readme", metavar="NOTE", help="write each RUN_DIR's README.md, with NOTE (machine, date, load)")
     a = p.parse_args(argv)
     missing = [d for d in a.runs if not (Path(d) / "network.json").is_file()]
     if missing:
         print(f"summarize: no network.json in {missing}", file=sys.stderr)
         return 2
     runs = [json.loads((Path(d) / "network.json").read_text()) for d in a.runs]
+    if a.readme is not None:
+        for d, run in zip(a.runs, runs):
+            (Path(d) / "README.md").write_text(readme(run, a.readme))
+            print(f"{Path(d) / 'README.md'}")
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(markdown(runs))

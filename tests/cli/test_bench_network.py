@@ -116,6 +116,15 @@ def test_summary_tables_several_runs_with_their_commands(monkeypatch: pytest.Mon
     md = (tmp_path / "sum" / "summary.md").read_text()
     assert "| W = 4, mlp, target 90% | 100mbit | DQSGD sharded | 3.0 | 4.00x | — | 100 | 0.013 |" in md
     assert "`sudo bench --workers 4`" in md and (tmp_path / "sum" / "summary.png").stat().st_size > 0
+    assert summarize.main([str(run), "--readme", "2-core test machine; load 0.5"]) == 0
+    readme = (run / "README.md").read_text()
+    assert "2-core test machine; load 0.5" in readme and "    sudo bench --workers 4" in readme
+    # fp32 sends 4 MB in 100 steps: 0.040 MB/step, the same as dqsgd here (ratio 1.0); 12 s / 3 s = 4x
+    assert "| 100mbit | `dqsgd` (DQSGD sharded) | 3.0 | 4.00x | 0.040 | 1.0 | 90 | 0.9000 | 100 |" in readme
+    assert summarize.label("dqsgd-coded@auto") == "dqsgd-coded, both-leg budget"
+    assert summarize.label("dqsgd@autoe") == "DQSGD sharded, both-leg budget, error-fed"
+    assert summarize.label("qsgd-2bit@4") == "qsgd-2bit, downlink 4 bits" and summarize.label("powersgd-r4") == \
+        "PowerSGD rank 4"
     assert summarize.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
     assert "no network.json" in capsys.readouterr().err
 
