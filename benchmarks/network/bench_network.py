@@ -277,15 +277,19 @@ def _result(a: argparse.Namespace, step: int, acc: float, train_s: float, reache
     from dqsgd.train.trainer import Trainer
 
     ratio = bits = None
+    backup: dict[str, Any] = {}
     if isinstance(state, dqsgd.ddp.HookState):
         stats = state.compression_stats()
         ratio, bits = stats.ratio, stats.mean_bits
     elif isinstance(state, Trainer):
         ratio, bits = state.ledger.compression_ratio(), state.ledger.mean_bits()
+        if backup_workers(a.method):  # the workers whose uplink the server did not wait for, per step
+            backup = {"dropped": [list(r.dropped) for r in state.ledger.records],
+                      "wasted_up_bytes": state.ledger.wasted_up_bytes}
     per_rank = [int(t) for t in every]
     return {"method": a.method, "steps": step, "final_acc": acc, "train_s": train_s, "reached": reached,
             "wire_bytes": sum(per_rank), "wire_bytes_per_rank": per_rank, "curve": curve,
-            "payload_ratio": ratio, "mean_bits": bits}
+            "payload_ratio": ratio, "mean_bits": bits, **backup}
 
 
 # --- the orchestrator -------------------------------------------------------------------------------
