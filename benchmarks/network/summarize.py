@@ -52,23 +52,25 @@ def setting(run: dict[str, Any]) -> str:
     return f"W = {c['workers']}, {model}, target {c['target']:.0%}"
 
 
-def markdown(runs: list[dict[str, Any]]) -> str:
+def markdown(runs: list[dict[str, Any]], folders: list[str] | None = None) -> str:
+    """The summary table; ``folders``: each run's folder name, shown before its setting."""
     lines = ["| setting | rate | method | time to target (s) | vs fp32 | vs fp16 | steps | busiest rank MB/step |",
              "|---|---|---|---|---|---|---|---|"]
-    for run in runs:
+    names = [f"`{f}`: " for f in folders] if folders else [""] * len(runs)
+    for name, run in zip(names, runs):
         groups = grouped(run["runs"])
         for (rate, method), rows in groups.items():
             t = time_to_target(rows)
             if "error" in rows[0]:
-                lines.append(f"| {setting(run)} | {rate} | {label(method)} | failed: "
+                lines.append(f"| {name}{setting(run)} | {rate} | {label(method)} | failed: "
                              f"{rows[0]['error']} | — | — | — | — |")
                 continue
             per_rank = max(rows[0]["wire_bytes_per_rank"]) / 1e6 / rows[0]["steps"]
-            lines.append(f"| {setting(run)} | {rate} | {label(method)} | "
+            lines.append(f"| {name}{setting(run)} | {rate} | {label(method)} | "
                          f"{'—' if t is None else f'{t:.1f}'} | {speedup(groups, rate, method, 'fp32')} | "
                          f"{speedup(groups, rate, method, 'fp16')} | {rows[0]['steps']} | {per_rank:.3f} |")
     lines.append("")
-    lines += [f"- {setting(run)}: `{run.get('command', '(command not recorded)')}`" for run in runs]
+    lines += [f"- {name}{setting(run)}: `{run.get('command', '(command not recorded)')}`" for name, run in zip(names, runs)]
     return "\n".join(lines) + "\n"
 
 
@@ -105,7 +107,7 @@ def readme(run: dict[str, Any], note: str) -> str:
             f"times: training wall time on rank 0, medians over repeats.\n\n{run_table(run)}")
 
 
-def figure(runs: list[dict[str, Any]], path: Path) -> None:
+def figure(runs: list[dict[str, Any]], path: Path, folders: list[str] | None = None) -> None:
     """Speed-up over fp32 DDP (its median time to target / the method's) per method, one panel per run
     setting, one bar group per rate; a method has the same colour in every panel; × marks a miss."""
     import matplotlib
@@ -120,7 +122,7 @@ def figure(runs: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
     for ax in axes.flat[len(runs):]:
         ax.set_visible(False)
-    for ax, run in zip(axes.flat, runs):
+    for ax, run, folder in zip(axes.flat, runs, folders or [""] * len(runs)):
         groups = grouped(run["runs"])
         rates = list(dict.fromkeys(r for r, _ in groups))
         methods = [m for m in every if any((r, m) in groups for r in rates)]
@@ -136,7 +138,7 @@ def figure(runs: list[dict[str, Any]], path: Path) -> None:
                     ax.annotate("×", (x, 0), ha="center", va="bottom", color=colours[m])
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xticks(range(len(rates)), [f"{r} per link" for r in rates])
-        ax.set(title=setting(run), ylabel="speed-up over fp32 DDP (time to target)")
+        ax.set(title=f"{folder}: {setting(run)}" if folder else setting(run), ylabel="speed-up over fp32 DDP (time to target)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -162,9 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(markdown(runs))
-    figure(runs, out / "summary.png")
-    print(markdown(runs))
+    folders = [Path(d).name for d in a.runs]
+    text = markdown(runs, folders)
+    (out / "summary.md").write_text(text)
+    figure(runs, out / "summary.png", folders)
+    print(text)
     print(f"{out / 'summary.md'}, {out / 'summary.png'}")
     return 0
 

@@ -114,7 +114,7 @@ def test_summary_tables_several_runs_with_their_commands(monkeypatch: pytest.Mon
                                                   "runs": [_row("fp32", 12.0), _row("dqsgd", 3.0)]}))
     assert summarize.main([str(run), "--out", str(tmp_path / "sum")]) == 0
     md = (tmp_path / "sum" / "summary.md").read_text()
-    assert "| W = 4, mlp, target 90% | 100mbit | DQSGD sharded | 3.0 | 4.00x | — | 100 | 0.013 |" in md
+    assert "| `w4`: W = 4, mlp, target 90% | 100mbit | DQSGD sharded | 3.0 | 4.00x | — | 100 | 0.013 |" in md
     assert "`sudo bench --workers 4`" in md and (tmp_path / "sum" / "summary.png").stat().st_size > 0
     assert summarize.main([str(run), "--readme", "2-core test machine; load 0.5"]) == 0
     readme = (run / "README.md").read_text()
