@@ -36,6 +36,8 @@ n-sized index tensor).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import triton
@@ -43,10 +45,11 @@ import triton.language as tl
 
 from dqsgd.quantizers import Layout
 
-__all__ = ["absmax_triton", "accumulate_triton", "quantize_pack_triton"]
+__all__ = ["Checks", "absmax_triton", "accumulate_triton", "head_triton", "new_stats", "quantize_pack_triton"]
 
 GROUPS = 128  # groups of 8 coordinates per program
 BLOCK = 4096  # coordinates per program of the norm kernel (one atomic each, in one segment)
+HB = 1024  # header bytes per program
 _GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
@@ -115,6 +118,30 @@ def _or_halves(v, GROUPS: tl.constexpr):
     return tl.split(a | b)
 
 
+@triton.jit
+def _head_kernel(head_ptr, scale_ptr, rec_ptr, inv_ptr, out_ptr, flag_ptr, k, scale_at, nseg,
+                 LEVELS: tl.constexpr, HB: tl.constexpr, FLAGS: tl.constexpr):
+    """The header (bytes 0..k): the template's bytes, and in the scales' place the float32 scales r
+    (NaN where inv is not finite); inv = where(r > 0, (1/r)·s, 0) per segment (``rec`` = 1/r, a
+    correctly rounded torch reciprocal: the host's ``s / r``). FLAGS: [r non-finite, inv non-finite]."""
+    i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
+    j = i - scale_at
+    scale = (i < k) & (j >= 0) & (j < 4 * nseg)
+    seg = tl.where(scale, j // 4, 0)
+    r = tl.load(scale_ptr + seg, mask=scale, other=0.0)
+    inv = tl.where(r > 0, tl.load(rec_ptr + seg, mask=scale, other=0.0) * LEVELS, 0.0)
+    inv_bad = (inv.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+    rb = tl.where(inv_bad, 0x7FC00000, r.to(tl.int32, bitcast=True))  # torch's NaN
+    byte = tl.where(scale, (rb >> (8 * (j % 4))) & 0xFF, tl.load(head_ptr + i, mask=i < k, other=0))
+    tl.store(out_ptr + i, byte.to(tl.uint8), mask=i < k)
+    first = scale & (j % 4 == 0)
+    tl.store(inv_ptr + seg, inv, mask=first)
+    if FLAGS:
+        r_bad = (r.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+        tl.atomic_or(flag_ptr, tl.max((first & r_bad).to(tl.int32)))
+        tl.atomic_or(flag_ptr + 1, tl.max((first & inv_bad).to(tl.int32)))
+
+
 @triton.jit(do_not_specialize=["key"])
 def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bucket,
                    BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
@@ -154,10 +181,34 @@ def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bu
 
 
 @triton.jit
-def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, w, n, nbytes, nseg, bucket,
-                   BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
-                   STEPS: tl.constexpr, WRITE: tl.constexpr):
-    """Unpack GROUPS·8 codes; WRITE: out += w·(c·step); stats = [min c, max c, zero count] (atomics)."""
+def _check_head(pay_ptr, head_ptr, stats_ptr, k, scale_at, nseg, HB: tl.constexpr):
+    """stats[0] |= a byte of this program's HB header bytes differs from the template outside the
+    scales; stats[1] |= a scale here is not finite (exponent bits all set: bytes 3 and 2 of a float32)."""
+    i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
+    ok = i < k
+    j = i - scale_at
+    scale = (j >= 0) & (j < 4 * nseg)
+    p = tl.load(pay_ptr + i, mask=ok, other=0).to(tl.int32)
+    differs = ok & (scale == 0) & (p != tl.load(head_ptr + i, mask=ok, other=0).to(tl.int32))
+    top = ok & scale & (j % 4 == 3)
+    below = tl.load(pay_ptr + i - 1, mask=top, other=0).to(tl.int32)
+    tl.atomic_or(stats_ptr, tl.max(differs.to(tl.int32)))
+    tl.atomic_or(stats_ptr + 1, tl.max((top & ((p & 0x7F) == 0x7F) & ((below & 0x80) != 0)).to(tl.int32)))
+
+
+@triton.jit
+def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg, bucket,
+                   k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
+                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
+                   CHECK: tl.constexpr, HB: tl.constexpr):
+    """Unpack GROUPS·8 codes; WRITE: out += w·(c·step). CHECK: stats = [header differs, non-finite
+    scale, -, padding bits, min c, max c, zero count, a code outside [lo_ok, hi_ok] or a forbidden
+    zero] (atomics; the header's k bytes are checked by the first ⌈k/HB⌉ programs)."""
+    if CHECK:
+        _check_head(pay_ptr, head_ptr, stats_ptr, k, scale_at, nseg, HB)
+        if tl.program_id(0) == 0:
+            last = tl.load(body_ptr + nbytes - 1, mask=tail > 0, other=0).to(tl.int32)
+            tl.atomic_or(stats_ptr + 3, tl.where(tail > 0, last >> tail, 0))
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     b = tl.arange(0, WB)
     at = g[:, None] * BITS + b[None, :]
@@ -176,9 +227,12 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, w, n, nby
         c = v - (1 << (BITS - 1))
     idx = g[:, None] * 8 + t[None, :]
     ok = idx < n
-    tl.atomic_min(stats_ptr, tl.min(tl.where(ok, c, 0x7FFFFFFF)))
-    tl.atomic_max(stats_ptr + 1, tl.max(tl.where(ok, c, -0x7FFFFFFF)))
-    tl.atomic_add(stats_ptr + 2, tl.sum((ok & (c == 0)).to(tl.int32)))
+    if CHECK:
+        tl.atomic_min(stats_ptr + 4, tl.min(tl.where(ok, c, 0x7FFFFFFF)))
+        tl.atomic_max(stats_ptr + 5, tl.max(tl.where(ok, c, -0x7FFFFFFF)))
+        tl.atomic_add(stats_ptr + 6, tl.sum((ok & (c == 0)).to(tl.int32)))
+        outside = ok & ((c < lo_ok) | (c > hi_ok) | ((c == 0) & (zero_ok == 0)))
+        tl.atomic_or(stats_ptr + 7, tl.max(outside.to(tl.int32)))
     if WRITE:
         st = tl.load(step_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
         o = tl.load(out_ptr + idx, mask=ok, other=0.0)
@@ -223,13 +277,36 @@ def _starts_on(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 
 _STATS_INIT: dict[str, torch.Tensor] = {}
+STATS = 8  # [header differs, non-finite scale, crc mismatch, padding bits, min c, max c, zeros, code out of range]
 
 
-def _stats_init(device: torch.device) -> torch.Tensor:
+def new_stats(device: torch.device, extra: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A fresh int32 stats vector of :func:`accumulate_triton` on ``device``, and with ``extra`` (uint8
+    on the device) a copy of it that starts 4-aligned (a float32 view works), both in one device copy."""
     key = str(device)
     if key not in _STATS_INIT:
-        _STATS_INIT[key] = torch.tensor([0x7FFFFFFF, -0x7FFFFFFF, 0], dtype=torch.int32).to(device)
-    return _STATS_INIT[key]
+        init = torch.tensor([0, 0, 0, 0, 0x7FFFFFFF, -0x7FFFFFFF, 0, 0], dtype=torch.int32)
+        _STATS_INIT[key] = init.view(torch.uint8).to(device)
+    if extra is None:
+        return _STATS_INIT[key].clone().view(torch.int32), None
+    both = torch.cat([_STATS_INIT[key], extra])
+    return both[: 4 * STATS].view(torch.int32), both[4 * STATS :]
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What the decode kernel checks besides the codes: the header's first ``k`` bytes of ``payload``
+    against ``head`` outside the scales (k = 0: none), the scales' finiteness, and the codes against
+    [lo, hi] (zero codes allowed or not); results go to ``stats`` (:func:`new_stats`)."""
+    stats: torch.Tensor
+    payload: torch.Tensor
+    head: torch.Tensor
+    k: int
+    scale_at: int
+    nseg: int
+    lo: int
+    hi: int
+    zero_ok: bool
 
 
 def _pow2(w: int) -> int:
@@ -267,16 +344,34 @@ def quantize_pack_triton(flat: torch.Tensor, inv: torch.Tensor, layout: Layout, 
                          LEVELS=levels, WB=_pow2(bits), GROUPS=GROUPS, **seg.meta())
 
 
+def head_triton(scales: torch.Tensor, head: torch.Tensor, payload: torch.Tensor, scale_at: int, levels: int,
+                flags: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Write the header (``head``: the template's bytes, on the device) into ``payload[:len(head)]``
+    with the float32 ``scales`` in their place; return (inv = s/r per segment, [r non-finite, inv
+    non-finite] as int32 if ``flags``). ``1/r`` is torch's correctly rounded reciprocal (Triton's
+    float32 division is not correctly rounded on CUDA); ``·s`` and the rest are exact in the kernel."""
+    nseg, k = scales.numel(), head.numel()
+    inv = torch.empty(nseg, dtype=torch.float32, device=scales.device)
+    fl = torch.zeros(2, dtype=torch.int32, device=scales.device) if flags else inv
+    rec = scales.reciprocal()
+    _head_kernel[(triton.cdiv(k, HB),)](head, scales, rec, inv, payload, fl, k, scale_at, nseg, LEVELS=levels, HB=HB,
+                                        FLAGS=flags)
+    return inv, (fl if flags else None)
+
+
 def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, weight: float, bits: int, n: int,
-                      out: torch.Tensor, write: bool) -> torch.Tensor:
-    """[min code, max code, zero count] (int64, on the device) of a FIXED body of n codes; with
-    ``write`` also ``out += weight·(c·step)`` (out: contiguous float32 of n elements)."""
+                      out: torch.Tensor, write: bool, checks: Checks | None) -> None:
+    """With ``write``: ``out += weight·(c·step)`` for the n codes of a FIXED body (out: contiguous
+    float32 of n elements); with ``checks``: the checks of :class:`Checks` into its stats."""
     dev = body.device
-    stats = _stats_init(dev).clone()  # a device copy: no host transfer per call
-    if n:
-        seg = _Segments(layout, n, dev)
-        grid = (triton.cdiv(triton.cdiv(n, 8), GROUPS),)
-        _decode_kernel[grid](body, steps, seg.starts, out, stats, float(np.float32(weight)), n, body.numel(),
-                             seg.nseg, seg.bucket, BITS=bits, WB=_pow2(bits), GROUPS=GROUPS, WRITE=write,
-                             enable_fp_fusion=False, **seg.meta())
-    return stats.to(torch.int64)
+    grid = triton.cdiv(triton.cdiv(n, 8), GROUPS)
+    if checks is not None:
+        grid = max(grid, triton.cdiv(checks.k, HB), 1)
+    if not grid:
+        return
+    c = checks or Checks(steps, body, body, 0, 0, 0, 0, 0, True)  # unused pointers and sizes
+    seg = _Segments(layout, n, dev)
+    _decode_kernel[(grid,)](body, steps, seg.starts, out, c.stats, c.payload, c.head, float(np.float32(weight)), n,
+                            body.numel(), seg.nseg, seg.bucket, c.k, c.scale_at, (n * bits) % 8, c.lo, c.hi,
+                            int(c.zero_ok), BITS=bits, WB=_pow2(bits), GROUPS=GROUPS, WRITE=write,
+                            CHECK=checks is not None, HB=HB, enable_fp_fusion=False, **seg.meta())

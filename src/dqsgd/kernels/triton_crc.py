@@ -51,11 +51,13 @@ def _xor_rows(c, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _crc_level(src_ptr, tab_ptr, raw_ptr, dst_ptr, n, pad, groups, k_const,
-               ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr):
+def _crc_level(src_ptr, tab_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr, n, pad, groups, k_const,
+               ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr):
     """raw_ptr[g] = ⊕_q (contribution of element q of group g) for the ROWS groups of this program;
-    elements are bytes (LOOKUPS = 1) or raws (LOOKUPS = 4). FINAL (one group): also write
-    ``raw ⊕ k_const`` as 4 little-endian bytes at dst_ptr."""
+    elements are bytes (LOOKUPS = 1) or raws (LOOKUPS = 4). FINAL (one group): raw_ptr[0] = the crc
+    ``raw ⊕ k_const``, and either write it as 4 little-endian bytes at dst_ptr (VERIFY 0) or compare
+    it with the 4 bytes there: stats[2] = mismatch (VERIFY ≥ 1); VERIFY 2 also ORs into ``*bad`` whether
+    any of stats[0..3] or stats[7] (the decode kernel's flags, see ``triton_codec``) is set."""
     g = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     q = tl.arange(0, 256)
     i = g[:, None] * 256 + q[None, :] - pad
@@ -70,11 +72,20 @@ def _crc_level(src_ptr, tab_ptr, raw_ptr, dst_ptr, n, pad, groups, k_const,
         c ^= tl.load(tab_ptr + at + 512 + ((v >> 16) & 0xFF))
         c ^= tl.load(tab_ptr + at + 768 + ((v >> 24) & 0xFF))
     raw = _xor_rows(c, ROWS)
-    tl.store(raw_ptr + g, raw, mask=g < groups)
     if FINAL:
-        crc = tl.sum(tl.where(g == 0, raw, 0), axis=0) ^ k_const
+        raw = raw ^ k_const
+        crc = tl.sum(tl.where(g == 0, raw, 0), axis=0)
         k = tl.arange(0, 4)
-        tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+        if VERIFY == 0:
+            tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+        else:
+            stored = tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
+            tl.store(stats_ptr + 2, (crc != stored).to(tl.int32))
+            if VERIFY == 2:
+                f = tl.load(stats_ptr + tl.arange(0, 8))
+                flag = tl.max(tl.where((tl.arange(0, 8) < 4) | (tl.arange(0, 8) == 7), f, 0), axis=0) != 0
+                tl.store(bad_ptr, tl.load(bad_ptr) | flag | (crc != stored))
+    tl.store(raw_ptr + g, raw, mask=g < groups)
 
 
 def _int32(tab: np.ndarray) -> np.ndarray:
@@ -118,27 +129,29 @@ def _table_on(device: torch.device, level: int) -> torch.Tensor:
     return _DEVICE_TABLES[key]
 
 
-def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
+def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: torch.Tensor | None = None,
+                 bad: torch.Tensor | None = None) -> torch.Tensor:
     """``zlib.crc32(data)`` of a 1-D contiguous uint8 tensor as a 0-dim int32 tensor holding its bits
-    (``& 0xFFFFFFFF`` of its int64 value), on ``data.device``, with no host sync; ``dst`` (4 uint8
-    on the same device), if given, receives it as 4 little-endian bytes."""
+    (``& 0xFFFFFFFF`` of its int64 value), on ``data.device``, with no host sync. ``dst`` (4 uint8
+    on the same device), if given, receives it as 4 little-endian bytes; with ``stats`` (the decode
+    kernel's int32 stats, ``triton_codec.new_stats``) it is compared with the bytes in ``dst`` instead:
+    stats[2] = mismatch, and ``bad`` (a 0-dim bool), if given, is ORed with every failed check."""
     if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
         raise ValueError(f"crc32 needs a contiguous 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
     n, dev = data.numel(), data.device
     dst = torch.empty(4, dtype=torch.uint8, device=dev) if dst is None else dst
     k_const = crc32_length_constant(n)
     k_signed = k_const - (1 << 32) if k_const >= 1 << 31 else k_const
-    if n == 0:
-        dst.copy_(torch.tensor(list(k_const.to_bytes(4, "little")), dtype=torch.uint8))
-        return torch.full((), k_signed, dtype=torch.int32, device=dev)
+    verify = 0 if stats is None else 1 if bad is None else 2
     src, count, level = data, n, 0
     while True:
-        groups = -(-count // FAN)
+        groups = max(-(-count // FAN), 1)  # n = 0: one group of zero bytes (raw 0)
         raws = torch.empty(groups, dtype=torch.int32, device=dev)
         final = groups == 1
         rows = ROWS if groups >= ROWS else 1
-        _crc_level[(-(-groups // rows),)](src, _table_on(dev, level), raws, dst, count, groups * FAN - count, groups,
-                                          k_signed, ROWS=rows, LOOKUPS=1 if level == 0 else 4, FINAL=final)
+        _crc_level[(-(-groups // rows),)](src, _table_on(dev, level), raws, dst, raws if stats is None else stats,
+                                          raws if bad is None else bad, count, groups * FAN - count, groups, k_signed,
+                                          ROWS=rows, LOOKUPS=1 if level == 0 else 4, FINAL=final, VERIFY=verify)
         if final:
-            return (raws[0] ^ k_signed).reshape(())
+            return raws.reshape(())
         src, count, level = raws, groups, level + 1
