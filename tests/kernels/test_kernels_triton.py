@@ -109,7 +109,7 @@ def test_triton_norm_blocks_inside_one_segment() -> None:
         assert host(p) == encode_uniform_fast(x, 4, RNG, layout=layout)
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 255, 256, 257, 4099, 70_001])
+@pytest.mark.parametrize("n", [0, 1, 3, 255, 256, 257, 2047, 2048, 2049, 4099, 70_001])
 def test_triton_crc_is_zlibs(n: int) -> None:
     data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
     dst = on(torch.zeros(4, dtype=torch.uint8))
