@@ -139,16 +139,15 @@ def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
 
 def _encode_triton(flat: torch.Tensor, scales: torch.Tensor, tpl: Template, layout: Layout, key: int, bits: int,
                    levels: int, check: str) -> torch.Tensor:
-    """The payload by the Triton kernels: header (with s/r and the refusal flags), body, crc."""
-    from dqsgd.kernels.triton_codec import head_triton, quantize_pack_triton
+    """The payload by the Triton kernels: header and body (with the refusal flags) in one, then the crc."""
+    from dqsgd.kernels.triton_codec import encode_triton
     from dqsgd.kernels.triton_crc import crc32_triton
 
-    k = len(tpl.head)
-    payload = torch.empty(k + tpl.body_len + 4, dtype=torch.uint8, device=flat.device)
-    inv, flags = head_triton(scales.contiguous(), head_on(tpl, flat.device)[0], payload, tpl.scale_at, levels, check == "sync")
+    payload = torch.empty(len(tpl.head) + tpl.body_len + 4, dtype=torch.uint8, device=flat.device)
+    flags = encode_triton(flat, scales.contiguous(), layout, key, bits, levels, head_on(tpl, flat.device)[0],
+                          tpl.scale_at, payload, check == "sync")
     if flags is not None and any(flags.tolist()):  # the one sync; the messages are worked out only here
         _refuse(scales, _inverse(scales, levels), levels)
-    quantize_pack_triton(flat, inv, layout, key, bits, levels, payload[k:-4])
     crc32_triton(payload[:-4], payload[-4:])
     return payload
 

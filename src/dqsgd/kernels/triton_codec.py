@@ -45,7 +45,7 @@ import triton.language as tl
 
 from dqsgd.quantizers import Layout
 
-__all__ = ["Checks", "absmax_triton", "accumulate_triton", "head_triton", "new_stats", "quantize_pack_triton"]
+__all__ = ["Checks", "absmax_triton", "accumulate_triton", "encode_triton", "new_stats"]
 
 GROUPS = 128  # groups of 8 coordinates per program
 BLOCK = 4096  # coordinates per program of the norm kernel (one atomic each, in one segment)
@@ -119,40 +119,49 @@ def _or_halves(v, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _head_kernel(head_ptr, scale_ptr, rec_ptr, inv_ptr, out_ptr, flag_ptr, k, scale_at, nseg,
-                 LEVELS: tl.constexpr, HB: tl.constexpr, FLAGS: tl.constexpr):
-    """The header (bytes 0..k): the template's bytes, and in the scales' place the float32 scales r
-    (NaN where inv is not finite); inv = where(r > 0, (1/r)·s, 0) per segment (``rec`` = 1/r, a
-    correctly rounded torch reciprocal: the host's ``s / r``). FLAGS: [r non-finite, inv non-finite]."""
+def _inverse(r, rec, LEVELS: tl.constexpr):
+    """inv = s/r where r > 0, else 0: ``rec`` = 1/r is torch's correctly rounded reciprocal (the host's
+    ``levels / r`` is ``r.reciprocal()·levels``); the product by s rounds as torch's."""
+    return tl.where(r > 0, rec * LEVELS, 0.0)
+
+
+@triton.jit
+def _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS: tl.constexpr,
+                HB: tl.constexpr, FLAGS: tl.constexpr):
+    """This program's HB bytes of the header (bytes 0..k): the template's bytes, and in the scales'
+    place the float32 scales r (torch's NaN where inv is not finite). FLAGS: flags |= [r non-finite,
+    inv non-finite] (atomics)."""
     i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
     j = i - scale_at
     scale = (i < k) & (j >= 0) & (j < 4 * nseg)
     seg = tl.where(scale, j // 4, 0)
     r = tl.load(scale_ptr + seg, mask=scale, other=0.0)
-    inv = tl.where(r > 0, tl.load(rec_ptr + seg, mask=scale, other=0.0) * LEVELS, 0.0)
+    inv = _inverse(r, tl.load(rec_ptr + seg, mask=scale, other=0.0), LEVELS)
     inv_bad = (inv.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
-    rb = tl.where(inv_bad, 0x7FC00000, r.to(tl.int32, bitcast=True))  # torch's NaN
+    rb = tl.where(inv_bad, 0x7FC00000, r.to(tl.int32, bitcast=True))
     byte = tl.where(scale, (rb >> (8 * (j % 4))) & 0xFF, tl.load(head_ptr + i, mask=i < k, other=0))
     tl.store(out_ptr + i, byte.to(tl.uint8), mask=i < k)
-    first = scale & (j % 4 == 0)
-    tl.store(inv_ptr + seg, inv, mask=first)
     if FLAGS:
+        first = scale & (j % 4 == 0)
         r_bad = (r.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
         tl.atomic_or(flag_ptr, tl.max((first & r_bad).to(tl.int32)))
         tl.atomic_or(flag_ptr + 1, tl.max((first & inv_bad).to(tl.int32)))
 
 
 @triton.jit(do_not_specialize=["key"])
-def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bucket,
-                   BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
-                   MODE: tl.constexpr, STEPS: tl.constexpr):
-    """Stochastic rounding of GROUPS·8 coordinates and their FIXED packing into ``out`` (nbytes)."""
+def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, key, n, nbytes, nseg, bucket,
+                   k, scale_at, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
+                   MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, FLAGS: tl.constexpr):
+    """The header's bytes of this program (:func:`_write_head`), then stochastic rounding of GROUPS·8
+    coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``)."""
+    _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     t = tl.arange(0, 8)
     idx = g[:, None] * 8 + t[None, :]
     ok = idx < n
     x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-    inv = tl.load(inv_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
+    seg = _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
+    inv = _inverse(tl.load(scale_ptr + seg, mask=ok, other=0.0), tl.load(rec_ptr + seg, mask=ok, other=0.0), LEVELS)
     j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
     h = _mix64(key.to(tl.uint64) + j * 0x9E3779B97F4A7C15)
     k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
@@ -177,7 +186,7 @@ def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bu
     straddle = ((d > -8) & (d < 0))[None, :]
     byte = tl.where((d < 0)[None, :], from_lo | tl.where(straddle, hi_l, 0), hi_r) & 0xFF
     at = g[:, None] * BITS + b[None, :]
-    tl.store(out_ptr + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
+    tl.store(out_ptr + k + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
 
 
 @triton.jit
@@ -330,33 +339,22 @@ def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor
     return bits.view(torch.float32)
 
 
-def quantize_pack_triton(flat: torch.Tensor, inv: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
-                         body: torch.Tensor) -> None:
-    """Write the FIXED body of ``flat`` (contiguous, 1-D, float32/16/bf16) at ``bits`` into ``body``
-    (contiguous uint8 of ⌈n·bits/8⌉ bytes); ``inv``: float32 s/r per segment; ``key``: the
-    HashRNG key (unsigned)."""
-    n = flat.numel()
-    if not n:
-        return
-    seg = _Segments(layout, n, flat.device)
-    grid = (triton.cdiv(triton.cdiv(n, 8), GROUPS),)
-    _encode_kernel[grid](flat, inv, seg.starts, body, key, n, body.numel(), seg.nseg, seg.bucket, BITS=bits,
-                         LEVELS=levels, WB=_pow2(bits), GROUPS=GROUPS, **seg.meta())
-
-
-def head_triton(scales: torch.Tensor, head: torch.Tensor, payload: torch.Tensor, scale_at: int, levels: int,
-                flags: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Write the header (``head``: the template's bytes, on the device) into ``payload[:len(head)]``
-    with the float32 ``scales`` in their place; return (inv = s/r per segment, [r non-finite, inv
-    non-finite] as int32 if ``flags``). ``1/r`` is torch's correctly rounded reciprocal (Triton's
-    float32 division is not correctly rounded on CUDA); ``·s`` and the rest are exact in the kernel."""
-    nseg, k = scales.numel(), head.numel()
-    inv = torch.empty(nseg, dtype=torch.float32, device=scales.device)
-    fl = torch.zeros(2, dtype=torch.int32, device=scales.device) if flags else inv
-    rec = scales.reciprocal()
-    _head_kernel[(triton.cdiv(k, HB),)](head, scales, rec, inv, payload, fl, k, scale_at, nseg, LEVELS=levels, HB=HB,
-                                        FLAGS=flags)
-    return inv, (fl if flags else None)
+def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
+                  head: torch.Tensor, scale_at: int, payload: torch.Tensor, flags: bool) -> torch.Tensor | None:
+    """Write the header and the FIXED body of ``flat`` (contiguous, 1-D, float32/16/bf16) at ``bits``
+    into ``payload`` (uint8: ``head``'s k bytes, then ⌈n·bits/8⌉, then the crc's 4, not written here).
+    ``head``: the template's header bytes on the device, the float32 ``scales`` (contiguous, one per
+    segment) go in at ``scale_at``; ``key``: the HashRNG key (unsigned). ``inv = s/r`` per segment
+    uses torch's correctly rounded ``1/r`` (Triton's float32 division is not correctly rounded on
+    CUDA). Returns [r non-finite, inv non-finite] (int32 on the device) if ``flags``."""
+    n, k, dev = flat.numel(), head.numel(), flat.device
+    fl = torch.zeros(2, dtype=torch.int32, device=dev) if flags else scales
+    seg = _Segments(layout, n, dev)
+    grid = (max(triton.cdiv(triton.cdiv(n, 8), GROUPS), triton.cdiv(k, HB)),)
+    _encode_kernel[grid](flat, scales, scales.reciprocal(), seg.starts, payload, head, fl, key, n,
+                         payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, BITS=bits, LEVELS=levels,
+                         WB=_pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, **seg.meta())
+    return fl if flags else None
 
 
 def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, weight: float, bits: int, n: int,
