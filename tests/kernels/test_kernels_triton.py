@@ -154,6 +154,39 @@ def test_triton_code_out_of_range_and_padding_refused() -> None:
             decode_accumulate_device(on(torch.tensor(list(q), dtype=torch.uint8)), on(torch.zeros(n)))
 
 
+@pytest.mark.parametrize("corrupt", ["header", "scale", "crc", "pad", "code"])
+def test_triton_expected_header_checks_in_the_kernels(corrupt: str) -> None:
+    """Each check of the no-sync decode (made in the decode kernel and the crc's last level): ``sync``
+    names it and leaves ``out`` untouched, ``defer`` sets the flag (and never clears it). 300 scales:
+    the header spans two programs of the header check, and the bad scale sits in the second."""
+    n, bits, layout = 2995, 4, Layout(bucket=10)  # 2995·4 bits: 4 padding bits
+    p = encode_uniform_device(on(torch.randn(n)), bits, RNG, layout=layout)
+    h = expected_header((n,), bits, layout=layout)
+    q = bytearray(host(p))
+    at = {"header": 2, "scale": h.body_start - 9, "crc": len(q) - 1, "pad": h.body_start + h.body_len - 1,
+          "code": h.body_start + 5}[corrupt]
+    q[at] = {"header": q[at] ^ 1, "scale": 0xFF, "crc": q[at] ^ 0x80, "pad": q[at] | 0x80, "code": 0}[corrupt]
+    if corrupt == "scale":
+        q[at - 1] |= 0x80  # exponent bits all set: a NaN
+    if corrupt != "crc":
+        q[-4:] = zlib.crc32(bytes(q[:-4])).to_bytes(4, "little")
+    bad_p = on(torch.tensor(list(q), dtype=torch.uint8))
+    out = on(torch.randn(n))
+    before = out.clone()
+    match = {"header": "header differs", "scale": "non-finite scale", "crc": "crc mismatch", "pad": "padding",
+             "code": "codes span"}[corrupt]
+    with pytest.raises(PayloadError, match=match):
+        decode_accumulate_device(bad_p, out, header=h)
+    assert torch.equal(out, before)
+    for start in (False, True):
+        flag = on(torch.tensor(start))
+        decode_accumulate_device(bad_p, on(torch.zeros(n)), header=h, check="defer", bad=flag)
+        assert bool(flag)
+        flag = on(torch.tensor(start))
+        decode_accumulate_device(p, on(torch.zeros(n)), header=h, check="defer", bad=flag)
+        assert bool(flag) == start
+
+
 def test_triton_decodes_sign_and_ternary_payloads_like_the_host() -> None:
     """FIXED sign (1 bit) and ternary (2 bits) payloads also take the Triton decode: the host's sums."""
     from dqsgd.codecs import encode
