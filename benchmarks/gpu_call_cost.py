@@ -78,18 +78,24 @@ def count_pair(n: int, bits: int = 4, repeat: int = 2) -> dict:
     finally:
         KernelInterface.__getitem__ = original
         device_common.set_triton(None)
+    return {"n": n, "bits": bits, **_tally(prof.events(), launches, repeat)}
+
+
+def _tally(events: list, launches: dict[str, int], repeat: int) -> dict:
+    """Per-pair counts from the profiler's events: aten calls outside the Triton launches, the
+    innermost ones that launch a device kernel, and the launches by kernel."""
     inside = set()
-    for e in prof.events():
+    for e in events:
         if e.name == _LAUNCH:
             stack = list(e.cpu_children)
             while stack:
                 c = stack.pop()
                 inside.add(id(c))
                 stack.extend(c.cpu_children)
-    aten = [e for e in prof.events() if e.name.startswith("aten::") and id(e) not in inside]
+    aten = [e for e in events if e.name.startswith("aten::") and id(e) not in inside]
     leaf = [e for e in aten if not any(c.name.startswith("aten::") for c in e.cpu_children)]
     kernels = [e.name for e in leaf if not _NO_KERNEL.match(e.name)]
-    return {"n": n, "bits": bits, "triton": sum(launches.values()) / repeat, "aten_ops": len(aten) / repeat,
+    return {"triton": sum(launches.values()) / repeat, "aten_ops": len(aten) / repeat,
             "aten_kernels": len(kernels) / repeat, "by_kernel": {k: v / repeat for k, v in sorted(launches.items())},
             "by_op": {k: kernels.count(k) / repeat for k in sorted(set(kernels))}}
 

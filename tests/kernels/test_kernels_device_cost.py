@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("DQSGD_TRITON_TEST_DEVICE", "cpu") != "cpu":  # a GPU run of the Triton tests: leave Triton compiled
+    pytest.skip("the counts run on the CPU through Triton's interpreter", allow_module_level=True)
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported (see test_kernels_triton)
 pytest.importorskip("triton", reason="the triton package (the 'gpu' extra) is not installed")
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # the interpreter and the profiler: a few seconds
 def test_one_pair_issues_few_launches_and_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton was set up for a GPU (TRITON_INTERPRET unset): the counts run through the interpreter")

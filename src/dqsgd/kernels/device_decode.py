@@ -13,7 +13,9 @@ from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
 from dqsgd.kernels.codec import decode_accumulate
-from dqsgd.kernels.device_common import LazyBytes, Template, head_on, kernel, per_element, seg_ids_of, template, use_triton
+from dqsgd.kernels.device_common import (
+    LazyBytes, Template, head_on, kernel, per_element, seg_ids_of, template, use_triton,
+)
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
 from dqsgd.quantizers import Scheme
