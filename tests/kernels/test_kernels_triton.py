@@ -214,6 +214,25 @@ def test_triton_refuses_nonfinite_input() -> None:
         decode_accumulate_device(p, on(torch.zeros(2000)), header=expected_header((2000,), 4, layout=Layout(bucket=500)))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # numpy on the NaN and Inf lanes
+def test_triton_refusals_and_deferred_nan_scales_match_the_torch_ops() -> None:
+    """A norm so small that s/r overflows (here a subnormal one), Inf in the input, all zeros: the
+    kernel-written header refuses (``sync``) and writes NaN scales (``defer``) as the torch ops do."""
+    for x in (torch.full((50,), 1e-39), torch.tensor([1e-39] * 20 + [1.0] * 20 + [float("inf")] * 5 + [0.0] * 10),
+              torch.zeros(30)):
+        for layout in (Layout(), Layout(bucket=10)):
+            got = []
+            for tri, dev in ((False, torch.device("cpu")), (True, DEVICE)):
+                device_common.set_triton(tri)
+                try:
+                    encode_uniform_device(x.to(dev), 4, RNG, layout=layout)
+                    said = "ok"
+                except (ValueError, NonFiniteGradientError) as e:
+                    said = str(e)
+                got.append((said, host(encode_uniform_device(x.to(dev), 4, RNG, layout=layout, check="defer"))))
+            assert got[0] == got[1]
+
+
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="the dispatch on a machine without a GPU")
 def test_dispatch_default_and_warning_without_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     device_common.set_triton(None)
