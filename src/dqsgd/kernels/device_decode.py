@@ -188,29 +188,30 @@ def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None
 def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float, h: Header, expected: bool,
                        check: str, bad: torch.Tensor | None) -> None:
     """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): the same checks, made in the
-    decode kernel (header bytes, scales, padding, codes) and in the crc's last level (which, with
-    ``defer``, also ORs every flag into ``bad``), and the same sum. With ``check="sync"`` the codes
-    are scanned first and added only once every check passed (so a refused payload leaves ``out``
-    untouched): two reads of the (small) body; ``defer``: one."""
-    from dqsgd.kernels.triton_codec import Checks, accumulate_triton, new_stats
+    crc's last level (which starts the stats) and the decode kernel (header bytes, scales, padding,
+    codes); with ``defer`` a failed check sets ``bad`` where it is found. The same sum. With
+    ``check="sync"`` the codes are scanned first and added only once every check passed (so a
+    refused payload leaves ``out`` untouched): two reads of the (small) body; ``defer``: one."""
+    from dqsgd.kernels.triton_codec import STATS, Checks, accumulate_triton
     from dqsgd.kernels.triton_crc import crc32_triton
 
     dev, rng = payload.device, wire.code_range(h.scheme, h.bits, h.levels)
     body = payload[h.body_start : h.body_start + h.body_len]
+    stats, flag = torch.empty(STATS, dtype=torch.int32, device=dev), bad if check == "defer" else None
     if expected:
         tpl = _expected_template(h)
-        stats, raw = new_stats(dev, payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg])  # scales: unaligned bytes
-        scales = raw.view(torch.float32)
+        scales = torch.empty(tpl.nseg, dtype=torch.float32, device=dev)  # the stored ones, copied by the crc
+        crc32_triton(payload[:-4], payload[-4:], stats, flag, copy=(scales.view(torch.uint8), tpl.scale_at))
         where = (head_on(tpl, dev)[0], len(tpl.head), tpl.scale_at, tpl.nseg)
     else:  # the header was read and checked on the host
-        stats, scales = new_stats(dev)[0], torch.from_numpy(h.scales.astype(np.float32)).to(dev)
+        scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
+        crc32_triton(payload[:-4], payload[-4:], stats, flag)
         where = (payload, 0, 0, 0)
     steps = scales / _divisor(dev, h.levels)
-    checks = Checks(stats, payload, *where, rng.lo, rng.hi, rng.zero_ok)
+    checks = Checks(stats, flag, payload, *where, rng.lo, rng.hi, rng.zero_ok)
     accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, check == "defer", checks)
-    crc32_triton(payload[:-4], payload[-4:], stats=checks.stats, bad=bad if check == "defer" else None)
     if check == "sync":
-        head_bad, scale_bad, crc_bad, pad, lo, hi, zeros, _ = checks.stats.tolist()  # the one sync
+        head_bad, scale_bad, crc_bad, pad, lo, hi, zeros, _ = stats.tolist()  # the one sync
         computed = stored = 0
         if crc_bad:  # the values, for the message
             computed = int(crc32_triton(payload[:-4])) & 0xFFFFFFFF

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from dqsgd.quantizers import Layout
 
-__all__ = ["Checks", "absmax_triton", "accumulate_triton", "encode_triton", "new_stats"]
+__all__ = ["Checks", "STATS", "absmax_triton", "accumulate_triton", "encode_triton"]
 
 GROUPS = 128  # groups of 8 coordinates per program
 BLOCK = 4096  # coordinates per program of the norm kernel (one atomic each, in one segment)
@@ -190,7 +190,15 @@ def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, fla
 
 
 @triton.jit
-def _check_head(pay_ptr, head_ptr, stats_ptr, k, scale_at, nseg, HB: tl.constexpr):
+def _flag(stats_ptr, bad_ptr, value, BAD: tl.constexpr):
+    """stats |= value (an int32 scalar); BAD: *bad = True where it is not 0 (never cleared)."""
+    tl.atomic_or(stats_ptr, value)
+    if BAD:
+        tl.store(bad_ptr, value != 0, mask=value != 0)
+
+
+@triton.jit
+def _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB: tl.constexpr, BAD: tl.constexpr):
     """stats[0] |= a byte of this program's HB header bytes differs from the template outside the
     scales; stats[1] |= a scale here is not finite (exponent bits all set: bytes 3 and 2 of a float32)."""
     i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
@@ -201,23 +209,24 @@ def _check_head(pay_ptr, head_ptr, stats_ptr, k, scale_at, nseg, HB: tl.constexp
     differs = ok & (scale == 0) & (p != tl.load(head_ptr + i, mask=ok, other=0).to(tl.int32))
     top = ok & scale & (j % 4 == 3)
     below = tl.load(pay_ptr + i - 1, mask=top, other=0).to(tl.int32)
-    tl.atomic_or(stats_ptr, tl.max(differs.to(tl.int32)))
-    tl.atomic_or(stats_ptr + 1, tl.max((top & ((p & 0x7F) == 0x7F) & ((below & 0x80) != 0)).to(tl.int32)))
+    _flag(stats_ptr, bad_ptr, tl.max(differs.to(tl.int32)), BAD)
+    _flag(stats_ptr + 1, bad_ptr, tl.max((top & ((p & 0x7F) == 0x7F) & ((below & 0x80) != 0)).to(tl.int32)), BAD)
 
 
 @triton.jit
-def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg, bucket,
-                   k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
+def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
+                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
                    GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
-                   CHECK: tl.constexpr, HB: tl.constexpr):
+                   CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
     """Unpack GROUPS·8 codes; WRITE: out += w·(c·step). CHECK: stats = [header differs, non-finite
     scale, -, padding bits, min c, max c, zero count, a code outside [lo_ok, hi_ok] or a forbidden
-    zero] (atomics; the header's k bytes are checked by the first ⌈k/HB⌉ programs)."""
+    zero] (atomics; the header's k bytes are checked by the first ⌈k/HB⌉ programs); BAD: a failed
+    check also sets *bad."""
     if CHECK:
-        _check_head(pay_ptr, head_ptr, stats_ptr, k, scale_at, nseg, HB)
+        _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB, BAD)
         if tl.program_id(0) == 0:
             last = tl.load(body_ptr + nbytes - 1, mask=tail > 0, other=0).to(tl.int32)
-            tl.atomic_or(stats_ptr + 3, tl.where(tail > 0, last >> tail, 0))
+            _flag(stats_ptr + 3, bad_ptr, tl.where(tail > 0, last >> tail, 0), BAD)
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     b = tl.arange(0, WB)
     at = g[:, None] * BITS + b[None, :]
@@ -241,7 +250,7 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, pay_ptr, 
         tl.atomic_max(stats_ptr + 5, tl.max(tl.where(ok, c, -0x7FFFFFFF)))
         tl.atomic_add(stats_ptr + 6, tl.sum((ok & (c == 0)).to(tl.int32)))
         outside = ok & ((c < lo_ok) | (c > hi_ok) | ((c == 0) & (zero_ok == 0)))
-        tl.atomic_or(stats_ptr + 7, tl.max(outside.to(tl.int32)))
+        _flag(stats_ptr + 7, bad_ptr, tl.max(outside.to(tl.int32)), BAD)
     if WRITE:
         st = tl.load(step_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
         o = tl.load(out_ptr + idx, mask=ok, other=0.0)
@@ -285,29 +294,18 @@ def _starts_on(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _STARTS[key]
 
 
-_STATS_INIT: dict[str, torch.Tensor] = {}
 STATS = 8  # [header differs, non-finite scale, crc mismatch, padding bits, min c, max c, zeros, code out of range]
-
-
-def new_stats(device: torch.device, extra: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A fresh int32 stats vector of :func:`accumulate_triton` on ``device``, and with ``extra`` (uint8
-    on the device) a copy of it that starts 4-aligned (a float32 view works), both in one device copy."""
-    key = str(device)
-    if key not in _STATS_INIT:
-        init = torch.tensor([0, 0, 0, 0, 0x7FFFFFFF, -0x7FFFFFFF, 0, 0], dtype=torch.int32)
-        _STATS_INIT[key] = init.view(torch.uint8).to(device)
-    if extra is None:
-        return _STATS_INIT[key].clone().view(torch.int32), None
-    both = torch.cat([_STATS_INIT[key], extra])
-    return both[: 4 * STATS].view(torch.int32), both[4 * STATS :]
 
 
 @dataclass(frozen=True)
 class Checks:
     """What the decode kernel checks besides the codes: the header's first ``k`` bytes of ``payload``
-    against ``head`` outside the scales (k = 0: none), the scales' finiteness, and the codes against
-    [lo, hi] (zero codes allowed or not); results go to ``stats`` (:func:`new_stats`)."""
+    against ``head`` outside the scales (k = 0: none), the scales' finiteness, the padding bits, and
+    the codes against [lo, hi] (zero codes allowed or not); results go to ``stats`` (int32, STATS of
+    them, started by the crc's last level: ``triton_crc.crc32_triton(..., stats=)``), and a failure
+    sets ``bad`` (a 0-dim bool, never cleared) if it is given."""
     stats: torch.Tensor
+    bad: torch.Tensor | None
     payload: torch.Tensor
     head: torch.Tensor
     k: int
@@ -367,9 +365,10 @@ def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, w
         grid = max(grid, triton.cdiv(checks.k, HB), 1)
     if not grid:
         return
-    c = checks or Checks(steps, body, body, 0, 0, 0, 0, 0, True)  # unused pointers and sizes
+    c = checks or Checks(steps, None, body, body, 0, 0, 0, 0, 0, True)  # unused pointers and sizes
     seg = _Segments(layout, n, dev)
-    _decode_kernel[(grid,)](body, steps, seg.starts, out, c.stats, c.payload, c.head, float(np.float32(weight)), n,
-                            body.numel(), seg.nseg, seg.bucket, c.k, c.scale_at, (n * bits) % 8, c.lo, c.hi,
-                            int(c.zero_ok), BITS=bits, WB=_pow2(bits), GROUPS=GROUPS, WRITE=write,
-                            CHECK=checks is not None, HB=HB, enable_fp_fusion=False, **seg.meta())
+    _decode_kernel[(grid,)](body, steps, seg.starts, out, c.stats, c.stats if c.bad is None else c.bad, c.payload,
+                            c.head, float(np.float32(weight)), n, body.numel(), seg.nseg, seg.bucket, c.k, c.scale_at,
+                            (n * bits) % 8, c.lo, c.hi, int(c.zero_ok), BITS=bits, WB=_pow2(bits), GROUPS=GROUPS,
+                            WRITE=write, CHECK=checks is not None, HB=HB, BAD=c.bad is not None,
+                            enable_fp_fusion=False, **seg.meta())

@@ -63,20 +63,24 @@ def _shift(tab_ptr, v):
 
 
 @triton.jit
-def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr, n, pad, k_const,
-               ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr):
+def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr, copy_ptr, copy_at, copy_len, n, pad,
+               k_const, ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
+               COPY: tl.constexpr):
     """raw_ptr[program] = raw of this program's ROWS groups of 256 elements: each group's raw is
     ⊕_q (contribution of its element q), and group r's is shifted across the groups after it
     (``comb``: the tables of M_{(ROWS−1−r)·256·S}); elements are bytes (LOOKUPS = 1) or raws
     (LOOKUPS = 4). FINAL (one program): raw_ptr[0] = the crc
     ``raw ⊕ k_const``, and either write it as 4 little-endian bytes at dst_ptr (VERIFY 0) or compare
-    it with the 4 bytes there: stats[2] = mismatch (VERIFY ≥ 1); VERIFY 2 also ORs into ``*bad`` whether
-    any of stats[0..3] or stats[7] (the decode kernel's flags, see ``triton_codec``) is set."""
+    it with the 4 bytes there and start the decode kernel's stats (``triton_codec.STATS``) with
+    stats[2] = mismatch (VERIFY ≥ 1); VERIFY 2 also sets ``*bad`` on a mismatch (never clears it).
+    COPY (level 0): bytes [copy_at, copy_at + copy_len) of the stream are also copied to copy_ptr."""
     g = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     q = tl.arange(0, 256)
     i = g[:, None] * 256 + q[None, :] - pad
     ok = (i >= 0) & (i < n)
     v = tl.load(src_ptr + i, mask=ok, other=0).to(tl.int32)
+    if COPY:
+        tl.store(copy_ptr + (i - copy_at), v.to(tl.uint8), mask=ok & (i >= copy_at) & (i < copy_at + copy_len))
     if LOOKUPS == 1:
         c = tl.load(tab_ptr + q[None, :] * 256 + (v & 0xFF))
     else:
@@ -90,12 +94,12 @@ def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr,
         if VERIFY == 0:
             tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
         else:
-            stored = tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
-            tl.store(stats_ptr + 2, (crc != stored).to(tl.int32))
+            wrong = crc != tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
+            j = tl.arange(0, 8)
+            init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
+            tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init))
             if VERIFY == 2:
-                f = tl.load(stats_ptr + tl.arange(0, 8))
-                flag = tl.max(tl.where((tl.arange(0, 8) < 4) | (tl.arange(0, 8) == 7), f, 0), axis=0) != 0
-                tl.store(bad_ptr, tl.load(bad_ptr) | flag | (crc != stored))
+                tl.store(bad_ptr, wrong, mask=wrong)
     tl.store(raw_ptr + tl.program_id(0), raw)
 
 
@@ -156,12 +160,14 @@ def _tables_on(device: torch.device, level: int) -> tuple[torch.Tensor, torch.Te
 
 
 def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: torch.Tensor | None = None,
-                 bad: torch.Tensor | None = None) -> torch.Tensor:
+                 bad: torch.Tensor | None = None, copy: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """``zlib.crc32(data)`` of a 1-D contiguous uint8 tensor as a 0-dim int32 tensor holding its bits
     (``& 0xFFFFFFFF`` of its int64 value), on ``data.device``, with no host sync. ``dst`` (4 uint8
-    on the same device), if given, receives it as 4 little-endian bytes; with ``stats`` (the decode
-    kernel's int32 stats, ``triton_codec.new_stats``) it is compared with the bytes in ``dst`` instead:
-    stats[2] = mismatch, and ``bad`` (a 0-dim bool), if given, is ORed with every failed check."""
+    on the same device), if given, receives it as 4 little-endian bytes; with ``stats`` (int32, the
+    decode kernel's ``triton_codec.STATS`` of them) it is compared with the bytes in ``dst`` instead,
+    and stats is started: stats[2] = mismatch; ``bad`` (a 0-dim bool), if given, is set on a mismatch.
+    ``copy = (to, at)``: bytes [at, at + len(to)) of ``data`` are also copied into ``to`` (uint8) on
+    the way (the decoder's aligned copy of the stored scales)."""
     if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
         raise ValueError(f"crc32 needs a contiguous 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
     n, dev = data.numel(), data.device
@@ -175,9 +181,11 @@ def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: tor
         raws = torch.empty(programs, dtype=torch.int32, device=dev)
         final = programs == 1
         tab, comb = _tables_on(dev, level)
+        to, at = copy if copy is not None and level == 0 else (raws, 0)
         _crc_level[(programs,)](src, tab, comb, raws, dst, raws if stats is None else stats,
-                                raws if bad is None else bad, count, programs * FAN * ROWS - count, k_signed,
-                                ROWS=ROWS, LOOKUPS=1 if level == 0 else 4, FINAL=final, VERIFY=verify)
+                                raws if bad is None else bad, to, at, to.numel() if to is not raws else 0, count,
+                                programs * FAN * ROWS - count, k_signed, ROWS=ROWS, LOOKUPS=1 if level == 0 else 4,
+                                FINAL=final, VERIFY=verify, COPY=to is not raws)
         if final:
             return raws.reshape(())
         src, count, level = raws, programs, level + 1
