@@ -25,8 +25,9 @@ spliced in there as bytes.
 
 Kernels. On CUDA, where Triton is installed (the ``gpu`` extra), the n-sized passes (max norm,
 quantize + pack, the crc, and decoding) are the Triton kernels of :mod:`dqsgd.kernels.triton_codec`:
-one pass per stage, same bytes. Everything per segment or per payload (l2 norms, s/r, refusals,
-header) stays here, shared by both paths. Without Triton (or with ``set_triton(False)``) the
+one pass per stage, same bytes; there the header, the refusal flags and the decode's checks are
+written by the kernels too (few launches per call), the l2 norms and the correctly rounded
+divisions stay torch ops. Without Triton (or with ``set_triton(False)``) the
 torch ops below run under ``torch.compile(dynamic=False)`` on CUDA (inductor fuses the hash,
 rounding and packing of each element into one pass); :func:`dqsgd.kernels.device_common.use_triton`
 is the one place that decides, and warns once when CUDA runs without Triton. On CPU the eager ops

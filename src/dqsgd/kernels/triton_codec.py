@@ -1,9 +1,13 @@
-"""Triton kernels of the FIXED uniform codec: max norm, quantize + pack, and unpack + decode-accumulate.
+"""Triton kernels of the FIXED uniform codec: max norm, header + quantize + pack, and unpack +
+decode-accumulate + checks.
 
-The host functions here run only the n-sized passes; :mod:`dqsgd.kernels.device` and
-:mod:`dqsgd.kernels.device_decode` call them (when :func:`dqsgd.kernels.device_common.use_triton`
-says so) and keep everything per segment or per payload (inverse norms, header, refusals) in the one
-place the torch-ops path uses too. The crc is :mod:`dqsgd.kernels.triton_crc`.
+:mod:`dqsgd.kernels.device` and :mod:`dqsgd.kernels.device_decode` call them (when
+:func:`dqsgd.kernels.device_common.use_triton` says so). The per-call work is in the kernels too, so
+that a call issues few launches (the host's issue time, not the kernels, bounded a call below ~25M
+elements): the encode kernel writes the header (the template's bytes, the scales, a NaN scale where
+s/r is not finite, the refusal flags), the decode kernel checks the header bytes, the scales, the
+padding and the codes. The crc is :mod:`dqsgd.kernels.triton_crc` (its last level compares a
+decoded payload's crc and starts the flags).
 
 Why the bytes equal the numba kernels' (:mod:`dqsgd.kernels.fused`) for the same input and key:
 
@@ -14,10 +18,11 @@ Why the bytes equal the numba kernels' (:mod:`dqsgd.kernels.fused`) for the same
   order (atomics included), and NaN/Inf lie above every finite pattern, so a non-finite input gives
   a non-finite scale (refused as the host refuses it). float16/bfloat16 inputs are widened to
   float32 in the kernel (exact), as ``flat_float`` widens them for the host.
-* **l2 norm and s/r.** Not computed here: the caller evaluates the host's own torch expressions on
-  the float32 input and on the per-segment tensor (a float reduction's bits depend on its order,
-  and Triton's float32 ``/`` is not correctly rounded on CUDA; torch's ``levels / r`` is
-  ``r.reciprocal()·levels`` with a correctly rounded reciprocal, what the numba kernel computes).
+* **l2 norm and s/r.** The l2 norm is the host's own torch expression (a float reduction's bits
+  depend on its order). ``1/r`` is torch's correctly rounded reciprocal, passed in (Triton's float32
+  ``/`` is not correctly rounded on CUDA); the kernel forms where(r > 0, (1/r)·s, 0), which is
+  torch's ``levels / r`` (``r.reciprocal()·levels``), what the numba kernel computes. The decode's
+  ``r/levels`` is likewise a torch division, passed in.
 * **Rounding.** float32 in the numba kernel's order: a = min(|x|·inv, s), ⌊a⌋ + [u < a − ⌊a⌋]
   clamped to s, the sign of x; one bit: [u < (clamp(x·inv, −1, 1) + 1)·½]. No product feeds an
   addition directly there, so no FMA can form.
