@@ -153,7 +153,7 @@ def _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, ns
         tl.atomic_or(flag_ptr + 1, tl.max((first & inv_bad).to(tl.int32)))
 
 
-@triton.jit(do_not_specialize=["key"])
+@triton.jit(do_not_specialize=["key", "k", "scale_at"])  # header sizes vary by shape: no variant per value
 def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, key, n, nbytes, nseg, bucket,
                    k, scale_at, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
                    MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, FLAGS: tl.constexpr):
@@ -218,7 +218,7 @@ def _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB: tl
     _flag(stats_ptr + 1, bad_ptr, tl.max((top & ((p & 0x7F) == 0x7F) & ((below & 0x80) != 0)).to(tl.int32)), BAD)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k", "scale_at", "tail", "lo_ok", "hi_ok", "zero_ok"])
 def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
                    bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
                    GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,

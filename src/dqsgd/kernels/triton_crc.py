@@ -62,7 +62,7 @@ def _shift(tab_ptr, v):
     return c ^ tl.load(tab_ptr + 768 + ((v >> 24) & 0xFF))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["copy_at", "copy_len"])
 def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr, copy_ptr, copy_at, copy_len, n, pad,
                k_const, ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
                COPY: tl.constexpr):
