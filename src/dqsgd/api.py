@@ -138,11 +138,11 @@ def _host_bytes(payload: Payload) -> bytes | bytearray | memoryview:
 
 def decode_bytes_per_element(coding: Coding, bits: int, dtype: torch.dtype, scheme: Scheme = Scheme.UNIFORM) -> int:
     """Bytes :func:`decode` holds per element at its peak (the payload itself not counted): the
-    float32 accumulator (4), the int32 codes where the body is decoded to codes first (ELIAS, RANS,
+    float32 accumulator (4), the int32 codes where the body is decoded to codes first (ELIAS, RANS, RANSX,
     and SIGN codes wider than 1 bit: 4), the decompressed body of a zstd frame (its width / 8), and
     the result in the payload's dtype when that is not float32 (its item size)."""
     per = 4
-    if coding in (Coding.ELIAS, Coding.RANS) or (scheme == Scheme.SIGN and bits > 1):
+    if coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX) or (scheme == Scheme.SIGN and bits > 1):
         per += 4
     elif coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         per += -(-body_width(bits, coding) // 8)

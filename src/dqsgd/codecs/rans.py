@@ -300,16 +300,18 @@ def _get_varint(buf, p, end):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):  # pragma: no cover - compiled
-    """Parse the table and decode ``out.size`` codes; (status, position, number of table symbols)."""
+def read_table(buf, bits, lo, hi, zero_ok, n, symbols, freq, slot_index):  # pragma: no cover - compiled
+    """Parse and check a frequency table (module docstring) at the start of ``buf`` for ``n`` codes,
+    whose frequencies sum to ``2^prob_bits = slot_index.size``: symbols (as codes), frequencies and the
+    slot → table index map are filled in; (status, position after the table, K)."""
     end = buf.size
-    n = out.size
+    m = np.int64(slot_index.size)
     nsym = np.int64(1) << bits
     offset = np.int64(0) if bits == 1 else np.int64(1) << (bits - 1)
     k, p, st = _get_varint(buf, 0, end)
     if st != _OK:
         return st, p, 0
-    if k < 1 or k > nsym or k > n:
+    if k < 1 or k > nsym or k > n or k > m:
         return _COUNT, 0, 0
     u = np.int64(-1)
     total = np.int64(0)
@@ -328,17 +330,28 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
         f, p, st = _get_varint(buf, p, end)
         if st != _OK:
             return st, p, 0
-        if f < 1 or f > M:
+        if f < 1 or f > m:
             return _FREQ, at, 0
-        if total + f > M:
+        if total + f > m:
             return _SUM, at, 0
-        for s in range(total, total + f):  # total + f ≤ M = slot_index.size; j < K ≤ the dtype's range
+        for s in range(total, total + f):  # total + f ≤ m = slot_index.size; j < K ≤ the dtype's range
             slot_index[s] = j
         symbols[j] = code
         freq[j] = f
         total += f
-    if total != M:
+    if total != m:
         return _SUM, p, 0
+    return _OK, p, k
+
+
+@njit(cache=True, nogil=True)
+def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):  # pragma: no cover - compiled
+    """Parse the table and decode ``out.size`` codes; (status, position, number of table symbols)."""
+    end = buf.size
+    n = out.size
+    st, p, k = read_table(buf, bits, lo, hi, zero_ok, n, symbols, freq, slot_index)
+    if st != _OK:
+        return st, p, 0
     if p + 4 > end:
         return _TRUNC_STREAM, p, k
     x = np.uint64(0)
