@@ -159,14 +159,19 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool,
     best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)
     bodies: dict[Coding, bytes | np.ndarray] = {}
     hist = None
-    if integer and data.size:
-        hist = level_histogram(data, bits)
-        if (data.size < MAX_OMEGA and costs.key(_elias_lower_bound(hist, bits), Coding.ELIAS) < costs.key(*best)
-                and costs.key(elias := (elias_bit_length(data) + 7) // 8, Coding.ELIAS) < costs.key(*best)):
-            best = (elias, Coding.ELIAS)
     rans = rans_candidate(data.size)
     encode_rans, rans_bounds = _RANS[rans]
-    rans_lo, rans_hi = rans_bounds(hist) if hist is not None else (0, 0)
+    if integer and data.size:
+        hist = level_histogram(data, bits)
+        rans_lo, rans_hi = rans_bounds(hist)
+        # ELIAS's exact length takes a second pass: only where its lower bound beats both the best so far
+        # and what rANS is sure to reach (then rANS, not ELIAS, would be the smallest).
+        elias_lo = costs.key(_elias_lower_bound(hist, bits), Coding.ELIAS)
+        if (data.size < MAX_OMEGA and elias_lo < costs.key(*best) and not elias_lo > costs.key(rans_hi, rans)
+                and costs.key(elias := (elias_bit_length(data) + 7) // 8, Coding.ELIAS) < costs.key(*best)):
+            best = (elias, Coding.ELIAS)
+    else:
+        rans_lo, rans_hi = 0, 0
     cap = costs.max_bytes(Coding.ZSTD_ALIGNED, best)
     if hist is not None and not link_mbit:
         cap = min(cap, rans_hi)
