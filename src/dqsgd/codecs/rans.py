@@ -382,6 +382,31 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
     return _OK, p, k
 
 
+def decode_buffers(body: np.ndarray | bytes | memoryview, numel: int, bits: int,
+                   name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(body bytes, output codes, table symbols, frequencies, slot → table index) of a ``name`` body of
+    ``numel`` codes: the output has numel elements (the caller bounds it), the tables 2^b and M."""
+    buf = np.frombuffer(body, dtype=np.uint8)
+    if not 1 <= bits <= 16:
+        raise ValueError(f"{name} carries codes of 1..16 bits, not {bits}")
+    if numel == 0 and buf.size:
+        raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
+    nsym = max(1, min(1 << bits, numel))
+    # The slot → symbol table is read at random: one byte per slot where 256 symbols fit (a quarter of the
+    # cache an int32 table takes), else two.
+    return (buf, np.empty(numel, dtype=np.int32), np.zeros(nsym, dtype=np.int32), np.zeros(nsym, dtype=np.int64),
+            np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16))
+
+
+def check_counts(counts: np.ndarray, symbols: np.ndarray, freq: np.ndarray) -> None:
+    """Refuse a table whose symbols do not all occur, or that is not :func:`normalize` of the counts."""
+    if (counts == 0).any():
+        j = int(np.argmax(counts == 0))
+        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
+    if not np.array_equal(normalize(counts), freq):
+        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
+
+
 def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
                 zero_ok: bool) -> np.ndarray:
     """The ``numel`` int32 codes of a RANS body; every code in ``[lo, hi]`` (0 only if ``zero_ok``).
@@ -389,27 +414,12 @@ def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo
     Raises:
       RansError: anything :func:`rans_encode` could not have written (module docstring).
     """
-    buf = np.frombuffer(body, dtype=np.uint8)
-    if not 1 <= bits <= 16:
-        raise ValueError(f"RANS carries codes of 1..16 bits, not {bits}")
+    buf, out, symbols, freq, slot_index = decode_buffers(body, numel, bits, "RANS")
     if numel == 0:
-        if buf.size:
-            raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
-        return np.zeros(0, dtype=np.int32)
-    nsym = min(1 << bits, numel)
-    out = np.empty(numel, dtype=np.int32)
-    symbols = np.zeros(nsym, dtype=np.int32)
-    freq = np.zeros(nsym, dtype=np.int64)
-    counts = np.zeros(nsym, dtype=np.int64)
-    # The slot → symbol table is read at random: one byte per slot where 256 symbols fit (a quarter of the
-    # cache an int32 table takes), else two.
-    slot_index = np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16)
+        return out
+    counts = np.zeros(symbols.size, dtype=np.int64)
     status, pos, k = _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index)
     if status != _OK:
         raise RansError(_MESSAGES[status], int(pos))
-    if (counts[:k] == 0).any():
-        j = int(np.argmax(counts[:k] == 0))
-        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
-    if not np.array_equal(normalize(counts[:k]), freq[:k]):
-        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
+    check_counts(counts[:k], symbols, freq[:k])
     return out

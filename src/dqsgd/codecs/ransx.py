@@ -37,7 +37,8 @@ import numpy as np
 from numba import njit
 
 from dqsgd.codecs.rans import (_MESSAGES, _OK, _STATE, _TRUNC_STREAM, _FINAL, _TRAILING, M, PROB_BITS, RansError,
-                               _write_table, _table_len, level_histogram, normalize, read_table)
+                               _write_table, _table_len, check_counts, decode_buffers, level_histogram,
+                               normalize, read_table)
 
 __all__ = ["LANES", "RANSX_L", "ransx_decode", "ransx_encode", "ransx_size_bounds"]
 
@@ -197,18 +198,9 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
     Raises:
       RansError: anything :func:`ransx_encode` could not have written (module docstring).
     """
-    buf = np.frombuffer(body, dtype=np.uint8)
-    if not 1 <= bits <= 16:
-        raise ValueError(f"RANSX carries codes of 1..16 bits, not {bits}")
+    buf, out, symbols, freq, slot_index = decode_buffers(body, numel, bits, "RANSX")
     if numel == 0:
-        if buf.size:
-            raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
-        return np.zeros(0, dtype=np.int32)
-    nsym = min(1 << bits, numel)
-    out = np.empty(numel, dtype=np.int32)
-    symbols = np.zeros(nsym, dtype=np.int32)
-    freq = np.zeros(nsym, dtype=np.int64)
-    slot_index = np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16)
+        return out
     status, pos, k = read_table(buf, bits, lo, hi, zero_ok, numel, symbols, freq, slot_index)
     if status == _OK:
         cum = np.concatenate(([0], np.cumsum(freq[:k])[:-1])).astype(np.int64)
@@ -216,10 +208,6 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
     if status != _OK:
         raise RansError(_MESSAGES[status], int(pos))
     table = symbols[:k].astype(np.int64)
-    counts = level_histogram(out, bits)[(table > 0).astype(np.int64) if bits == 1 else table + (1 << (bits - 1))]
-    if (counts == 0).any():
-        j = int(np.argmax(counts == 0))
-        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
-    if not np.array_equal(normalize(counts), freq[:k]):
-        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
+    check_counts(level_histogram(out, bits)[(table > 0).astype(np.int64) if bits == 1 else table + (1 << (bits - 1))],
+                 symbols, freq[:k])
     return out
