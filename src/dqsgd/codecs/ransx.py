@@ -61,24 +61,24 @@ def _encoder_tables(symbols: np.ndarray, freq: np.ndarray, bits: int) -> tuple[n
 
 
 @njit(cache=True, nogil=True)
-def _encode(codes, offset, one_bit, ints, inv, out):  # pragma: no cover - compiled
-    """Encode ``codes`` backwards into the tail of ``out`` (K ≥ 2); the first byte used, or −1 if full.
+def _encode(codes, offset, one_bit, ints, inv, words, xs):  # pragma: no cover - compiled
+    """Encode ``codes`` backwards into the tail of ``words`` (K ≥ 2) and the lanes' final states into
+    ``xs``; the first word used, or −1 if full.
 
     The lanes' states live in a small array: the loop is one lane step, and consecutive steps
-    belong to different lanes, so nothing waits for the step before it."""
-    xs = np.full(LANES, RANSX_L, np.int64)
-    p = np.int64(out.size)
+    belong to different lanes, so nothing waits for the step before it. The word is stored every
+    step and kept (the position moves) only when the lane renormalises: no branch to mispredict."""
+    pw = np.int64(words.size)
     for i in range(codes.size - 1, -1, -1):
         c = np.int64(codes[i])
         u = np.int64(c > 0) if one_bit else c + offset
         x = xs[i & (LANES - 1)]
-        if x >= ints[u, 0]:  # at most one word: x < 2^63, and x_max = 2^47·f > 2^31 after it
-            if p < _WORD:
-                return -1
-            p -= _WORD
-            for b in range(_WORD):
-                out[p + b] = np.uint8((x >> (8 * b)) & 0xFF)
-            x >>= 32
+        if pw < 1:
+            return -1
+        emit = np.int64(x >= ints[u, 0])  # at most one word: x < 2^63, and x_max = 2^47·f > 2^31 after it
+        words[pw - 1] = np.uint32(x & 0xFFFFFFFF)
+        pw -= emit
+        x >>= 32 * emit
         f = ints[u, 1]
         q = np.int64(np.float64(x) * inv[u])  # ⌊x/f⌋ or one off: x/f < 2^47, the float error < 2^-4
         r = x - q * f
@@ -89,13 +89,7 @@ def _encode(codes, offset, one_bit, ints, inv, out):  # pragma: no cover - compi
             q += 1
             r -= f
         xs[i & (LANES - 1)] = (q << PROB_BITS) + r + ints[u, 2]
-    if p < LANES * _STATE_BYTES:
-        return -1
-    p -= LANES * _STATE_BYTES
-    for j in range(LANES):
-        for b in range(_STATE_BYTES):
-            out[p + _STATE_BYTES * j + b] = np.uint8((xs[j] >> (8 * b)) & 0xFF)
-    return p
+    return pw
 
 
 def _stream_info(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -140,55 +134,61 @@ def ransx_encode(codes: np.ndarray, bits: int, hist: np.ndarray | None = None) -
         hist = level_histogram(codes, bits)
     symbols, _, freq, _ = _stream_info(hist)
     _, hi = ransx_size_bounds(hist)
-    out = np.empty(hi + _WORD, dtype=np.uint8)  # one spare word: the bound is checked, not trusted
-    tlen = _write_table(symbols, freq, out)
-    if symbols.size == 1:  # f = M: every state stays at L, no words
-        out[tlen:hi] = np.frombuffer(np.full(LANES, RANSX_L, dtype="<u8").tobytes(), dtype=np.uint8)
-        return out[:hi]
-    ints, inv = _encoder_tables(symbols, freq, bits)
-    start = _encode(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, ints, inv, out[tlen:])
-    if start < 0:  # pragma: no cover - the bound is a proof
-        raise RuntimeError("rANS stream exceeded its proven bound")
-    size = out.size - tlen - start
-    out[tlen : tlen + size] = out[tlen + start :].copy()
-    return out[: tlen + size]
+    tlen = _table_len(symbols, freq)
+    out = np.empty(hi, dtype=np.uint8)
+    _write_table(symbols, freq, out)
+    xs = np.full(LANES, RANSX_L, dtype=np.int64)  # f = M (one symbol): every state stays at L, no words
+    stream = np.zeros(0, dtype=np.uint8)
+    if symbols.size > 1:
+        ints, inv = _encoder_tables(symbols, freq, bits)
+        words = np.empty((hi - tlen) // _WORD - 2 * LANES + 1, dtype=np.uint32)  # a spare word: checked, not trusted
+        start = _encode(codes, 0 if bits == 1 else 1 << (bits - 1), bits == 1, ints, inv, words, xs)
+        if start < 0:  # pragma: no cover - the bound is a proof
+            raise RuntimeError("rANS stream exceeded its proven bound")
+        stream = words[start:].astype("<u4", copy=False).view(np.uint8)
+    out[tlen : tlen + LANES * _STATE_BYTES] = xs.astype("<u8").view(np.uint8)
+    end = tlen + LANES * _STATE_BYTES + stream.size
+    out[tlen + LANES * _STATE_BYTES : end] = stream
+    return out[:end]
 
 
 @njit(cache=True, nogil=True)
-def _decode(buf, p, out, symbols, freq, cum, slot_index):  # pragma: no cover - compiled
-    """Decode ``out.size`` codes from the states at ``buf[p:]``; (status, position).
+def _decode(xs, words, out, symbols, freq, cum, slot_index):  # pragma: no cover - compiled
+    """Decode ``out.size`` codes from the lanes' states ``xs`` and the stream ``words`` (one zero word
+    appended); the number of words the codes needed (more than the stream has: it is truncated).
 
-    No counting here: a store to a count array may alias the states (the compiler then orders
-    every lane's step after the one before); the caller counts the decoded codes in a second pass."""
-    end = buf.size
-    if p + LANES * _STATE_BYTES > end:
-        return _TRUNC_STREAM, p
-    xs = np.zeros(LANES, np.int64)
-    for j in range(LANES):
-        for b in range(_STATE_BYTES):
-            xs[j] |= np.int64(buf[p + _STATE_BYTES * j + b]) << (8 * b)
-        if xs[j] < RANSX_L:  # a state ≥ 2^63 reads as negative
-            return _STATE, p + _STATE_BYTES * j
-    p += LANES * _STATE_BYTES
+    Branch-free: each step reads the word at the position (or the appended zero past the end) and
+    keeps it only when the lane renormalises. No counting here: a store to a count array may alias
+    the states (the compiler then orders every lane's step after the one before); the caller counts
+    the decoded codes in a second pass."""
+    last = words.size - 1
+    pw = np.int64(0)
     for i in range(out.size):
         x = xs[i & (LANES - 1)]
         slot = x & (M - 1)
         k = np.int64(slot_index[slot])
         out[i] = symbols[k]
         x = freq[k] * (x >> PROB_BITS) + slot - cum[k]
-        if x < RANSX_L:  # at most one word: x ≥ ⌊x_before/M⌋ ≥ 2^15 here
-            if p + _WORD > end:
-                return _TRUNC_STREAM, p
-            x = (x << 32) | (np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16)
-                             | (np.int64(buf[p + 3]) << 24))
-            p += _WORD
+        take = np.int64(x < RANSX_L)  # at most one word: x ≥ ⌊x_before/M⌋ ≥ 2^15 here, so x < 2^63 after it
+        x = (x << (32 * take)) | (np.int64(words[min(pw, last)]) & -take)
+        pw += take
         xs[i & (LANES - 1)] = x
-    for j in range(LANES):
-        if xs[j] != RANSX_L:
-            return _FINAL, p
-    if p != end:
-        return _TRAILING, p
-    return _OK, p
+    return pw
+
+
+def _states_and_words(buf: np.ndarray, p: int) -> tuple[int, np.ndarray, np.ndarray, int]:
+    """(status, the lanes' states, the whole words after them plus a zero word, bytes left over) of
+    the body ``buf`` whose table ends at ``p``."""
+    if p + LANES * _STATE_BYTES > buf.size:
+        return _TRUNC_STREAM, np.zeros(0, np.int64), np.zeros(1, np.uint32), 0
+    xs = buf[p : p + LANES * _STATE_BYTES].view("<u8").astype(np.uint64)
+    if (xs < RANSX_L).any() or (xs >= np.uint64(1 << 63)).any():
+        return _STATE, xs.astype(np.int64), np.zeros(1, np.uint32), 0
+    p += LANES * _STATE_BYTES
+    nw = (buf.size - p) // _WORD
+    words = np.zeros(nw + 1, dtype=np.uint32)
+    words[:nw] = buf[p : p + _WORD * nw].view("<u4")
+    return _OK, xs.astype(np.int64), words, buf.size - p - _WORD * nw
 
 
 def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
@@ -203,8 +203,16 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
         return out
     status, pos, k = read_table(buf, bits, lo, hi, zero_ok, numel, symbols, freq, slot_index)
     if status == _OK:
+        status, xs, words, left = _states_and_words(buf, pos)
+        if status == _STATE:
+            pos += _STATE_BYTES * int(np.argmax((xs < RANSX_L) | (xs < 0)))
+    if status == _OK:
         cum = np.concatenate(([0], np.cumsum(freq[:k])[:-1])).astype(np.int64)
-        status, pos = _decode(buf, pos, out, symbols, freq, cum, slot_index)
+        used = _decode(xs, words, out, symbols, freq, cum, slot_index)
+        nw = words.size - 1
+        pos += LANES * _STATE_BYTES + _WORD * min(used, nw)
+        status = (_TRUNC_STREAM if used > nw else _FINAL if (xs != RANSX_L).any()
+                  else _TRAILING if used < nw or left else _OK)
     if status != _OK:
         raise RansError(_MESSAGES[status], int(pos))
     table = symbols[:k].astype(np.int64)
