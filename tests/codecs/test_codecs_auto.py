@@ -160,3 +160,30 @@ def test_link_rate_through_encode_and_the_method() -> None:
         method_config("qsgd-4bit", link_mbit=100.0)
     with pytest.raises(ValueError, match="finite rate"):
         method_config("dqsgd-coded", link_mbit=float("inf"))
+
+
+def test_the_reused_zstd_compressor_writes_a_fresh_ones_bytes() -> None:
+    """zstd_compress keeps one compressor per thread: after frames of other sizes and contents it must
+    still write, byte for byte, the frame of a compressor that never compressed anything."""
+    import threading
+
+    import zstandard
+
+    from dqsgd.codecs.bodies import ZSTD_LEVEL
+
+    rng = np.random.default_rng(4)
+    bodies = [rng.integers(0, k, n, dtype=np.uint8).tobytes() for n, k in ((5, 2), (200_000, 4), (4096, 256), (0, 1),
+                                                                          (70_000, 3), (4096, 256))]
+    got: list[list[bytes]] = []
+
+    def run() -> None:
+        got.append([zstd_compress(b) for b in bodies])
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    run()
+    want = [zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b) for b in bodies]
+    assert len(got) == 3 and all(g == want for g in got)

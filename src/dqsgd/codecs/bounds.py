@@ -123,7 +123,8 @@ def max_body_bytes(numel: int, bits: int, coding: Coding) -> int:
       so every element non-zero at the largest magnitude is the longest stream;
     * RANS: the table (``1 + 2K`` varints of ≤ 3 bytes, ``K ≤ min(2^b, n)`` symbols), the 4-byte
       state, and at most 2 stream bytes per code (``⌈(16 − ⌊log2 f⌋)/8⌉ ≤ 2``); 0 for n = 0;
-    * RANSX: the same table, 8 states of 8 bytes, and at most one 4-byte word per code.
+    * RANSX: the same table, 8 states of 8 bytes, and the 4-byte words, which hold at most
+      ``16 + log2(1 + 2^-15)`` bits per code (:func:`~dqsgd.codecs.ransx.ransx_size_bounds`).
     """
 
     coding = Coding(coding)
@@ -143,7 +144,9 @@ def max_body_bytes(numel: int, bits: int, coding: Coding) -> int:
     if coding == Coding.RANSX:
         if bits == 32:
             raise ValueError("RANSX codes integer levels, not raw float32 (bits 32)")
-        return 0 if numel == 0 else 3 * (1 + 2 * min(1 << bits, numel)) + 8 * LANES + 4 * numel
+        # stream words ≤ (Σ log2(M/f) + n·log2(1 + 2^-15))/32 with log2(M/f) ≤ 16 and log2(1 + 2^-15) < 1/16384
+        words = (16 * numel + numel // 16384 + 1) // 32 + 1
+        return 0 if numel == 0 else 3 * (1 + 2 * min(1 << bits, numel)) + 8 * LANES + 4 * words
     return packed_size(numel, bits)
 
 
