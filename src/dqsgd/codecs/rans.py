@@ -300,16 +300,18 @@ def _get_varint(buf, p, end):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):  # pragma: no cover - compiled
-    """Parse the table and decode ``out.size`` codes; (status, position, number of table symbols)."""
+def read_table(buf, bits, lo, hi, zero_ok, n, symbols, freq, slot_index):  # pragma: no cover - compiled
+    """Parse and check a frequency table (module docstring) at the start of ``buf`` for ``n`` codes,
+    whose frequencies sum to ``2^prob_bits = slot_index.size``: symbols (as codes), frequencies and the
+    slot → table index map are filled in; (status, position after the table, K)."""
     end = buf.size
-    n = out.size
+    m = np.int64(slot_index.size)
     nsym = np.int64(1) << bits
     offset = np.int64(0) if bits == 1 else np.int64(1) << (bits - 1)
     k, p, st = _get_varint(buf, 0, end)
     if st != _OK:
         return st, p, 0
-    if k < 1 or k > nsym or k > n:
+    if k < 1 or k > nsym or k > n or k > m:
         return _COUNT, 0, 0
     u = np.int64(-1)
     total = np.int64(0)
@@ -328,17 +330,28 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
         f, p, st = _get_varint(buf, p, end)
         if st != _OK:
             return st, p, 0
-        if f < 1 or f > M:
+        if f < 1 or f > m:
             return _FREQ, at, 0
-        if total + f > M:
+        if total + f > m:
             return _SUM, at, 0
-        for s in range(total, total + f):  # total + f ≤ M = slot_index.size; j < K ≤ the dtype's range
+        for s in range(total, total + f):  # total + f ≤ m = slot_index.size; j < K ≤ the dtype's range
             slot_index[s] = j
         symbols[j] = code
         freq[j] = f
         total += f
-    if total != M:
+    if total != m:
         return _SUM, p, 0
+    return _OK, p, k
+
+
+@njit(cache=True, nogil=True)
+def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):  # pragma: no cover - compiled
+    """Parse the table and decode ``out.size`` codes; (status, position, number of table symbols)."""
+    end = buf.size
+    n = out.size
+    st, p, k = read_table(buf, bits, lo, hi, zero_ok, n, symbols, freq, slot_index)
+    if st != _OK:
+        return st, p, 0
     if p + 4 > end:
         return _TRUNC_STREAM, p, k
     x = np.uint64(0)
@@ -369,6 +382,31 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
     return _OK, p, k
 
 
+def decode_buffers(body: np.ndarray | bytes | memoryview, numel: int, bits: int,
+                   name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(body bytes, output codes, table symbols, frequencies, slot → table index) of a ``name`` body of
+    ``numel`` codes: the output has numel elements (the caller bounds it), the tables 2^b and M."""
+    buf = np.frombuffer(body, dtype=np.uint8)
+    if not 1 <= bits <= 16:
+        raise ValueError(f"{name} carries codes of 1..16 bits, not {bits}")
+    if numel == 0 and buf.size:
+        raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
+    nsym = max(1, min(1 << bits, numel))
+    # The slot → symbol table is read at random: one byte per slot where 256 symbols fit (a quarter of the
+    # cache an int32 table takes), else two.
+    return (buf, np.empty(numel, dtype=np.int32), np.zeros(nsym, dtype=np.int32), np.zeros(nsym, dtype=np.int64),
+            np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16))
+
+
+def check_counts(counts: np.ndarray, symbols: np.ndarray, freq: np.ndarray) -> None:
+    """Refuse a table whose symbols do not all occur, or that is not :func:`normalize` of the counts."""
+    if (counts == 0).any():
+        j = int(np.argmax(counts == 0))
+        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
+    if not np.array_equal(normalize(counts), freq):
+        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
+
+
 def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
                 zero_ok: bool) -> np.ndarray:
     """The ``numel`` int32 codes of a RANS body; every code in ``[lo, hi]`` (0 only if ``zero_ok``).
@@ -376,27 +414,12 @@ def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo
     Raises:
       RansError: anything :func:`rans_encode` could not have written (module docstring).
     """
-    buf = np.frombuffer(body, dtype=np.uint8)
-    if not 1 <= bits <= 16:
-        raise ValueError(f"RANS carries codes of 1..16 bits, not {bits}")
+    buf, out, symbols, freq, slot_index = decode_buffers(body, numel, bits, "RANS")
     if numel == 0:
-        if buf.size:
-            raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
-        return np.zeros(0, dtype=np.int32)
-    nsym = min(1 << bits, numel)
-    out = np.empty(numel, dtype=np.int32)
-    symbols = np.zeros(nsym, dtype=np.int32)
-    freq = np.zeros(nsym, dtype=np.int64)
-    counts = np.zeros(nsym, dtype=np.int64)
-    # The slot → symbol table is read at random: one byte per slot where 256 symbols fit (a quarter of the
-    # cache an int32 table takes), else two.
-    slot_index = np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16)
+        return out
+    counts = np.zeros(symbols.size, dtype=np.int64)
     status, pos, k = _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index)
     if status != _OK:
         raise RansError(_MESSAGES[status], int(pos))
-    if (counts[:k] == 0).any():
-        j = int(np.argmax(counts[:k] == 0))
-        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
-    if not np.array_equal(normalize(counts[:k]), freq[:k]):
-        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
+    check_counts(counts[:k], symbols, freq[:k])
     return out

@@ -1,0 +1,180 @@
+"""Where one GPU codec call's time goes: host (Python + launches) against device (kernels), per size.
+
+    PYTHONPATH=src python3 benchmarks/gpu_call_cost.py --out DIR      # needs a CUDA GPU; writes call_cost.md
+    PYTHONPATH=src python3 benchmarks/gpu_call_cost.py --count        # no GPU needed: launches and ops per pair
+
+For n in --sizes, the hook's no-sync pair (``encode_uniform_device(check="defer")`` then
+``decode_accumulate_device(header=..., check="defer")``) at 4 bits:
+
+* ``host_us``: wall time of the Python calls alone, no synchronize (what the CPU spends issuing them),
+  median of 50 calls after 10 warm-ups;
+* ``wall_us``: the same with a synchronize after each pair (what one pair costs end to end);
+* ``kernels`` and ``kernel_us``: device kernels launched per pair and their summed device time
+  (torch.profiler, CUDA activity), and the other torch ops' count (``ops``);
+* ``copy_us``: ``copy_`` of the same float32 tensor, the memory-bound reference.
+If host_us ≈ wall_us ≫ kernel_us, the call is bound by issuing work, not by the GPU.
+
+``--count`` runs the same pair on CPU tensors through Triton's interpreter (``TRITON_INTERPRET=1``,
+``set_triton(True)``: the code path a GPU runs) and counts, per pair, the Triton kernel launches, the
+aten ops (every ``aten::`` call the profiler records, nested ones included, as on the GPU) and the
+aten ops that would launch a device kernel (innermost ones that are not views or allocations): what
+the host issues, whatever the device. Times are not measured there (the interpreter is not a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# aten ops that launch no device kernel: views, shape metadata and allocations
+_NO_KERNEL = re.compile(r"aten::(_?(empty|view|reshape|as_strided|slice|select|alias|detach|unsqueeze|squeeze|"
+                        r"expand|t|permute|unbind|split|narrow|lift_fresh|resolve_conj|resolve_neg|_unsafe_view|"
+                        r"_reshape_alias|view_as|result_type|size|stride|is_nonzero|contiguous|to|_to_copy_meta|"
+                        r"empty_like|empty_strided|set_|item|_local_scalar_dense|index_select_meta)|.*_meta)$")
+
+_LAUNCH = "triton launch"
+
+
+def count_pair(n: int, bits: int = 4, repeat: int = 2) -> dict:
+    """Triton launches, aten ops and kernel-launching aten ops per no-sync pair, on CPU tensors through
+    Triton's interpreter (needs ``TRITON_INTERPRET=1`` before Triton is first imported)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    from triton.runtime.jit import KernelInterface
+
+    from dqsgd.kernels import HashRNG, device_common
+    from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header
+
+    x, out = torch.randn(n, generator=torch.Generator().manual_seed(0)), torch.zeros(n)
+    rng, hdr, bad = HashRNG(3, 1, 0), expected_header((n,), bits), torch.zeros((), dtype=torch.bool)
+    launches: dict[str, int] = {}
+    original = KernelInterface.__getitem__
+
+    def counting(self, grid):  # noqa: ANN001, ANN202 - Triton's own signature
+        name = getattr(getattr(self, "fn", self), "__name__", "kernel")
+        launches[name] = launches.get(name, 0) + 1
+        launch = original(self, grid)
+
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the interpreter's own torch ops are not counted
+            with record_function(_LAUNCH):
+                return launch(*args, **kwargs)
+        return run
+
+    device_common.set_triton(True)
+    try:
+        p = encode_uniform_device(x, bits, rng, check="defer")  # warm: templates, tables, caches
+        decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)
+        KernelInterface.__getitem__ = counting
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(repeat):
+                p = encode_uniform_device(x, bits, rng, check="defer")
+                decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)
+    finally:
+        KernelInterface.__getitem__ = original
+        device_common.set_triton(None)
+    return {"n": n, "bits": bits, **_tally(prof.events(), launches, repeat)}
+
+
+def _tally(events: list, launches: dict[str, int], repeat: int) -> dict:
+    """Per-pair counts from the profiler's events: aten calls outside the Triton launches, the
+    innermost ones that launch a device kernel, and the launches by kernel."""
+    inside = set()
+    for e in events:
+        if e.name == _LAUNCH:
+            stack = list(e.cpu_children)
+            while stack:
+                c = stack.pop()
+                inside.add(id(c))
+                stack.extend(c.cpu_children)
+    aten = [e for e in events if e.name.startswith("aten::") and id(e) not in inside]
+    leaf = [e for e in aten if not any(c.name.startswith("aten::") for c in e.cpu_children)]
+    kernels = [e.name for e in leaf if not _NO_KERNEL.match(e.name)]
+    return {"triton": sum(launches.values()) / repeat, "aten_ops": len(aten) / repeat,
+            "aten_kernels": len(kernels) / repeat, "by_kernel": {k: v / repeat for k, v in sorted(launches.items())},
+            "by_op": {k: kernels.count(k) / repeat for k in sorted(set(kernels))}}
+
+
+def measure(n: int, bits: int = 4) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from dqsgd.kernels import HashRNG
+    from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke run, not GPU figures
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    x, out, buf = torch.randn(n, device=dev), torch.zeros(n, device=dev), torch.empty(n, device=dev)
+    rng, hdr = HashRNG(3, 1, 0), expected_header((n,), bits)
+    bad = torch.zeros((), dtype=torch.bool, device=dev)
+
+    def pair() -> None:
+        p = encode_uniform_device(x, bits, rng, check="defer")
+        decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)
+
+    for _ in range(10):
+        pair()
+    sync()
+    host, wall, copy = [], [], []
+    for _ in range(50):
+        t = time.perf_counter()
+        pair()
+        host.append(time.perf_counter() - t)
+        sync()
+        wall.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        buf.copy_(x)
+        sync()
+        copy.append(time.perf_counter() - t)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(5):
+            pair()
+        sync()
+    events = prof.key_averages()
+    kern = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
+    k_count = sum(e.count for e in kern) / 5
+    k_us = sum(e.self_device_time_total for e in kern) / 5
+    ops = sum(e.count for e in events if e.key.startswith("aten::")) / 5
+    top = sorted(kern, key=lambda e: -e.count)[:8]
+    return {"n": n, "bits": bits, "host_us": 1e6 * statistics.median(host), "wall_us": 1e6 * statistics.median(wall),
+            "kernels": k_count, "kernel_us": k_us, "ops": ops, "copy_us": 1e6 * statistics.median(copy),
+            "top": [(e.key[:60], e.count // 5) for e in top]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="folder for call_cost.md (the GPU timing run; required without --count)")
+    ap.add_argument("--sizes", default="1000,1000000,25000000")
+    ap.add_argument("--count", action="store_true", help="count launches and ops per pair on the CPU (interpreter)")
+    a = ap.parse_args()
+    if a.count:
+        for s in a.sizes.split(","):
+            c = count_pair(int(s))
+            print(f"n={c['n']} bits={c['bits']}: triton launches {c['triton']:.0f}, kernel-launching aten ops "
+                  f"{c['aten_kernels']:.0f} (device kernels {c['triton'] + c['aten_kernels']:.0f}), aten ops "
+                  f"{c['aten_ops']:.0f}\n  triton: {c['by_kernel']}\n  aten: {c['by_op']}")
+        return
+    if not a.out:
+        ap.error("--out is required (or --count)")
+    rows = [measure(int(s)) for s in a.sizes.split(",")]
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (smoke run, not GPU figures)"
+    lines = [f"# GPU codec call cost on {where} (torch {torch.__version__})", "",
+             "| n | bits | host_us | wall_us | kernels | kernel_us | aten ops | copy_us |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['n']} | {r['bits']} | {r['host_us']:.0f} | {r['wall_us']:.0f} | {r['kernels']:.1f} | "
+              f"{r['kernel_us']:.0f} | {r['ops']:.0f} | {r['copy_us']:.0f} |" for r in rows]
+    lines += ["", "Most launched kernels per pair (name, count):", ""]
+    lines += [f"- n = {r['n']}: " + ", ".join(f"`{k}` ×{c}" for k, c in r["top"]) for r in rows]
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "call_cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    if "--count" in sys.argv:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+    main()
