@@ -36,9 +36,9 @@ import math
 import numpy as np
 from numba import njit
 
-from dqsgd.codecs.rans import (_MESSAGES, _OK, _STATE, _TRUNC_STREAM, _FINAL, _TRAILING, M, PROB_BITS, RansError,
-                               _write_table, _table_len, check_counts, decode_buffers, level_histogram,
-                               normalize, read_table)
+from dqsgd.codecs.rans import (M, PROB_BITS, STATUS_FINAL, STATUS_MESSAGES, STATUS_OK, STATUS_STATE, STATUS_TRAILING,
+                               STATUS_TRUNC_STREAM, RansError, check_counts, decode_buffers, level_histogram,
+                               normalize, read_table, table_len, write_table)
 
 __all__ = ["LANES", "RANSX_L", "ransx_decode", "ransx_encode", "ransx_size_bounds"]
 
@@ -111,7 +111,7 @@ def ransx_size_bounds(hist: np.ndarray) -> tuple[int, int]:
     if n == 0:
         return 0, 0
     symbols, _, freq, ideal = _stream_info(hist)
-    head = _table_len(symbols, freq) + LANES * _STATE_BYTES
+    head = table_len(symbols, freq) + LANES * _STATE_BYTES
     if symbols.size == 1:
         return head, head
     slack = 1e-9 * ideal + 1.0  # float rounding of the sum of n logarithms
@@ -134,9 +134,9 @@ def ransx_encode(codes: np.ndarray, bits: int, hist: np.ndarray | None = None) -
         hist = level_histogram(codes, bits)
     symbols, _, freq, _ = _stream_info(hist)
     _, hi = ransx_size_bounds(hist)
-    tlen = _table_len(symbols, freq)
+    tlen = table_len(symbols, freq)
     out = np.empty(hi, dtype=np.uint8)
-    _write_table(symbols, freq, out)
+    write_table(symbols, freq, out)
     xs = np.full(LANES, RANSX_L, dtype=np.int64)  # f = M (one symbol): every state stays at L, no words
     stream = np.zeros(0, dtype=np.uint8)
     if symbols.size > 1:
@@ -180,15 +180,15 @@ def _states_and_words(buf: np.ndarray, p: int) -> tuple[int, np.ndarray, np.ndar
     """(status, the lanes' states, the whole words after them plus a zero word, bytes left over) of
     the body ``buf`` whose table ends at ``p``."""
     if p + LANES * _STATE_BYTES > buf.size:
-        return _TRUNC_STREAM, np.zeros(0, np.int64), np.zeros(1, np.uint32), 0
+        return STATUS_TRUNC_STREAM, np.zeros(0, np.int64), np.zeros(1, np.uint32), 0
     xs = buf[p : p + LANES * _STATE_BYTES].view("<u8").astype(np.uint64)
     if (xs < RANSX_L).any() or (xs >= np.uint64(1 << 63)).any():
-        return _STATE, xs.astype(np.int64), np.zeros(1, np.uint32), 0
+        return STATUS_STATE, xs.astype(np.int64), np.zeros(1, np.uint32), 0
     p += LANES * _STATE_BYTES
     nw = (buf.size - p) // _WORD
     words = np.zeros(nw + 1, dtype=np.uint32)
     words[:nw] = buf[p : p + _WORD * nw].view("<u4")
-    return _OK, xs.astype(np.int64), words, buf.size - p - _WORD * nw
+    return STATUS_OK, xs.astype(np.int64), words, buf.size - p - _WORD * nw
 
 
 def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
@@ -202,19 +202,19 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
     if numel == 0:
         return out
     status, pos, k = read_table(buf, bits, lo, hi, zero_ok, numel, symbols, freq, slot_index)
-    if status == _OK:
+    if status == STATUS_OK:
         status, xs, words, left = _states_and_words(buf, pos)
-        if status == _STATE:
+        if status == STATUS_STATE:
             pos += _STATE_BYTES * int(np.argmax((xs < RANSX_L) | (xs < 0)))
-    if status == _OK:
+    if status == STATUS_OK:
         cum = np.concatenate(([0], np.cumsum(freq[:k])[:-1])).astype(np.int64)
         used = _decode(xs, words, out, symbols, freq, cum, slot_index)
         nw = words.size - 1
         pos += LANES * _STATE_BYTES + _WORD * min(used, nw)
-        status = (_TRUNC_STREAM if used > nw else _FINAL if (xs != RANSX_L).any()
-                  else _TRAILING if used < nw or left else _OK)
-    if status != _OK:
-        raise RansError(_MESSAGES[status], int(pos))
+        status = (STATUS_TRUNC_STREAM if used > nw else STATUS_FINAL if (xs != RANSX_L).any()
+                  else STATUS_TRAILING if used < nw or left else STATUS_OK)
+    if status != STATUS_OK:
+        raise RansError(STATUS_MESSAGES[status], int(pos))
     table = symbols[:k].astype(np.int64)
     check_counts(level_histogram(out, bits)[(table > 0).astype(np.int64) if bits == 1 else table + (1 << (bits - 1))],
                  symbols, freq[:k])
