@@ -20,7 +20,8 @@ import torch
 
 from dqsgd.cli.bench.common import (best_of, coded_sizes, device_codec_rows, level_entropy, pick_device, print_table,
                          real_gradient, set_threads, write_result)
-from dqsgd.codecs import decode, encode
+from dqsgd.codecs import decode, encode, rans_decode, rans_encode, ransx_decode, ransx_encode
+from dqsgd.codecs.rans import level_histogram
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast, quantize_uniform_fast, quantize_uniform_hash
 from dqsgd.kernels import fused
@@ -119,7 +120,40 @@ def piece_rows(n: int, bits: int, repeats: int) -> list[dict[str, Any]]:
             for k, t in best.items()]
 
 
+def rans_rows(n: int, bits_list: list[int], repeats: int) -> list[dict[str, Any]]:
+    """ns per code of encoding (the histogram given, as AUTO does) and decoding with RANS and RANSX, on the
+    max-norm levels of a Gaussian (hash uniforms): the codes AUTO sees from a dense gradient."""
+    g = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    rows = []
+    for bits in bits_list:
+        codes = quantize_uniform_fast(g, bits, HashRNG(0, 0, 0), norm=Norm.MAX).codes.numpy()
+        hist, lo, hi = level_histogram(codes, bits), -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        p = hist[hist > 0] / n
+        for name, enc, dec in (("rans", rans_encode, rans_decode), ("ransx", ransx_encode, ransx_decode)):
+            body = enc(codes, bits, hist)
+            assert np.array_equal(dec(body, n, bits, lo, hi, True), codes)
+            best = best_of({"enc": lambda: enc(codes, bits, hist), "dec": lambda: dec(body, n, bits, lo, hi, True)},
+                           repeats)
+            rows.append({"n": n, "bits": bits, "coder": name, "entropy": float(-(p * np.log2(p)).sum()),
+                         "body_bits": 8 * body.size / n, "enc_ns": 1e9 * best["enc"] / n,
+                         "dec_ns": 1e9 * best["dec"] / n})
+    return rows
+
+
+def bench_rans(args: argparse.Namespace) -> dict[str, Any]:
+    """``--rans-only``: the two rANS coders' ns per code, nothing else."""
+    set_threads(args.threads)
+    rows = [r for n in args.sizes for r in rans_rows(n, [b for b in args.bits if 2 <= b <= 16], args.repeats)]
+    print(f"rANS coders, ns per code (best of {args.repeats}; encode with the histogram given, decode with its checks)")
+    print_table(rows, ["n", "bits", "coder", "entropy", "body_bits", "enc_ns", "dec_ns"])
+    result = {"rans": rows, "threads": args.threads}
+    write_result(result, args.out)
+    return result
+
+
 def bench_codec(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "rans_only", False):
+        return bench_rans(args)
     set_threads(args.threads)
     rows = []
     for n in args.sizes:

@@ -34,7 +34,8 @@ def seeds(rng: random.Random) -> list[bytes]:
         qs = [quantize_uniform(x, b, gen, layout=Layout(bucket=rng.choice([0, 3, 64]))) for b in (2, 4, 8, 16)]
         qs += [quantize_sign(x, scaled=True), quantize_ternary(x, gen), quantize_lowprec(x, 5, gen), quantize_identity(x)]
         for q in qs:
-            for coding in (Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.AUTO):
+            for coding in (Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX,
+                           Coding.AUTO):
                 try:
                     out.append(encode(q, coding))
                 except ValueError:

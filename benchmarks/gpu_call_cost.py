@@ -1,6 +1,7 @@
 """Where one GPU codec call's time goes: host (Python + launches) against device (kernels), per size.
 
     PYTHONPATH=src python3 benchmarks/gpu_call_cost.py --out DIR      # needs a CUDA GPU; writes call_cost.md
+    PYTHONPATH=src python3 benchmarks/gpu_call_cost.py --count        # no GPU needed: launches and ops per pair
 
 For n in --sizes, the hook's no-sync pair (``encode_uniform_device(check="defer")`` then
 ``decode_accumulate_device(header=..., check="defer")``) at 4 bits:
@@ -12,16 +13,91 @@ For n in --sizes, the hook's no-sync pair (``encode_uniform_device(check="defer"
   (torch.profiler, CUDA activity), and the other torch ops' count (``ops``);
 * ``copy_us``: ``copy_`` of the same float32 tensor, the memory-bound reference.
 If host_us ≈ wall_us ≫ kernel_us, the call is bound by issuing work, not by the GPU.
+
+``--count`` runs the same pair on CPU tensors through Triton's interpreter (``TRITON_INTERPRET=1``,
+``set_triton(True)``: the code path a GPU runs) and counts, per pair, the Triton kernel launches, the
+aten ops (every ``aten::`` call the profiler records, nested ones included, as on the GPU) and the
+aten ops that would launch a device kernel (innermost ones that are not views or allocations): what
+the host issues, whatever the device. Times are not measured there (the interpreter is not a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+# aten ops that launch no device kernel: views, shape metadata and allocations
+_NO_KERNEL = re.compile(r"aten::(_?(empty|view|reshape|as_strided|slice|select|alias|detach|unsqueeze|squeeze|"
+                        r"expand|t|permute|unbind|split|narrow|lift_fresh|resolve_conj|resolve_neg|_unsafe_view|"
+                        r"_reshape_alias|view_as|result_type|size|stride|is_nonzero|contiguous|to|_to_copy_meta|"
+                        r"empty_like|empty_strided|set_|item|_local_scalar_dense|index_select_meta)|.*_meta)$")
+
+_LAUNCH = "triton launch"
+
+
+def count_pair(n: int, bits: int = 4, repeat: int = 2) -> dict:
+    """Triton launches, aten ops and kernel-launching aten ops per no-sync pair, on CPU tensors through
+    Triton's interpreter (needs ``TRITON_INTERPRET=1`` before Triton is first imported)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    from triton.runtime.jit import KernelInterface
+
+    from dqsgd.kernels import HashRNG, device_common
+    from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header
+
+    x, out = torch.randn(n, generator=torch.Generator().manual_seed(0)), torch.zeros(n)
+    rng, hdr, bad = HashRNG(3, 1, 0), expected_header((n,), bits), torch.zeros((), dtype=torch.bool)
+    launches: dict[str, int] = {}
+    original = KernelInterface.__getitem__
+
+    def counting(self, grid):  # noqa: ANN001, ANN202 - Triton's own signature
+        name = getattr(getattr(self, "fn", self), "__name__", "kernel")
+        launches[name] = launches.get(name, 0) + 1
+        launch = original(self, grid)
+
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the interpreter's own torch ops are not counted
+            with record_function(_LAUNCH):
+                return launch(*args, **kwargs)
+        return run
+
+    device_common.set_triton(True)
+    try:
+        p = encode_uniform_device(x, bits, rng, check="defer")  # warm: templates, tables, caches
+        decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)
+        KernelInterface.__getitem__ = counting
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(repeat):
+                p = encode_uniform_device(x, bits, rng, check="defer")
+                decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)
+    finally:
+        KernelInterface.__getitem__ = original
+        device_common.set_triton(None)
+    return {"n": n, "bits": bits, **_tally(prof.events(), launches, repeat)}
+
+
+def _tally(events: list, launches: dict[str, int], repeat: int) -> dict:
+    """Per-pair counts from the profiler's events: aten calls outside the Triton launches, the
+    innermost ones that launch a device kernel, and the launches by kernel."""
+    inside = set()
+    for e in events:
+        if e.name == _LAUNCH:
+            stack = list(e.cpu_children)
+            while stack:
+                c = stack.pop()
+                inside.add(id(c))
+                stack.extend(c.cpu_children)
+    aten = [e for e in events if e.name.startswith("aten::") and id(e) not in inside]
+    leaf = [e for e in aten if not any(c.name.startswith("aten::") for c in e.cpu_children)]
+    kernels = [e.name for e in leaf if not _NO_KERNEL.match(e.name)]
+    return {"triton": sum(launches.values()) / repeat, "aten_ops": len(aten) / repeat,
+            "aten_kernels": len(kernels) / repeat, "by_kernel": {k: v / repeat for k, v in sorted(launches.items())},
+            "by_op": {k: kernels.count(k) / repeat for k in sorted(set(kernels))}}
 
 
 def measure(n: int, bits: int = 4) -> dict:
@@ -72,9 +148,19 @@ def measure(n: int, bits: int = 4) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="folder for call_cost.md (the GPU timing run; required without --count)")
     ap.add_argument("--sizes", default="1000,1000000,25000000")
+    ap.add_argument("--count", action="store_true", help="count launches and ops per pair on the CPU (interpreter)")
     a = ap.parse_args()
+    if a.count:
+        for s in a.sizes.split(","):
+            c = count_pair(int(s))
+            print(f"n={c['n']} bits={c['bits']}: triton launches {c['triton']:.0f}, kernel-launching aten ops "
+                  f"{c['aten_kernels']:.0f} (device kernels {c['triton'] + c['aten_kernels']:.0f}), aten ops "
+                  f"{c['aten_ops']:.0f}\n  triton: {c['by_kernel']}\n  aten: {c['by_op']}")
+        return
+    if not a.out:
+        ap.error("--out is required (or --count)")
     rows = [measure(int(s)) for s in a.sizes.split(",")]
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (smoke run, not GPU figures)"
     lines = [f"# GPU codec call cost on {where} (torch {torch.__version__})", "",
@@ -89,4 +175,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if "--count" in sys.argv:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
     main()

@@ -3,7 +3,8 @@ figure of accuracy against total bytes (log scale), from the summary.json `dqsgd
 
     python results/local-fashion/summarize.py runs/local-fashion runs/local-fashion-dirichlet
 
-prints the Markdown tables and writes results/local-fashion/acc_vs_bytes.png.
+prints the Markdown tables and writes results/local-fashion/acc_vs_bytes.png. With ``--no-figure`` first it
+only prints the tables (results/sketch-fashion uses it for its compare/ tree).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def table(root: Path) -> list[dict]:
         by[r["method"]].append(r)
     sgd = {r["seed"]: r for r in by.get("sgd", [])}
     ref = sum(r["up_bytes"] + r["down_bytes"] + r["side_bytes"] for r in sgd.values()) / max(len(sgd), 1)
+    ref_up = sum(r["up_bytes"] for r in sgd.values()) / max(len(sgd), 1)
     rows = []
     for m, rs in by.items():
         total = sum(r["up_bytes"] + r["down_bytes"] + r["side_bytes"] for r in rs) / len(rs)
@@ -37,23 +39,29 @@ def table(root: Path) -> list[dict]:
                      "acc": paired_interval([r["test_acc"] for r in rs]),
                      "delta": paired_interval([r["test_acc"] - sgd[r["seed"]]["test_acc"] for r in rs if r["seed"] in sgd]),
                      "up": sum(r["up_bytes"] for r in rs) / len(rs), "total": total,
+                     "up_ratio": ref_up * len(rs) / sum(r["up_bytes"] for r in rs),
                      "ratio": ref / total if total else float("inf")})
     return rows
 
 
 def markdown(name: str, rows: list[dict]) -> str:
     out = [f"### {name}", "", "| method | seeds | test acc (%) [95% interval] | Δ vs sync SGD (pt, paired) [95%] | "
-           "MB up | MB total (up + down) | total-bytes ratio vs sync fp32 SGD |", "|---|---|---:|---:|---:|---:|---:|"]
+           "MB up | uplink ratio vs sync fp32 SGD | MB total (up + down) | total-bytes ratio vs sync fp32 SGD |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         a = r["acc"]
         acc = f"{100 * a.mean:.2f}" + (f" [{100 * (a.mean - a.half):.2f}, {100 * (a.mean + a.half):.2f}]" if a.n > 1 else "")
         delta = "baseline" if r["method"] == "sgd" else r["delta"].fmt()
         out.append(f"| `{r['method']}` | {','.join(map(str, r['seeds']))} | {acc} | {delta} | {r['up'] / 1e6:.2f} | "
-                   f"{r['total'] / 1e6:.2f} | {r['ratio']:.1f} |")
+                   f"{r['up_ratio']:.1f} | {r['total'] / 1e6:.2f} | {r['ratio']:.1f} |")
     return "\n".join(out)
 
 
 def main(roots: list[str]) -> None:
+    if roots[:1] == ["--no-figure"]:
+        for root in roots[1:]:
+            print(markdown(Path(root).name, table(Path(root))) + "\n")
+        return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for root, marker in zip(roots, "os^"):
         rows = table(Path(root))

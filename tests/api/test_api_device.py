@@ -13,7 +13,7 @@ from dqsgd.codecs import Coding, PayloadError, encode as encode_q
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
 from dqsgd.quantizers import Layout, Norm, quantize_uniform
 
-CODINGS = ["fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"]
+CODINGS = ["fixed", "elias", "zstd", "zstd-aligned", "rans", "ransx", "auto"]
 
 
 def _x(n: int = 1000, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """AUTO writes only its winner: the coding and bytes it picks are those of coding all four candidates
-and keeping the smallest (ties to the earlier of FIXED, ELIAS, ZSTD_ALIGNED, RANS), from size bounds
-that are checked here against the real bodies; above ZSTD_EXACT_BYTES zstd is tried on a sample first."""
+and keeping the smallest (ties to the earlier of FIXED, ELIAS, ZSTD_ALIGNED, rANS; the rANS candidate is
+RANSX from RANSX_MIN_CODES codes on, else RANS), from size bounds that are checked here against the real
+bodies; above ZSTD_EXACT_BYTES zstd is tried on a sample first."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dqsgd.codecs import Coding, auto, decode, encode
-from dqsgd.codecs.auto import ZSTD_EXACT_BYTES, level_stats
+from dqsgd.codecs.auto import RANSX_MIN_CODES, ZSTD_EXACT_BYTES, level_stats, rans_candidate
 from dqsgd.codecs.elias import elias_encode
 from dqsgd.codecs.rans import level_histogram
 from dqsgd.codecs.rans import rans_encode
+from dqsgd.codecs.ransx import ransx_encode
 from dqsgd.codecs.wire import fixed_body, _smallest_body, body_width, zstd_compress
 import torch
 
@@ -29,7 +31,8 @@ def _every_candidate(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Codin
         cands.append((Coding.ELIAS, elias_encode(data)))
     cands.append((Coding.ZSTD_ALIGNED, zstd_compress(fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))))
     if scheme != Scheme.IDENTITY:
-        cands.append((Coding.RANS, rans_encode(data, bits)))
+        rans = Coding.RANSX if data.size >= RANSX_MIN_CODES else Coding.RANS
+        cands.append((rans, (ransx_encode if rans == Coding.RANSX else rans_encode)(data, bits)))
     coding, body = min(cands, key=lambda c: memoryview(c[1]).nbytes)  # min keeps the first of equals
     return coding, bytes(memoryview(body))
 
@@ -115,6 +118,8 @@ def _every_candidate_of(data: np.ndarray, bits: int, coding: Coding) -> bytes | 
         return elias_encode(data)
     if coding == Coding.RANS:
         return rans_encode(data, bits)
+    if coding == Coding.RANSX:
+        return ransx_encode(data, bits)
     if coding == Coding.ZSTD_ALIGNED:
         return zstd_compress(fixed_body(data, bits, body_width(bits, coding)))
     return fixed_body(data, bits, bits)
@@ -143,6 +148,9 @@ def test_link_rate_through_encode_and_the_method() -> None:
     assert decode(encode(q, Coding.AUTO, link_mbit=1e6)).codes.equal(q.codes)
     assert encode(q, Coding.AUTO, link_mbit=1e6)[5] == Coding.FIXED  # the header's coding byte
     assert encode(q, Coding.AUTO, link_mbit=1.0)[5] == Coding.RANS
+    more = _levels(rng, RANSX_MIN_CODES, 4, "dense")
+    big = Quantized(Scheme.UNIFORM, 4, 7, torch.from_numpy(more), torch.ones(1), Layout(), (more.size,), Norm.MAX)
+    assert encode(big, Coding.AUTO, link_mbit=1.0)[5] == Coding.RANSX == rans_candidate(big.numel)
     with pytest.raises(ValueError, match="link_mbit"):
         encode(q, Coding.AUTO, link_mbit=-1.0)
     from dqsgd.method.config import method_config
@@ -152,3 +160,30 @@ def test_link_rate_through_encode_and_the_method() -> None:
         method_config("qsgd-4bit", link_mbit=100.0)
     with pytest.raises(ValueError, match="finite rate"):
         method_config("dqsgd-coded", link_mbit=float("inf"))
+
+
+def test_the_reused_zstd_compressor_writes_a_fresh_ones_bytes() -> None:
+    """zstd_compress keeps one compressor per thread: after frames of other sizes and contents it must
+    still write, byte for byte, the frame of a compressor that never compressed anything."""
+    import threading
+
+    import zstandard
+
+    from dqsgd.codecs.bodies import ZSTD_LEVEL
+
+    rng = np.random.default_rng(4)
+    bodies = [rng.integers(0, k, n, dtype=np.uint8).tobytes() for n, k in ((5, 2), (200_000, 4), (4096, 256), (0, 1),
+                                                                          (70_000, 3), (4096, 256))]
+    got: list[list[bytes]] = []
+
+    def run() -> None:
+        got.append([zstd_compress(b) for b in bodies])
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    run()
+    want = [zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b) for b in bodies]
+    assert len(got) == 3 and all(g == want for g in got)

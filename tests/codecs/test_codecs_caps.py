@@ -20,7 +20,7 @@ from dqsgd.codecs.bounds import max_body_bytes, max_payload_bytes
 from dqsgd.codecs.wire import predicted_size
 from dqsgd.quantizers import Layout, Norm, Quantized, Scheme, dequantize
 
-BODY_CODINGS = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.ELIAS, Coding.RANS)
+BODY_CODINGS = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.ELIAS, Coding.RANS, Coding.RANSX)
 
 
 def _codes(kind: str, n: int, bits: int, rng: np.random.Generator) -> np.ndarray:
@@ -104,7 +104,7 @@ def status():
     return int(d["VmRSS"].split()[0]) << 10, int(d["VmHWM"].split()[0]) << 10
 
 def payload(coding, dtype, n, scheme):
-    if coding in (Coding.ELIAS, Coding.RANS) and n > 8:  # all-zero bodies do not depend on n: forge the dims
+    if coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX) and n > 8:  # all-zero bodies do not depend on n: forge the dims
         small = bytearray(payload(coding, dtype, 5, scheme)[:-4])
         small[12:16] = n.to_bytes(4, "little")
         return bytes(small) + zlib.crc32(small).to_bytes(4, "little")

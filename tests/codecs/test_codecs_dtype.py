@@ -93,7 +93,7 @@ def test_unknown_dtype_code_and_unsupported_dtype_are_refused() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ZSTD_ALIGNED, Coding.RANS])
+@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX])
 def test_fused_encoder_writes_the_same_dtype(dtype: torch.dtype, coding: Coding) -> None:
     x = torch.randn(1000, generator=torch.Generator().manual_seed(1)).to(dtype)
     rng = HashRNG(11, 3, 1)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from dqsgd.codecs import Coding, decode, elias_encode, encode, header_size, pack_bits, predicted_size
 from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 
-CODINGS = [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED, Coding.RANS]
+CODINGS = [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX]
 
 
 def _nseg(q: Quantized) -> int:
@@ -199,10 +199,10 @@ def test_encode_refuses_wrong_dtypes_and_codings() -> None:
 
 def test_predicted_size_is_only_for_fixed() -> None:
     assert predicted_size(10, 3, 1, 1, Layout()) == 12 + 4 + 1 + 4 + 4 + 4 + 4
-    for coding in (Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED, Coding.RANS):
+    for coding in (Coding.ELIAS, Coding.ZSTD, Coding.AUTO, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX):
         with pytest.raises(ValueError, match="FIXED"):
             predicted_size(10, 3, 1, 1, Layout(), coding)
 
 
 def test_coding_ids_are_stable() -> None:
-    assert [int(c) for c in CODINGS] == [0, 1, 2, 3, 4, 5]
+    assert [int(c) for c in CODINGS] == [0, 1, 2, 3, 4, 5, 6]

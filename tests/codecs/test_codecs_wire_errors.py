@@ -56,7 +56,7 @@ def test_forge_matches_encode() -> None:
     assert decode(forge()).codes.tolist() == [0] * 5
 
 
-@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS])
+@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX])
 def test_every_truncation_is_refused(coding: Coding) -> None:
     payload = small(coding)
     for cut in range(len(payload)):
@@ -64,7 +64,7 @@ def test_every_truncation_is_refused(coding: Coding) -> None:
             decode(payload[:cut])
 
 
-@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS])
+@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX])
 def test_padding_is_refused(coding: Coding) -> None:
     payload = small(coding)
     for extra in (b"\x00", b"\x00" * 4, payload[-4:]):
@@ -72,7 +72,7 @@ def test_padding_is_refused(coding: Coding) -> None:
             decode(payload + extra)
 
 
-@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS])
+@pytest.mark.parametrize("coding", [Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX])
 def test_every_bit_flip_is_refused(coding: Coding) -> None:
     payload = small(coding)
     for bit in range(8 * len(payload)):
@@ -226,7 +226,7 @@ def test_random_bytes(data: bytes) -> None:
 @SETTINGS
 @given(
     q=quantized(max_numel=40),
-    coding=st.sampled_from([Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS]),
+    coding=st.sampled_from([Coding.FIXED, Coding.ELIAS, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX]),
     resealed=st.booleans(),
     cut=st.integers(0, 3),
     data=st.data(),

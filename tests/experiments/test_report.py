@@ -279,3 +279,27 @@ def test_reproduce_commands_one_per_seed_list(root: Path) -> None:
     assert len(lines) == 2, lines
     assert "--methods sgd" in lines[0] and "(1 of 2: seed lists differ)" in lines[0] and "--resume" not in lines[0]
     assert "--methods qsgd-4bit,dqsgd" in lines[1] and lines[1].split("   #")[0].endswith("--resume")
+
+
+def test_a_methods_own_train_keys_stay_the_methods_in_the_exact_command(tmp_path: Path) -> None:
+    """A method table's own [train] key (here downlink_bits = 32 for sgd) is that method's: the exact
+    command must not turn it into a global --set train.downlink_bits that would change the other methods'
+    runs; a run whose own value differs from its table's gets a --set methods.M.KEY of its own."""
+    from fake_runs import TOML
+    from dqsgd.experiments.plots import load_runs
+
+    root = tmp_path / "r"
+    root.mkdir()
+    toml = TOML.format(dataset="mnist", W=4, STEPS=STEPS, EVAL_EVERY=10).replace(
+        "[methods.sgd]\n", "[methods.sgd]\ndownlink_bits = 32\n")
+    (root / "experiment.toml").write_text(toml)
+    for label in ("sgd", "qsgd-4bit", "dqsgd"):
+        for seed in (0, 1):
+            write_run(root, label, seed, final_acc=0.9, train_over={"downlink_bits": 32} if label == "sgd" else None)
+    exact = [ln for ln in reproduce_commands(root, load_runs(root)) if "exactly these runs" in ln]
+    assert exact == [f"dqsgd compare --config fake-table1 --out {root}   # exactly these runs"]
+    write_run(root, "sgd", 1, final_acc=0.9, train_over={"downlink_bits": 16})  # seed 1 ran otherwise
+    write_run(root, "sgd", 0, final_acc=0.9, train_over={"downlink_bits": 16})
+    exact = [ln for ln in reproduce_commands(root, load_runs(root)) if "exactly these runs" in ln]
+    assert exact == [f"dqsgd compare --config fake-table1 --set methods.sgd.downlink_bits=16 --out {root}"
+                     "   # exactly these runs"], exact

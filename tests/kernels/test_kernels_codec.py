@@ -44,7 +44,7 @@ def test_fused_payload_equals_reference_at_every_width(bits: int) -> None:
     same_payload(x, bits, Norm.MAX, Layout(bucket=100), Coding.ZSTD_ALIGNED)
 
 
-@pytest.mark.parametrize("coding", [Coding.ELIAS, Coding.AUTO, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS])
+@pytest.mark.parametrize("coding", [Coding.ELIAS, Coding.AUTO, Coding.ZSTD, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX])
 def test_other_codings_carry_the_same_codes(coding: Coding) -> None:
     x = torch.randn(5000, generator=torch.Generator().manual_seed(1))
     for bits in (2, 3, 8):

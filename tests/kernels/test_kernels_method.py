@@ -36,7 +36,7 @@ def test_aggregate_is_bit_identical_to_the_scaled_sum_of_dequantized(name: str, 
         assert torch.equal(agg, total)
 
 
-@pytest.mark.parametrize("coding", ["fixed", "zstd", "zstd-aligned", "elias", "rans", "auto"])
+@pytest.mark.parametrize("coding", ["fixed", "zstd", "zstd-aligned", "elias", "rans", "ransx", "auto"])
 def test_fused_method_sends_the_hash_rng_quantizer(coding: str) -> None:
     m = Method(method_config("qsgd", bits=4, kernel="fused", coding=coding, bucket=128), D, 20)
     g = grads(1)[0]

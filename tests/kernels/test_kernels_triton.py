@@ -109,7 +109,7 @@ def test_triton_norm_blocks_inside_one_segment() -> None:
         assert host(p) == encode_uniform_fast(x, 4, RNG, layout=layout)
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 255, 256, 257, 4099, 70_001])
+@pytest.mark.parametrize("n", [0, 1, 3, 255, 256, 257, 2047, 2048, 2049, 4099, 70_001])
 def test_triton_crc_is_zlibs(n: int) -> None:
     data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
     dst = on(torch.zeros(4, dtype=torch.uint8))
@@ -154,6 +154,39 @@ def test_triton_code_out_of_range_and_padding_refused() -> None:
             decode_accumulate_device(on(torch.tensor(list(q), dtype=torch.uint8)), on(torch.zeros(n)))
 
 
+@pytest.mark.parametrize("corrupt", ["header", "scale", "crc", "pad", "code"])
+def test_triton_expected_header_checks_in_the_kernels(corrupt: str) -> None:
+    """Each check of the no-sync decode (made in the decode kernel and the crc's last level): ``sync``
+    names it and leaves ``out`` untouched, ``defer`` sets the flag (and never clears it). 300 scales:
+    the header spans two programs of the header check, and the bad scale sits in the second."""
+    n, bits, layout = 2995, 4, Layout(bucket=10)  # 2995·4 bits: 4 padding bits
+    p = encode_uniform_device(on(torch.randn(n)), bits, RNG, layout=layout)
+    h = expected_header((n,), bits, layout=layout)
+    q = bytearray(host(p))
+    at = {"header": 2, "scale": h.body_start - 9, "crc": len(q) - 1, "pad": h.body_start + h.body_len - 1,
+          "code": h.body_start + 5}[corrupt]
+    q[at] = {"header": q[at] ^ 1, "scale": 0xFF, "crc": q[at] ^ 0x80, "pad": q[at] | 0x80, "code": 0}[corrupt]
+    if corrupt == "scale":
+        q[at - 1] |= 0x80  # exponent bits all set: a NaN
+    if corrupt != "crc":
+        q[-4:] = zlib.crc32(bytes(q[:-4])).to_bytes(4, "little")
+    bad_p = on(torch.tensor(list(q), dtype=torch.uint8))
+    out = on(torch.randn(n))
+    before = out.clone()
+    match = {"header": "header differs", "scale": "non-finite scale", "crc": "crc mismatch", "pad": "padding",
+             "code": "codes span"}[corrupt]
+    with pytest.raises(PayloadError, match=match):
+        decode_accumulate_device(bad_p, out, header=h)
+    assert torch.equal(out, before)
+    for start in (False, True):
+        flag = on(torch.tensor(start))
+        decode_accumulate_device(bad_p, on(torch.zeros(n)), header=h, check="defer", bad=flag)
+        assert bool(flag)
+        flag = on(torch.tensor(start))
+        decode_accumulate_device(p, on(torch.zeros(n)), header=h, check="defer", bad=flag)
+        assert bool(flag) == start
+
+
 def test_triton_decodes_sign_and_ternary_payloads_like_the_host() -> None:
     """FIXED sign (1 bit) and ternary (2 bits) payloads also take the Triton decode: the host's sums."""
     from dqsgd.codecs import encode
@@ -179,6 +212,34 @@ def test_triton_refuses_nonfinite_input() -> None:
     p = encode_uniform_device(x, 4, RNG, layout=Layout(bucket=500), check="defer")  # a NaN scale, refused later
     with pytest.raises(PayloadError, match="non-finite scale"):
         decode_accumulate_device(p, on(torch.zeros(2000)), header=expected_header((2000,), 4, layout=Layout(bucket=500)))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # numpy on the NaN and Inf lanes
+def test_triton_refusals_and_deferred_nan_scales_match_the_torch_ops() -> None:
+    """A norm so small that s/r overflows (here a subnormal one), Inf in the input, all zeros: the
+    kernel-written header refuses (``sync``) and writes NaN scales (``defer``) as the torch ops do.
+
+    The header is compared byte for byte; the body only where every scale is finite: the codes of a
+    segment whose scale is NaN come from NaN·x cast to an integer, which differs between numpy (the
+    interpreter, the CPU) and a GPU (seen on an H200), and every decoder refuses such a payload."""
+    for x in (torch.full((50,), 1e-39), torch.tensor([1e-39] * 20 + [1.0] * 20 + [float("inf")] * 5 + [0.0] * 10),
+              torch.zeros(30)):
+        for layout in (Layout(), Layout(bucket=10)):
+            got = []
+            for tri, dev in ((False, torch.device("cpu")), (True, DEVICE)):
+                device_common.set_triton(tri)
+                try:
+                    encode_uniform_device(x.to(dev), 4, RNG, layout=layout)
+                    said = "ok"
+                except (ValueError, NonFiniteGradientError) as e:
+                    said = str(e)
+                got.append((said, host(encode_uniform_device(x.to(dev), 4, RNG, layout=layout, check="defer"))))
+            (said_cpu, cpu), (said_dev, dev_p) = got
+            assert said_cpu == said_dev and len(cpu) == len(dev_p)
+            start = expected_header(tuple(x.shape), 4, layout=layout).body_start
+            assert cpu[:start] == dev_p[:start]
+            if said_cpu == "ok":
+                assert cpu == dev_p
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="the dispatch on a machine without a GPU")

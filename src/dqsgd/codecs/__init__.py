@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_length
     from dqsgd.codecs.header import Coding, PayloadError, header_size
     from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
+    from dqsgd.codecs.ransx import ransx_decode, ransx_encode
     from dqsgd.codecs.wire import coded_size, decode, encode, predicted_size
 
 __getattr__, __dir__, __all__ = attach(__name__, __file__)

@@ -1,21 +1,25 @@
-"""``Coding.AUTO``: the smallest body of FIXED, ELIAS, ZSTD_ALIGNED and RANS, found without coding them all.
+"""``Coding.AUTO``: the smallest body of FIXED, ELIAS, ZSTD_ALIGNED and rANS, found without coding them all.
 
-Each candidate's size is known, or bounded, from one compiled pass over the levels (their histogram
-and the Elias length), before any body is built:
+The rANS candidate is RANSX (8 interleaved states: about 2x faster to decode, up to 60 bytes more
+state) for :data:`RANSX_MIN_CODES` codes or more, and RANS below: a rule on ``n`` alone, so AUTO stays
+a function of the codes. Each candidate's size is known, or bounded, from the levels' histogram (one
+compiled pass) before any body is built:
 
 * FIXED: exactly ``⌈n·b/8⌉`` bytes.
-* ELIAS: ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` bits, exactly, summed in the same pass as
-  the histogram (:func:`level_stats`).
+* ELIAS: at least ``L(nnz+1) + Σ_(c≠0) [2 + L(|c|)]`` bits from the histogram (every gap's ω word
+  has ≥ 1 bit); only when that can beat the best so far, exactly ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 +
+  L(|c|)]`` bits from a second pass (:func:`~dqsgd.codecs.elias.elias_bit_length`).
 * RANS: the table exactly, the stream within about ±1.1 % of a bit per code
-  (:func:`~dqsgd.codecs.rans.rans_size_bounds`); encoded (once, the histogram reused) only if its
-  lower bound can beat the best exact size so far.
+  (:func:`~dqsgd.codecs.rans.rans_size_bounds`); RANSX within a few bytes
+  (:func:`~dqsgd.codecs.ransx.ransx_size_bounds`). Encoded (once, the histogram reused) only if
+  the lower bound can beat the best exact size so far.
 * ZSTD_ALIGNED: zstd exploits repeats (runs of zeros, the period of a layer whose inputs are
   always zero), which no histogram sees. A body of at most :data:`ZSTD_EXACT_BYTES` is compressed
   whole; a bigger one first compresses :data:`ZSTD_SAMPLES` evenly spaced blocks of
   :data:`ZSTD_BLOCK` bytes, and the whole body only when that sample, scaled to the body, is within
   :data:`ZSTD_SLACK` of the best size so far.
 
-So AUTO is exactly the smallest of the four (ties: FIXED, ELIAS, ZSTD_ALIGNED, RANS in that order)
+So AUTO is exactly the smallest of the four (ties: FIXED, ELIAS, ZSTD_ALIGNED, rANS in that order)
 whenever zstd's size is known: bodies up to ``ZSTD_EXACT_BYTES``, and bigger ones whose sample is
 close enough; otherwise the smallest of FIXED, ELIAS and RANS. On 770 MLP and LeNet-5 gradients
 (MNIST, SGD steps 0-300, 2-8 bits, whole and in 4 shards) rANS was the smallest 60 % of the time,
@@ -35,17 +39,21 @@ from numba import njit
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.bodies import fixed_body, zstd_compress
 from dqsgd.codecs.bounds import body_width
-from dqsgd.codecs.elias import OMEGA_LENGTHS, MAX_OMEGA, omega_word, elias_encode
+from dqsgd.codecs.elias import OMEGA_LENGTHS, MAX_OMEGA, elias_bit_length, omega_word, elias_encode
 from dqsgd.codecs.header import Coding
-from dqsgd.codecs.rans import rans_encode, rans_size_bounds
+from dqsgd.codecs.rans import level_histogram, rans_encode, rans_size_bounds
+from dqsgd.codecs.ransx import ransx_encode, ransx_size_bounds
 
-__all__ = ["CPU_NS", "ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "level_stats", "smallest_body"]
+__all__ = ["CPU_NS", "RANSX_MIN_CODES", "ZSTD_BLOCK", "ZSTD_EXACT_BYTES", "ZSTD_SAMPLES", "ZSTD_SLACK", "level_stats",
+           "rans_candidate", "smallest_body"]
 
 ZSTD_EXACT_BYTES = 1 << 16  # aligned bodies up to 64 KiB: zstd runs on all of it
 ZSTD_BLOCK = 1 << 12
 ZSTD_SAMPLES = 8  # 32 KiB sampled from a bigger body
 ZSTD_SLACK = 0.1  # the whole body is compressed when the sample's estimate ≤ 1.1 × the best size so far
-_ORDER = (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED, Coding.RANS)  # the tie order
+RANSX_MIN_CODES = 1 << 16  # from here on RANSX's ≤ 60 extra state bytes are < 0.1 % of a 1-bit-per-code body
+_ORDER = (Coding.FIXED, Coding.ELIAS, Coding.ZSTD_ALIGNED, Coding.RANS, Coding.RANSX)  # the tie order
+_RANS = {Coding.RANS: (rans_encode, rans_size_bounds), Coding.RANSX: (ransx_encode, ransx_size_bounds)}
 
 
 
@@ -93,10 +101,30 @@ def _zstd_may_win(data: np.ndarray, bits: int, best: int) -> bool:
     return sample * size / (ZSTD_SAMPLES * ZSTD_BLOCK) <= (1 + ZSTD_SLACK) * best
 
 
+def rans_candidate(n: int) -> Coding:
+    """AUTO's rANS coding for ``n`` codes: RANSX from :data:`RANSX_MIN_CODES` on, else RANS."""
+    return Coding.RANSX if n >= RANSX_MIN_CODES else Coding.RANS
+
+
+def _elias_lower_bound(hist: np.ndarray, bits: int) -> int:
+    """Bytes an ELIAS body of codes with histogram ``hist`` takes at least: each non-zero code c costs
+    ``L(gap) + 1 + L(|c|) ≥ 2 + L(|c|)`` bits, and the count word ``L(nnz+1)``."""
+    u = np.arange(hist.size, dtype=np.int64)
+    mag = np.abs(2 * u - 1) if bits == 1 else np.abs(u - (1 << (bits - 1)))
+    nz = (mag > 0) & (hist > 0)
+    nnz = int(hist[nz].sum())
+    m = mag[nz]
+    lengths = (OMEGA_LENGTHS[m] if m.size == 0 or m.max() < OMEGA_LENGTHS.size
+               else np.array([omega_word(np.int64(v))[1] for v in m.tolist()], dtype=np.int64))
+    length = int((hist[nz] * (2 + lengths)).sum()) + int(omega_word(np.int64(nnz + 1))[1])
+    return (length + 7) // 8
+
+
 # Modelled CPU cost, ns per code, of encoding and decoding with each coding (the fused kernels for
 # FIXED): thread CPU time on a 1M-coordinate Gaussian at 2-6 bits, 2-core AMD EPYC shared with other
-# jobs, 2026-11-25 (the script is in the docs). Only used with a link rate.
-CPU_NS = {Coding.FIXED: 2.5, Coding.ELIAS: 20.0, Coding.ZSTD_ALIGNED: 7.5, Coding.RANS: 17.0}
+# jobs, 2026-11-25 (RANSX: 2026-11-26, `benchmarks/bench_codec.py --rans`; the script is in the docs).
+# Only used with a link rate.
+CPU_NS = {Coding.FIXED: 2.5, Coding.ELIAS: 20.0, Coding.ZSTD_ALIGNED: 7.5, Coding.RANS: 17.0, Coding.RANSX: 11.0}
 
 
 @dataclass(frozen=True)
@@ -131,11 +159,19 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool,
     best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)
     bodies: dict[Coding, bytes | np.ndarray] = {}
     hist = None
+    rans = rans_candidate(data.size)
+    encode_rans, rans_bounds = _RANS[rans]
     if integer and data.size:
-        hist, elias = level_stats(data, bits)
-        if data.size < MAX_OMEGA and costs.key(elias, Coding.ELIAS) < costs.key(*best):
+        hist = level_histogram(data, bits)
+        rans_lo, rans_hi = rans_bounds(hist)
+        # ELIAS's exact length takes a second pass: only where its lower bound beats both the best so far
+        # and what rANS is sure to reach (then rANS, not ELIAS, would be the smallest).
+        elias_lo = costs.key(_elias_lower_bound(hist, bits), Coding.ELIAS)
+        if (data.size < MAX_OMEGA and elias_lo < costs.key(*best) and not elias_lo > costs.key(rans_hi, rans)
+                and costs.key(elias := (elias_bit_length(data) + 7) // 8, Coding.ELIAS) < costs.key(*best)):
             best = (elias, Coding.ELIAS)
-    rans_lo, rans_hi = rans_size_bounds(hist) if hist is not None else (0, 0)
+    else:
+        rans_lo, rans_hi = 0, 0
     cap = costs.max_bytes(Coding.ZSTD_ALIGNED, best)
     if hist is not None and not link_mbit:
         cap = min(cap, rans_hi)
@@ -143,10 +179,10 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool,
         z = zstd_compress(fixed_body(data, bits, body_width(bits, Coding.ZSTD_ALIGNED)))
         if costs.key(len(z), Coding.ZSTD_ALIGNED) < costs.key(*best):
             best, bodies[Coding.ZSTD_ALIGNED] = (len(z), Coding.ZSTD_ALIGNED), z
-    if hist is not None and costs.key(rans_lo, Coding.RANS) < costs.key(*best):
-        r = rans_encode(data, bits, hist)
-        if costs.key(r.size, Coding.RANS) < costs.key(*best):
-            best, bodies[Coding.RANS] = (r.size, Coding.RANS), r
+    if hist is not None and costs.key(rans_lo, rans) < costs.key(*best):
+        r = encode_rans(data, bits, hist)
+        if costs.key(r.size, rans) < costs.key(*best):
+            best, bodies[rans] = (r.size, rans), r
     coding = best[1]
     if coding not in bodies:
         bodies[coding] = elias_encode(data) if coding == Coding.ELIAS else fixed_body(data, bits, bits)

@@ -11,6 +11,7 @@ from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.elias import MAX_OMEGA, omega_length
 from dqsgd.codecs.header import Coding, Header, PayloadError, header_size, layout_segments
 from dqsgd.codecs.rans import M, RANS_L
+from dqsgd.codecs.ransx import LANES, RANSX_L
 from dqsgd.quantizers.base import Layout
 
 
@@ -21,12 +22,14 @@ def body_width(bits: int, coding: Coding) -> int:
         return bits
     return next(w for w in (1, 2, 4, 8, 16, 32) if w >= bits)
 
-__all__ = ["check_body_can_hold", "max_body_bytes", "max_payload_bytes", "rans_numel_bound", "zstd_content_bound"]
+__all__ = ["check_body_can_hold", "max_body_bytes", "max_payload_bytes", "rans_numel_bound", "ransx_numel_bound",
+           "zstd_content_bound"]
 
 _ZSTD_BLOCK_MAX = 1 << 17  # RFC 8878 §3.1.1.2: a block decompresses to at most 128 KiB
 # After K = 1 and the symbol's varint, a one-symbol RANS body is its frequency M (varint) and the
 # final state, which never moves from L: so the whole body is known from the symbol.
 _ONE_SYMBOL_TAIL = bytes([0x80, 0x80, M >> 14]) + RANS_L.to_bytes(4, "little")
+_ONE_SYMBOL_TAIL_X = bytes([0x80, 0x80, M >> 14]) + RANSX_L.to_bytes(8, "little") * LANES  # RANSX: every lane at L
 
 
 def zstd_content_bound(frame_len: int) -> int:
@@ -52,11 +55,24 @@ def rans_numel_bound(body_len: int) -> int:
     return 6 * (1 << 16) * max(body_len - 4, 0)
 
 
-def _is_one_symbol_body(body: memoryview) -> bool:
-    """``01 | varint symbol (1-3 bytes) | 80 80 04 | L``: the only one-symbol RANS bodies there are."""
-    g = len(body) - 1 - len(_ONE_SYMBOL_TAIL)
+def ransx_numel_bound(body_len: int) -> int:
+    """The most codes a RANSX body of ``body_len`` bytes with ≥ 2 distinct symbols can carry.
+
+    As for RANS: decoding a symbol with f ≤ M − 1 from a lane's state x ≥ L = 2^31 leaves less than
+    ``x·(1 − (1 − 2^-15)/M)``, and x ≥ 2^15 then, so a word read multiplies it by less than
+    ``2^32·(1 + 2^-15)``. Each lane starts below 2^63 and ends at L; with S words in all,
+    ``n·(1 − 2^-15)/M ≤ 8·32·ln 2 + S·(32·ln 2 + 2^-15)``, and 8 + S ≤ body_len / 4 (8-byte states,
+    4-byte words), so ``n < 23·M·body_len/4 < 6·M·body_len``.
+    """
+    return 6 * (1 << 16) * max(body_len, 0)
+
+
+def _is_one_symbol_body(body: memoryview, tail: bytes) -> bool:
+    """``01 | varint symbol (1-3 bytes) | 80 80 04 | the states at L``: the only one-symbol RANS
+    (RANSX) bodies there are."""
+    g = len(body) - 1 - len(tail)
     return (1 <= g <= 3 and all(b & 0x80 for b in body[1:g]) and body[g] < 0x80
-            and bytes(body[1 + g :]) == _ONE_SYMBOL_TAIL)
+            and bytes(body[1 + g :]) == tail)
 
 
 def check_body_can_hold(body: memoryview, h: Header, offset: int) -> None:
@@ -69,15 +85,20 @@ def check_body_can_hold(body: memoryview, h: Header, offset: int) -> None:
     few bytes can be a valid payload of any numel: only ``max_numel`` / ``numel`` bound those, and
     constant RANS tensors.
     """
-    if h.coding != Coding.RANS or not h.numel:
+    if h.coding not in (Coding.RANS, Coding.RANSX) or not h.numel:
         return
+    x = h.coding == Coding.RANSX
+    name = h.coding.name
     if bytes(body[:1]) == b"\x01":
-        if not _is_one_symbol_body(body):
-            raise PayloadError(f"RANS body at offset {offset}: a one-symbol table must be followed by frequency "
-                               f"{M} and the state {RANS_L}, and nothing else")
-    elif h.numel > rans_numel_bound(len(body)):
-        raise PayloadError(f"RANS body at offset {offset}: {len(body)} bytes with two or more symbols carry "
-                           f"fewer than {rans_numel_bound(len(body))} codes, the header declares {h.numel}")
+        if not _is_one_symbol_body(body, _ONE_SYMBOL_TAIL_X if x else _ONE_SYMBOL_TAIL):
+            raise PayloadError(f"{name} body at offset {offset}: a one-symbol table must be followed by frequency "
+                               f"{M} and the state {RANSX_L if x else RANS_L}" + (" in every lane" if x else "")
+                               + ", and nothing else")
+        return
+    bound = (ransx_numel_bound if x else rans_numel_bound)(len(body))
+    if h.numel > bound:
+        raise PayloadError(f"{name} body at offset {offset}: {len(body)} bytes with two or more symbols carry "
+                           f"fewer than {bound} codes, the header declares {h.numel}")
 
 
 # --- the most bytes a valid payload of n elements can take ----------------------------------------
@@ -101,12 +122,14 @@ def max_body_bytes(numel: int, bits: int, coding: Coding) -> int:
       an item covering a gap g costs ``L(g) + 1 + L(|c|) ≤ g·(2 + L(|c|))`` since ``L(g) ≤ 2g − 1``,
       so every element non-zero at the largest magnitude is the longest stream;
     * RANS: the table (``1 + 2K`` varints of ≤ 3 bytes, ``K ≤ min(2^b, n)`` symbols), the 4-byte
-      state, and at most 2 stream bytes per code (``⌈(16 − ⌊log2 f⌋)/8⌉ ≤ 2``); 0 for n = 0.
+      state, and at most 2 stream bytes per code (``⌈(16 − ⌊log2 f⌋)/8⌉ ≤ 2``); 0 for n = 0;
+    * RANSX: the same table, 8 states of 8 bytes, and the 4-byte words, which hold at most
+      ``16 + log2(1 + 2^-15)`` bits per code (:func:`~dqsgd.codecs.ransx.ransx_size_bounds`).
     """
 
     coding = Coding(coding)
     if coding == Coding.AUTO:
-        raise ValueError("AUTO is not a body coding: it writes one of FIXED, ELIAS, ZSTD_ALIGNED, RANS")
+        raise ValueError("AUTO is not a body coding: it writes one of FIXED, ELIAS, ZSTD_ALIGNED, RANS, RANSX")
     if coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         return zstd_frame_bound(packed_size(numel, body_width(bits, coding)))
     if coding == Coding.ELIAS:
@@ -118,6 +141,12 @@ def max_body_bytes(numel: int, bits: int, coding: Coding) -> int:
         if bits == 32:
             raise ValueError("RANS codes integer levels, not raw float32 (bits 32)")
         return 0 if numel == 0 else 3 * (1 + 2 * min(1 << bits, numel)) + 4 + 2 * numel
+    if coding == Coding.RANSX:
+        if bits == 32:
+            raise ValueError("RANSX codes integer levels, not raw float32 (bits 32)")
+        # stream words ≤ (Σ log2(M/f) + n·log2(1 + 2^-15))/32 with log2(M/f) ≤ 16 and log2(1 + 2^-15) < 1/16384
+        words = (16 * numel + numel // 16384 + 1) // 32 + 1
+        return 0 if numel == 0 else 3 * (1 + 2 * min(1 << bits, numel)) + 8 * LANES + 4 * words
     return packed_size(numel, bits)
 
 
@@ -136,7 +165,7 @@ def max_payload_bytes(numel: int, bits: int, *, ndim: int = 1, layout: Layout = 
     nseg = 0 if bits == 32 else layout_segments(layout, numel)
     if coding is None or Coding(coding) == Coding.AUTO:
         options = [Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED]
-        options += [Coding.ELIAS, Coding.RANS] if bits != 32 and numel < MAX_OMEGA else []
+        options += [Coding.ELIAS, Coding.RANS, Coding.RANSX] if bits != 32 and numel < MAX_OMEGA else []
         body = max(max_body_bytes(numel, bits, c) for c in options)
     else:
         body = max_body_bytes(numel, bits, Coding(coding))

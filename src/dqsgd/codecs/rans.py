@@ -48,9 +48,9 @@ _XMAX_UNIT = (RANS_L >> PROB_BITS) << 8  # encoder renormalises while x ≥ _XMA
 _VARINT_MAX_BYTES = 3
 
 # Decoder status codes (0 = ok); the message table turns them into text.
-(_OK, _TRUNC_TABLE, _VARINT, _COUNT, _SYMBOL, _RANGE, _FREQ, _SUM, _STATE, _TRUNC_STREAM,
- _FINAL, _TRAILING) = range(12)
-_MESSAGES = {
+(STATUS_OK, _TRUNC_TABLE, _VARINT, _COUNT, _SYMBOL, _RANGE, _FREQ, _SUM, STATUS_STATE, STATUS_TRUNC_STREAM,
+ STATUS_FINAL, STATUS_TRAILING) = range(12)
+STATUS_MESSAGES = {
     _TRUNC_TABLE: "frequency table truncated",
     _VARINT: "malformed varint (longer than 3 bytes, or not minimal)",
     _COUNT: "symbol count out of range",
@@ -58,10 +58,10 @@ _MESSAGES = {
     _RANGE: "symbol is a code the scheme does not allow",
     _FREQ: "frequency out of range (must be 1..65536)",
     _SUM: "frequencies do not sum to 65536",
-    _STATE: "initial state out of range",
-    _TRUNC_STREAM: "stream truncated",
-    _FINAL: "final state is not the initial state",
-    _TRAILING: "trailing bytes after the rANS stream",
+    STATUS_STATE: "initial state out of range",
+    STATUS_TRUNC_STREAM: "stream truncated",
+    STATUS_FINAL: "final state is not the initial state",
+    STATUS_TRAILING: "trailing bytes after the rANS stream",
 }
 
 
@@ -136,7 +136,7 @@ def _put_varint(out, p, v):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _write_table(symbols, freq, out):  # pragma: no cover - compiled
+def write_table(symbols, freq, out):  # pragma: no cover - compiled
     p = _put_varint(out, 0, np.int64(symbols.size))
     prev = np.int64(-1)
     for k in range(symbols.size):
@@ -221,7 +221,7 @@ def _varint_len(v: np.ndarray) -> np.ndarray:
     return 1 + (v >= 1 << 7) + (v >= 1 << 14)
 
 
-def _table_len(symbols: np.ndarray, freq: np.ndarray) -> int:
+def table_len(symbols: np.ndarray, freq: np.ndarray) -> int:
     gaps = np.diff(symbols, prepend=-1) - 1
     return int(_varint_len(np.array([symbols.size])).sum() + _varint_len(gaps).sum() + _varint_len(freq).sum())
 
@@ -245,7 +245,7 @@ def rans_size_bounds(hist: np.ndarray) -> tuple[int, int]:
     slack = 1e-9 * ideal + 1.0  # float rounding of the sum of n logarithms
     lo = max(0, math.floor((ideal - slack + n * math.log2(1 - 2.0**-7) - 8) / 8))
     hi = math.ceil((ideal + slack + n * math.log2(1 + 2.0**-7)) / 8)
-    head = _table_len(symbols, freq) + 4
+    head = table_len(symbols, freq) + 4
     return head + lo, head + hi
 
 
@@ -262,7 +262,7 @@ def rans_encode(codes: np.ndarray, bits: int, hist: np.ndarray | None = None) ->
     counts = hist[symbols]
     freq = normalize(counts)
     table = np.empty(_VARINT_MAX_BYTES * (1 + 2 * symbols.size), dtype=np.uint8)
-    tlen = _write_table(symbols, freq, table)
+    tlen = write_table(symbols, freq, table)
     # Stream bound: each symbol grows log2(x) by < log2(M/f) + log2(1 + 2^-7) and each byte takes
     # 8 bits off; or at most ⌈(16 − ⌊log2 f⌋)/8⌋ bytes per symbol.  The encoder checks it anyway.
     ideal = float((counts * (PROB_BITS - np.log2(freq))).sum()) + n * math.log2(1 + 2.0**-7)
@@ -295,28 +295,30 @@ def _get_varint(buf, p, end):  # pragma: no cover - compiled
         if b < 0x80:
             if b == 0 and i > 0:
                 return v, p - 1, _VARINT
-            return v, p, _OK
+            return v, p, STATUS_OK
     return v, p - 1, _VARINT
 
 
 @njit(cache=True, nogil=True)
-def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):  # pragma: no cover - compiled
-    """Parse the table and decode ``out.size`` codes; (status, position, number of table symbols)."""
+def read_table(buf, bits, lo, hi, zero_ok, n, symbols, freq, slot_index):  # pragma: no cover - compiled
+    """Parse and check a frequency table (module docstring) at the start of ``buf`` for ``n`` codes,
+    whose frequencies sum to ``2^prob_bits = slot_index.size``: symbols (as codes), frequencies and the
+    slot → table index map are filled in; (status, position after the table, K)."""
     end = buf.size
-    n = out.size
+    m = np.int64(slot_index.size)
     nsym = np.int64(1) << bits
     offset = np.int64(0) if bits == 1 else np.int64(1) << (bits - 1)
     k, p, st = _get_varint(buf, 0, end)
-    if st != _OK:
+    if st != STATUS_OK:
         return st, p, 0
-    if k < 1 or k > nsym or k > n:
+    if k < 1 or k > nsym or k > n or k > m:
         return _COUNT, 0, 0
     u = np.int64(-1)
     total = np.int64(0)
     for j in range(k):
         at = p
         gap, p, st = _get_varint(buf, p, end)
-        if st != _OK:
+        if st != STATUS_OK:
             return st, p, 0
         u += gap + 1
         if u >= nsym:
@@ -326,26 +328,37 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
             return _RANGE, at, 0
         at = p
         f, p, st = _get_varint(buf, p, end)
-        if st != _OK:
+        if st != STATUS_OK:
             return st, p, 0
-        if f < 1 or f > M:
+        if f < 1 or f > m:
             return _FREQ, at, 0
-        if total + f > M:
+        if total + f > m:
             return _SUM, at, 0
-        for s in range(total, total + f):  # total + f ≤ M = slot_index.size; j < K ≤ the dtype's range
+        for s in range(total, total + f):  # total + f ≤ m = slot_index.size; j < K ≤ the dtype's range
             slot_index[s] = j
         symbols[j] = code
         freq[j] = f
         total += f
-    if total != M:
+    if total != m:
         return _SUM, p, 0
+    return STATUS_OK, p, k
+
+
+@njit(cache=True, nogil=True)
+def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):  # pragma: no cover - compiled
+    """Parse the table and decode ``out.size`` codes; (status, position, number of table symbols)."""
+    end = buf.size
+    n = out.size
+    st, p, k = read_table(buf, bits, lo, hi, zero_ok, n, symbols, freq, slot_index)
+    if st != STATUS_OK:
+        return st, p, 0
     if p + 4 > end:
-        return _TRUNC_STREAM, p, k
+        return STATUS_TRUNC_STREAM, p, k
     x = np.uint64(0)
     for b in range(4):
         x |= np.uint64(buf[p + b]) << np.uint64(8 * b)
     if x < np.uint64(RANS_L) or x >= np.uint64(RANS_L) << np.uint64(8):
-        return _STATE, p, k
+        return STATUS_STATE, p, k
     p += 4
     cum = np.zeros(k, np.int64)
     for j in range(1, k):
@@ -359,14 +372,39 @@ def _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index):
         x = np.uint64(freq[j]) * (x >> np.uint64(PROB_BITS)) + slot - np.uint64(cum[j])  # < 2^31
         while x < np.uint64(RANS_L):
             if p >= end:
-                return _TRUNC_STREAM, p, k
+                return STATUS_TRUNC_STREAM, p, k
             x = (x << np.uint64(8)) | np.uint64(buf[p])
             p += 1
     if x != np.uint64(RANS_L):
-        return _FINAL, p, k
+        return STATUS_FINAL, p, k
     if p != end:
-        return _TRAILING, p, k
-    return _OK, p, k
+        return STATUS_TRAILING, p, k
+    return STATUS_OK, p, k
+
+
+def decode_buffers(body: np.ndarray | bytes | memoryview, numel: int, bits: int,
+                   name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(body bytes, output codes, table symbols, frequencies, slot → table index) of a ``name`` body of
+    ``numel`` codes: the output has numel elements (the caller bounds it), the tables 2^b and M."""
+    buf = np.frombuffer(body, dtype=np.uint8)
+    if not 1 <= bits <= 16:
+        raise ValueError(f"{name} carries codes of 1..16 bits, not {bits}")
+    if numel == 0 and buf.size:
+        raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
+    nsym = max(1, min(1 << bits, numel))
+    # The slot → symbol table is read at random: one byte per slot where 256 symbols fit (a quarter of the
+    # cache an int32 table takes), else two.
+    return (buf, np.empty(numel, dtype=np.int32), np.zeros(nsym, dtype=np.int32), np.zeros(nsym, dtype=np.int64),
+            np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16))
+
+
+def check_counts(counts: np.ndarray, symbols: np.ndarray, freq: np.ndarray) -> None:
+    """Refuse a table whose symbols do not all occur, or that is not :func:`normalize` of the counts."""
+    if (counts == 0).any():
+        j = int(np.argmax(counts == 0))
+        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
+    if not np.array_equal(normalize(counts), freq):
+        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
 
 
 def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
@@ -376,27 +414,12 @@ def rans_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo
     Raises:
       RansError: anything :func:`rans_encode` could not have written (module docstring).
     """
-    buf = np.frombuffer(body, dtype=np.uint8)
-    if not 1 <= bits <= 16:
-        raise ValueError(f"RANS carries codes of 1..16 bits, not {bits}")
+    buf, out, symbols, freq, slot_index = decode_buffers(body, numel, bits, "RANS")
     if numel == 0:
-        if buf.size:
-            raise RansError(f"{buf.size} bytes in the body of an empty tensor", 0)
-        return np.zeros(0, dtype=np.int32)
-    nsym = min(1 << bits, numel)
-    out = np.empty(numel, dtype=np.int32)
-    symbols = np.zeros(nsym, dtype=np.int32)
-    freq = np.zeros(nsym, dtype=np.int64)
-    counts = np.zeros(nsym, dtype=np.int64)
-    # The slot → symbol table is read at random: one byte per slot where 256 symbols fit (a quarter of the
-    # cache an int32 table takes), else two.
-    slot_index = np.zeros(M, dtype=np.uint8 if nsym <= 256 else np.uint16)
+        return out
+    counts = np.zeros(symbols.size, dtype=np.int64)
     status, pos, k = _decode(buf, bits, lo, hi, zero_ok, out, symbols, freq, counts, slot_index)
-    if status != _OK:
-        raise RansError(_MESSAGES[status], int(pos))
-    if (counts[:k] == 0).any():
-        j = int(np.argmax(counts[:k] == 0))
-        raise RansError(f"code {int(symbols[j])} is in the frequency table but never occurs", 0)
-    if not np.array_equal(normalize(counts[:k]), freq[:k]):
-        raise RansError("frequency table is not the normalised counts of the decoded codes", 0)
+    if status != STATUS_OK:
+        raise RansError(STATUS_MESSAGES[status], int(pos))
+    check_counts(counts[:k], symbols, freq[:k])
     return out

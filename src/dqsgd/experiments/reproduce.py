@@ -49,12 +49,18 @@ def _overrides(root: Path, runs: list[Run]) -> tuple[list[str], list[str]]:
     except Exception as e:  # noqa: BLE001 - any failure only means we cannot derive the overrides
         return [], [f"could not compare the runs with experiment.toml ({e})"]
     args, caveats = [], []
-    file_train, ran_train = _plain(dataclasses.asdict(exp.train)), runs[0].facts["train_config"]
+    labels = methods_of(runs)
+    entries = {e.label: e for e in exp.methods}
+    # a method's own [train] keys (its table's local_steps, downlink_bits, ...) are that method's, not [train]'s
+    owned = {m: dict(_plain(dict(entries[m].train))) for m in labels if m in entries}
+    file_train, ran_train = _plain(dataclasses.asdict(exp.train)), {}
+    for r in runs:
+        for k, v in r.facts["train_config"].items():
+            if k not in owned.get(r.method, {}):
+                ran_train.setdefault(k, v)
     # the seeds these runs have, whatever list each ran in
     ran_train = {**ran_train, "seeds": sorted({r.seed for r in runs})}
     args += [f"train.{k}={_toml_value(v)}" for k, v in ran_train.items() if file_train.get(k) != v]
-    labels = methods_of(runs)
-    entries = {e.label: e for e in exp.methods}
     for m in labels:
         if m not in entries:
             caveats.append(f"method {m!r} is not in experiment.toml")
@@ -62,7 +68,9 @@ def _overrides(root: Path, runs: list[Run]) -> tuple[list[str], list[str]]:
         facts = next(r.facts for r in runs if r.method == m)
         want = _plain(dataclasses.asdict(entries[m].config))
         args += [f"methods.{m}.{k}={_toml_value(v)}" for k, v in facts["method_config"].items() if want.get(k) != v]
-        lr = entries[m].lr if entries[m].lr is not None else ran_train["lr"]
+        args += [f"methods.{m}.{k}={_toml_value(facts['train_config'][k])}" for k, v in owned[m].items()
+                 if k in facts["train_config"] and facts["train_config"][k] != v]
+        lr = entries[m].lr if entries[m].lr is not None else ran_train.get("lr", facts["train_config"]["lr"])
         if facts.get("lr") is not None and not math.isclose(facts["lr"], lr):
             args.append(f"methods.{m}.lr={_toml_value(facts['lr'])}")
     sets = [a for x in args for a in ("--set", shlex.quote(x))]

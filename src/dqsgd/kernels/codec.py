@@ -213,7 +213,7 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     buf = memoryview(payload).cast("B")
     w = np.float32(weight)
     rng = wire.code_range(h.scheme, h.bits, h.levels)
-    if (h.coding in (Coding.ELIAS, Coding.RANS) or h.numel == 0
+    if (h.coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX) or h.numel == 0
             or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
         # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
         data = wire.decode_body(buf, h)

@@ -25,8 +25,9 @@ spliced in there as bytes.
 
 Kernels. On CUDA, where Triton is installed (the ``gpu`` extra), the n-sized passes (max norm,
 quantize + pack, the crc, and decoding) are the Triton kernels of :mod:`dqsgd.kernels.triton_codec`:
-one pass per stage, same bytes. Everything per segment or per payload (l2 norms, s/r, refusals,
-header) stays here, shared by both paths. Without Triton (or with ``set_triton(False)``) the
+one pass per stage, same bytes; there the header, the refusal flags and the decode's checks are
+written by the kernels too (few launches per call), the l2 norms and the correctly rounded
+divisions stay torch ops. Without Triton (or with ``set_triton(False)``) the
 torch ops below run under ``torch.compile(dynamic=False)`` on CUDA (inductor fuses the hash,
 rounding and packing of each element into one pass); :func:`dqsgd.kernels.device_common.use_triton`
 is the one place that decides, and warns once when CUDA runs without Triton. On CPU the eager ops
@@ -42,7 +43,8 @@ import torch
 
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.kernels.device_common import (
-    expected_header, head_on, kernel, per_element, seg_ids_of, set_compile, set_triton, template, use_triton,
+    Template, expected_header, head_on, kernel, per_element, seg_ids_of, set_compile, set_triton, template,
+    use_triton,
 )
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
@@ -117,6 +119,12 @@ def _scales(x: torch.Tensor, norm: Norm, layout: Layout, nseg: int, tri: bool) -
     return kernel(_absmax, x.device)(x, seg_ids_of(layout, x.device), bucket, nseg)
 
 
+def _inverse(scales: torch.Tensor, levels: int) -> torch.Tensor:
+    """inv = s/r per segment (0 where r = 0): the host's expression (``levels / r`` is torch's
+    correctly rounded ``r.reciprocal()`` times ``levels``)."""
+    return torch.where(scales > 0, levels / scales, torch.zeros_like(scales))
+
+
 def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
     """The host kernel's refusals, read with one small sync."""
     nonfinite, overflow = torch.stack([~torch.isfinite(scales).all(), ~torch.isfinite(inv).all()]).tolist()
@@ -130,14 +138,19 @@ def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
                          "overflows float32 (norms must be 0 or above s·2^-128)")
 
 
-def _triton_body_and_crc(flat: torch.Tensor, inv: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
-                         payload: torch.Tensor, head_len: int) -> None:
-    """The body and the crc of ``payload`` (header written) by the Triton kernels."""
-    from dqsgd.kernels.triton_codec import quantize_pack_triton
+def _encode_triton(flat: torch.Tensor, scales: torch.Tensor, tpl: Template, layout: Layout, key: int, bits: int,
+                   levels: int, check: str) -> torch.Tensor:
+    """The payload by the Triton kernels: header and body (with the refusal flags) in one, then the crc."""
+    from dqsgd.kernels.triton_codec import encode_triton
     from dqsgd.kernels.triton_crc import crc32_triton
 
-    quantize_pack_triton(flat, inv.contiguous(), layout, key, bits, levels, payload[head_len:-4])
+    payload = torch.empty(len(tpl.head) + tpl.body_len + 4, dtype=torch.uint8, device=flat.device)
+    flags = encode_triton(flat, scales.contiguous(), layout, key, bits, levels, head_on(tpl, flat.device)[0],
+                          tpl.scale_at, payload, check == "sync")
+    if flags is not None and any(flags.tolist()):  # the one sync; the messages are worked out only here
+        _refuse(scales, _inverse(scales, levels), levels)
     crc32_triton(payload[:-4], payload[-4:])
+    return payload
 
 
 def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
@@ -168,7 +181,9 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     tpl = template(shape, bits, Norm(norm), layout, x.dtype)
     dev, levels = flat.device, levels_for_bits(bits)
     scales = _scales(flat, norm, layout, tpl.nseg, tri)
-    inv = torch.where(scales > 0, levels / scales, torch.zeros_like(scales))  # the host's expression
+    if tri:
+        return _encode_triton(flat, scales, tpl, layout, rng.key, bits, levels, check)
+    inv = _inverse(scales, levels)
     if check == "sync":
         _refuse(scales, inv, levels)
     else:
@@ -178,9 +193,6 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     payload = torch.empty(k + tpl.body_len + 4, dtype=torch.uint8, device=dev)
     payload[:k] = head
     payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = scales.contiguous().view(torch.uint8)
-    if tri:
-        _triton_body_and_crc(flat, inv, layout, rng.key, bits, levels, payload, k)
-        return payload
     key = torch.full((), signed64(rng.key), dtype=torch.int64, device=dev)  # a fill: no host copy
     bucket = layout.bucket if layout.sizes is None else 0
     payload[k:-4] = kernel(_quantize_pack, dev)(flat, inv, seg_ids_of(layout, dev), key, bits, levels, bucket)

@@ -13,7 +13,9 @@ from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
 from dqsgd.kernels.codec import decode_accumulate
-from dqsgd.kernels.device_common import LazyBytes, head_on, kernel, per_element, seg_ids_of, template, use_triton
+from dqsgd.kernels.device_common import (
+    LazyBytes, Template, head_on, kernel, per_element, seg_ids_of, template, use_triton,
+)
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
 from dqsgd.quantizers import Scheme
@@ -59,12 +61,30 @@ def _crc_pair(payload: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch
     return torch.stack([crc32_with(payload[:-4], tabs, constant), stored])
 
 
-def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scales read from the payload on device, [header bytes differ, non-finite scale]) for a
-    payload expected to have the header ``h`` (from :func:`expected_header`)."""
+def _expected_template(h: Header) -> Template:
+    """The template of an expected header ``h`` (refused if it is not one)."""
     tpl = template(h.shape, h.bits, h.norm, h.layout, h.dtype)
     if tpl.header.levels != h.levels or h.scheme != Scheme.UNIFORM or h.coding != Coding.FIXED:
         raise ValueError("header= must come from expected_header (a UNIFORM FIXED payload's header)")
+    return tpl
+
+
+_DIVISORS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _divisor(device: torch.device, levels: int) -> torch.Tensor:
+    """``levels`` as a 1-element float32 tensor on ``device`` (a tensor divisor: ``r / levels`` is then
+    correctly rounded everywhere), made once per device."""
+    key = (str(device), levels)
+    if key not in _DIVISORS:
+        _DIVISORS[key] = torch.full((1,), float(levels), dtype=torch.float32, device=device)
+    return _DIVISORS[key]
+
+
+def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales read from the payload on device, [header bytes differ, non-finite scale]) for a
+    payload expected to have the header ``h`` (from :func:`expected_header`)."""
+    tpl = _expected_template(h)
     dev, k = payload.device, len(tpl.head)
     head, care = head_on(tpl, dev)
     scales = payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg].clone().view(torch.float32)
@@ -136,17 +156,17 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
         decode_accumulate(bytes(payload.cpu().numpy()), tmp, weight, max_numel=max(h.numel, 1))
         out.view(-1).add_(torch.from_numpy(tmp).to(dev))
         return
+    if use_triton(dev):
+        _accumulate_triton(payload.contiguous(), out.view(-1), weight, h, expected, check, bad)
+        return
     if expected:
         scales, head_flags = _template_flags(payload, h)
     else:
         scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
         head_flags = torch.zeros(2, dtype=torch.int64, device=dev)
-    steps = scales / torch.full_like(scales, float(h.levels))  # a tensor divisor: correctly rounded everywhere
+    steps = scales / _divisor(dev, h.levels)
     payload = payload.contiguous()
     body = payload[h.body_start : h.body_start + h.body_len]
-    if use_triton(dev):
-        _accumulate_triton(payload, body, steps, out, weight, h, head_flags, check, bad)
-        return
     w = torch.full((), weight, dtype=torch.float32, device=dev)
     bucket = h.layout.bucket if h.layout.sizes is None else 0
     dx, code_stats = kernel(_dequantize, dev)(body, steps, seg_ids_of(h.layout, dev), w, h.bits, bucket, h.numel)
@@ -165,23 +185,39 @@ def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None
         bad |= _flagged(stats, h)
 
 
-def _accumulate_triton(payload: torch.Tensor, body: torch.Tensor, steps: torch.Tensor, out: torch.Tensor,
-                       weight: float, h: Header, head_flags: torch.Tensor, check: str,
-                       bad: torch.Tensor | None) -> None:
-    """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): same checks, same sum. With
+def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float, h: Header, expected: bool,
+                       check: str, bad: torch.Tensor | None) -> None:
+    """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): the same checks, made in the
+    crc's last level (which starts the stats) and the decode kernel (header bytes, scales, padding,
+    codes); with ``defer`` a failed check sets ``bad`` where it is found. The same sum. With
     ``check="sync"`` the codes are scanned first and added only once every check passed (so a
     refused payload leaves ``out`` untouched): two reads of the (small) body; ``defer``: one."""
-    from dqsgd.kernels.triton_codec import accumulate_triton
+    from dqsgd.kernels.triton_codec import STATS, Checks, accumulate_triton
     from dqsgd.kernels.triton_crc import crc32_triton
 
-    dev, flat = payload.device, out.view(-1)
-    code_stats = accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, write=check == "defer")
-    stored = (payload[-4:].to(torch.int64) << torch.arange(0, 32, 8, device=dev)).sum().reshape(1)
-    computed = (crc32_triton(payload[:-4]).to(torch.int64) & 0xFFFFFFFF).reshape(1)
-    pad = padding_bits(body, h.bits, h.numel).to(torch.int64).reshape(1)
-    _settle(torch.cat([head_flags, computed, stored, pad, code_stats]), h, check, bad)
+    dev, rng = payload.device, wire.code_range(h.scheme, h.bits, h.levels)
+    body = payload[h.body_start : h.body_start + h.body_len]
+    stats, flag = torch.empty(STATS, dtype=torch.int32, device=dev), bad if check == "defer" else None
+    if expected:
+        tpl = _expected_template(h)
+        scales = torch.empty(tpl.nseg, dtype=torch.float32, device=dev)  # the stored ones, copied by the crc
+        crc32_triton(payload[:-4], payload[-4:], stats, flag, copy=(scales.view(torch.uint8), tpl.scale_at))
+        where = (head_on(tpl, dev)[0], len(tpl.head), tpl.scale_at, tpl.nseg)
+    else:  # the header was read and checked on the host
+        scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
+        crc32_triton(payload[:-4], payload[-4:], stats, flag)
+        where = (payload, 0, 0, 0)
+    steps = scales / _divisor(dev, h.levels)
+    checks = Checks(stats, flag, payload, *where, rng.lo, rng.hi, rng.zero_ok)
+    accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, check == "defer", checks)
     if check == "sync":
-        accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, write=True)
+        head_bad, scale_bad, crc_bad, pad, lo, hi, zeros, _ = stats.tolist()  # the one sync
+        computed = stored = 0
+        if crc_bad:  # the values, for the message
+            computed = int(crc32_triton(payload[:-4])) & 0xFFFFFFFF
+            stored = int.from_bytes(bytes(payload[-4:].cpu().numpy()), "little")
+        _raise_first([head_bad, scale_bad, computed, stored, pad, lo, hi, zeros], h)
+        accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, True, None)
 
 
 def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: float = 1.0, *,

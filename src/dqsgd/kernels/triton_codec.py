@@ -1,9 +1,13 @@
-"""Triton kernels of the FIXED uniform codec: max norm, quantize + pack, and unpack + decode-accumulate.
+"""Triton kernels of the FIXED uniform codec: max norm, header + quantize + pack, and unpack +
+decode-accumulate + checks.
 
-The host functions here run only the n-sized passes; :mod:`dqsgd.kernels.device` and
-:mod:`dqsgd.kernels.device_decode` call them (when :func:`dqsgd.kernels.device_common.use_triton`
-says so) and keep everything per segment or per payload (inverse norms, header, refusals) in the one
-place the torch-ops path uses too. The crc is :mod:`dqsgd.kernels.triton_crc`.
+:mod:`dqsgd.kernels.device` and :mod:`dqsgd.kernels.device_decode` call them (when
+:func:`dqsgd.kernels.device_common.use_triton` says so). The per-call work is in the kernels too, so
+that a call issues few launches (the host's issue time, not the kernels, bounded a call below ~25M
+elements): the encode kernel writes the header (the template's bytes, the scales, a NaN scale where
+s/r is not finite, the refusal flags), the decode kernel checks the header bytes, the scales, the
+padding and the codes. The crc is :mod:`dqsgd.kernels.triton_crc` (its last level compares a
+decoded payload's crc and starts the flags).
 
 Why the bytes equal the numba kernels' (:mod:`dqsgd.kernels.fused`) for the same input and key:
 
@@ -14,10 +18,11 @@ Why the bytes equal the numba kernels' (:mod:`dqsgd.kernels.fused`) for the same
   order (atomics included), and NaN/Inf lie above every finite pattern, so a non-finite input gives
   a non-finite scale (refused as the host refuses it). float16/bfloat16 inputs are widened to
   float32 in the kernel (exact), as ``flat_float`` widens them for the host.
-* **l2 norm and s/r.** Not computed here: the caller evaluates the host's own torch expressions on
-  the float32 input and on the per-segment tensor (a float reduction's bits depend on its order,
-  and Triton's float32 ``/`` is not correctly rounded on CUDA; torch's ``levels / r`` is
-  ``r.reciprocal()·levels`` with a correctly rounded reciprocal, what the numba kernel computes).
+* **l2 norm and s/r.** The l2 norm is the host's own torch expression (a float reduction's bits
+  depend on its order). ``1/r`` is torch's correctly rounded reciprocal, passed in (Triton's float32
+  ``/`` is not correctly rounded on CUDA); the kernel forms where(r > 0, (1/r)·s, 0), which is
+  torch's ``levels / r`` (``r.reciprocal()·levels``), what the numba kernel computes. The decode's
+  ``r/levels`` is likewise a torch division, passed in.
 * **Rounding.** float32 in the numba kernel's order: a = min(|x|·inv, s), ⌊a⌋ + [u < a − ⌊a⌋]
   clamped to s, the sign of x; one bit: [u < (clamp(x·inv, −1, 1) + 1)·½]. No product feeds an
   addition directly there, so no FMA can form.
@@ -36,6 +41,8 @@ n-sized index tensor).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import triton
@@ -43,10 +50,11 @@ import triton.language as tl
 
 from dqsgd.quantizers import Layout
 
-__all__ = ["absmax_triton", "accumulate_triton", "quantize_pack_triton"]
+__all__ = ["Checks", "STATS", "absmax_triton", "accumulate_triton", "encode_triton"]
 
 GROUPS = 128  # groups of 8 coordinates per program
 BLOCK = 4096  # coordinates per program of the norm kernel (one atomic each, in one segment)
+HB = 1024  # header bytes per program
 _GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
@@ -115,17 +123,50 @@ def _or_halves(v, GROUPS: tl.constexpr):
     return tl.split(a | b)
 
 
-@triton.jit(do_not_specialize=["key"])
-def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bucket,
-                   BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
-                   MODE: tl.constexpr, STEPS: tl.constexpr):
-    """Stochastic rounding of GROUPS·8 coordinates and their FIXED packing into ``out`` (nbytes)."""
+@triton.jit
+def _inverse(r, rec, LEVELS: tl.constexpr):
+    """inv = s/r where r > 0, else 0: ``rec`` = 1/r is torch's correctly rounded reciprocal (the host's
+    ``levels / r`` is ``r.reciprocal()·levels``); the product by s rounds as torch's."""
+    return tl.where(r > 0, rec * LEVELS, 0.0)
+
+
+@triton.jit
+def _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS: tl.constexpr,
+                HB: tl.constexpr, FLAGS: tl.constexpr):
+    """This program's HB bytes of the header (bytes 0..k): the template's bytes, and in the scales'
+    place the float32 scales r (torch's NaN where inv is not finite). FLAGS: flags |= [r non-finite,
+    inv non-finite] (atomics)."""
+    i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
+    j = i - scale_at
+    scale = (i < k) & (j >= 0) & (j < 4 * nseg)
+    seg = tl.where(scale, j // 4, 0)
+    r = tl.load(scale_ptr + seg, mask=scale, other=0.0)
+    inv = _inverse(r, tl.load(rec_ptr + seg, mask=scale, other=0.0), LEVELS)
+    inv_bad = (inv.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+    rb = tl.where(inv_bad, 0x7FC00000, r.to(tl.int32, bitcast=True))
+    byte = tl.where(scale, (rb >> (8 * (j % 4))) & 0xFF, tl.load(head_ptr + i, mask=i < k, other=0))
+    tl.store(out_ptr + i, byte.to(tl.uint8), mask=i < k)
+    if FLAGS:
+        first = scale & (j % 4 == 0)
+        r_bad = (r.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+        tl.atomic_or(flag_ptr, tl.max((first & r_bad).to(tl.int32)))
+        tl.atomic_or(flag_ptr + 1, tl.max((first & inv_bad).to(tl.int32)))
+
+
+@triton.jit(do_not_specialize=["key", "k", "scale_at"])  # header sizes vary by shape: no variant per value
+def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, key, n, nbytes, nseg, bucket,
+                   k, scale_at, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
+                   MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, FLAGS: tl.constexpr):
+    """The header's bytes of this program (:func:`_write_head`), then stochastic rounding of GROUPS·8
+    coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``)."""
+    _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     t = tl.arange(0, 8)
     idx = g[:, None] * 8 + t[None, :]
     ok = idx < n
     x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-    inv = tl.load(inv_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
+    seg = _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
+    inv = _inverse(tl.load(scale_ptr + seg, mask=ok, other=0.0), tl.load(rec_ptr + seg, mask=ok, other=0.0), LEVELS)
     j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
     h = _mix64(key.to(tl.uint64) + j * 0x9E3779B97F4A7C15)
     k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
@@ -150,14 +191,47 @@ def _encode_kernel(x_ptr, inv_ptr, starts_ptr, out_ptr, key, n, nbytes, nseg, bu
     straddle = ((d > -8) & (d < 0))[None, :]
     byte = tl.where((d < 0)[None, :], from_lo | tl.where(straddle, hi_l, 0), hi_r) & 0xFF
     at = g[:, None] * BITS + b[None, :]
-    tl.store(out_ptr + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
+    tl.store(out_ptr + k + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
 
 
 @triton.jit
-def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, w, n, nbytes, nseg, bucket,
-                   BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
-                   STEPS: tl.constexpr, WRITE: tl.constexpr):
-    """Unpack GROUPS·8 codes; WRITE: out += w·(c·step); stats = [min c, max c, zero count] (atomics)."""
+def _flag(stats_ptr, bad_ptr, value, BAD: tl.constexpr):
+    """stats |= value (an int32 scalar); BAD: *bad = True where it is not 0 (never cleared)."""
+    tl.atomic_or(stats_ptr, value)
+    if BAD:
+        tl.store(bad_ptr, value != 0, mask=value != 0)
+
+
+@triton.jit
+def _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB: tl.constexpr, BAD: tl.constexpr):
+    """stats[0] |= a byte of this program's HB header bytes differs from the template outside the
+    scales; stats[1] |= a scale here is not finite (exponent bits all set: bytes 3 and 2 of a float32)."""
+    i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
+    ok = i < k
+    j = i - scale_at
+    scale = (j >= 0) & (j < 4 * nseg)
+    p = tl.load(pay_ptr + i, mask=ok, other=0).to(tl.int32)
+    differs = ok & (scale == 0) & (p != tl.load(head_ptr + i, mask=ok, other=0).to(tl.int32))
+    top = ok & scale & (j % 4 == 3)
+    below = tl.load(pay_ptr + i - 1, mask=top, other=0).to(tl.int32)
+    _flag(stats_ptr, bad_ptr, tl.max(differs.to(tl.int32)), BAD)
+    _flag(stats_ptr + 1, bad_ptr, tl.max((top & ((p & 0x7F) == 0x7F) & ((below & 0x80) != 0)).to(tl.int32)), BAD)
+
+
+@triton.jit(do_not_specialize=["k", "scale_at", "tail", "lo_ok", "hi_ok", "zero_ok"])
+def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
+                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
+                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
+                   CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
+    """Unpack GROUPS·8 codes; WRITE: out += w·(c·step). CHECK: stats = [header differs, non-finite
+    scale, -, padding bits, min c, max c, zero count, a code outside [lo_ok, hi_ok] or a forbidden
+    zero] (atomics; the header's k bytes are checked by the first ⌈k/HB⌉ programs); BAD: a failed
+    check also sets *bad."""
+    if CHECK:
+        _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB, BAD)
+        if tl.program_id(0) == 0:
+            last = tl.load(body_ptr + nbytes - 1, mask=tail > 0, other=0).to(tl.int32)
+            _flag(stats_ptr + 3, bad_ptr, tl.where(tail > 0, last >> tail, 0), BAD)
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     b = tl.arange(0, WB)
     at = g[:, None] * BITS + b[None, :]
@@ -176,9 +250,12 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, w, n, nby
         c = v - (1 << (BITS - 1))
     idx = g[:, None] * 8 + t[None, :]
     ok = idx < n
-    tl.atomic_min(stats_ptr, tl.min(tl.where(ok, c, 0x7FFFFFFF)))
-    tl.atomic_max(stats_ptr + 1, tl.max(tl.where(ok, c, -0x7FFFFFFF)))
-    tl.atomic_add(stats_ptr + 2, tl.sum((ok & (c == 0)).to(tl.int32)))
+    if CHECK:
+        tl.atomic_min(stats_ptr + 4, tl.min(tl.where(ok, c, 0x7FFFFFFF)))
+        tl.atomic_max(stats_ptr + 5, tl.max(tl.where(ok, c, -0x7FFFFFFF)))
+        tl.atomic_add(stats_ptr + 6, tl.sum((ok & (c == 0)).to(tl.int32)))
+        outside = ok & ((c < lo_ok) | (c > hi_ok) | ((c == 0) & (zero_ok == 0)))
+        _flag(stats_ptr + 7, bad_ptr, tl.max(outside.to(tl.int32)), BAD)
     if WRITE:
         st = tl.load(step_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
         o = tl.load(out_ptr + idx, mask=ok, other=0.0)
@@ -222,14 +299,26 @@ def _starts_on(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _STARTS[key]
 
 
-_STATS_INIT: dict[str, torch.Tensor] = {}
+STATS = 8  # [header differs, non-finite scale, crc mismatch, padding bits, min c, max c, zeros, code out of range]
 
 
-def _stats_init(device: torch.device) -> torch.Tensor:
-    key = str(device)
-    if key not in _STATS_INIT:
-        _STATS_INIT[key] = torch.tensor([0x7FFFFFFF, -0x7FFFFFFF, 0], dtype=torch.int32).to(device)
-    return _STATS_INIT[key]
+@dataclass(frozen=True)
+class Checks:
+    """What the decode kernel checks besides the codes: the header's first ``k`` bytes of ``payload``
+    against ``head`` outside the scales (k = 0: none), the scales' finiteness, the padding bits, and
+    the codes against [lo, hi] (zero codes allowed or not); results go to ``stats`` (int32, STATS of
+    them, started by the crc's last level: ``triton_crc.crc32_triton(..., stats=)``), and a failure
+    sets ``bad`` (a 0-dim bool, never cleared) if it is given."""
+    stats: torch.Tensor
+    bad: torch.Tensor | None
+    payload: torch.Tensor
+    head: torch.Tensor
+    k: int
+    scale_at: int
+    nseg: int
+    lo: int
+    hi: int
+    zero_ok: bool
 
 
 def _pow2(w: int) -> int:
@@ -253,30 +342,38 @@ def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor
     return bits.view(torch.float32)
 
 
-def quantize_pack_triton(flat: torch.Tensor, inv: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
-                         body: torch.Tensor) -> None:
-    """Write the FIXED body of ``flat`` (contiguous, 1-D, float32/16/bf16) at ``bits`` into ``body``
-    (contiguous uint8 of ⌈n·bits/8⌉ bytes); ``inv``: float32 s/r per segment; ``key``: the
-    HashRNG key (unsigned)."""
-    n = flat.numel()
-    if not n:
-        return
-    seg = _Segments(layout, n, flat.device)
-    grid = (triton.cdiv(triton.cdiv(n, 8), GROUPS),)
-    _encode_kernel[grid](flat, inv, seg.starts, body, key, n, body.numel(), seg.nseg, seg.bucket, BITS=bits,
-                         LEVELS=levels, WB=_pow2(bits), GROUPS=GROUPS, **seg.meta())
+def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
+                  head: torch.Tensor, scale_at: int, payload: torch.Tensor, flags: bool) -> torch.Tensor | None:
+    """Write the header and the FIXED body of ``flat`` (contiguous, 1-D, float32/16/bf16) at ``bits``
+    into ``payload`` (uint8: ``head``'s k bytes, then ⌈n·bits/8⌉, then the crc's 4, not written here).
+    ``head``: the template's header bytes on the device, the float32 ``scales`` (contiguous, one per
+    segment) go in at ``scale_at``; ``key``: the HashRNG key (unsigned). ``inv = s/r`` per segment
+    uses torch's correctly rounded ``1/r`` (Triton's float32 division is not correctly rounded on
+    CUDA). Returns [r non-finite, inv non-finite] (int32 on the device) if ``flags``."""
+    n, k, dev = flat.numel(), head.numel(), flat.device
+    fl = torch.zeros(2, dtype=torch.int32, device=dev) if flags else scales
+    seg = _Segments(layout, n, dev)
+    grid = (max(triton.cdiv(triton.cdiv(n, 8), GROUPS), triton.cdiv(k, HB)),)
+    _encode_kernel[grid](flat, scales, scales.reciprocal(), seg.starts, payload, head, fl, key, n,
+                         payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, BITS=bits, LEVELS=levels,
+                         WB=_pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, **seg.meta())
+    return fl if flags else None
 
 
 def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, weight: float, bits: int, n: int,
-                      out: torch.Tensor, write: bool) -> torch.Tensor:
-    """[min code, max code, zero count] (int64, on the device) of a FIXED body of n codes; with
-    ``write`` also ``out += weight·(c·step)`` (out: contiguous float32 of n elements)."""
+                      out: torch.Tensor, write: bool, checks: Checks | None) -> None:
+    """With ``write``: ``out += weight·(c·step)`` for the n codes of a FIXED body (out: contiguous
+    float32 of n elements); with ``checks``: the checks of :class:`Checks` into its stats."""
     dev = body.device
-    stats = _stats_init(dev).clone()  # a device copy: no host transfer per call
-    if n:
-        seg = _Segments(layout, n, dev)
-        grid = (triton.cdiv(triton.cdiv(n, 8), GROUPS),)
-        _decode_kernel[grid](body, steps, seg.starts, out, stats, float(np.float32(weight)), n, body.numel(),
-                             seg.nseg, seg.bucket, BITS=bits, WB=_pow2(bits), GROUPS=GROUPS, WRITE=write,
-                             enable_fp_fusion=False, **seg.meta())
-    return stats.to(torch.int64)
+    grid = triton.cdiv(triton.cdiv(n, 8), GROUPS)
+    if checks is not None:
+        grid = max(grid, triton.cdiv(checks.k, HB), 1)
+    if not grid:
+        return
+    c = checks or Checks(steps, None, body, body, 0, 0, 0, 0, 0, True)  # unused pointers and sizes
+    seg = _Segments(layout, n, dev)
+    _decode_kernel[(grid,)](body, steps, seg.starts, out, c.stats, c.stats if c.bad is None else c.bad, c.payload,
+                            c.head, float(np.float32(weight)), n, body.numel(), seg.nseg, seg.bucket, c.k, c.scale_at,
+                            (n * bits) % 8, c.lo, c.hi, int(c.zero_ok), BITS=bits, WB=_pow2(bits), GROUPS=GROUPS,
+                            WRITE=write, CHECK=checks is not None, HB=HB, BAD=c.bad is not None,
+                            enable_fp_fusion=False, **seg.meta())

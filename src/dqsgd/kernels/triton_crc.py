@@ -1,24 +1,27 @@
-"""zlib's CRC-32 of a ``uint8`` tensor in Triton kernels: a 256-ary tree of table lookups.
+"""zlib's CRC-32 of a ``uint8`` tensor in Triton kernels: a 2048-ary tree of table lookups.
 
 The algebra is :mod:`dqsgd.kernels.device_crc`'s: ``raw(D)`` (the register after feeding D into a
 register that starts at 0) is linear over GF(2), leading zero bytes leave it unchanged, and
-``zlib.crc32(D) = raw(D) ⊕ zlib.crc32(0^|D|)``. Here the tree has fan-in 256 instead of 2, so a
-100 MB stream takes four small kernel launches instead of 25 levels of torch ops:
+``zlib.crc32(D) = raw(D) ⊕ zlib.crc32(0^|D|)``. Here each program reduces 2048 elements (ROWS = 8
+groups of 256) to one raw, so a stream of up to 2 KiB takes one kernel launch, 4 MiB two, 8 GiB three:
 
-* level 0: the stream is padded *in front* with zero bytes to whole blocks of 256 bytes (free: the
-  padding is leading zeros). Byte b at position q of a block contributes ``T0[q][b]`` = raw of the
-  256-byte block that is zero but for b at q; ``raw(block) = ⊕_q T0[q][block[q]]`` (linearity), one
-  table lookup per byte and an XOR reduction per program (XOR is associative and commutative, so
-  the reduction order of the compiler cannot change the result).
-* level ℓ ≥ 1: the raws of the previous level, each standing for S = 256^ℓ bytes, again padded in
-  front (with zero raws: zero blocks, leading zeros) to groups of 256. Raw r at position q of a
+* level 0: the stream is padded *in front* with zero bytes to whole blocks of 2048 bytes (free:
+  the padding is leading zeros). Byte b at position q of a 256-byte group contributes ``T0[q][b]``
+  = raw of the 256-byte group that is zero but for b at q; ``raw(group) = ⊕_q T0[q][group[q]]``
+  (linearity), one table lookup per byte and an XOR reduction (XOR is associative and commutative,
+  so the reduction order of the compiler cannot change the result).
+* level ℓ ≥ 1: the raws of the previous level, each standing for S = 2048^ℓ bytes, again padded in
+  front (with zero raws: zero blocks, leading zeros) to blocks of 2048. Raw r at position q of a
   group contributes ``M_{(255−q)·S}·r`` (the shift across the bytes of the raws after it), applied
   as four lookups in 256-entry tables (``M`` is linear: ``M·r = ⊕_j M·(byte_j(r) << 8j)``).
-* the last level has one program; it adds the length constant and writes the four crc bytes.
+* every level: the program's 8 group raws are combined into one, group g's shifted across the
+  groups after it (``M_{(7−g)·256·S}``, four lookups each).
+* the last level has one program; it adds the length constant and writes the four crc bytes (or,
+  for a decoder, compares them with the stored ones and sets its flags).
 
 All lookups are exact integer operations: the crc is zlib's bit for bit on every backend. The
-tables (level 0: 256×256, each further level 256×4×256 int32) are computed on the host from zlib's
-polynomial arithmetic once and copied to each device once.
+tables (level 0: 256×256, each further level 256×4×256 int32, and 8×4×256 per level to combine)
+are computed on the host from zlib's polynomial arithmetic once and copied to each device once.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from dqsgd.kernels.device_crc import byte_tables, crc32_length_constant, x8n
 
 __all__ = ["crc32_triton"]
 
-FAN = 256  # bytes per level-0 block, raws per group above it
-ROWS = 8  # groups per program
+FAN = 256  # elements per group
+ROWS = 8  # groups per program (combined into one raw)
 
 
 @triton.jit
@@ -51,30 +54,53 @@ def _xor_rows(c, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _crc_level(src_ptr, tab_ptr, raw_ptr, dst_ptr, n, pad, groups, k_const,
-               ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr):
-    """raw_ptr[g] = ⊕_q (contribution of element q of group g) for the ROWS groups of this program;
-    elements are bytes (LOOKUPS = 1) or raws (LOOKUPS = 4). FINAL (one group): also write
-    ``raw ⊕ k_const`` as 4 little-endian bytes at dst_ptr."""
+def _shift(tab_ptr, v):
+    """M·v for int32 raws v, M given by its four 256-entry tables at tab_ptr (one lookup per byte)."""
+    c = tl.load(tab_ptr + (v & 0xFF))
+    c ^= tl.load(tab_ptr + 256 + ((v >> 8) & 0xFF))
+    c ^= tl.load(tab_ptr + 512 + ((v >> 16) & 0xFF))
+    return c ^ tl.load(tab_ptr + 768 + ((v >> 24) & 0xFF))
+
+
+@triton.jit(do_not_specialize=["copy_at", "copy_len"])
+def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr, copy_ptr, copy_at, copy_len, n, pad,
+               k_const, ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
+               COPY: tl.constexpr):
+    """raw_ptr[program] = raw of this program's ROWS groups of 256 elements: each group's raw is
+    ⊕_q (contribution of its element q), and group r's is shifted across the groups after it
+    (``comb``: the tables of M_{(ROWS−1−r)·256·S}); elements are bytes (LOOKUPS = 1) or raws
+    (LOOKUPS = 4). FINAL (one program): raw_ptr[0] = the crc
+    ``raw ⊕ k_const``, and either write it as 4 little-endian bytes at dst_ptr (VERIFY 0) or compare
+    it with the 4 bytes there and start the decode kernel's stats (``triton_codec.STATS``) with
+    stats[2] = mismatch (VERIFY ≥ 1); VERIFY 2 also sets ``*bad`` on a mismatch (never clears it).
+    COPY (level 0): bytes [copy_at, copy_at + copy_len) of the stream are also copied to copy_ptr."""
     g = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     q = tl.arange(0, 256)
     i = g[:, None] * 256 + q[None, :] - pad
     ok = (i >= 0) & (i < n)
     v = tl.load(src_ptr + i, mask=ok, other=0).to(tl.int32)
+    if COPY:
+        tl.store(copy_ptr + (i - copy_at), v.to(tl.uint8), mask=ok & (i >= copy_at) & (i < copy_at + copy_len))
     if LOOKUPS == 1:
         c = tl.load(tab_ptr + q[None, :] * 256 + (v & 0xFF))
     else:
-        at = q[None, :] * 1024
-        c = tl.load(tab_ptr + at + (v & 0xFF))
-        c ^= tl.load(tab_ptr + at + 256 + ((v >> 8) & 0xFF))
-        c ^= tl.load(tab_ptr + at + 512 + ((v >> 16) & 0xFF))
-        c ^= tl.load(tab_ptr + at + 768 + ((v >> 24) & 0xFF))
-    raw = _xor_rows(c, ROWS)
-    tl.store(raw_ptr + g, raw, mask=g < groups)
+        c = _shift(tab_ptr + q[None, :] * 1024, v)
+    rows = _shift(comb_ptr + tl.arange(0, ROWS) * 1024, _xor_rows(c, ROWS))
+    raw = tl.xor_sum(rows, axis=0)
     if FINAL:
-        crc = tl.sum(tl.where(g == 0, raw, 0), axis=0) ^ k_const
+        raw = raw ^ k_const
+        crc = raw
         k = tl.arange(0, 4)
-        tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+        if VERIFY == 0:
+            tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+        else:
+            wrong = crc != tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
+            j = tl.arange(0, 8)
+            init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
+            tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init))
+            if VERIFY == 2:
+                tl.store(bad_ptr, wrong, mask=wrong)
+    tl.store(raw_ptr + tl.program_id(0), raw)
 
 
 def _int32(tab: np.ndarray) -> np.ndarray:
@@ -88,14 +114,27 @@ def _apply_np(tabs: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
+def _shift_table(nbytes: int) -> np.ndarray:
+    """(4, 256) int64: the lookup tables of M_nbytes (the shift across nbytes zero bytes)."""
+    return byte_tables(np.array([multmodp(x8n(nbytes), 1 << i) for i in range(32)], dtype=np.int64))
+
+
+@lru_cache(maxsize=None)
+def _combine_table(level: int) -> np.ndarray:
+    """(ROWS, 4, 256): the tables of M_{(ROWS−1−r)·256·S}, S = (256·ROWS)^ℓ bytes per element."""
+    size = (FAN * ROWS) ** level
+    return _int32(np.stack([_shift_table((ROWS - 1 - r) * FAN * size) for r in range(ROWS)]))
+
+
 @lru_cache(maxsize=None)
 def _level_table(level: int) -> np.ndarray:
-    """Level 0: (256, 256), T0[q][b]; level ℓ ≥ 1: (256, 4, 256), the tables of M_{(255−q)·256^ℓ}.
+    """Level 0: (256, 256), T0[q][b]; level ℓ ≥ 1: (256, 4, 256), the tables of M_{(255−q)·S},
+    S = (256·ROWS)^ℓ bytes per element (a raw of the level below).
 
     Built backwards from q = 255 (no shift): the entries at q are M_S applied to those at q + 1
-    (S = 1 byte at level 0, 256^ℓ above), four vectorized lookups per step."""
-    size = FAN ** level
-    step = byte_tables(np.array([multmodp(x8n(size), 1 << i) for i in range(32)], dtype=np.int64))
+    (S = 1 byte at level 0), four vectorized lookups per step."""
+    size = (FAN * ROWS) ** level
+    step = _shift_table(size)
     if level == 0:
         zero = zlib.crc32(b"\0")
         cur = np.array([zlib.crc32(bytes([b])) ^ zero for b in range(256)], dtype=np.int64)
@@ -108,37 +147,45 @@ def _level_table(level: int) -> np.ndarray:
     return _int32(np.stack(rows[::-1]))
 
 
-_DEVICE_TABLES: dict[tuple[str, int], torch.Tensor] = {}
+_DEVICE_TABLES: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _table_on(device: torch.device, level: int) -> torch.Tensor:
+def _tables_on(device: torch.device, level: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(element tables, combine tables) of a level on ``device``, copied once."""
     key = (str(device), level)
     if key not in _DEVICE_TABLES:
-        _DEVICE_TABLES[key] = torch.from_numpy(_level_table(level).reshape(-1).copy()).to(device)
+        _DEVICE_TABLES[key] = tuple(torch.from_numpy(t.reshape(-1).copy()).to(device)
+                                    for t in (_level_table(level), _combine_table(level)))
     return _DEVICE_TABLES[key]
 
 
-def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
+def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: torch.Tensor | None = None,
+                 bad: torch.Tensor | None = None, copy: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """``zlib.crc32(data)`` of a 1-D contiguous uint8 tensor as a 0-dim int32 tensor holding its bits
-    (``& 0xFFFFFFFF`` of its int64 value), on ``data.device``, with no host sync; ``dst`` (4 uint8
-    on the same device), if given, receives it as 4 little-endian bytes."""
+    (``& 0xFFFFFFFF`` of its int64 value), on ``data.device``, with no host sync. ``dst`` (4 uint8
+    on the same device), if given, receives it as 4 little-endian bytes; with ``stats`` (int32, the
+    decode kernel's ``triton_codec.STATS`` of them) it is compared with the bytes in ``dst`` instead,
+    and stats is started: stats[2] = mismatch; ``bad`` (a 0-dim bool), if given, is set on a mismatch.
+    ``copy = (to, at)``: bytes [at, at + len(to)) of ``data`` are also copied into ``to`` (uint8) on
+    the way (the decoder's aligned copy of the stored scales)."""
     if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
         raise ValueError(f"crc32 needs a contiguous 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
     n, dev = data.numel(), data.device
     dst = torch.empty(4, dtype=torch.uint8, device=dev) if dst is None else dst
     k_const = crc32_length_constant(n)
     k_signed = k_const - (1 << 32) if k_const >= 1 << 31 else k_const
-    if n == 0:
-        dst.copy_(torch.tensor(list(k_const.to_bytes(4, "little")), dtype=torch.uint8))
-        return torch.full((), k_signed, dtype=torch.int32, device=dev)
+    verify = 0 if stats is None else 1 if bad is None else 2
     src, count, level = data, n, 0
     while True:
-        groups = -(-count // FAN)
-        raws = torch.empty(groups, dtype=torch.int32, device=dev)
-        final = groups == 1
-        rows = ROWS if groups >= ROWS else 1
-        _crc_level[(-(-groups // rows),)](src, _table_on(dev, level), raws, dst, count, groups * FAN - count, groups,
-                                          k_signed, ROWS=rows, LOOKUPS=1 if level == 0 else 4, FINAL=final)
+        programs = max(-(-count // (FAN * ROWS)), 1)  # n = 0: one program of zero bytes (raw 0)
+        raws = torch.empty(programs, dtype=torch.int32, device=dev)
+        final = programs == 1
+        tab, comb = _tables_on(dev, level)
+        to, at = copy if copy is not None and level == 0 else (raws, 0)
+        _crc_level[(programs,)](src, tab, comb, raws, dst, raws if stats is None else stats,
+                                raws if bad is None else bad, to, at, to.numel() if to is not raws else 0, count,
+                                programs * FAN * ROWS - count, k_signed, ROWS=ROWS, LOOKUPS=1 if level == 0 else 4,
+                                FINAL=final, VERIFY=verify, COPY=to is not raws)
         if final:
-            return (raws[0] ^ k_signed).reshape(())
-        src, count, level = raws, groups, level + 1
+            return raws.reshape(())
+        src, count, level = raws, programs, level + 1

@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 
 Scheme = str  # a method scheme of the quantizer registry: dqsgd.quantizers.registry.method_schemes()
 PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"]
-CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"]
+CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "rans", "ransx", "auto"]
 KernelName = Literal["torch", "fused"]
 
 _ALLOWED: dict[str, tuple[str, ...]] = {
     "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"),
-    "coding": ("fixed", "elias", "zstd", "zstd-aligned", "rans", "auto"),
+    "coding": ("fixed", "elias", "zstd", "zstd-aligned", "rans", "ransx", "auto"),
     "norm": ("inf", "2"),
     "aggregate": ("mean", "majority"),
     "downlink": ("fp32", "sign"),

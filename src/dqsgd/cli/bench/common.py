@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import zstandard
 
-from dqsgd.codecs import Coding, elias_encode, pack_bits, rans_encode
+from dqsgd.codecs import Coding, elias_encode, pack_bits, rans_encode, ransx_encode
+from dqsgd.codecs.auto import rans_candidate
 from dqsgd.codecs.wire import body_width, zstd_compress
 from dqsgd.kernels import HashRNG
 from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header, set_compile
@@ -152,9 +153,10 @@ def coded_sizes(codes: np.ndarray, bits: int) -> dict[str, float]:
     aligned = pack_bits(codes, body_width(bits, Coding.ZSTD_ALIGNED), offset=off)  # Coding.ZSTD_ALIGNED's body
     sizes = {"fixed": 8 * len(packed) / n, "elias": 8 * len(elias_encode(codes)) / n,
              "zstd": 8 * len(zstd_compress(packed)) / n, "zstd_aligned": 8 * len(zstd_compress(aligned)) / n,
-             "rans": 8 * len(rans_encode(codes, bits)) / n,
+             "rans": 8 * len(rans_encode(codes, bits)) / n, "ransx": 8 * len(ransx_encode(codes, bits)) / n,
              "zstd19": 8 * len(zstandard.ZstdCompressor(level=19).compress(packed)) / n}
-    sizes["auto"] = min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"], sizes["rans"])  # Coding.AUTO
+    rans = "ransx" if rans_candidate(n) == Coding.RANSX else "rans"
+    sizes["auto"] = min(sizes["fixed"], sizes["elias"], sizes["zstd_aligned"], sizes[rans])  # Coding.AUTO
     return sizes
 
 

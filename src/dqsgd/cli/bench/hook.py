@@ -69,7 +69,9 @@ def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[],
 
 def rank_times(rank: int, world: int, models: list[str], hooks: list[str], steps: int, warmup: int,
                rounds: int, batch: int) -> dict[str, dict[str, list[float]]]:
-    """Seconds per step, per model and hook, one entry per round (runs inside each rank)."""
+    """Seconds per step, per model and hook, one entry per round (runs inside each rank); under
+    ``"<model> cpu"`` the same in CPU seconds of the rank's process (all its threads), which other
+    jobs on a shared machine move much less than the wall time."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     cuda = torch.cuda.is_available() and torch.distributed.get_backend() == "nccl"
@@ -92,17 +94,19 @@ def rank_times(rank: int, world: int, models: list[str], hooks: list[str], steps
             for _ in range(warmup):
                 steppers[h]()
         times: dict[str, list[float]] = {h: [] for h in hooks}
+        cpu: dict[str, list[float]] = {h: [] for h in hooks}
         for k in range(rounds):
             if rank == 0:
                 print(f"  {name}: round {k + 1}/{rounds}", flush=True)
             for h in hooks:
                 sync()
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 for _ in range(steps):
                     steppers[h]()
                 sync()
                 times[h].append((time.perf_counter() - t) / steps)
-        out[name] = times
+                cpu[h].append((time.process_time() - c) / steps)
+        out[name], out[f"{name} cpu"] = times, cpu
     return out
 
 
@@ -169,14 +173,16 @@ def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("dqsgd bench hook: " + "; ".join(failed))
     result: dict[str, Any] = {"loadavg": os.getloadavg(), "device": "cuda" if cuda else "cpu", "world": world, "backend": backend,
                               "batch": args.batch, "steps": args.steps, "rounds": args.rounds, "models": {}}
+    result["cpu"] = {}
     for name in models:
-        rows = summarize(res[0].value[name], pairs)
-        result["models"][name] = rows
-        print(f"\n{name} ({sum(p.numel() for p in build(name).parameters()):,} parameters), {backend} W={world}, "
-              f"batch {args.batch}: step time / no-hook step, median [min, max] over {args.rounds} rounds")
-        for r in rows:
-            ms = "" if math.isnan(r["ms"]) else f"{r['ms']:8.1f} ms"  # hook-to-hook ratio rows have no time
-            print(f"  {r['hook']:28s} {ms:>11s}   {r['ratio']:.2f}  [{r['min']:.2f}, {r['max']:.2f}]")
+        for key, what in ((name, "step time"), (f"{name} cpu", "CPU time of rank 0's process per step")):
+            rows = summarize(res[0].value[key], pairs)
+            (result["models"] if key == name else result["cpu"])[name] = rows
+            print(f"\n{name} ({sum(p.numel() for p in build(name).parameters()):,} parameters), {backend} W={world}, "
+                  f"batch {args.batch}: {what} / no-hook's, median [min, max] over {args.rounds} rounds")
+            for r in rows:
+                ms = "" if math.isnan(r["ms"]) else f"{r['ms']:8.1f} ms"  # hook-to-hook ratio rows have no time
+                print(f"  {r['hook']:28s} {ms:>11s}   {r['ratio']:.2f}  [{r['min']:.2f}, {r['max']:.2f}]")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))

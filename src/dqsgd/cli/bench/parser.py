@@ -97,6 +97,9 @@ def add_bench_parser(sub: Any) -> None:
                    help="where the device codec rows run (auto: CUDA if available, else the CPU)")
     c.add_argument("--device-compile", action=argparse.BooleanOptionalAction, default=None,
                    help="force torch.compile on (or off) for the device rows (default: on for CUDA only)")
+    c.add_argument("--rans-only", action="store_true",
+                   help="time only the rANS coders (RANS, RANSX): ns per code of encode and decode at each size "
+                        "and width of 2..16 bits")
     _common(c, 5, 2, "runs/bench/codec.json")
     c.set_defaults(func=_checkout_command("codec", "bench_codec.py", lambda m, a: m.bench_codec(a)))
     s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD",

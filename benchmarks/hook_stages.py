@@ -1,0 +1,111 @@
+"""Where a DDP hook's step spends its CPU: thread CPU time per stage, per step, in each of 2 gloo ranks.
+
+    PYTHONPATH=src python benchmarks/hook_stages.py ["dqsgd-coded sharded"] [--steps 12]
+
+The mlp of ``dqsgd bench hook`` (same batch), the hook registered as there; after 3 warm-up steps
+the stages below are wrapped with a ``time.thread_time`` accumulator (CPU of the calling thread:
+other jobs on a shared machine move it much less than wall time; stages nest, so the rows overlap)
+and ``--steps`` steps are run. Printed per rank: the process's CPU per step, then each stage's CPU
+ms per step and calls per step. A measurement tool, not a test: nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import importlib
+import time
+from typing import Any, Callable
+
+import torch
+
+# (module, attribute): what each stage is
+STAGES = [
+    ("dqsgd.ddp.comm_hook", "_encode_flagged"),  # uplink: quantize + code every shard
+    ("dqsgd.method.pipeline", "Method.compress"),  # quantization alone
+    ("dqsgd.codecs.auto", "level_histogram"),  # AUTO's one pass over the levels
+    ("dqsgd.codecs.auto", "level_stats"),  # the same with the Elias length (older versions of AUTO)
+    ("dqsgd.codecs.auto", "rans_encode"),  # AUTO's rANS encoder (older versions; now in a table)
+    ("dqsgd.codecs.auto", "_zstd_may_win"),  # AUTO's zstd sample
+    ("dqsgd.codecs.auto", "elias_bit_length"),  # AUTO's exact Elias length, where it is needed
+    ("dqsgd.codecs.wire", "crc32"),
+    ("dqsgd.ddp.comm_hook", "_sizes"),  # the size exchange of variable-length payloads (blocking)
+    ("dqsgd.topology.bucket", "BucketProtocol.reduce"),  # uplink: decode + average this rank's shard
+    ("dqsgd.codecs.wire", "decode_body"),
+    ("dqsgd.topology.bucket", "BucketProtocol.encode_down_fed"),  # downlink: the shard's payload
+    ("dqsgd.ddp.comm_hook", "_assemble"),  # downlink: decode every shard, record the step's statistics
+    ("dqsgd.topology.bucket", "BucketProtocol.decode_down"),
+    ("dqsgd.ddp.state", "BucketState.record"),
+    ("dqsgd.ddp.state", "BucketState.catch_up"),  # the policy's update
+    ("dqsgd.policies.coded", "CodedBudgetedDQSGD.learn"),  # its level entropies
+]
+CPU: collections.defaultdict[str, float] = collections.defaultdict(float)
+CALLS: collections.Counter[str] = collections.Counter()
+
+
+def _timed(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+    def g(*a: Any, **k: Any) -> Any:
+        t = time.thread_time()
+        try:
+            return f(*a, **k)
+        finally:
+            CPU[name] += time.thread_time() - t
+            CALLS[name] += 1
+    return g
+
+
+def _wrap_all() -> None:
+    import dqsgd.codecs.auto as auto
+
+    for mod, attr in STAGES:  # a stage this version of the code does not have is skipped
+        owner: Any = importlib.import_module(mod)
+        *cls, name = attr.split(".")
+        for c in cls:
+            owner = getattr(owner, c, None)
+        if hasattr(owner, name):
+            setattr(owner, name, _timed(attr, getattr(owner, name)))
+    for coding, (enc, bounds) in list(getattr(auto, "_RANS", {}).items()):  # AUTO's rANS encoders, in a table
+        auto._RANS[coding] = (_timed(f"{coding.name.lower()}_encode (AUTO)", enc), bounds)
+
+
+def rank_stages(rank: int, world: int, hook: str, steps: int) -> tuple[float, dict[str, tuple[float, float]]]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dqsgd.cli.bench.hook import CIFAR, _stepper, build, register_hook
+
+    _wrap_all()
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(128, *CIFAR, generator=g), torch.randint(0, 10, (128,), generator=g)
+    model = DDP(copy.deepcopy(build("mlp")))
+    register_hook(model, hook, total_steps=3 + steps + 1)
+    step = _stepper(model, x, y)
+    for _ in range(3):
+        step()
+    CPU.clear()
+    CALLS.clear()
+    t = time.process_time()
+    for _ in range(steps):
+        step()
+    per_step = (time.process_time() - t) / steps
+    return per_step, {k: (1e3 * v / steps, CALLS[k] / steps) for k, v in CPU.items()}
+
+
+def main() -> None:
+    from dqsgd.cli.launch import spawn_local
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("hook", nargs="?", default="dqsgd-coded sharded")
+    ap.add_argument("--steps", type=int, default=12)
+    a = ap.parse_args()
+    for r, res in enumerate(spawn_local(rank_stages, 2, (a.hook, a.steps))):
+        if not res.ok:
+            raise SystemExit(res.describe())
+        per_step, stages = res.value
+        print(f"rank {r}: {a.hook}: process CPU {1e3 * per_step:.1f} ms per step")
+        for name, (ms, calls) in sorted(stages.items(), key=lambda kv: -kv[1][0]):
+            print(f"  {name:36s} {ms:7.2f} ms  {calls:5.1f} calls per step")
+
+
+if __name__ == "__main__":
+    main()
