@@ -9,7 +9,7 @@ import numpy as np
 from dqsgd.experiments.plots import _by_step, figure1, figure2, figure3, load_runs, moving_average, notes
 from dqsgd.experiments.report import build_report, reproduce_commands
 
-from fake_runs import STEPS, make_root, write_run
+from fake_runs import STEPS, make_root, write_run, write_toml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGS = ("fig1.png", "fig2.png", "fig3.png")
@@ -303,3 +303,35 @@ def test_a_methods_own_train_keys_stay_the_methods_in_the_exact_command(tmp_path
     exact = [ln for ln in reproduce_commands(root, load_runs(root)) if "exactly these runs" in ln]
     assert exact == [f"dqsgd compare --config fake-table1 --set methods.sgd.downlink_bits=16 --out {root}"
                      "   # exactly these runs"], exact
+
+
+def test_methods_section_tells_the_topology_and_the_downlink_apart(tmp_path: Path) -> None:
+    """Two rows that differ only in the sharded downlink (fixed 8 bits, or "auto" with the both-leg
+    budget the ledger charged) must not read the same in the Methods section; ps rows say nothing more."""
+    import json
+
+    from fake_runs import D
+
+    root = make_root(tmp_path / "r")
+    for label, down in (("dqsgd-down8", 8), ("dqsgd-auto", "auto"), ("dqsgd-default", 0), ("dqsgd-fp32", 32)):
+        for seed in (0, 1):
+            made = write_run(tmp_path / label, "dqsgd", seed, final_acc=0.9,
+                             train_over={"topology": "sharded", "downlink_bits": down})
+            run = made.rename(root / label / f"seed{seed}") if (root / label).mkdir(exist_ok=True) is None else made
+            facts = json.loads((run / "config.json").read_text())
+            facts.update(method=label, budget_bits=12 * D * STEPS if down == "auto" else None)
+            (run / "config.json").write_text(json.dumps(facts))
+    methods = build_report(root).read_text().split("## Methods")[1].split("## Reading")[0]
+    line = {ln.split("`")[1]: ln for ln in methods.splitlines() if ln.startswith("- `")}
+    assert line["dqsgd-down8"].endswith("target 4.5 bits/coordinate, topology sharded, downlink 8 bits.")
+    assert line["dqsgd-auto"].endswith(
+        "target 4.5 bits/coordinate, topology sharded, downlink auto (one budget for both legs: 12.00 bits/coordinate/step).")
+    assert line["dqsgd-default"].endswith("topology sharded, downlink the method's default.")
+    assert line["dqsgd-fp32"].endswith("topology sharded, downlink fp32.")
+    assert "topology" not in line["dqsgd"] and "downlink" not in line["qsgd-4bit"]
+    fed = tmp_path / "fed"  # train.downlink_feedback is the table's, not a method's: a table of its own
+    write_toml(fed)
+    for seed in (0, 1):
+        write_run(fed, "dqsgd", seed, final_acc=0.9,
+                  train_over={"topology": "sharded", "downlink_bits": 2, "downlink_feedback": True})
+    assert "topology sharded, downlink 2 bits, downlink error feedback." in build_report(fed).read_text()

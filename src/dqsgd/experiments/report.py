@@ -182,7 +182,28 @@ def _config_line(facts: dict[str, Any]) -> str:
     extra += [f"aggregate {c['aggregate']}"] if c["aggregate"] != "mean" else []
     if facts.get("lr") is not None and facts["lr"] != facts["train_config"]["lr"]:
         extra.append(f"lr {facts['lr']}")
-    return ", ".join([f"scheme {c['scheme']}", bits] + extra)
+    return ", ".join([f"scheme {c['scheme']}", bits] + extra + _legs(facts))
+
+
+def _legs(facts: dict[str, Any]) -> list[str]:
+    """The topology when it is not the simulation's ``ps``, and on ``sharded`` the downlink as configured:
+    a fixed width, or ``"auto"`` with the both-leg budget the run's ledger charged (``budget_bits``, per
+    worker over the run), per coordinate and step, so that two rows that differ only there read apart."""
+    t = facts["train_config"]
+    topology = t.get("topology") or "ps"
+    if topology == "ps":
+        return []
+    out = [f"topology {topology}"]
+    if topology != "sharded":
+        return out
+    down = t.get("downlink_bits", 0)
+    if down == "auto":
+        budget = facts.get("budget_bits")
+        per = f": {budget / (facts['numel'] * t['steps']):.2f} bits/coordinate/step" if budget else ""
+        out.append(f"downlink auto (one budget for both legs{per})")
+    else:
+        out.append({0: "downlink the method's default", 32: "downlink fp32"}.get(down, f"downlink {down} bits"))
+    return out + (["downlink error feedback"] if t.get("downlink_feedback") else [])
 
 
 def methods_section(runs: list[Run], labels: list[str]) -> str:
