@@ -131,9 +131,14 @@ def downlink(a: argparse.Namespace) -> int | str | None:
     return "fp32" if down == "fp32" else int(down)
 
 
-def downlink_options(a: argparse.Namespace) -> dict[str, bool]:
-    """The downlink's feedback switches (HookState's and TrainConfig's names): error-fed when the width
-    ends in 'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it).
-    The budgeted split keeps HookState's defaults (it picks widths below 4 only when error-fed)."""
+def downlink_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The downlink's switches (HookState's and TrainConfig's names): error-fed when the width ends in
+    'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it). The
+    budgeted split keeps HookState's defaults (it picks widths below 4 only when error-fed) and takes
+    ``--downlink-target-bits``."""
     down = split_downlink(a.method)[1] or a.downlink_bits
-    return {"downlink_feedback": down.endswith("e"), "allow_unsafe_downlink": down.removesuffix("e") != AUTO}
+    auto = down.removesuffix("e") == AUTO
+    row = variant(a.method)
+    budgeted = row is not None and getattr(_config(row[0]), "policy", "") in ("dqsgd-budget", "dqsgd-coded")
+    target = {"downlink_target_bits": a.downlink_target_bits} if auto and budgeted and a.downlink_target_bits else {}
+    return {"downlink_feedback": down.endswith("e"), "allow_unsafe_downlink": not auto, **target}
