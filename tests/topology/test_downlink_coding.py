@@ -152,3 +152,15 @@ def test_downlink_target_bits_is_checked() -> None:
     up = Method(method_config("dqsgd", target_bits=4.0), 20_000, 5).budget_bits()
     headers = 8 * sum(P.down_sizes(2)) - 2 * 20_000
     assert P.method.policy.budget_bits == up + int(5 * (headers + 2.0 * 20_000))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
+@pytest.mark.parametrize("feedback", [False, True])
+def test_coded_downlink_on_the_gpu_equals_the_cpu(feedback: bool) -> None:
+    """A CUDA bucket: the uplink through the device codec, the coded downlink encoded on the host and its
+    payloads decoded into the CUDA update: the CPU's update, bitwise (max norm)."""
+    dbits = 2 if feedback else 8
+    grads = _grads(30_001, 4, seed=5)
+    want = run_in_process(_proto("auto", dbits, feedback), grads, 4, 1)
+    got = run_in_process(_proto("auto", dbits, feedback), [g.cuda() for g in grads], 4, 1)
+    assert got.device.type == "cuda" and torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
