@@ -164,3 +164,21 @@ def test_coded_downlink_on_the_gpu_equals_the_cpu(feedback: bool) -> None:
     want = run_in_process(_proto("auto", dbits, feedback), grads, 4, 1)
     got = run_in_process(_proto("auto", dbits, feedback), [g.cuda() for g in grads], 4, 1)
     assert got.device.type == "cuda" and torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("link", [10.0, 1e6])
+def test_auto_with_a_link_rate_picks_by_time_and_keeps_the_update(link: float) -> None:
+    """``link_mbit``: the downlink's auto coding is chosen by modelled time, as the uplink's; on a very fast
+    link that is fixed (the cheapest to code), on a slow one a smaller coding; the update is unchanged."""
+    from dqsgd.codecs.header import Coding
+    from dqsgd.kernels import read_header
+
+    cfg = method_config("qsgd-2bit-auto", link_mbit=link)
+    P = BucketProtocol(cfg, 30_001, [30_001], topology="sharded", workers=4, seed=3, total_steps=10, downlink_bits=8)
+    grads = _grads(30_001, 4, seed=4)
+    avg = [P.reduce(j, [P.encode(w, g, 2, 0, None)[0][j] for w, g in enumerate(grads)], 2) for j in range(4)]
+    pays = [P.encode_down(j, a, 0) for j, a in enumerate(avg)]
+    used = {read_header(p.numpy()).coding for p in pays}
+    assert used == {Coding.FIXED} if link > 1e5 else Coding.FIXED not in used, used
+    assert torch.equal(P.decode_down(pays), _proto("fixed").decode_down([_proto("fixed").encode_down(j, a, 0)
+                                                                         for j, a in enumerate(avg)]))

@@ -99,19 +99,25 @@ def encode_coded(m: Method, x: torch.Tensor, dbits: int, coding: str, rng: HashR
     ``rng``'s uniforms (the codes the fixed downlink sends), or to the nearest level where ``rng``
     is None (error feedback, :class:`Nearest`) — as a ``coding`` payload on ``x``'s device (encoded
     on the host). With ``"fixed"`` and ``rng`` None: the fixed payload of the rounded codes, which
-    the fixed decoder reads unchanged."""
+    the fixed decoder reads unchanged. Coding ``"auto"`` with the method's ``link_mbit``: the coding
+    whose modelled encode + decode + link time is least, as the uplink's (never longer than fixed)."""
     from dqsgd.codecs import encode
-    from dqsgd.kernels import encode_uniform_fast
+    from dqsgd.kernels import encode_uniform_fast, quantize_uniform_fast
     from dqsgd.quantizers import Norm, quantize_uniform
-    from dqsgd.topology.payloads import bytes_tensor
+    from dqsgd.topology.payloads import bytes_tensor, downlink_size
 
     host = x.detach().reshape(-1).cpu()
-    if rng is None:
-        q = quantize_uniform(host, dbits, norm=Norm.MAX, layout=m.layout, rng=Nearest())
-        payload = encode(q, _coding(coding))
+    link = m.config.link_mbit if coding == "auto" else 0.0
+    if rng is None or link:
+        q = (quantize_uniform(host, dbits, norm=Norm.MAX, layout=m.layout, rng=Nearest()) if rng is None
+             else quantize_uniform_fast(host, dbits, rng, norm=Norm.MAX, layout=m.layout))
+        payload = encode(q, _coding(coding), link_mbit=link)
+        if link and len(payload) > downlink_cap(downlink_size(m, dbits), m.numel, dbits, coding):
+            payload = encode(q, _coding(FIXED))  # the fastest by its time model, but longer than fixed: fixed
     else:
         payload = encode_uniform_fast(host, dbits, rng, norm=Norm.MAX, layout=m.layout, coding=_coding(coding))
     return bytes_tensor(payload, x.device)
+
 
 
 def decode_coded(p: torch.Tensor, out: torch.Tensor, dbits: int, m: Method,
