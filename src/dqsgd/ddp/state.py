@@ -110,13 +110,15 @@ class BucketState:
 
     def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
         """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
-        non-finite (the policy then skips the step). On a device they are reduced there and copied
-        to pinned host memory without blocking; an event marks when they have arrived."""
+        non-finite (the policy then skips the step). A policy that reads G keeps only what it reads
+        (the coded budget: its entropy sample, ≤ 65,536 coordinates, not a copy of the bucket). On a
+        device they are reduced there and copied to pinned host memory without blocking; an event
+        marks when they have arrived."""
         from dqsgd.policies.base import grad_norms
 
         m = self.method
         vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        keep = avg if m.policy.needs_grad else None
+        keep = avg[:: _grad_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return
@@ -204,6 +206,16 @@ class BucketState:
             self.down_residual = d.get("down_residual")  # absent: saved without the error-fed downlink
         self.generator.set_state(d["generator"])
         self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in d["pending"]]
+
+
+def _grad_stride(policy: Any, numel: int) -> int:
+    """The stride of the part of the averaged bucket the policy reads: the coded budget's entropy
+    sample (:func:`~dqsgd.policies.coded.sample_stride`, the same entropies as the whole bucket;
+    under ``downlink_bits = "auto"`` it is the split policy's ``inner``), else 1 (all of it)."""
+    from dqsgd.policies.coded import sample_stride
+
+    sample = getattr(getattr(policy, "inner", policy), "sample", None)
+    return 1 if sample is None else sample_stride(numel, sample)
 
 
 def _stateful(field_name: str) -> bool:

@@ -62,6 +62,16 @@ class CodedBudgetState:
     observed: float             # the last observed ratio (nan: none)
 
 
+def sample_stride(numel: int, sample: int) -> int:
+    """The stride of :func:`level_entropies`' sample of a vector of ``numel``: ⌈numel/sample⌉ (at least 1).
+
+    A vector that is already that sample, ``v[::sample_stride(n, sample)]``, has ⌈n/stride⌉ ≤ ``sample``
+    elements, so its own stride is 1 and its entropies are the whole vector's, bit for bit: a caller
+    that keeps the sample alone (the DDP hook's :meth:`~dqsgd.ddp.state.BucketState.record`) feeds the
+    policy the same numbers as one that keeps the vector."""
+    return max(1, -(-numel // sample))
+
+
 def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int = 1 << 16) -> list[float]:
     """Expected entropy, bits per coordinate, of the signed levels of unbiased stochastic rounding of
     ``grad`` at each width in ``widths`` (scale ``norm``: u = |g|/norm, s = 2^(B−1) − 1 levels).
@@ -71,8 +81,7 @@ def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int 
     g = grad.detach().reshape(-1)
     if g.numel() == 0 or not norm > 0:
         return [0.0] * len(widths)
-    step = max(1, -(-g.numel() // sample))
-    g = g[::step].to(torch.float64).cpu().contiguous()  # the sample first: only it is converted
+    g = g[:: sample_stride(g.numel(), sample)].to(torch.float64).cpu().contiguous()  # only the sample is converted
     u = (g.abs() / norm).clamp(max=1.0).numpy()
     return expected_level_entropies(u, (g < 0).numpy(), [levels_for_bits(b) for b in widths])
 
