@@ -23,7 +23,8 @@ import torch
 # (module, attribute): what each stage is
 STAGES = [
     ("dqsgd.ddp.comm_hook", "_encode_flagged"),  # uplink: quantize + code every shard
-    ("dqsgd.method.pipeline", "Method.compress"),  # quantization alone
+    ("dqsgd.method.pipeline", "Method.compress"),  # quantization alone (older versions of the coded path)
+    ("dqsgd.kernels.codec", "_quantize"),  # quantization and, for the entropy codings, the level histogram
     ("dqsgd.codecs.auto", "level_histogram"),  # AUTO's one pass over the levels
     ("dqsgd.codecs.auto", "level_stats"),  # the same with the Elias length (older versions of AUTO)
     ("dqsgd.codecs.auto", "rans_encode"),  # AUTO's rANS encoder (older versions; now in a table)

@@ -200,3 +200,38 @@ def test_float64_and_noncontiguous_inputs() -> None:
     x = torch.randn(40, 30, dtype=torch.float64).t()
     assert encode_uniform_fast(x, 6, RNG) == encode(quantize_uniform_hash(x, 6, RNG))
     assert np.array_equal(RNG.uniform(5).numpy(), RNG.uniform_numpy(5))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 5, 9, 16])
+def test_histogram_counted_while_quantizing_is_the_codes_histogram(bits: int) -> None:
+    """The entropy codings' payloads count the codes in the quantizing pass (over several threads'
+    ranges above 2·64 chunks): the counts are level_histogram's and the payloads the reference's."""
+    from dqsgd.codecs.rans import level_histogram
+    from dqsgd.kernels.codec import _quantize
+
+    n = 2 * 64 * CHUNK + 999 if bits == 5 else 10_007
+    x = torch.randn(n, generator=torch.Generator().manual_seed(bits)) * torch.rand(n) ** 4
+    q, hist = _quantize(x, bits, RNG, Norm.MAX, Layout(bucket=CHUNK + 3), histogram=True)
+    assert np.array_equal(q.codes.numpy(), quantize_uniform_fast(x, bits, RNG, layout=Layout(bucket=CHUNK + 3)).codes)
+    assert np.array_equal(hist, level_histogram(q.codes.numpy(), bits))
+    for coding in (Coding.AUTO, Coding.RANSX, Coding.RANS):
+        assert encode_uniform_fast(x, bits, RNG, layout=Layout(bucket=CHUNK + 3), coding=coding) == encode(q, coding)
+    assert (encode_uniform_fast(x, bits, RNG, coding=Coding.AUTO, link_mbit=100.0)
+            == encode(quantize_uniform_fast(x, bits, RNG), Coding.AUTO, link_mbit=100.0))
+
+
+def test_encode_checks_the_codes_range_from_a_given_histogram() -> None:
+    from dqsgd.codecs.rans import level_histogram
+
+    q = quantize_uniform_fast(torch.randn(1000), 4, RNG)
+    hist = level_histogram(q.codes.numpy(), 4)
+    assert encode(q, Coding.AUTO, histogram=hist) == encode(q, Coding.AUTO)
+    with pytest.raises(ValueError, match="not the level histogram"):
+        encode(q, Coding.AUTO, histogram=hist[:-1])
+    with pytest.raises(ValueError, match="not the level histogram"):
+        encode(q, Coding.RANS, histogram=hist * 2)
+    wide = hist.copy()  # the same count, one code moved to -8: outside UNIFORM's [-7, 7] at 4 bits
+    wide[int(np.flatnonzero(hist)[0])] -= 1
+    wide[0] += 1
+    with pytest.raises(ValueError, match=r"codes span \[-8"):
+        encode(q, Coding.AUTO, histogram=wide)

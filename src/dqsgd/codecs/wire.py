@@ -152,8 +152,29 @@ def check_layout(layout: Layout, numel: int) -> int:
     return layout_segments(layout, numel)
 
 
-def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
-    """Check everything the wire needs; return (codes, or values for IDENTITY; scales)."""
+def _histogram_range_error(hist: np.ndarray, numel: int, bits: int, rng: _Range) -> str | None:
+    """:func:`_range_error` of codes whose :func:`~dqsgd.codecs.rans.level_histogram` is ``hist``
+    (O(2^bits), no pass over the codes); a ``hist`` that cannot be one of ``numel`` codes is refused."""
+    if hist.shape != (1 << bits,) or int(hist.sum()) != numel or (hist < 0).any():
+        raise ValueError(f"histogram of shape {hist.shape} summing to {int(hist.sum())}: not the level histogram of "
+                         f"{numel} codes at {bits} bits")
+    present = np.flatnonzero(hist)
+    if not present.size:
+        return None
+    offset = 0 if bits == 1 else 1 << (bits - 1)
+    lo, hi = ((-1 if present[0] == 0 else 1), (1 if present[-1] == 1 else -1)) if bits == 1 else \
+        (int(present[0]) - offset, int(present[-1]) - offset)
+    if lo < rng.lo or hi > rng.hi:
+        return f"codes span [{lo}, {hi}], the scheme allows [{rng.lo}, {rng.hi}]"
+    zeros = 0 if bits == 1 else int(hist[offset])
+    if zeros and not rng.zero_ok:
+        return f"{zeros} zero codes, which this scheme and width cannot carry"
+    return None
+
+
+def _validated(q: Quantized, hist: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Check everything the wire needs; return (codes, or values for IDENTITY; scales). ``hist``:
+    the codes' level histogram, which the range check then reads instead of the codes."""
     scheme = Scheme(q.scheme)
     if len(q.shape) > MAX_NDIM or any(not 0 <= int(d) <= U32_MAX for d in q.shape):
         raise ValueError(f"shape {tuple(q.shape)}: need ndim ≤ {MAX_NDIM} and every dim in 0..2^32-1")
@@ -174,7 +195,8 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"{scheme.name} values contain NaN or Inf; refusing to encode (decode would refuse them too)")
     else:
         data = _as_numpy(q.codes, torch.int32, numel, "codes")
-        if (err := _range_error(data, code_range(scheme, q.bits, q.levels))) is not None:
+        rng = code_range(scheme, q.bits, q.levels)
+        if (err := _range_error(data, rng) if hist is None else _histogram_range_error(hist, numel, q.bits, rng)):
             raise ValueError(f"{scheme.name} at {q.bits} bits, levels {q.levels}: {err}")
     if isinstance(q.scales, torch.Tensor) and q.scales.dim() == 1 and q.scales.numel() != nseg:
         raise ValueError(f"{q.scales.numel()} scales, but the layout has {nseg} segments for {numel} elements"
@@ -185,18 +207,18 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
     return data, scales
 
 
-def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme,
-          link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
+def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme, link_mbit: float = 0.0,
+          hist: np.ndarray | None = None) -> tuple[Coding, bytes | np.ndarray]:
     if scheme in RAW_SCHEMES and coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX):
         raise ValueError(f"{scheme.name} payloads cannot use {coding.name} coding (no integer codes)")
     if coding == Coding.AUTO:
-        return smallest_body(data, bits, scheme not in RAW_SCHEMES, link_mbit)
+        return smallest_body(data, bits, scheme not in RAW_SCHEMES, link_mbit, hist)
     if coding == Coding.ELIAS:
         return coding, elias_encode(data)
     if coding == Coding.RANS:
-        return coding, rans_encode(data, bits)
+        return coding, rans_encode(data, bits, hist)
     if coding == Coding.RANSX:
-        return coding, ransx_encode(data, bits)
+        return coding, ransx_encode(data, bits, hist)
     fixed = fixed_body(data, bits, body_width(bits, coding))
     if coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         return coding, zstd_compress(fixed)
@@ -209,11 +231,17 @@ def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding,
     return smallest_body(data, bits, scheme not in RAW_SCHEMES)
 
 
-def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.0) -> bytes:
+def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.0,
+           histogram: np.ndarray | None = None) -> bytes:
     """The payload of ``q`` (format in the module docstring).
 
     ``link_mbit`` (AUTO only): > 0 picks the coding whose modelled encode + decode time plus the
     payload's time on a link of that many Mbit/s is least (:mod:`dqsgd.codecs.auto`), not the smallest.
+    ``histogram`` (integer schemes): the codes' :func:`~dqsgd.codecs.rans.level_histogram`, where the
+    caller counted it already (the fused quantizer does, in its pass): the codes' range is checked
+    from it, and AUTO and the rANS codings use it instead of counting again. The bytes are the same;
+    a histogram that is not the codes' gives a wrong body (a decoder refuses it), so only a caller
+    that computed it from these codes passes it.
 
     Raises:
       ValueError: an unknown coding, or a Quantized the wire cannot carry exactly (bad dtype or
@@ -225,9 +253,10 @@ def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.
         raise ValueError(f"unknown coding {coding!r}") from None
     if not (math.isfinite(link_mbit) and link_mbit >= 0):
         raise ValueError(f"link_mbit must be a finite rate ≥ 0 (0: by size), got {link_mbit!r}")
-    data, scales = _validated(q)
     scheme = Scheme(q.scheme)
-    used, body = _body(data, q.bits, coding, scheme, link_mbit)
+    hist = None if histogram is None or scheme in RAW_SCHEMES else np.asarray(histogram, dtype=np.int64)
+    data, scales = _validated(q, hist)
+    used, body = _body(data, q.bits, coding, scheme, link_mbit, hist)
     if memoryview(body).nbytes > U32_MAX:
         raise ValueError(f"body of {memoryview(body).nbytes} bytes exceeds the u32 body length field")
     shape = tuple(int(d) for d in q.shape)

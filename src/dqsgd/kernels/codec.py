@@ -121,26 +121,42 @@ def _args(flat, starts, inv, s, bits, rng):
 def quantize_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
                           layout: Layout = Layout()) -> Quantized:
     """The fused quantizer's codes and scales (what :func:`encode_uniform_fast` packs)."""
+    return _quantize(x, bits, rng, norm, layout, histogram=False)[0]
+
+
+def _quantize(x: torch.Tensor, bits: int, rng: HashRNG, norm: Norm, layout: Layout,
+              histogram: bool) -> tuple[Quantized, np.ndarray | None]:
+    """:func:`quantize_uniform_fast`, and with ``histogram`` the codes'
+    :func:`~dqsgd.codecs.rans.level_histogram`, counted in the quantizing pass (else None)."""
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
     codes = np.empty(n, dtype=np.int32)
-    if n:
+    hist = np.zeros(1 << bits, dtype=np.int64) if histogram else None
+    if n and histogram:
+        offset = 0 if bits == 1 else 1 << (bits - 1)
+        parts = run_split(fused.codes_histogram_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng),
+                          codes, offset, 1 << bits, min_per_thread=MIN_CHUNKS_PER_THREAD)
+        hist = np.sum(parts, axis=0) if len(parts) > 1 else parts[0]
+    elif n:
         run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
                   min_per_thread=MIN_CHUNKS_PER_THREAD)
-    return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape),
-                     norm, dtype=x.dtype)
+    q = Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape), norm, dtype=x.dtype)
+    return q, hist
 
 
 _PACKED = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED)  # codings the fused kernel packs itself
 
 
 def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
-                        layout: Layout = Layout(), coding: Coding = Coding.FIXED) -> bytes:
-    """The payload of the hash-RNG stochastic uniform quantizer of ``x`` at ``bits`` (1..16).
+                        layout: Layout = Layout(), coding: Coding = Coding.FIXED, link_mbit: float = 0.0) -> bytes:
+    """The payload of the hash-RNG stochastic uniform quantizer of ``x`` at ``bits`` (1..16):
+    ``encode(quantize_uniform_fast(x, …), coding, link_mbit=link_mbit)``, byte for byte.
 
     FIXED, ZSTD and ZSTD_ALIGNED are packed in the fused kernel (straight into the payload for
-    FIXED); ELIAS, RANS and AUTO go through the codes (:func:`quantize_uniform_fast`) and
-    :func:`dqsgd.codecs.encode` (entropy coders need the histogram of all codes first).
+    FIXED); ELIAS, RANS, RANSX and AUTO go through the codes and :func:`dqsgd.codecs.encode`
+    (entropy coders need the histogram of all codes first), the histogram counted in the
+    quantizing pass, which also stands for the encoder's check of the codes' range (one walk
+    over the codes fewer for each).
 
     Raises:
       NonFiniteGradientError: ``x`` has NaN or Inf (nothing is encoded).
@@ -148,7 +164,8 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
     """
     coding = Coding(coding)
     if coding not in _PACKED:
-        return encode_payload(quantize_uniform_fast(x, bits, rng, norm=norm, layout=layout), coding)
+        q, hist = _quantize(x, bits, rng, norm, layout, histogram=True)
+        return encode_payload(q, coding, link_mbit=link_mbit, histogram=hist)
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
     shape = tuple(int(d) for d in x.shape)

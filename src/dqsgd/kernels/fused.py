@@ -189,6 +189,34 @@ def codes_range(x, starts, inv, sf, one_bit, key, codes, c_lo, c_hi):  # pragma:
                 dst[t] = 2 * dst[t] - 1
 
 
+@njit(cache=True, nogil=True)
+def codes_histogram_range(x, starts, inv, sf, one_bit, key, codes, offset, nsym, c_lo, c_hi):  # pragma: no cover
+    """:func:`codes_range` and, in the same pass, the counts of the codes' offset-binary symbols
+    (``u = c + offset``; 1 bit: ``u = 1`` for +1): each chunk is counted while it is still in L1,
+    into four partial histograms (consecutive codes are mostly the same level, and one histogram
+    would chain every increment on the one before). Returns the counts (int64, ``nsym`` of them)."""
+    n = x.size
+    hbuf = np.empty(CHUNK // 4, np.uint64)
+    part = np.zeros((4, nsym), np.int64)
+    seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
+    for c in range(c_lo, c_hi):
+        i0 = c * CHUNK
+        m = min(CHUNK, n - i0)
+        dst = codes[i0 : i0 + m]
+        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, dst)
+        if one_bit:
+            for t in range(m):
+                part[t & 3, dst[t]] += 1
+                dst[t] = 2 * dst[t] - 1
+        else:
+            for t in range(m):
+                part[t & 3, dst[t] + offset] += 1
+    hist = part[0].copy()
+    for k in range(1, 4):
+        hist += part[k]
+    return hist
+
+
 # -------------------------------------------------------------------------- decode-accumulate
 
 
