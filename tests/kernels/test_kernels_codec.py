@@ -235,3 +235,22 @@ def test_encode_checks_the_codes_range_from_a_given_histogram() -> None:
     wide[0] += 1
     with pytest.raises(ValueError, match=r"codes span \[-8"):
         encode(q, Coding.AUTO, histogram=wide)
+
+
+def test_ransx_decode_accumulate_counts_while_adding() -> None:
+    """RANSX bodies: the codes are added and counted chunk by chunk (the table's check reads those
+    counts); over chunk and segment edges the sum is Σ dequantize, as for every other coding."""
+    n = 3 * CHUNK + 7
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 3 for _ in range(3)]
+    payloads = [encode_uniform_fast(xs[0], 6, RNG, layout=Layout(sizes=(5, CHUNK - 1, 2 * CHUNK + 3)),
+                                    coding=Coding.RANSX),
+                encode_uniform_fast(xs[1], 2, RNG, layout=Layout(bucket=1000), coding=Coding.RANSX),
+                encode(quantize_sign(xs[2], scaled=True), Coding.RANSX),
+                encode_uniform_fast(xs[2], 1, RNG, coding=Coding.RANSX)]
+    total, expected = torch.zeros(n), torch.zeros(n)
+    for p in payloads:
+        assert read_header(p).coding == Coding.RANSX
+        decode_accumulate(p, total, 0.5)
+        expected += 0.5 * dequantize(decode(p)).reshape(-1)
+    assert torch.equal(total, expected)

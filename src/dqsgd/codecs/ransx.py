@@ -32,6 +32,7 @@ decoded body re-encodes to the same bytes.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 from numba import njit
@@ -40,7 +41,7 @@ from dqsgd.codecs.rans import (M, PROB_BITS, STATUS_FINAL, STATUS_MESSAGES, STAT
                                STATUS_TRUNC_STREAM, RansError, check_counts, decode_buffers, level_histogram,
                                normalize, read_table, table_len, write_table)
 
-__all__ = ["LANES", "RANSX_L", "ransx_decode", "ransx_encode", "ransx_size_bounds"]
+__all__ = ["LANES", "RANSX_L", "ransx_decode", "ransx_decode_uncounted", "ransx_encode", "ransx_size_bounds"]
 
 LANES = 8  # a power of two
 RANSX_L = 1 << 31  # lower bound of a normalised state; the upper bound is 2^32·L = 2^63
@@ -251,9 +252,20 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
     Raises:
       RansError: anything :func:`ransx_encode` could not have written (module docstring).
     """
+    out, check = ransx_decode_uncounted(body, numel, bits, lo, hi, zero_ok)
+    check(level_histogram(out, bits))
+    return out
+
+
+def ransx_decode_uncounted(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
+                           zero_ok: bool) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:
+    """:func:`ransx_decode` but for its last check: the codes, and that check as a function of their
+    :func:`~dqsgd.codecs.rans.level_histogram` (it raises RansError unless the table lists exactly the
+    codes that occur, with the normalised counts as frequencies), for a caller that counts the codes
+    in a pass of its own. The codes are not valid until it has returned."""
     buf, out, symbols, freq, slot_index = decode_buffers(body, numel, bits, "RANSX")
     if numel == 0:
-        return out
+        return out, lambda hist: None
     status, pos, k = read_table(buf, bits, lo, hi, zero_ok, numel, symbols, freq, slot_index)
     if status == STATUS_OK:
         status, xs, words, left = _states_and_words(buf, pos)
@@ -269,6 +281,5 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
     if status != STATUS_OK:
         raise RansError(STATUS_MESSAGES[status], int(pos))
     table = symbols[:k].astype(np.int64)
-    check_counts(level_histogram(out, bits)[(table > 0).astype(np.int64) if bits == 1 else table + (1 << (bits - 1))],
-                 symbols, freq[:k])
-    return out
+    rows = (table > 0).astype(np.int64) if bits == 1 else table + (1 << (bits - 1))
+    return out, lambda hist: check_counts(hist[rows], symbols, freq[:k])

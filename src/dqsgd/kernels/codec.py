@@ -232,10 +232,16 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     rng = wire.code_range(h.scheme, h.bits, h.levels)
     if (h.coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX) or h.numel == 0
             or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
-        # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
-        data = wire.decode_body(buf, h)
+        # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first;
+        # RANSX's last check (its table is the codes' normalised counts) counts them while they are added.
+        data, check = wire.decode_body_uncounted(buf, h)
         if h.numel:
-            fused.accumulate_codes(data, segment_starts(h.layout, h.numel), _steps(h), w, arr)
+            starts, steps = segment_starts(h.layout, h.numel), _steps(h)
+            if check is None:
+                fused.accumulate_codes(data, starts, steps, w, arr)
+            else:
+                check(fused.accumulate_codes_counted(data, starts, steps, w, arr, 0 if h.bits == 1 else
+                                                     1 << (h.bits - 1), h.bits == 1, 1 << h.bits))
         return h
     body = buf[h.body_start : h.body_start + h.body_len]
     width = wire.body_width(h.bits, h.coding)

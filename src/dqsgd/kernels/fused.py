@@ -292,6 +292,36 @@ def accumulate_codes(codes, starts, step, w, out):  # pragma: no cover - compile
 
 
 @njit(cache=True, nogil=True)
+def accumulate_codes_counted(codes, starts, step, w, out, offset, one_bit, nsym):  # pragma: no cover - compiled
+    """:func:`accumulate_codes`, and the counts of the codes' offset-binary symbols (as
+    :func:`codes_histogram_range`'s), each chunk of ``CHUNK`` codes counted right after it is added,
+    while it is in L1. ``codes``: within ``[−offset, nsym − offset)`` (the rANS decoders' table
+    symbols). Returns the counts."""
+    part = np.zeros((4, nsym), np.int64)
+    seg = 0
+    for c0 in range(0, codes.size, CHUNK):
+        c1 = min(codes.size, c0 + CHUNK)
+        i = c0
+        while i < c1:
+            while starts[seg + 1] <= i:  # also skips empty segments
+                seg += 1
+            e = min(c1, starts[seg + 1])
+            st = step[seg]
+            cs, os = codes[i:e], out[i:e]
+            for t in range(cs.size):  # from 0: see _quantize_piece
+                os[t] += w * (np.float32(cs[t]) * st)
+            i = e
+        cs = codes[c0:c1]
+        for t in range(cs.size):
+            c = np.int64(cs[t])
+            part[t & 3, np.int64(c > 0) if one_bit else c + offset] += 1
+    hist = part[0].copy()
+    for k in range(1, 4):
+        hist += part[k]
+    return hist
+
+
+@njit(cache=True, nogil=True)
 def accumulate_values(values, w, out, c_lo, c_hi):  # pragma: no cover - compiled
     """out += w·values over chunks [c_lo, c_hi) (IDENTITY bodies, read in place from the payload)."""
     lo, hi = c_lo * CHUNK, min(c_hi * CHUNK, out.size)
