@@ -44,7 +44,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from dqsgd.kernels.levels import expected_level_entropies
+from dqsgd.kernels.levels import value_level_entropies
 from dqsgd.policies.base import GradStats, Rounding, integerize
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
 from dqsgd.quantizers.constants import levels_for_bits
@@ -81,9 +81,10 @@ def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int 
     g = grad.detach().reshape(-1)
     if g.numel() == 0 or not norm > 0:
         return [0.0] * len(widths)
-    g = g[:: sample_stride(g.numel(), sample)].to(torch.float64).cpu().contiguous()  # only the sample is converted
-    u = (g.abs() / norm).clamp(max=1.0).numpy()
-    return expected_level_entropies(u, (g < 0).numpy(), [levels_for_bits(b) for b in widths])
+    g = g[:: sample_stride(g.numel(), sample)].cpu()  # only the sample is copied
+    if g.dtype not in (torch.float32, torch.float64):
+        g = g.to(torch.float32)  # exact: the scale and magnitudes are float64 (value_level_entropies)
+    return value_level_entropies(g.contiguous().numpy(), float(norm), [levels_for_bits(b) for b in widths])
 
 
 @dataclass(frozen=True)
