@@ -32,7 +32,7 @@ from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import MAX_NUMEL, Header, write_header
 from dqsgd.codecs.wire import read_header
 from dqsgd.codecs.threads import crc32, run_split
-from dqsgd.kernels import fused
+from dqsgd.kernels import fused, recent
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers.base import RAW_SCHEMES
@@ -145,6 +145,8 @@ def _quantize(x: torch.Tensor, bits: int, rng: HashRNG, norm: Norm, layout: Layo
 
 
 _PACKED = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED)  # codings the fused kernel packs itself
+_CODES_FIRST = (Coding.ELIAS, Coding.RANS, Coding.RANSX)  # codings decode-accumulate decodes to codes first
+_CODING_AT = 5  # the header's coding byte: magic "DQ", version, scheme, bits, coding
 
 
 def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
@@ -165,7 +167,10 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
     coding = Coding(coding)
     if coding not in _PACKED:
         q, hist = _quantize(x, bits, rng, norm, layout, histogram=True)
-        return encode_payload(q, coding, link_mbit=link_mbit, histogram=hist)
+        payload = encode_payload(q, coding, link_mbit=link_mbit, histogram=hist)
+        if Coding(payload[_CODING_AT]) in _CODES_FIRST:  # its decoder would rebuild these codes: keep them
+            recent.remember(payload, q.codes.numpy())
+        return payload
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
     shape = tuple(int(d) for d in x.shape)
@@ -234,7 +239,10 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
             or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
         # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first;
         # RANSX's last check (its table is the codes' normalised counts) counts them while they are added.
-        data, check = wire.decode_body_uncounted(buf, h)
+        data = recent.recall(buf) if h.coding in _CODES_FIRST else None  # a payload this process encoded
+        check = None
+        if data is None:
+            data, check = wire.decode_body_uncounted(buf, h)
         if h.numel:
             starts, steps = segment_starts(h.layout, h.numel), _steps(h)
             if check is None:
