@@ -131,17 +131,14 @@ def _quantize(x: torch.Tensor, bits: int, rng: HashRNG, norm: Norm, layout: Layo
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
     codes = np.empty(n, dtype=np.int32)
-    hist = np.zeros(1 << bits, dtype=np.int64) if histogram else None
-    if n and histogram:
-        offset = 0 if bits == 1 else 1 << (bits - 1)
-        parts = run_split(fused.codes_histogram_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng),
-                          codes, offset, 1 << bits, min_per_thread=MIN_CHUNKS_PER_THREAD)
+    nsym = 1 << bits if histogram else 0
+    hist = np.zeros(nsym, dtype=np.int64)
+    if n:
+        parts = run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
+                          0 if bits == 1 else 1 << (bits - 1), nsym, min_per_thread=MIN_CHUNKS_PER_THREAD)
         hist = np.sum(parts, axis=0) if len(parts) > 1 else parts[0]
-    elif n:
-        run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
-                  min_per_thread=MIN_CHUNKS_PER_THREAD)
     q = Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape), norm, dtype=x.dtype)
-    return q, hist
+    return q, hist if histogram else None
 
 
 _PACKED = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED)  # codings the fused kernel packs itself

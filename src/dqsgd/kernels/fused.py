@@ -174,27 +174,11 @@ def encode_range(x, starts, inv, sf, one_bit, key, width, offset, out, c_lo, c_h
 
 
 @njit(cache=True, nogil=True)
-def codes_range(x, starts, inv, sf, one_bit, key, codes, c_lo, c_hi):  # pragma: no cover
-    """Signed codes (±1 at one bit) of chunks [c_lo, c_hi) into ``codes``."""
-    n = x.size
-    hbuf = np.empty(CHUNK // 4, np.uint64)
-    seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
-    for c in range(c_lo, c_hi):
-        i0 = c * CHUNK
-        m = min(CHUNK, n - i0)
-        dst = codes[i0 : i0 + m]
-        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, dst)
-        if one_bit:
-            for t in range(m):
-                dst[t] = 2 * dst[t] - 1
-
-
-@njit(cache=True, nogil=True)
-def codes_histogram_range(x, starts, inv, sf, one_bit, key, codes, offset, nsym, c_lo, c_hi):  # pragma: no cover
-    """:func:`codes_range` and, in the same pass, the counts of the codes' offset-binary symbols
-    (``u = c + offset``; 1 bit: ``u = 1`` for +1): each chunk is counted while it is still in L1,
-    into four partial histograms (consecutive codes are mostly the same level, and one histogram
-    would chain every increment on the one before). Returns the counts (int64, ``nsym`` of them)."""
+def codes_range(x, starts, inv, sf, one_bit, key, codes, offset, nsym, c_lo, c_hi):  # pragma: no cover
+    """Signed codes (±1 at one bit) of chunks [c_lo, c_hi) into ``codes``; with ``nsym`` > 0, in the
+    same pass, the counts of their offset-binary symbols (``u = c + offset``; 1 bit: ``u = 1`` for
+    +1), each chunk counted while it is still in L1 (:func:`_count`). Returns the counts (int64,
+    ``nsym`` of them; none for ``nsym`` = 0)."""
     n = x.size
     hbuf = np.empty(CHUNK // 4, np.uint64)
     part = np.zeros((4, nsym), np.int64)
@@ -206,13 +190,25 @@ def codes_histogram_range(x, starts, inv, sf, one_bit, key, codes, offset, nsym,
         seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, dst)
         if one_bit:
             for t in range(m):
-                part[t & 3, dst[t]] += 1
                 dst[t] = 2 * dst[t] - 1
-        else:
-            for t in range(m):
-                part[t & 3, dst[t] + offset] += 1
+        if nsym:
+            _count(dst, offset, one_bit, part)
+    return _summed(part)
+
+
+@njit(cache=True, inline="always")
+def _count(codes, offset, one_bit, part):  # pragma: no cover - compiled
+    """part[i mod 4, u_i] += 1: four partial histograms, since consecutive codes are mostly the same
+    level and one histogram would chain every increment on the one before."""
+    for t in range(codes.size):
+        c = np.int64(codes[t])
+        part[t & 3, np.int64(c > 0) if one_bit else c + offset] += 1
+
+
+@njit(cache=True, inline="always")
+def _summed(part):  # pragma: no cover - compiled
     hist = part[0].copy()
-    for k in range(1, 4):
+    for k in range(1, part.shape[0]):
         hist += part[k]
     return hist
 
@@ -294,7 +290,7 @@ def accumulate_codes(codes, starts, step, w, out):  # pragma: no cover - compile
 @njit(cache=True, nogil=True)
 def accumulate_codes_counted(codes, starts, step, w, out, offset, one_bit, nsym):  # pragma: no cover - compiled
     """:func:`accumulate_codes`, and the counts of the codes' offset-binary symbols (as
-    :func:`codes_histogram_range`'s), each chunk of ``CHUNK`` codes counted right after it is added,
+    :func:`codes_range`'s), each chunk of ``CHUNK`` codes counted right after it is added,
     while it is in L1. ``codes``: within ``[−offset, nsym − offset)`` (the rANS decoders' table
     symbols). Returns the counts."""
     part = np.zeros((4, nsym), np.int64)
@@ -311,14 +307,8 @@ def accumulate_codes_counted(codes, starts, step, w, out, offset, one_bit, nsym)
             for t in range(cs.size):  # from 0: see _quantize_piece
                 os[t] += w * (np.float32(cs[t]) * st)
             i = e
-        cs = codes[c0:c1]
-        for t in range(cs.size):
-            c = np.int64(cs[t])
-            part[t & 3, np.int64(c > 0) if one_bit else c + offset] += 1
-    hist = part[0].copy()
-    for k in range(1, 4):
-        hist += part[k]
-    return hist
+        _count(codes[c0:c1], offset, one_bit, part)
+    return _summed(part)
 
 
 @njit(cache=True, nogil=True)
