@@ -58,7 +58,8 @@ def recall(payload: memoryview) -> np.ndarray | None:
         return None
     with _lock:
         hit = _recent.get(_key(payload))
-    return hit[1] if hit is not None and hit[0] == payload else None
+    # A copy and one memcmp (30 µs for 400 kB); memoryview == bytes compares element by element (100x).
+    return hit[1] if hit is not None and memoryview(payload).tobytes() == hit[0] else None
 
 
 def clear() -> None:
