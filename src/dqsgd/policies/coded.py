@@ -37,6 +37,7 @@ the largest width whose fixed size fits the per-step share C/N (at least ``min_b
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -114,6 +115,14 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
     def widths(self) -> range:
         return range(self.min_bits, self.max_bits + 1)
 
+    @functools.cached_property
+    def fixed_bits(self) -> np.ndarray:
+        """fixed(B) for B = min_bits..max_bits (read-only): every update reads it several times, and
+        ``message_bits`` builds a header's size on each call."""
+        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        fixed.setflags(write=False)
+        return fixed
+
     def init(self) -> CodedBudgetState:
         share = self.budget_bits / self.total_steps
         bits = self.min_bits
@@ -124,7 +133,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
 
     def costs(self, entropy: tuple[float, ...], ratio: float) -> np.ndarray:
         """Predicted coded bits of one message at each width min..max: non-decreasing, ≤ fixed(B)."""
-        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        fixed = self.fixed_bits
         if not entropy or not math.isfinite(ratio):
             return fixed
         coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
@@ -155,7 +164,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         widths = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
         body = max(0.0, spent_bits - self.header_bits) + self.numel * np.maximum(widths - measured, 0.0)
         floor = np.where(widths > measured, self.header_bits + margin * body, 0.0)
-        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        fixed = self.fixed_bits
         return np.maximum.accumulate(np.maximum(cost, np.minimum(floor, fixed)))
 
     def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
