@@ -181,18 +181,20 @@ def codes_range(x, starts, inv, sf, one_bit, key, codes, offset, nsym, c_lo, c_h
     ``nsym`` of them; none for ``nsym`` = 0)."""
     n = x.size
     hbuf = np.empty(CHUNK // 4, np.uint64)
-    part = np.zeros((4, nsym), np.int64)
+    cbuf = np.empty(CHUNK, np.int32)  # quantized here, then copied: rounding straight into ``codes``,
+    part = np.zeros((4, nsym), np.int64)  # which may alias ``x`` for all the compiler knows, does not vectorize (2x)
     seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
     for c in range(c_lo, c_hi):
         i0 = c * CHUNK
         m = min(CHUNK, n - i0)
-        dst = codes[i0 : i0 + m]
-        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, dst)
+        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, cbuf)
+        src = cbuf[:m]
         if one_bit:
             for t in range(m):
-                dst[t] = 2 * dst[t] - 1
+                src[t] = 2 * src[t] - 1
+        codes[i0 : i0 + m] = src
         if nsym:
-            _count(dst, offset, one_bit, part)
+            _count(src, offset, one_bit, part)
     return _summed(part)
 
 
@@ -200,9 +202,14 @@ def codes_range(x, starts, inv, sf, one_bit, key, codes, offset, nsym, c_lo, c_h
 def _count(codes, offset, one_bit, part):  # pragma: no cover - compiled
     """part[i mod 4, u_i] += 1: four partial histograms, since consecutive codes are mostly the same
     level and one histogram would chain every increment on the one before."""
-    for t in range(codes.size):
+    n4 = codes.size // 4 * 4
+    for t in range(0, n4, 4):
+        for k in range(4):  # unrolled: the row of each increment is a constant
+            c = np.int64(codes[t + k])
+            part[k, np.int64(c > 0) if one_bit else c + offset] += 1
+    for t in range(n4, codes.size):
         c = np.int64(codes[t])
-        part[t & 3, np.int64(c > 0) if one_bit else c + offset] += 1
+        part[0, np.int64(c > 0) if one_bit else c + offset] += 1
 
 
 @njit(cache=True, inline="always")
