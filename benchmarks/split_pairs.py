@@ -1,13 +1,14 @@
 """The widths of both legs that budgeted DQSGD chooses on topology sharded, with the budgeted downlink
 (``downlink_bits = "auto"``) and with the explicit 8-bit one, at the same budget.
 
-    PYTHONPATH=src python benchmarks/split_pairs.py [--method dqsgd] [--workers 4] [--steps 30]
+    PYTHONPATH=src python benchmarks/split_pairs.py [--method dqsgd] [--workers 4] [--steps 30] [--codings fixed,auto]
 
 Trains the shipped MLP on the synthetic dataset in the simulation (the trainer, the real payloads,
 the ledger) and prints, for each downlink setting, the (u, v) pairs of every step, how often each
 occurred, the bytes one worker sent and received per step (both legs, as the ledger counts them),
 the budget spent, and the mean over the steps of the pair's bound Q(u, v) = 1/(W·s_u²) + 1/s_v²
-(docs/topologies.md, "One budget for both legs").
+(docs/topologies.md, "One budget for both legs"). ``--codings``: run the "auto" split once per downlink
+coding (``train.downlink_coding``; default: the method's own).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
 
 
-def run(method: str, workers: int, steps: int, downlink: int | str) -> dict[str, object]:
+def run(method: str, workers: int, steps: int, downlink: int | str, coding: str = "") -> dict[str, object]:
     cfg = TrainConfig(name="split", dataset="synthetic", model="mlp", workers=workers, steps=steps, batch_size=16,
-                      lr=0.05, topology="sharded", eval_every=10**6, coded_every=0, threads=1, downlink_bits=downlink)
+                      lr=0.05, topology="sharded", eval_every=10**6, coded_every=0, threads=1, downlink_bits=downlink,
+                      downlink_coding=coding)
     tr = Trainer(cfg, MethodEntry(method, method_config(method)), load_dataset("synthetic"), 0)
     pairs = []
     for _ in range(steps):
@@ -42,10 +44,13 @@ def main() -> None:
     ap.add_argument("--method", default="dqsgd")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--codings", default="", help="comma-separated downlink codings of the 'auto' runs")
     a = ap.parse_args()
-    for downlink in (8, "auto"):
-        r = run(a.method, a.workers, a.steps, downlink)
-        print(f"{a.method}, W = {a.workers}, d = {r['numel']}, downlink {downlink!r}: pairs {r['pairs']}")
+    runs = [(8, "")] + [("auto", c) for c in (a.codings.split(",") if a.codings else [""])]
+    for downlink, coding in runs:
+        r = run(a.method, a.workers, a.steps, downlink, coding)
+        what = f"downlink {downlink!r}" + (f", coding {coding}" if coding else "")
+        print(f"{a.method}, W = {a.workers}, d = {r['numel']}, {what}: pairs {r['pairs']}")
         print(f"  bytes per worker and step (both legs) {r['bytes_per_step']:.0f}; both-leg bits spent "
               f"{r['spent']}; mean Q(u, v) {r['mean_q']:.3g}")
 

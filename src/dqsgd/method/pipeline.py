@@ -23,7 +23,7 @@ from dqsgd.method import memory
 from dqsgd.method.config import MethodConfig
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
-    grad_stats,
+    Spent, grad_stats,
 )
 from dqsgd.quantizers import (
     Layout, Norm, Quantized, Scheme, dequantize, quantize_identity, quantize_sign,
@@ -230,8 +230,9 @@ class Method:
             raise ProtocolError(f"downlink message has {q.numel} values, expected {self.numel}")
         return dequantize(q).reshape(-1)
 
-    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: int) -> MethodState:
-        """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12)."""
+    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: Spent) -> MethodState:
+        """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12).
+        ``spent_bits``: the step's bits, or (bits, a coded downlink's real bits among them)."""
         if state.policy is None:
             raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
         stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)

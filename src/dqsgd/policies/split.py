@@ -35,7 +35,13 @@ pair is the least Q among all pairs whose cost fits the allowance (ties: cheaper
 u). Two pairs can cost nearly the same (headers and byte rounding differ by a few bytes) and bound
 very differently, which is why the allowance is a Pareto pair's cost and not the interpolated one. Nominal budget: every cost is exact, so C is never overspent. Coded budget: the uplink
 is costed by its predicted coded size and capped by the same upper estimate as
-:class:`~dqsgd.policies.coded.CodedBudgetedDQSGD`'s; the downlink (fixed coding) is exact.
+:class:`~dqsgd.policies.coded.CodedBudgetedDQSGD`'s; a fixed downlink is exact.
+
+A coded downlink (coding ``auto``, never larger than fixed: :mod:`dqsgd.topology.downlink`) is
+charged its real bytes (``GradStats.down_bits``). Its cost at width v is estimated as the fixed
+cost times ρ, the coded / fixed ratio of the last step's downlink (:attr:`SplitState.down_ratio`,
+1 before the first), and capped by the fixed cost, which is its upper bound: the cap that keeps
+the remaining steps payable uses the upper costs, so C is still never overspent.
 """
 
 from __future__ import annotations
@@ -64,17 +70,20 @@ class SplitState:
     entropy: tuple[float, ...] = ()  # coded budget: H_B(G) per uplink width (CodedBudgetedDQSGD)
     ratio: float = 0.0               # coded budget: running real / predicted uplink body bits (nan: none yet)
     observed: float = 0.0            # coded budget: the last observed ratio (nan: none yet); nominal: 0, unused
+    down_ratio: float = 1.0          # coded downlink: real / fixed bits of the last downlink (1: fixed, or none yet)
 
 
 @dataclass(frozen=True)
 class LegCosts:
     """The candidate pairs: uplink widths ``up`` (the policy's min..max), downlink widths ``down``,
-    ``down_bits[i]``: the exact bits one worker receives at ``down[i]``, for ``workers`` shards."""
+    ``down_bits[i]``: the exact bits one worker receives at ``down[i]`` for ``workers`` shards (the
+    fixed sizes: a coded downlink's upper bound, ``coded_down``)."""
 
     up: tuple[int, ...]
     down: tuple[int, ...]
     down_bits: tuple[int, ...]
     workers: int
+    coded_down: bool = False
 
     @functools.cached_property
     def q(self) -> np.ndarray:
@@ -154,14 +163,16 @@ class SplitBudget:
         (the coded budget's estimate before the first step)."""
         return np.array([self.inner.message_bits(u) for u in self.legs.up], dtype=np.float64)
 
-    def costs(self, up: np.ndarray) -> np.ndarray:
-        """Both legs' bits of every pair, rows u, columns v."""
-        return up[:, None] + np.asarray(self.legs.down_bits, dtype=np.float64)[None, :]
+    def costs(self, up: np.ndarray, down_ratio: float = 1.0) -> np.ndarray:
+        """Both legs' bits of every pair, rows u, columns v; the downlink's fixed bits times ``down_ratio``."""
+        return up[:, None] + down_ratio * np.asarray(self.legs.down_bits, dtype=np.float64)[None, :]
 
-    def pick(self, allowance: float, cap: float, est: np.ndarray, upper: np.ndarray) -> tuple[int, int]:
-        """The pair of least Q whose estimated cost fits ``allowance`` and upper cost fits ``cap``."""
+    def pick(self, allowance: float, cap: float, est: np.ndarray, upper: np.ndarray,
+             down_ratio: float = 1.0) -> tuple[int, int]:
+        """The pair of least Q whose estimated cost (the downlink at ``down_ratio`` of its fixed cost)
+        fits ``allowance`` and upper cost fits ``cap``."""
         q = self.legs.q
-        cost = np.where(self.costs(upper) <= cap, self.costs(est), np.inf)
+        cost = np.where(self.costs(upper) <= cap, self.costs(est, down_ratio), np.inf)
         i, j = choose_pair(cost, q, allowance)
         if not math.isfinite(cost[i, j]):  # nothing fits the cap: the cheapest pair by its upper cost
             i, j = choose_pair(self.costs(upper), q, -math.inf)
@@ -176,34 +187,39 @@ class SplitBudget:
     def update(self, state: SplitState, stats: GradStats) -> SplitState:
         p = self.inner
         step, spent, fit = p.observe(state, stats)  # type: ignore[arg-type]
-        down_now = self.legs.down_bits[self.legs.down.index(state.down_bits)]
+        fixed_down = self.legs.down_bits[self.legs.down.index(state.down_bits)]
+        down_now = fixed_down if stats.down_bits is None else int(stats.down_bits)
+        rho = min(1.0, down_now / fixed_down) if self.legs.coded_down and stats.down_bits is not None \
+            else state.down_ratio
         learned: dict[str, Any] = {}
         if self.coded:  # the coded uplink's entropy and ratio learn from the uplink's share of the spend
             c: Any = p
             up_stats = replace(stats, spent_bits=int(stats.spent_bits) - down_now)
             learned = dict(zip(("entropy", "ratio", "observed"), c.learn(state, up_stats)))
         if step >= p.total_steps:
-            return replace(state, spent=spent, fit=fit, **learned)
+            return replace(state, spent=spent, fit=fit, down_ratio=rho, **learned)
         est = upper = self.upper_up()
         if self.coded:  # floored above the width just sent, as the coded policy's own estimates
             est, upper = c.estimates(*learned.values(), state.bits, up_stats.spent_bits)
         q = self.legs.q
-        xs, ys = frontier(self.costs(est), q, self.legs.equivalent_bits(q), p.numel / 16)
+        xs, ys = frontier(self.costs(est, rho), q, self.legs.equivalent_bits(q), p.numel / 16)
         forecast = forecast_norms(fit, stats.step, step + 1, p.total_steps, stats.norm, p.tau)
         left = float(p.budget_bits - spent)
         k, real = p.solve_widths(step, stats.norm, forecast, lambda w: float(np.interp(w, xs, ys).sum()), left)
         cap = left - (p.total_steps - step - 1) * self.costs(upper).min()
         nearest = int(np.argmin(np.abs(xs - real)))  # the Pareto pair nearest the planned B_eq (first of a tie)
-        u, v = self.pick(min(float(ys[nearest]), cap), cap, est, upper)
-        return SplitState(u, v, real, spent, fit, k, **learned)
+        u, v = self.pick(min(float(ys[nearest]), cap), cap, est, upper, rho)
+        return SplitState(u, v, real, spent, fit, k, down_ratio=rho, **learned)
 
 
 def split_budget(inner: Any, budget_bits: int, uplink_bits: Any, down: tuple[int, ...], down_bits: tuple[int, ...],
-                 workers: int) -> SplitBudget:
+                 workers: int, coded_down: bool = False) -> SplitBudget:
     """``inner`` (a budgeted policy) choosing both legs: its budget ``budget_bits`` (both legs), its
-    cost of an uplink width ``uplink_bits(u)`` (one worker's W shard payloads, exact fixed size)."""
+    cost of an uplink width ``uplink_bits(u)`` (one worker's W shard payloads, exact fixed size);
+    ``coded_down``: the downlink is coded (``auto``), ``down_bits`` its fixed sizes."""
     if not isinstance(inner, BudgetedDQSGD):
         raise ValueError(f"downlink_bits = 'auto' splits a budget between the legs: it needs a budgeted policy "
                          f"(dqsgd-budget or dqsgd-coded), not {getattr(inner, 'name', inner)!r}; give an integer width")
     planner = replace(inner, budget_bits=int(budget_bits), message_bits=uplink_bits)
-    return SplitBudget(planner, LegCosts(tuple(range(inner.min_bits, inner.max_bits + 1)), down, down_bits, workers))
+    return SplitBudget(planner, LegCosts(tuple(range(inner.min_bits, inner.max_bits + 1)), down, down_bits, workers,
+                                         coded_down))
