@@ -39,6 +39,8 @@ STAGES = [
     ("dqsgd.topology.bucket", "BucketProtocol.encode_down_fed"),  # downlink: the shard's payload
     ("dqsgd.ddp.comm_hook", "_assemble"),  # downlink: decode every shard, record the step's statistics
     ("dqsgd.topology.bucket", "BucketProtocol.decode_down"),
+    ("dqsgd.topology.downlink", "encode_coded"),  # the entropy-coded downlink (downlink_coding)
+    ("dqsgd.topology.downlink", "decode_coded"),
     ("dqsgd.ddp.state", "BucketState.record"),
     ("dqsgd.ddp.state", "BucketState.catch_up"),  # the policy's update
     ("dqsgd.policies.coded", "CodedBudgetedDQSGD.learn"),  # its level entropies
