@@ -170,7 +170,7 @@ def _finish(state: HookState, b: BucketState, out: torch.Tensor, flags: torch.Te
     """NaN everywhere if any rank overflowed (then no method state changes: staged residuals, the
     uplink's and the error-fed downlink's, are dropped, the policy skips the step); a vote nobody
     cast stays 0; cast to the bucket's dtype. The first such step is said once (a warning)."""
-    bad = (flags & codec.FLAG_NONFINITE).any()
+    bad = (flags & codec.FLAG_NONFINITE).any().to(torch.bool)  # uint8 flags: any() keeps their dtype
     if b.staged is not None:
         if not bool(bad):
             b.residuals.update(b.staged)

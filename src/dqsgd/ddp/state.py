@@ -21,7 +21,8 @@ import torch.distributed as dist
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.topology.names import (
-    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_topology, resolve_downlink_bits)
+    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_downlink_target, check_topology,
+    resolve_downlink_bits)
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
@@ -115,10 +116,11 @@ class BucketState:
         device they are reduced there and copied to pinned host memory without blocking; an event
         marks when they have arrived."""
         from dqsgd.policies.base import grad_norms
+        from dqsgd.policies.coded import read_stride
 
         m = self.method
         vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        keep = avg[:: _grad_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
+        keep = avg[:: read_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return
@@ -208,21 +210,11 @@ class BucketState:
         self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in d["pending"]]
 
 
-def _grad_stride(policy: Any, numel: int) -> int:
-    """The stride of the part of the averaged bucket the policy reads: the coded budget's entropy
-    sample (:func:`~dqsgd.policies.coded.sample_stride`, the same entropies as the whole bucket;
-    under ``downlink_bits = "auto"`` it is the split policy's ``inner``), else 1 (all of it)."""
-    from dqsgd.policies.coded import sample_stride
-
-    sample = getattr(getattr(policy, "inner", policy), "sample", None)
-    return 1 if sample is None else sample_stride(numel, sample)
-
-
 def _stateful(field_name: str) -> bool:
     """Fields a saved state depends on (the method, its topology and horizon); warm-up, seed and the
     ratio threshold may change on resume."""
     return field_name.startswith("method.") or field_name in ("topology", "downlink_bits", "downlink_feedback",
-                                                              "downlink_coding", "total_steps")
+                                                              "downlink_coding", "downlink_target_bits", "total_steps")
 
 
 _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps")
@@ -232,7 +224,7 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
-                 "downlink_feedback", "allow_unsafe_downlink", "downlink_coding", "nonfinite_step", "start_iter", "min_compression_rate",
+                 "downlink_feedback", "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits", "nonfinite_step", "start_iter", "min_compression_rate",
                  "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
@@ -240,7 +232,8 @@ class HookState:
                  seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
                  topology: str = "sharded", downlink_bits: int | str | None = None, start_iter: int = 0,
                  min_compression_rate: float = 1.0, downlink_feedback: bool = False,
-                 allow_unsafe_downlink: bool = False, downlink_coding: str | None = None):
+                 allow_unsafe_downlink: bool = False, downlink_coding: str | None = None,
+                 downlink_target_bits: float = 0.0):
         """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
         ``process_group``: None = the default group; ``seed`` of the quantization randomness;
         ``timeout``: seconds any collective of the hook may take (None: torch's default);
@@ -254,6 +247,8 @@ class HookState:
         for a budgeted method on ``"sharded"``, else 8;
         ``downlink_coding``: the quantized downlink's coding (``"fixed"``, ``"auto"``, ``"rans"``, …;
         :mod:`dqsgd.topology.downlink`); None: the uplink's (``dqsgd-coded``: ``"auto"``, else fixed);
+        ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the both-leg budget,
+        bits per coordinate and step (0: an 8-bit fixed downlink's cost);
         ``start_iter``: backward passes sent as a plain all-reduce first (``start_powerSGD_iter``);
         ``min_compression_rate``: a bucket whose predicted ratio (bytes in its dtype / payload bytes)
         is below this is all-reduced as is."""
@@ -282,6 +277,7 @@ class HookState:
 
         self.downlink_coding = resolve_downlink_coding(downlink_coding, uplink_coding=method.coding, bits=dbits,
                                                        vote=method.aggregate == "majority", topology=topology)
+        self.downlink_target_bits = check_downlink_target(downlink_target_bits, dbits == "auto")
         if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
             raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
         self.config, self.process_group, self.seed = method, process_group, seed
@@ -337,6 +333,7 @@ class HookState:
         out = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
         out.update({"topology": self.topology, "downlink_bits": self.downlink_bits,
                     "downlink_feedback": self.downlink_feedback, "downlink_coding": self.downlink_coding,
+                    "downlink_target_bits": self.downlink_target_bits,
                     "start_iter": self.start_iter,
                     "min_compression_rate": self.min_compression_rate, "total_steps": self.total_steps,
                     "seed": self.seed, "dqsgd_version": __version__})
@@ -400,7 +397,7 @@ class HookState:
         return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
                               seed=self.seed, total_steps=self.total_steps, bucket=index,
                               downlink_bits=self.downlink_bits, downlink_feedback=self.downlink_feedback,
-                              downlink_coding=self.downlink_coding)
+                              downlink_coding=self.downlink_coding, downlink_target_bits=self.downlink_target_bits)
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -415,7 +412,9 @@ class HookState:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
         # older states: no feedback, a fixed downlink
-        theirs, mine = {"downlink_feedback": False, "downlink_coding": "fixed", **state.get("fields", {})}, self.fields()
+        theirs = {"downlink_feedback": False, "downlink_coding": "fixed", "downlink_target_bits": 0.0,
+                  **state.get("fields", {})}
+        mine = self.fields()
         differ = sorted(k for k in set(theirs) | set(mine) if _stateful(k) and theirs.get(k) != mine.get(k))
         if differ:
             shown = ", ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here"
@@ -430,7 +429,7 @@ class HookState:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
         init = {k: getattr(self, k) for k in ("config", "seed", "timeout", "total_steps", "topology",
                                               "start_iter", "min_compression_rate", "downlink_feedback",
-                                              "allow_unsafe_downlink", "downlink_coding")}
+                                              "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits")}
         init["downlink_bits"] = "fp32" if self.downlink_bits == 32 else self.downlink_bits
         return {"init": init, "state": self.state_dict()}
 

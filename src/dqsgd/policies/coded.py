@@ -73,6 +73,14 @@ def sample_stride(numel: int, sample: int) -> int:
     return max(1, -(-numel // sample))
 
 
+def read_stride(policy: object, numel: int) -> int:
+    """The stride of the part of a vector of ``numel`` that ``policy`` reads of G: the coded budget's
+    entropy sample (:func:`sample_stride`; under ``downlink_bits = "auto"`` it is the split policy's
+    ``inner``), else 1 (all of it, as AdaQS reads it)."""
+    sample = getattr(getattr(policy, "inner", policy), "sample", None)
+    return 1 if sample is None else sample_stride(numel, sample)
+
+
 def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int = 1 << 16) -> list[float]:
     """Expected entropy, bits per coordinate, of the signed levels of unbiased stochastic rounding of
     ``grad`` at each width in ``widths`` (scale ``norm``: u = |g|/norm, s = 2^(B−1) − 1 levels).

@@ -30,6 +30,7 @@ engines exchange the sizes first) and the budget is charged the bytes really sen
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -38,7 +39,8 @@ from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.topology import downlink, keys, payloads
 from dqsgd.topology.limits import check_table
 from dqsgd.topology.names import (
-    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_topology)
+    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_downlink_target,
+    check_topology)
 
 if TYPE_CHECKING:
     from dqsgd.kernels import HashRNG
@@ -66,11 +68,13 @@ class BucketProtocol:
     ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method` (its policy picks every
     shard's width), built from ``config`` when not given. ``downlink_coding``: the downlink's coding
     (:func:`dqsgd.topology.downlink.resolve_downlink_coding`; None: the uplink's where the downlink is
-    quantized)."""
+    quantized). ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the
+    both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost."""
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
                  workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int | str = 8,
-                 method: Method | None = None, downlink_feedback: bool = False, downlink_coding: str | None = None):
+                 method: Method | None = None, downlink_feedback: bool = False, downlink_coding: str | None = None,
+                 downlink_target_bits: float = 0.0):
         from dqsgd.method.pipeline import Method
 
         self.topology, self.workers, self.bucket = check_topology(topology), workers, bucket
@@ -98,13 +102,15 @@ class BucketProtocol:
             raise ValueError("downlink_feedback needs a quantized downlink: topology 'sharded', downlink_bits 2..16, "
                              "not a majority vote")
         self.feedback = bool(downlink_feedback)
+        self.down_target = check_downlink_target(downlink_target_bits, self.auto)
         if self.auto:
             self.method.policy = self._split(total_steps)
 
     def _split(self, total_steps: int) -> SplitBudget:
         """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is
-        its uplink budget plus an 8-bit fixed downlink's cost over the run, both legs counted as the
-        ledger does (a coded downlink spends less of it, and the policy buys wider roundings)."""
+        its uplink budget plus, over the run, an 8-bit fixed downlink's cost (a coded downlink spends
+        less of it, and the policy buys wider roundings) or ``downlink_target_bits`` per coordinate and
+        the downlink's headers, both legs counted as the ledger does."""
         from dqsgd.policies.split import split_budget
 
         low = 2 if self.feedback else SAFE_DOWNLINK_BITS  # without feedback only widths that train safely
@@ -117,9 +123,14 @@ class BucketProtocol:
         if self.down_coding not in (downlink.FIXED, "auto"):
             raise ValueError(f"downlink_bits = 'auto' with downlink_coding {self.down_coding!r}: a both-leg budget "
                              f"needs a downlink no larger than fixed: coding 'fixed' or 'auto'")
-        budget += total_steps * 8 * sum(self.down_sizes(DOWNLINK_PARITY_BITS))
+        headers = 8 * sum(self.down_sizes(low)) - low * self.numel  # the W payloads' headers (and byte padding)
+        if self.down_target:
+            budget += math.floor(total_steps * (headers + self.down_target * self.numel))
+        else:
+            budget += total_steps * 8 * sum(self.down_sizes(DOWNLINK_PARITY_BITS))
         return split_budget(self.method.policy, budget, lambda b: sum(m.message_bits(b) for m in self.shards), down,
-                            tuple(8 * sum(self.down_sizes(v)) for v in down), self.workers, self.coded_down)
+                            tuple(8 * sum(self.down_sizes(v)) for v in down), self.workers, self.coded_down,
+                            headers)
 
     @property
     def numel(self) -> int:

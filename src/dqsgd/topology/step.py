@@ -188,13 +188,14 @@ class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
-                 downlink_bits: int | str = 8, downlink_feedback: bool = False, downlink_coding: str | None = None):
+                 downlink_bits: int | str = 8, downlink_feedback: bool = False, downlink_coding: str | None = None,
+                 downlink_target_bits: float = 0.0):
         self.method, self.workers = method, workers
         self.downlink_bits = downlink_bits if downlink_bits == AUTO else check_downlink_bits(downlink_bits)
         self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
                                        seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
                                        method=method, downlink_feedback=downlink_feedback,
-                                       downlink_coding=downlink_coding)
+                                       downlink_coding=downlink_coding, downlink_target_bits=downlink_target_bits)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
 
     def coded_size(self, row: Sequence[bytes]) -> int:
@@ -249,8 +250,9 @@ class ShardedStep:
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
              downlink_bits: int | str = 8, downlink_feedback: bool = False,
-             downlink_coding: str | None = None) -> ServerStep | ShardedStep:
+             downlink_coding: str | None = None, downlink_target_bits: float = 0.0) -> ServerStep | ShardedStep:
     """The step object of ``topology``: :class:`ShardedStep` for sharded, :class:`ServerStep` for ps and allgather."""
     if topology == "sharded":
-        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback, downlink_coding)
+        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback, downlink_coding,
+                           downlink_target_bits)
     return ServerStep(method, seed, topology)

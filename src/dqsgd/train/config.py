@@ -68,6 +68,8 @@ class TrainConfig:
     allow_unsafe_downlink: bool = False  # run downlink_bits < 4 without feedback anyway (may diverge)
     downlink_coding: str = ""         # sharded: the quantized downlink's coding (fixed, auto, rans, ...); "" =
                                       # the uplink's (dqsgd-coded: auto, entropy-coded; others: fixed)
+    downlink_target_bits: float = 0.0  # downlink_bits "auto": the downlink's share of the both-leg budget, bits
+                                      # per coordinate and step; 0 = an 8-bit fixed downlink's cost
     coded_every: int = 1              # measure the uplink's size with the best coding (AUTO) on the steps
                                       # n % coded_every == 0; 0 = never. A measurement: nothing sent changes
     # The simulated wall clock (dqsgd.train.slownodes): per-worker compute time, log-normal with median
@@ -186,7 +188,7 @@ def resolve_device(name: str) -> "torch.device":
 # outer optimizers, topologies and downlink widths in one config file; a simulated comparison: the torch
 # transport's topology is the run's).
 METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
-                     "outer_lr", "outer_momentum", "downlink_bits", "downlink_coding", "topology")
+                     "outer_lr", "outer_momentum", "downlink_bits", "downlink_coding", "downlink_target_bits", "topology")
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ class Trainer:
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
-                          cfg.downlink_feedback, self.downlink_coding))
+                          cfg.downlink_feedback, self.downlink_coding, cfg.downlink_target_bits))
         # "auto": the sharded step's protocol gave the method its both-leg policy (and budget) just now
         self.state: MethodState = self.method.init_state(cfg.workers)
         self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,
@@ -269,7 +269,7 @@ class Trainer:
         meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
                 "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
                 "downlink_bits": self.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
-                "downlink_coding": self.downlink_coding,
+                "downlink_coding": self.downlink_coding, "downlink_target_bits": self.cfg.downlink_target_bits,
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
         return meta if self.local is None else {**meta, "local_steps": self.cfg.local_steps}
 
@@ -304,7 +304,8 @@ class Trainer:
         saved, mine = sd["meta"], self.run_meta()
         # Keys an older state lacks are not compared (its method config, downlink feedback and coding were not
         # recorded; its downlink was fixed, which a coded one equals in every decoded value).
-        later = lambda k: k.startswith("method.") or k in ("downlink_feedback", "downlink_coding")  # noqa: E731
+        later = lambda k: k.startswith("method.") or k in ("downlink_feedback", "downlink_coding",  # noqa: E731
+                                                           "downlink_target_bits")
         differ = [k for k in mine if (k in saved or not later(k)) and saved.get(k) != mine[k]]
         if differ:
             shown = ", ".join(f"{k}: {saved.get(k, '(absent)')!r} saved, {mine[k]!r} here" for k in differ[:8])
