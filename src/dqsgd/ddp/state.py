@@ -111,13 +111,16 @@ class BucketState:
 
     def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
         """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
-        non-finite (the policy then skips the step). On a device they are reduced there and copied
-        to pinned host memory without blocking; an event marks when they have arrived."""
+        non-finite (the policy then skips the step). A policy that reads G keeps only what it reads
+        (the coded budget: its entropy sample, ≤ 65,536 coordinates, not a copy of the bucket). On a
+        device they are reduced there and copied to pinned host memory without blocking; an event
+        marks when they have arrived."""
         from dqsgd.policies.base import grad_norms
+        from dqsgd.policies.coded import read_stride
 
         m = self.method
         vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        keep = avg if m.policy.needs_grad else None
+        keep = avg[:: read_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return

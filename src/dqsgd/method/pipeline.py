@@ -163,7 +163,7 @@ class Method:
         """
         flat = grad.detach().reshape(-1)
         if not self.config.error_feedback:
-            if self.fused and self.coding in (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED):
+            if self.fused:  # the fused kernel's payload: packed there, or its codes counted in the same pass
                 if flat.numel() != self.numel:
                     raise ValueError(f"gradient has {flat.numel()} elements, the method was built for {self.numel}")
                 if flat.device.type == "cuda" and self.coding == Coding.FIXED:  # the device codec: same bytes
@@ -171,8 +171,8 @@ class Method:
 
                     return encode_uniform_device(flat, bits, self._need_rng(hash_rng), norm=self.norm,
                                                  layout=self.layout).cpu().numpy().tobytes(), None
-                return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm,
-                                           layout=self.layout, coding=self.coding), None
+                return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout,
+                                           coding=self.coding, link_mbit=self.config.link_mbit), None
             q = self.compress(flat, bits, generator, scalers, hash_rng)
             return encode_payload(q, self.coding, link_mbit=self.config.link_mbit), None
         p = memory.compensate(flat, residual)
