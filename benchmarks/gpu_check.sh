@@ -29,7 +29,7 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to OUTDIR/
 }
 step pytest-device "${DEVICE_TESTS_S:-120}" $py -m pytest -p no:cacheprovider -rs tests/kernels/test_kernels_device.py \
   tests/kernels/test_kernels_method.py tests/api/test_api_device.py tests/train/test_train_device.py \
-  tests/cli/test_bench_gpu.py
+  tests/cli/test_bench_gpu.py tests/topology/test_downlink_coding.py
 step bench "${BENCH_S:-330}" $py -m dqsgd bench gpu --out "$out/gpu" "$@"
 step pytest-triton "${TRITON_TESTS_S:-150}" env DQSGD_TRITON_TEST_DEVICE=cuda $py -m pytest -p no:cacheprovider -rs \
   tests/kernels/test_kernels_triton.py

@@ -23,8 +23,10 @@ import torch
 # (module, attribute): what each stage is
 STAGES = [
     ("dqsgd.ddp.comm_hook", "_encode_flagged"),  # uplink: quantize + code every shard
-    ("dqsgd.method.pipeline", "Method.compress"),  # quantization alone
-    ("dqsgd.codecs.auto", "level_histogram"),  # AUTO's one pass over the levels
+    ("dqsgd.method.pipeline", "Method.compress"),  # quantization alone (older versions of the coded path)
+    ("dqsgd.kernels.codec", "_quantize"),  # quantization and, for the entropy codings, the level histogram
+    ("dqsgd.topology.payloads", "messages"),  # the send buffer of payloads that are not written in place
+    ("dqsgd.codecs.auto", "level_histogram"),  # AUTO's one pass over the levels (older versions)
     ("dqsgd.codecs.auto", "level_stats"),  # the same with the Elias length (older versions of AUTO)
     ("dqsgd.codecs.auto", "rans_encode"),  # AUTO's rANS encoder (older versions; now in a table)
     ("dqsgd.codecs.auto", "_zstd_may_win"),  # AUTO's zstd sample
@@ -33,9 +35,12 @@ STAGES = [
     ("dqsgd.ddp.comm_hook", "_sizes"),  # the size exchange of variable-length payloads (blocking)
     ("dqsgd.topology.bucket", "BucketProtocol.reduce"),  # uplink: decode + average this rank's shard
     ("dqsgd.codecs.wire", "decode_body"),
+    ("dqsgd.codecs.wire", "decode_body_uncounted"),  # decode-accumulate's (RANSX: the table checked while adding)
     ("dqsgd.topology.bucket", "BucketProtocol.encode_down_fed"),  # downlink: the shard's payload
     ("dqsgd.ddp.comm_hook", "_assemble"),  # downlink: decode every shard, record the step's statistics
     ("dqsgd.topology.bucket", "BucketProtocol.decode_down"),
+    ("dqsgd.topology.downlink", "encode_coded"),  # the entropy-coded downlink (downlink_coding)
+    ("dqsgd.topology.downlink", "decode_coded"),
     ("dqsgd.ddp.state", "BucketState.record"),
     ("dqsgd.ddp.state", "BucketState.catch_up"),  # the policy's update
     ("dqsgd.policies.coded", "CodedBudgetedDQSGD.learn"),  # its level entropies

@@ -88,6 +88,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--downlink-bits", default="8", help="width of the sharded downlink of the rows without @DOWN, "
                    "2..16 or fp32, or auto: every row's method default (the both-leg budget split for dqsgd and "
                    "dqsgd-coded, 8 for the others); a trailing 'e' (e.g. 2e) makes it error-fed")
+    p.add_argument("--downlink-target-bits", type=float, default=0.0, help="rows with the both-leg split (auto): the "
+                   "downlink's share of the budget, bits per coordinate and step (0: an 8-bit fixed downlink's cost)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
     p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
                    "the median time to target")
@@ -307,8 +309,8 @@ def launch(net: Any, a: argparse.Namespace, method: str, result: Path) -> None:
 
 
 def _forward(a: argparse.Namespace) -> list[str]:
-    keys = ("workers", "dataset", "model", "hidden", "downlink_bits", "warmup", "steps", "target", "batch_size", "lr",
-            "momentum", "eval_every", "eval_samples", "seed", "timeout", "kernel")
+    keys = ("workers", "dataset", "model", "hidden", "downlink_bits", "downlink_target_bits", "warmup", "steps", "target",
+            "batch_size", "lr", "momentum", "eval_every", "eval_samples", "seed", "timeout", "kernel")
     return [x for k in keys for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
 
 
@@ -376,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
     print()
     print(table(rows, a.target))
-    facts = {k: getattr(a, k) for k in ("workers", "rates", "dataset", "model", "hidden", "downlink_bits", "warmup",
+    facts = {k: getattr(a, k) for k in ("workers", "rates", "dataset", "model", "hidden", "downlink_bits",
+                                        "downlink_target_bits", "warmup",
                                         "repeats", "steps", "target", "batch_size", "lr", "momentum", "eval_every",
                                         "eval_samples", "seed", "kernel")}
     command = "sudo .venv/bin/python benchmarks/network/bench_network.py " + " ".join(

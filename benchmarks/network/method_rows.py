@@ -11,7 +11,8 @@ A dqsgd row is ``METHOD[VARIANT][@DOWN]``:
 * ``@DOWN``: the sharded downlink of this row, overriding ``--downlink-bits``: a width 2..16 (a width
   below 4 without error feedback runs as asked, to measure it), ``fp32``, or ``auto`` — the both-leg
   budget split (:mod:`dqsgd.policies.split`), which budgeted methods (``dqsgd``, ``dqsgd-coded``) use
-  by default in the hook and the trainer; a trailing ``e`` (``@2e``, ``@autoe``) makes it error-fed.
+  by default in the hook and the trainer; a trailing ``e`` (``@2e``, ``@autoe``) makes it error-fed;
+  ``@auto:D`` / ``@autoe:D`` gives the split ``downlink_target_bits = D`` (else ``--downlink-target-bits``).
 
 A bare row takes ``--downlink-bits`` (default 8, the setting of the committed tables), so ``dqsgd``
 alone runs an 8-bit downlink; ``dqsgd@auto`` is the hook as ``HookState(method="dqsgd")`` builds it.
@@ -38,7 +39,8 @@ METHOD_SYNTAX = ("fp32 | fp16 | powersgd[-rN] | DQSGD_METHOD[-allgather|-trainer
                  "(DQSGD_METHOD: any name of `dqsgd methods`, e.g. qsgd-2bit, dqsgd, dqsgd-coded; sketched-sgd "
                  "with -trainer or -ps only; -backupB: B backup workers on a parameter server; DOWN: the sharded "
                  "downlink of this row, 2..16, fp32 or auto (the budgeted methods' both-leg split), overriding "
-                 "--downlink-bits; a trailing 'e' (e.g. @2e, @autoe) makes it error-fed; a width below 4 "
+                 "--downlink-bits; a trailing 'e' (e.g. @2e, @autoe) makes it error-fed; @auto:D or @autoe:D sets "
+                 "the split's downlink_target_bits to D; a width below 4 "
                  "without 'e' runs as asked (allow_unsafe_downlink))")
 
 
@@ -53,9 +55,15 @@ def _config(name: str) -> Any:
 
 
 def split_downlink(method: str) -> tuple[str, str | None]:
-    """(the row without ``@DOWN``, DOWN or None)."""
+    """(the row without ``@DOWN``, DOWN without its ``:TARGET`` or None)."""
     name, at, down = method.partition("@")
-    return name, (down if at else None)
+    return name, (down.partition(":")[0] if at else None)
+
+
+def row_down_target(method: str) -> str | None:
+    """The ``TARGET`` of a row's ``@auto[e]:TARGET`` (its ``downlink_target_bits``), as written; None: none."""
+    _, colon, target = method.partition("@")[2].partition(":")
+    return target if colon else None
 
 
 def backup_workers(method: str) -> int:
@@ -87,6 +95,14 @@ def powersgd_rank(method: str) -> int | None:
     return int(rank) if head == "powersgd" and rank.isdigit() and int(rank) >= 1 else None
 
 
+def _number_in(text: str, low: float, high: float) -> bool:
+    """Whether ``text`` is a number in (low, high]."""
+    try:
+        return low < float(text) <= high
+    except ValueError:
+        return False
+
+
 def down_ok(down: str) -> bool:
     """Whether ``down`` spells a downlink: 2..16, fp32 or auto, with an optional trailing 'e' (not on fp32)."""
     width = down.removesuffix("e")
@@ -105,6 +121,9 @@ def dqsgd_problem(method: str, workers: int | None = None) -> str:
     config = _config(base)
     if down is not None and (topology != "sharded" or not down_ok(down)):
         return f"{method!r}: @DOWN needs the sharded topology and 2..16, fp32 or auto (error-fed: 2e..16e, autoe)"
+    target = row_down_target(method)
+    if target is not None and (down is None or down.removesuffix("e") != AUTO or not _number_in(target, 0, 16)):
+        return f"{method!r}: ':TARGET' follows @auto or @autoe only: the downlink's bits per coordinate, in (0, 16]"
     if config.scheme == "sketch" and engine == "hook":
         return (f"{method!r}: Sketched SGD sends two message rounds per step, which the DDP hook does not run; "
                 f"use {base}-trainer or {base}-ps")
@@ -131,9 +150,15 @@ def downlink(a: argparse.Namespace) -> int | str | None:
     return "fp32" if down == "fp32" else int(down)
 
 
-def downlink_options(a: argparse.Namespace) -> dict[str, bool]:
-    """The downlink's feedback switches (HookState's and TrainConfig's names): error-fed when the width
-    ends in 'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it).
-    The budgeted split keeps HookState's defaults (it picks widths below 4 only when error-fed)."""
+def downlink_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The downlink's switches (HookState's and TrainConfig's names): error-fed when the width ends in
+    'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it). The
+    budgeted split keeps HookState's defaults (it picks widths below 4 only when error-fed) and takes
+    ``--downlink-target-bits``."""
     down = split_downlink(a.method)[1] or a.downlink_bits
-    return {"downlink_feedback": down.endswith("e"), "allow_unsafe_downlink": down.removesuffix("e") != AUTO}
+    auto = down.removesuffix("e") == AUTO
+    row, own = variant(a.method), row_down_target(a.method)
+    budgeted = row is not None and getattr(_config(row[0]), "policy", "") in ("dqsgd-budget", "dqsgd-coded")
+    bits = float(own) if own is not None else a.downlink_target_bits
+    target = {"downlink_target_bits": bits} if auto and budgeted and bits else {}
+    return {"downlink_feedback": down.endswith("e"), "allow_unsafe_downlink": not auto, **target}

@@ -188,3 +188,24 @@ def test_local_sgd_rows_parse_and_bad_ones_are_refused(bench: Any) -> None:
     assert bench.check_args(bench.parse(["--methods", "local-h8"]), ["local-h8", "postlocal-h0"]).startswith(
         "'postlocal-h0': a Local SGD row is")
 
+
+
+def test_coded_rows_and_a_rows_own_downlink_target(bench: Any) -> None:
+    """``qsgd-<B>bit-<coding>`` rows, and ``@auto[e]:D``: the split's downlink_target_bits for that row alone
+    (``--downlink-target-bits`` for the other auto rows); refused off an auto downlink or out of range."""
+    from dqsgd.ddp import HookState
+
+    assert bench.variant("qsgd-2bit-auto@4") == ("qsgd-2bit-auto", "hook", "sharded")
+    assert bench.method_problem("qsgd-2bit-auto@4") == ""
+    a = bench.parse(["--downlink-target-bits", "2"])
+    a.method = "dqsgd-coded@autoe:1"
+    assert bench.method_problem(a.method) == "" and bench.downlink(a) == "auto"
+    opts = bench.downlink_options(a)
+    assert opts == {"downlink_feedback": True, "allow_unsafe_downlink": False, "downlink_target_bits": 1.0}
+    assert HookState("dqsgd-coded", downlink_bits="auto", **opts).downlink_target_bits == 1.0
+    a.method = "dqsgd@auto"  # the flag's value
+    assert bench.downlink_options(a)["downlink_target_bits"] == 2.0
+    a.method = "qsgd-2bit@4"  # not a budgeted split: no target
+    assert "downlink_target_bits" not in bench.downlink_options(a)
+    for bad in ("dqsgd@4:1", "dqsgd@auto:0", "dqsgd@auto:x", "dqsgd@autoe:17"):
+        assert "':TARGET' follows @auto" in bench.method_problem(bad), bad

@@ -168,3 +168,21 @@ def test_forged_one_symbol_body_is_refused() -> None:
     forged += struct.pack("<I", zlib.crc32(bytes(forged)))
     with pytest.raises(PayloadError, match="RANSX body at offset .* in every lane"):
         decode(bytes(forged))
+
+
+@pytest.mark.parametrize(("codes", "freq", "match"), [([0] * 16, {8: M - 1, 9: 1}, "never occurs"),
+                                                      ([0, 0, 0, 1] * 4, {8: M // 2, 9: M // 2}, "not the normalised")])
+def test_decode_accumulate_refuses_a_table_that_is_not_the_counts(codes: list[int], freq: dict[int, int],
+                                                                  match: str) -> None:
+    """decode-accumulate checks the table from the counts it takes while adding the codes: it refuses
+    the forged tables decode refuses, with the same error."""
+    from dqsgd.codecs.header import write_header
+    from dqsgd.kernels import decode_accumulate
+
+    body = reference_body(codes, 4, freq)
+    payload = write_header(Scheme.UNIFORM, 4, Coding.RANSX, Norm.MAX, 7, (16,), Layout(), np.ones(1, np.float32),
+                           len(body)) + body
+    payload += struct.pack("<I", zlib.crc32(payload))
+    for run in (decode, lambda p: decode_accumulate(p, torch.zeros(16))):
+        with pytest.raises(PayloadError, match=f"RANSX body at offset .*{match}"):
+            run(payload)

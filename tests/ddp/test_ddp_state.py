@@ -159,3 +159,59 @@ def test_fingerprint_names_differing_and_missing_fields_with_a_fixed_size() -> N
     with pytest.raises(RankDisagreement, match="does not have|train.extra"):
         agree(a, lambda ints: [rows[0], [0, 4] + fingerprint({**a, "train.extra": 1})], 0)
     agree(a, lambda ints: [rows[0], rows[0]], 1)  # the same everywhere: no error
+
+
+def test_downlink_coding_defaults_pickles_and_guards_checkpoints() -> None:
+    """The coded downlink: the uplink's coding by default, kept by pickling, part of the saved
+    configuration (an older state, saved without it, meant a fixed downlink), refused where nothing is
+    quantized; a coded step's spend (bits, downlink bits) survives a checkpoint."""
+    coded = HookState("dqsgd-coded", total_steps=20)
+    assert coded.downlink_coding == "auto" and coded.fields()["downlink_coding"] == "auto"
+    assert HookState("qsgd-4bit").downlink_coding == "fixed"
+    assert HookState("qsgd-4bit", downlink_coding="rans").downlink_coding == "rans"
+    assert pickle.loads(pickle.dumps(HookState("qsgd-4bit", downlink_coding="ransx"))).downlink_coding == "ransx"
+    with pytest.raises(ValueError, match="an fp32 downlink"):
+        HookState("qsgd-4bit", downlink_bits="fp32", downlink_coding="auto")
+    with pytest.raises(ValueError, match="downlink_coding must be one of"):
+        HookState("qsgd-4bit", downlink_coding="huffman")
+    old = HookState("qsgd-4bit").state_dict()
+    del old["fields"]["downlink_coding"]
+    HookState("qsgd-4bit").load_state_dict(old)  # fixed then, fixed now
+    old = coded.state_dict()
+    del old["fields"]["downlink_coding"]
+    with pytest.raises(ValueError, match="downlink_coding: 'fixed' saved, 'auto' here"):
+        HookState("dqsgd-coded", total_steps=20).load_state_dict(old)
+    HookState("dqsgd-coded", total_steps=20, downlink_coding="fixed").load_state_dict(old)
+    b = coded.bucket(0, torch.zeros(N), SIZES, 0, 2)
+    b.record(torch.randn(N), 0, (9000, 4000), torch.tensor(False))
+    c = pickle.loads(pickle.dumps(coded)).bucket(0, torch.zeros(N), SIZES, 0, 2)
+    assert c.pending[0][2] == (9000, 4000)
+    c.catch_up(0)
+    b.catch_up(0)
+    assert c.policy == b.policy and c.policy.spent == 9000 and c.policy.down_ratio > 0
+
+
+@pytest.mark.parametrize("downlink_bits", ["auto", 8])
+def test_coded_record_keeps_the_entropy_sample_and_learns_as_from_the_bucket(downlink_bits: object) -> None:
+    """The coded budget reads G through a fixed-stride sample of ≤ 65,536 coordinates: the bucket
+    keeps that sample alone, and the policy's next state is the one the whole bucket gives."""
+    from dqsgd.policies.base import grad_stats
+
+    n = 200_003  # stride 4: the sample has 50,001 coordinates
+    s = HookState("dqsgd-coded", total_steps=20, downlink_bits=downlink_bits)
+    b = s.bucket(0, torch.zeros(n), [n], 0, 2)
+    g = torch.randn(n, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.01, 1.0, n)
+    b.record(g, 0, 90_000, torch.tensor(False))
+    kept = b.pending[0][3]
+    assert kept is not None and kept.numel() == 50_001 and torch.equal(kept, g[::4])
+    whole = b.method.policy.update(b.policy, grad_stats(g, 0, 90_000, b.method.p, keep=True))
+    b.catch_up(0)
+    assert b.policy == whole and b.policy.entropy  # bit for bit: the same entropies, widths and spend
+
+
+def test_a_policy_that_reads_all_of_g_keeps_the_bucket() -> None:
+    s = HookState("adaqs")
+    b = s.bucket(0, torch.zeros(N), SIZES, 0, 2)
+    g = torch.randn(N)
+    b.record(g, 0, 1000, torch.tensor(False))
+    assert torch.equal(b.pending[0][3], g)

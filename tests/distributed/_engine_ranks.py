@@ -21,8 +21,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 STEPS = 5
 METHODS = ("qsgd-4bit", "dqsgd", "signsgd", "terngrad")
 TOPOLOGIES = ("sharded", "allgather")
-# Sharded only: dqsgd at a budget whose pair of widths (uplink, downlink "auto") moves within STEPS at W = 2 and 4.
-VARIANTS = {"dqsgd-t3": ("dqsgd", {"target_bits": 3.0})}
+# Sharded only: dqsgd at a budget whose pair of widths (uplink, downlink "auto") moves within STEPS at W = 2 and 4;
+# dqsgd-coded, whose downlink is entropy-coded by default (its budget charged the coded bytes).
+VARIANTS = {"dqsgd-t3": ("dqsgd", {"target_bits": 3.0}), "dqsgd-coded": ("dqsgd-coded", {})}
 CASES = [(m, t) for m in METHODS for t in TOPOLOGIES] + [(m, "sharded") for m in VARIANTS]
 
 
@@ -52,6 +53,7 @@ class Recorder:
 
         self.rows: list[tuple[int, list[bytes]]] = []
         self.down: list[int] = []  # the downlink width of every shard this process served, in order
+        self.down_payloads: list[bytes] = []  # and its downlink payload
         encode, messages, down = BucketProtocol.encode, payloads.encode_messages, BucketProtocol.encode_down_fed
 
         def spy_encode(proto, worker, flat, bits, *args, **kw):  # type: ignore[no-untyped-def]
@@ -72,7 +74,10 @@ class Recorder:
 
         def spy_down(proto, shard, avg, step, residual, size=None, bad=None, dbits=None):  # type: ignore[no-untyped-def]
             self.down.append(proto.down_bits if dbits is None else dbits)
-            return down(proto, shard, avg, step, residual, size, bad, dbits)
+            pay, res = down(proto, shard, avg, step, residual, size, bad, dbits)
+            n = len(pay) if proto.coded_down else proto.down_sizes(dbits)[shard]
+            self.down_payloads.append(pay[:n].numpy().tobytes())
+            return pay, res
 
         BucketProtocol.encode = spy_encode  # type: ignore[method-assign]
         BucketProtocol.encode_down_fed = spy_down  # type: ignore[method-assign]
@@ -84,6 +89,10 @@ class Recorder:
 
     def take_down(self) -> list[int]:
         down, self.down = self.down, []
+        return down
+
+    def take_down_payloads(self) -> list[bytes]:
+        down, self.down_payloads = self.down_payloads, []
         return down
 
 
@@ -132,11 +141,12 @@ def engines(rank: int, world: int) -> dict[str, Any]:
     rec, out = Recorder(), {}
     for method, topology in CASES:
         tr, _ = run_trainer(method, topology, make_transport(topology, timeout=60.0), world)
-        trainer_rows, trainer_down = rec.take(), rec.take_down()
+        trainer_rows, trainer_down, trainer_dp = rec.take(), rec.take_down(), rec.take_down_payloads()
         params = run_ddp(rank, world, method, topology, tr)
         out[f"{method}/{topology}"] = {
             "trainer_rows": trainer_rows, "hook_rows": rec.take(),
             "trainer_down": trainer_down, "hook_down": rec.take_down(),
+            "trainer_down_payloads": trainer_dp, "hook_down_payloads": rec.take_down_payloads(),
             "trainer_down_bytes": [r.down_bytes for r in tr.ledger.records],
             "trainer_params": torch.cat([p.detach().reshape(-1) for p in tr.params]), "hook_params": params,
             "trainer_bits": [r.bits for r in tr.ledger.records]}

@@ -41,11 +41,18 @@ def test_hook_trainer_and_simulation_are_one_engine(world: tuple[int, list[dict]
             assert trow == hrow, (rank, step, "payload bytes differ")
         assert [b for b, _ in trainer] == got["trainer_bits"] == sim_bits
         assert got["trainer_down"] == got["hook_down"], (rank, "downlink widths differ")
+        assert got["trainer_down_payloads"] == got["hook_down_payloads"], (rank, "downlink payloads differ")
         assert got["trainer_down_bytes"] == sim_down, (rank, "downlink bytes differ from the simulation's")
         for name in ("trainer_params", "hook_params"):
             assert torch.equal(got[name].view(torch.int32), sim_params.view(torch.int32)), (rank, name)
     if method.startswith("dqsgd") and topology == "sharded":  # downlink_bits "auto" by default
         assert sim.downlink_bits == "auto"
+    if method == "dqsgd-coded":  # its downlink is entropy-coded: smaller than the fixed payload of its width
+        proto, got0 = sim.step_runner.protocol, ranks[0][f"{method}/{topology}"]  # rank 0 serves shard 0
+        assert proto.coded_down
+        sent = [len(p) for p in got0["hook_down_payloads"]]
+        fixed = [proto.down_sizes(v)[0] for v in got0["hook_down"]]
+        assert all(a <= b for a, b in zip(sent, fixed)) and sum(sent) < sum(fixed), (sent, fixed)
     if method == "dqsgd-t3":  # the pair of widths really moves
         pairs = set(zip(sim_bits, ranks[0][f"{method}/{topology}"]["hook_down"]))
         assert len(pairs) > 1, pairs

@@ -200,3 +200,57 @@ def test_float64_and_noncontiguous_inputs() -> None:
     x = torch.randn(40, 30, dtype=torch.float64).t()
     assert encode_uniform_fast(x, 6, RNG) == encode(quantize_uniform_hash(x, 6, RNG))
     assert np.array_equal(RNG.uniform(5).numpy(), RNG.uniform_numpy(5))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 5, 9, 16])
+def test_histogram_counted_while_quantizing_is_the_codes_histogram(bits: int) -> None:
+    """The entropy codings' payloads count the codes in the quantizing pass (over several threads'
+    ranges above 2·64 chunks): the counts are level_histogram's and the payloads the reference's."""
+    from dqsgd.codecs.rans import level_histogram
+    from dqsgd.kernels.codec import _quantize
+
+    n = 2 * 64 * CHUNK + 999 if bits == 5 else 10_007
+    x = torch.randn(n, generator=torch.Generator().manual_seed(bits)) * torch.rand(n) ** 4
+    q, hist = _quantize(x, bits, RNG, Norm.MAX, Layout(bucket=CHUNK + 3), histogram=True)
+    assert np.array_equal(q.codes.numpy(), quantize_uniform_fast(x, bits, RNG, layout=Layout(bucket=CHUNK + 3)).codes)
+    assert np.array_equal(hist, level_histogram(q.codes.numpy(), bits))
+    for coding in (Coding.AUTO, Coding.RANSX, Coding.RANS):
+        assert encode_uniform_fast(x, bits, RNG, layout=Layout(bucket=CHUNK + 3), coding=coding) == encode(q, coding)
+    assert (encode_uniform_fast(x, bits, RNG, coding=Coding.AUTO, link_mbit=100.0)
+            == encode(quantize_uniform_fast(x, bits, RNG), Coding.AUTO, link_mbit=100.0))
+
+
+def test_encode_checks_the_codes_range_from_a_given_histogram() -> None:
+    from dqsgd.codecs.rans import level_histogram
+
+    q = quantize_uniform_fast(torch.randn(1000), 4, RNG)
+    hist = level_histogram(q.codes.numpy(), 4)
+    assert encode(q, Coding.AUTO, histogram=hist) == encode(q, Coding.AUTO)
+    with pytest.raises(ValueError, match="not the level histogram"):
+        encode(q, Coding.AUTO, histogram=hist[:-1])
+    with pytest.raises(ValueError, match="not the level histogram"):
+        encode(q, Coding.RANS, histogram=hist * 2)
+    wide = hist.copy()  # the same count, one code moved to -8: outside UNIFORM's [-7, 7] at 4 bits
+    wide[int(np.flatnonzero(hist)[0])] -= 1
+    wide[0] += 1
+    with pytest.raises(ValueError, match=r"codes span \[-8"):
+        encode(q, Coding.AUTO, histogram=wide)
+
+
+def test_ransx_decode_accumulate_counts_while_adding() -> None:
+    """RANSX bodies: the codes are added and counted chunk by chunk (the table's check reads those
+    counts); over chunk and segment edges the sum is Σ dequantize, as for every other coding."""
+    n = 3 * CHUNK + 7
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 3 for _ in range(3)]
+    payloads = [encode_uniform_fast(xs[0], 6, RNG, layout=Layout(sizes=(5, CHUNK - 1, 2 * CHUNK + 3)),
+                                    coding=Coding.RANSX),
+                encode_uniform_fast(xs[1], 2, RNG, layout=Layout(bucket=1000), coding=Coding.RANSX),
+                encode(quantize_sign(xs[2], scaled=True), Coding.RANSX),
+                encode_uniform_fast(xs[2], 1, RNG, coding=Coding.RANSX)]
+    total, expected = torch.zeros(n), torch.zeros(n)
+    for p in payloads:
+        assert read_header(p).coding == Coding.RANSX
+        decode_accumulate(p, total, 0.5)
+        expected += 0.5 * dequantize(decode(p)).reshape(-1)
+    assert torch.equal(total, expected)

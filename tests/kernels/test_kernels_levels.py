@@ -56,3 +56,23 @@ def test_refuses_bad_inputs() -> None:
         expected_level_entropies(np.zeros(3), np.zeros(3, bool), [0])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         expected_level_entropies(np.array([0.5, np.nan]), np.zeros(2, bool), [3])
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 3000), seed=st.integers(0, 2**31 - 1), scale=st.floats(0.3, 3.0), double=st.booleans())
+def test_values_give_the_entropies_of_their_magnitudes_bit_for_bit(n: int, seed: int, scale: float,
+                                                                  double: bool) -> None:
+    """value_level_entropies computes u = min(|g|/norm, 1) and the signs in its kernel: the same floats,
+    so the same entropies, as torch's ops feeding expected_level_entropies (the policy's former code)."""
+    from dqsgd.kernels.levels import value_level_entropies
+
+    g = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64 if double else torch.float32)
+    g[::4] = 0.0
+    g[1::9] = -0.0
+    norm = scale * max(float(g.abs().max()) if n else 0.0, 1e-3)  # > 0: an all-zero g keeps a scale
+    g64 = g.to(torch.float64)
+    levels = [(1 << (b - 1)) - 1 for b in range(2, 17)]
+    want = expected_level_entropies((g64.abs() / norm).clamp(max=1.0).numpy(), (g64 < 0).numpy(), levels)
+    assert value_level_entropies(g.numpy(), norm, levels) == want
+    with pytest.raises(ValueError, match="scale"):
+        value_level_entropies(g.numpy(), 0.0, levels)

@@ -141,3 +141,16 @@ def test_error_target_policy_uses_theory_constant() -> None:
 
     m = Method(method_config("dqsgd-error", eps_q=1e-4, smoothness=2.0, lr=0.1), D, N)
     assert m.policy.k == pytest.approx(theory.error_target_t(2.0, 0.1, D, 1e-4))
+
+
+def test_qsgd_names_carry_width_and_coding() -> None:
+    """``qsgd-<B>bit[-<coding>]``: QSGD at B bits with a coding (QSGD's Elias coding, or auto); other
+    suffixes are unknown methods."""
+    from dqsgd.method.config import method_config
+
+    assert (method_config("qsgd-2bit-auto").bits, method_config("qsgd-2bit-auto").coding) == (2, "auto")
+    assert method_config("qsgd-4bit-elias").coding == "elias" and method_config("qsgd-4bit").coding == "fixed"
+    assert method_config("qsgd-3bits-zstd-aligned").coding == "zstd-aligned"
+    for bad in ("qsgd-2bit-huffman", "qsgd-2bit-", "qsgd-bit-auto"):
+        with pytest.raises(ValueError, match="unknown method"):
+            method_config(bad)

@@ -353,3 +353,18 @@ def test_solve_log_k_stops_early_with_the_result_of_100_halvings() -> None:
         assert len(calls) <= 102
         if 1 < abs(math.log(solve_log_k(total, target))) < 75:  # a root inside, not a clamp, not near 0
             assert len(calls) <= 2 + 62  # stopped once lo and hi met: about 60 halvings where |log k| >= 1
+
+
+def test_grad_norms_max_norm_is_max_abs_bit_for_bit() -> None:
+    """‖g‖_∞ from one min/max pass: max |g_i| exactly, and NaN or Inf where g holds them."""
+    from dqsgd.policies.base import grad_norms
+
+    g = torch.randn(100_001, generator=torch.Generator().manual_seed(0)) * 1e-3
+    for x in (g, -g.abs(), g.abs(), torch.zeros(5), torch.tensor([-0.0, 0.0])):
+        norm, l2 = grad_norms(x, math.inf)
+        assert torch.equal(norm, x.abs().amax()) and torch.equal(l2, torch.linalg.vector_norm(x, 2))
+    for bad in (math.nan, math.inf, -math.inf):
+        h = g.clone()
+        h[17] = bad
+        norm = grad_norms(h, math.inf)[0]
+        assert math.isnan(norm) if math.isnan(bad) else norm == math.inf

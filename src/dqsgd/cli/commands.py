@@ -33,6 +33,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
     for name, desc in METHODS.items():
         print(f"{name:<{width}}  {desc}")
     print(f"{'qsgd-<B>bit':<{width}}  QSGD with B bits (2..16), e.g. qsgd-4bit")
+    print(f"{'qsgd-<B>bit-<coding>':<{width}}  ... and a coding (auto, elias, rans, ransx, zstd), e.g. qsgd-2bit-auto")
     return 0
 
 

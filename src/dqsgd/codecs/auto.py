@@ -149,20 +149,20 @@ class _Costs:
         return max(size, -1)
 
 
-def smallest_body(data: np.ndarray, bits: int, integer: bool,
-                  link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
+def smallest_body(data: np.ndarray, bits: int, integer: bool, link_mbit: float = 0.0,
+                  hist: np.ndarray | None = None) -> tuple[Coding, bytes | np.ndarray]:
     """AUTO's (coding, body) for valid codes ``data`` (int32; raw float32 values when not ``integer``:
     only FIXED and ZSTD_ALIGNED apply). See the module docstring; ``link_mbit`` > 0: the fastest at that
-    link rate by the CPU_NS model, instead of the smallest."""
+    link rate by the CPU_NS model, instead of the smallest; ``hist``: the codes' level histogram, where
+    the caller has it."""
 
     costs = _Costs(data.size, link_mbit)
     best: tuple[int, Coding] = (packed_size(data.size, bits), Coding.FIXED)
     bodies: dict[Coding, bytes | np.ndarray] = {}
-    hist = None
     rans = rans_candidate(data.size)
     encode_rans, rans_bounds = _RANS[rans]
     if integer and data.size:
-        hist = level_histogram(data, bits)
+        hist = level_histogram(data, bits) if hist is None else hist
         rans_lo, rans_hi = rans_bounds(hist)
         # ELIAS's exact length takes a second pass: only where its lower bound beats both the best so far
         # and what rANS is sure to reach (then rANS, not ELIAS, would be the smallest).
@@ -171,7 +171,7 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool,
                 and costs.key(elias := (elias_bit_length(data) + 7) // 8, Coding.ELIAS) < costs.key(*best)):
             best = (elias, Coding.ELIAS)
     else:
-        rans_lo, rans_hi = 0, 0
+        hist, rans_lo, rans_hi = None, 0, 0
     cap = costs.max_bytes(Coding.ZSTD_ALIGNED, best)
     if hist is not None and not link_mbit:
         cap = min(cap, rans_hi)

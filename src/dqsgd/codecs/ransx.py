@@ -32,6 +32,7 @@ decoded body re-encodes to the same bytes.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 from numba import njit
@@ -40,7 +41,7 @@ from dqsgd.codecs.rans import (M, PROB_BITS, STATUS_FINAL, STATUS_MESSAGES, STAT
                                STATUS_TRUNC_STREAM, RansError, check_counts, decode_buffers, level_histogram,
                                normalize, read_table, table_len, write_table)
 
-__all__ = ["LANES", "RANSX_L", "ransx_decode", "ransx_encode", "ransx_size_bounds"]
+__all__ = ["LANES", "RANSX_L", "ransx_decode", "ransx_decode_uncounted", "ransx_encode", "ransx_size_bounds"]
 
 LANES = 8  # a power of two
 RANSX_L = 1 << 31  # lower bound of a normalised state; the upper bound is 2^32·L = 2^63
@@ -60,35 +61,67 @@ def _encoder_tables(symbols: np.ndarray, freq: np.ndarray, bits: int) -> tuple[n
     return ints, inv
 
 
+@njit(cache=True, inline="always")
+def _enc_step(x, u, ints, inv, words, pw):  # pragma: no cover - compiled
+    """One lane's step on symbol ``u``: (the new state, the new first word used). The word is stored
+    every step and kept (the position moves) only when the lane renormalises: no branch to mispredict."""
+    emit = np.int64(x >= ints[u, 0])  # at most one word: x < 2^63, and x_max = 2^47·f > 2^31 after it
+    words[pw - 1] = np.uint32(x & 0xFFFFFFFF)
+    pw -= emit
+    x >>= 32 * emit
+    f = ints[u, 1]
+    q = np.int64(np.float64(x) * inv[u])  # ⌊x/f⌋ or one off: x/f < 2^47, the float error < 2^-4
+    r = x - q * f
+    if r < 0:
+        q -= 1
+        r += f
+    elif r >= f:
+        q += 1
+        r -= f
+    return (q << PROB_BITS) + r + ints[u, 2], pw
+
+
+@njit(cache=True, inline="always")
+def _symbol(c, offset, one_bit):  # pragma: no cover - compiled
+    return np.int64(c > 0) if one_bit else np.int64(c) + offset
+
+
 @njit(cache=True, nogil=True)
 def _encode(codes, offset, one_bit, ints, inv, words, xs):  # pragma: no cover - compiled
     """Encode ``codes`` backwards into the tail of ``words`` (K ≥ 2) and the lanes' final states into
     ``xs``; the first word used, or −1 if full.
 
-    The lanes' states live in a small array: the loop is one lane step, and consecutive steps
-    belong to different lanes, so nothing waits for the step before it. The word is stored every
-    step and kept (the position moves) only when the lane renormalises: no branch to mispredict."""
+    Codes i = n−1 … 0 in that order, code i in lane i mod 8: the codes past the last whole group of
+    8 one at a time, then whole groups (lanes 7 … 0) with the eight states in locals, where the
+    compiler keeps them in registers and overlaps the lanes' independent chains (1.3x, measured),
+    while 8 words are left; then the rest one at a time. The same steps in the same order as one
+    loop over i: the same words and states."""
     pw = np.int64(words.size)
-    for i in range(codes.size - 1, -1, -1):
-        c = np.int64(codes[i])
-        u = np.int64(c > 0) if one_bit else c + offset
-        x = xs[i & (LANES - 1)]
+    groups = codes.size // LANES
+    for i in range(codes.size - 1, groups * LANES - 1, -1):
         if pw < 1:
             return -1
-        emit = np.int64(x >= ints[u, 0])  # at most one word: x < 2^63, and x_max = 2^47·f > 2^31 after it
-        words[pw - 1] = np.uint32(x & 0xFFFFFFFF)
-        pw -= emit
-        x >>= 32 * emit
-        f = ints[u, 1]
-        q = np.int64(np.float64(x) * inv[u])  # ⌊x/f⌋ or one off: x/f < 2^47, the float error < 2^-4
-        r = x - q * f
-        if r < 0:
-            q -= 1
-            r += f
-        elif r >= f:
-            q += 1
-            r -= f
-        xs[i & (LANES - 1)] = (q << PROB_BITS) + r + ints[u, 2]
+        xs[i & (LANES - 1)], pw = _enc_step(xs[i & (LANES - 1)], _symbol(codes[i], offset, one_bit), ints, inv,
+                                            words, pw)
+    x0, x1, x2, x3, x4, x5, x6, x7 = xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7]
+    g = groups - 1
+    while g >= 0 and pw >= LANES:
+        c = codes[g * LANES : g * LANES + LANES]
+        x7, pw = _enc_step(x7, _symbol(c[7], offset, one_bit), ints, inv, words, pw)
+        x6, pw = _enc_step(x6, _symbol(c[6], offset, one_bit), ints, inv, words, pw)
+        x5, pw = _enc_step(x5, _symbol(c[5], offset, one_bit), ints, inv, words, pw)
+        x4, pw = _enc_step(x4, _symbol(c[4], offset, one_bit), ints, inv, words, pw)
+        x3, pw = _enc_step(x3, _symbol(c[3], offset, one_bit), ints, inv, words, pw)
+        x2, pw = _enc_step(x2, _symbol(c[2], offset, one_bit), ints, inv, words, pw)
+        x1, pw = _enc_step(x1, _symbol(c[1], offset, one_bit), ints, inv, words, pw)
+        x0, pw = _enc_step(x0, _symbol(c[0], offset, one_bit), ints, inv, words, pw)
+        g -= 1
+    xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7] = x0, x1, x2, x3, x4, x5, x6, x7
+    for i in range(g * LANES + LANES - 1, -1, -1):  # only when fewer than 8 words were left
+        if pw < 1:
+            return -1
+        xs[i & (LANES - 1)], pw = _enc_step(xs[i & (LANES - 1)], _symbol(codes[i], offset, one_bit), ints, inv,
+                                            words, pw)
     return pw
 
 
@@ -152,27 +185,48 @@ def ransx_encode(codes: np.ndarray, bits: int, hist: np.ndarray | None = None) -
     return out[:end]
 
 
+@njit(cache=True, inline="always")
+def _dec_step(x, words, pw, symbols, freq, cum, slot_index):  # pragma: no cover - compiled
+    """One lane's step: (the new state, the new word position, the code). Branch-free: the word at the
+    position is read and kept only when the lane renormalises."""
+    slot = x & (M - 1)
+    k = np.int64(slot_index[slot])
+    x = freq[k] * (x >> PROB_BITS) + slot - cum[k]
+    take = np.int64(x < RANSX_L)  # at most one word: x ≥ ⌊x_before/M⌋ ≥ 2^15 here, so x < 2^63 after it
+    x = (x << (32 * take)) | (np.int64(words[pw]) & -take)
+    return x, pw + take, symbols[k]
+
+
 @njit(cache=True, nogil=True)
 def _decode(xs, words, out, symbols, freq, cum, slot_index):  # pragma: no cover - compiled
     """Decode ``out.size`` codes from the lanes' states ``xs`` and the stream ``words`` (one zero word
     appended); the number of words the codes needed (more than the stream has: it is truncated).
 
-    Branch-free: each step reads the word at the position (or the appended zero past the end) and
-    keeps it only when the lane renormalises. No counting here: a store to a count array may alias
-    the states (the compiler then orders every lane's step after the one before); the caller counts
-    the decoded codes in a second pass."""
+    Whole groups of 8 codes (lanes 0 … 7, states in locals: see :func:`_encode`) while 8 more words
+    are there to read, then one code at a time, each reading the word at its position or the
+    appended zero past the end. No counting here: a store to a count array may alias the states
+    (the compiler then orders every lane's step after the one before); the caller counts the
+    decoded codes in a second pass."""
     last = words.size - 1
     pw = np.int64(0)
-    for i in range(out.size):
-        x = xs[i & (LANES - 1)]
-        slot = x & (M - 1)
-        k = np.int64(slot_index[slot])
-        out[i] = symbols[k]
-        x = freq[k] * (x >> PROB_BITS) + slot - cum[k]
-        take = np.int64(x < RANSX_L)  # at most one word: x ≥ ⌊x_before/M⌋ ≥ 2^15 here, so x < 2^63 after it
-        x = (x << (32 * take)) | (np.int64(words[min(pw, last)]) & -take)
-        pw += take
-        xs[i & (LANES - 1)] = x
+    x0, x1, x2, x3, x4, x5, x6, x7 = xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7]
+    g = 0
+    while g < out.size // LANES and pw + LANES <= last:
+        o = out[g * LANES : g * LANES + LANES]
+        x0, pw, o[0] = _dec_step(x0, words, pw, symbols, freq, cum, slot_index)
+        x1, pw, o[1] = _dec_step(x1, words, pw, symbols, freq, cum, slot_index)
+        x2, pw, o[2] = _dec_step(x2, words, pw, symbols, freq, cum, slot_index)
+        x3, pw, o[3] = _dec_step(x3, words, pw, symbols, freq, cum, slot_index)
+        x4, pw, o[4] = _dec_step(x4, words, pw, symbols, freq, cum, slot_index)
+        x5, pw, o[5] = _dec_step(x5, words, pw, symbols, freq, cum, slot_index)
+        x6, pw, o[6] = _dec_step(x6, words, pw, symbols, freq, cum, slot_index)
+        x7, pw, o[7] = _dec_step(x7, words, pw, symbols, freq, cum, slot_index)
+        g += 1
+    xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7] = x0, x1, x2, x3, x4, x5, x6, x7
+    for i in range(g * LANES, out.size):
+        p = min(pw, last)  # past the end: the appended zero
+        xs[i & (LANES - 1)], q, out[i] = _dec_step(xs[i & (LANES - 1)], words, p, symbols, freq, cum, slot_index)
+        pw += q - p
     return pw
 
 
@@ -198,9 +252,20 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
     Raises:
       RansError: anything :func:`ransx_encode` could not have written (module docstring).
     """
+    out, check = ransx_decode_uncounted(body, numel, bits, lo, hi, zero_ok)
+    check(level_histogram(out, bits))
+    return out
+
+
+def ransx_decode_uncounted(body: np.ndarray | bytes | memoryview, numel: int, bits: int, lo: int, hi: int,
+                           zero_ok: bool) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:
+    """:func:`ransx_decode` but for its last check: the codes, and that check as a function of their
+    :func:`~dqsgd.codecs.rans.level_histogram` (it raises RansError unless the table lists exactly the
+    codes that occur, with the normalised counts as frequencies), for a caller that counts the codes
+    in a pass of its own. The codes are not valid until it has returned."""
     buf, out, symbols, freq, slot_index = decode_buffers(body, numel, bits, "RANSX")
     if numel == 0:
-        return out
+        return out, lambda hist: None
     status, pos, k = read_table(buf, bits, lo, hi, zero_ok, numel, symbols, freq, slot_index)
     if status == STATUS_OK:
         status, xs, words, left = _states_and_words(buf, pos)
@@ -216,6 +281,5 @@ def ransx_decode(body: np.ndarray | bytes | memoryview, numel: int, bits: int, l
     if status != STATUS_OK:
         raise RansError(STATUS_MESSAGES[status], int(pos))
     table = symbols[:k].astype(np.int64)
-    check_counts(level_histogram(out, bits)[(table > 0).astype(np.int64) if bits == 1 else table + (1 << (bits - 1))],
-                 symbols, freq[:k])
-    return out
+    rows = (table > 0).astype(np.int64) if bits == 1 else table + (1 << (bits - 1))
+    return out, lambda hist: check_counts(hist[rows], symbols, freq[:k])

@@ -45,11 +45,10 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
-from numba import njit
 
 from dqsgd.codecs.auto import smallest_body
 from dqsgd.codecs.bodies import fixed_body, zstandard_module, zstd_compress
@@ -60,73 +59,20 @@ from dqsgd.codecs.header import (
     MAX_NUMEL, U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
     write_header,
 )
-from dqsgd.codecs.rans import RansError, rans_decode, rans_encode
-from dqsgd.codecs.ransx import ransx_decode, ransx_encode
+from dqsgd.codecs.rans import RansError, level_histogram, rans_decode, rans_encode
+from dqsgd.codecs.ransx import ransx_decode_uncounted, ransx_encode
+from dqsgd.codecs.ranges import (  # noqa: F401 - MAX_CODE_BITS and scheme_error: also wire.*
+    MAX_CODE_BITS, code_range, histogram_range_error, range_error, scheme_error,
+)
 from dqsgd.codecs.threads import crc32
 from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 
 __all__ = ["Coding", "PayloadError", "body_width", "coded_size", "decode", "encode", "header_size", "predicted_size"]
 
-MAX_CODE_BITS = 16
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd clamps a frame's window to its declared content size (which must equal the expected size);
 # level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
 _ZSTD_MAX_WINDOW = 1 << 23
-
-
-@dataclass(frozen=True)
-class _Range:
-    """The valid codes of a (scheme, bits, levels): ``lo ≤ c ≤ hi``, and 0 only if ``zero_ok``."""
-
-    lo: int
-    hi: int
-    zero_ok: bool
-
-
-def code_range(scheme: Scheme, bits: int, levels: int) -> _Range:
-    lo, hi, zero_ok = (-1, 1, False) if bits == 1 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1, True)
-    if scheme == Scheme.UNIFORM:
-        lo, hi = max(lo, -levels), min(hi, levels)
-    elif scheme in (Scheme.SIGN, Scheme.TERNARY):
-        lo, hi = max(lo, -1), min(hi, 1)
-        zero_ok = zero_ok and scheme == Scheme.TERNARY
-    return _Range(lo, hi, zero_ok)
-
-
-def scheme_error(scheme: Scheme, bits: int, levels: int) -> str | None:
-    """Why (scheme, bits, levels) is not allowed, or None."""
-    if scheme in RAW_SCHEMES:
-        return None if bits == 32 else f"{scheme.name} needs bits = 32, got {bits}"
-    if not 1 <= bits <= MAX_CODE_BITS:
-        return f"{scheme.name} needs bits in 1..{MAX_CODE_BITS}, got {bits}"
-    if not 1 <= levels <= U32_MAX:
-        return f"{scheme.name} needs levels in 1..2^32-1, got {levels}"
-    return None
-
-
-@njit(cache=True)
-def _stats(codes):  # pragma: no cover - compiled
-    """(min, max, number of zeros) in one pass."""
-    lo = np.int64(0)
-    hi = np.int64(0)
-    zeros = 0
-    if codes.size:
-        lo = hi = np.int64(codes[0])
-    for i in range(codes.size):
-        c = np.int64(codes[i])
-        lo = min(lo, c)
-        hi = max(hi, c)
-        zeros += c == 0
-    return lo, hi, zeros
-
-
-def _range_error(codes: np.ndarray, rng: _Range) -> str | None:
-    lo, hi, zeros = _stats(codes)
-    if codes.size and (lo < rng.lo or hi > rng.hi):
-        return f"codes span [{lo}, {hi}], the scheme allows [{rng.lo}, {rng.hi}]"
-    if zeros and not rng.zero_ok:
-        return f"{zeros} zero codes, which this scheme and width cannot carry"
-    return None
 
 
 # ---------------------------------------------------------------------------------------- encode
@@ -152,8 +98,9 @@ def check_layout(layout: Layout, numel: int) -> int:
     return layout_segments(layout, numel)
 
 
-def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
-    """Check everything the wire needs; return (codes, or values for IDENTITY; scales)."""
+def _validated(q: Quantized, hist: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Check everything the wire needs; return (codes, or values for IDENTITY; scales). ``hist``:
+    the codes' level histogram, which the range check then reads instead of the codes."""
     scheme = Scheme(q.scheme)
     if len(q.shape) > MAX_NDIM or any(not 0 <= int(d) <= U32_MAX for d in q.shape):
         raise ValueError(f"shape {tuple(q.shape)}: need ndim ≤ {MAX_NDIM} and every dim in 0..2^32-1")
@@ -174,7 +121,8 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"{scheme.name} values contain NaN or Inf; refusing to encode (decode would refuse them too)")
     else:
         data = _as_numpy(q.codes, torch.int32, numel, "codes")
-        if (err := _range_error(data, code_range(scheme, q.bits, q.levels))) is not None:
+        rng = code_range(scheme, q.bits, q.levels)
+        if (err := range_error(data, rng) if hist is None else histogram_range_error(hist, numel, q.bits, rng)):
             raise ValueError(f"{scheme.name} at {q.bits} bits, levels {q.levels}: {err}")
     if isinstance(q.scales, torch.Tensor) and q.scales.dim() == 1 and q.scales.numel() != nseg:
         raise ValueError(f"{q.scales.numel()} scales, but the layout has {nseg} segments for {numel} elements"
@@ -185,18 +133,18 @@ def _validated(q: Quantized) -> tuple[np.ndarray, np.ndarray]:
     return data, scales
 
 
-def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme,
-          link_mbit: float = 0.0) -> tuple[Coding, bytes | np.ndarray]:
+def _body(data: np.ndarray, bits: int, coding: Coding, scheme: Scheme, link_mbit: float = 0.0,
+          hist: np.ndarray | None = None) -> tuple[Coding, bytes | np.ndarray]:
     if scheme in RAW_SCHEMES and coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX):
         raise ValueError(f"{scheme.name} payloads cannot use {coding.name} coding (no integer codes)")
     if coding == Coding.AUTO:
-        return smallest_body(data, bits, scheme not in RAW_SCHEMES, link_mbit)
+        return smallest_body(data, bits, scheme not in RAW_SCHEMES, link_mbit, hist)
     if coding == Coding.ELIAS:
         return coding, elias_encode(data)
     if coding == Coding.RANS:
-        return coding, rans_encode(data, bits)
+        return coding, rans_encode(data, bits, hist)
     if coding == Coding.RANSX:
-        return coding, ransx_encode(data, bits)
+        return coding, ransx_encode(data, bits, hist)
     fixed = fixed_body(data, bits, body_width(bits, coding))
     if coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
         return coding, zstd_compress(fixed)
@@ -209,11 +157,17 @@ def _smallest_body(data: np.ndarray, bits: int, scheme: Scheme) -> tuple[Coding,
     return smallest_body(data, bits, scheme not in RAW_SCHEMES)
 
 
-def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.0) -> bytes:
+def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.0,
+           histogram: np.ndarray | None = None) -> bytes:
     """The payload of ``q`` (format in the module docstring).
 
     ``link_mbit`` (AUTO only): > 0 picks the coding whose modelled encode + decode time plus the
     payload's time on a link of that many Mbit/s is least (:mod:`dqsgd.codecs.auto`), not the smallest.
+    ``histogram`` (integer schemes): the codes' :func:`~dqsgd.codecs.rans.level_histogram`, where the
+    caller counted it already (the fused quantizer does, in its pass): the codes' range is checked
+    from it, and AUTO and the rANS codings use it instead of counting again. The bytes are the same;
+    a histogram that is not the codes' gives a wrong body (a decoder refuses it), so only a caller
+    that computed it from these codes passes it.
 
     Raises:
       ValueError: an unknown coding, or a Quantized the wire cannot carry exactly (bad dtype or
@@ -225,9 +179,10 @@ def encode(q: Quantized, coding: Coding = Coding.FIXED, *, link_mbit: float = 0.
         raise ValueError(f"unknown coding {coding!r}") from None
     if not (math.isfinite(link_mbit) and link_mbit >= 0):
         raise ValueError(f"link_mbit must be a finite rate ≥ 0 (0: by size), got {link_mbit!r}")
-    data, scales = _validated(q)
     scheme = Scheme(q.scheme)
-    used, body = _body(data, q.bits, coding, scheme, link_mbit)
+    hist = None if histogram is None or scheme in RAW_SCHEMES else np.asarray(histogram, dtype=np.int64)
+    data, scales = _validated(q, hist)
+    used, body = _body(data, q.bits, coding, scheme, link_mbit, hist)
     if memoryview(body).nbytes > U32_MAX:
         raise ValueError(f"body of {memoryview(body).nbytes} bytes exceeds the u32 body length field")
     shape = tuple(int(d) for d in q.shape)
@@ -318,6 +273,19 @@ def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
 
 
 def decode_body(buf: memoryview, h: Header) -> np.ndarray:
+    """The codes (or raw values) of a payload's body, validated: everything :func:`decode` checks of it."""
+    data, check = decode_body_uncounted(buf, h)
+    if check is not None:
+        check(level_histogram(data, h.bits))
+    return data
+
+
+def decode_body_uncounted(buf: memoryview, h: Header) -> tuple[np.ndarray, Callable[[np.ndarray], None] | None]:
+    """:func:`decode_body`, except that a RANSX body's last check (its table is exactly the normalised
+    counts of the decoded codes) comes back as a function of the codes'
+    :func:`~dqsgd.codecs.rans.level_histogram`, raising PayloadError, for a caller that counts them in
+    its own pass (decode-accumulate); None for every other body, checked whole. Until that check has
+    returned the codes are not valid."""
     offset = h.body_start
     body = buf[offset : offset + h.body_len]
     check_body_can_hold(body, h, offset)
@@ -331,10 +299,19 @@ def decode_body(buf: memoryview, h: Header) -> np.ndarray:
             raise PayloadError(f"{h.scheme.name} payload with {h.coding.name} coding (offset 5)")
         rng = code_range(h.scheme, h.bits, h.levels)
         try:
-            return (rans_decode if h.coding == Coding.RANS else ransx_decode)(body, h.numel, h.bits, rng.lo, rng.hi,
-                                                                               rng.zero_ok)
+            if h.coding == Coding.RANS:
+                return rans_decode(body, h.numel, h.bits, rng.lo, rng.hi, rng.zero_ok), None
+            codes, check = ransx_decode_uncounted(body, h.numel, h.bits, rng.lo, rng.hi, rng.zero_ok)
         except RansError as e:
             raise PayloadError(f"{h.coding.name} body at offset {offset}: {e}") from None
+
+        def counted(hist: np.ndarray) -> None:
+            try:
+                check(hist)
+            except RansError as e:
+                raise PayloadError(f"{h.coding.name} body at offset {offset}: {e}") from None
+
+        return codes, counted
     else:
         if h.scheme in RAW_SCHEMES:
             raise PayloadError(f"{h.scheme.name} payload with ELIAS coding (offset 5)")
@@ -347,14 +324,14 @@ def decode_body(buf: memoryview, h: Header) -> np.ndarray:
             raise PayloadError(
                 f"Elias body at offset {offset} has zero codes, which {h.scheme.name} at {h.bits} bits cannot carry"
             )
-        return data
+        return data, None
     if h.scheme not in RAW_SCHEMES:
-        if (err := _range_error(data, code_range(h.scheme, h.bits, h.levels))) is not None:
+        if (err := range_error(data, code_range(h.scheme, h.bits, h.levels))) is not None:
             raise PayloadError(f"body at offset {offset}: {err}")
     elif data.size and not np.isfinite(data).all():
         # encode() refuses non-finite values (the quantizers do too), so such a body is corrupt.
         raise PayloadError(f"{h.scheme.name} body at offset {offset} holds NaN or Inf values")
-    return data
+    return data, None
 
 
 def decode(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX_NUMEL,

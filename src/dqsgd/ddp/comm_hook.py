@@ -13,13 +13,16 @@ What is sent, the keys, the size caps, the aggregation and the downlink are the 
 DDP's: buckets, futures, the two process groups and the deferred device checks. A message is a
 payload and one flag byte (:mod:`dqsgd.topology.payloads`); a sharded downlink message is a payload
 padded to the longest and one status byte: 0, or 1 when its shard server refused a payload (the
-payload area then holds the error's text), so that every rank raises the same error.
+payload area then holds the error's text), so that every rank raises the same error. A coded
+downlink (``downlink_coding``) sends each shard's exact payload and that status byte, with the
+lengths exchanged first (:mod:`dqsgd.ddp.varlen`).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time
 # (bucket: dist.GradBucket, return: torch.futures.Future[torch.Tensor]).
+import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,6 +32,13 @@ from dqsgd.topology import payloads as codec
 from dqsgd.topology.traffic import rank_traffic
 
 Finish = Callable[[], torch.Tensor]
+Stage2 = Any  # (future of the last collective, Finish, future: its collectives are issued, or None)
+_COUNT_LOCK = threading.Lock()  # the coded downlink's traffic is counted from a completion callback
+
+
+def _count(state: HookState, *args: int) -> None:
+    with _COUNT_LOCK:
+        state.count(*args)
 
 
 def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -80,7 +90,7 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.future
     """Plain mean all-reduce in the bucket's dtype (warm-up, small buckets), counted as a ring."""
     up, _ = state.groups()
     nbytes = grad.numel() * grad.element_size()
-    state.count(ring_bytes(nbytes, world), ring_bytes(nbytes, world), grad.numel(), grad.element_size(),
+    _count(state, ring_bytes(nbytes, world), ring_bytes(nbytes, world), grad.numel(), grad.element_size(),
                 8 * grad.element_size(), world)
     work = dist.all_reduce(grad.div_(world), group=up, async_op=True)
     return work.get_future().then(lambda f: f.value()[0])
@@ -160,7 +170,7 @@ def _finish(state: HookState, b: BucketState, out: torch.Tensor, flags: torch.Te
     """NaN everywhere if any rank overflowed (then no method state changes: staged residuals, the
     uplink's and the error-fed downlink's, are dropped, the policy skips the step); a vote nobody
     cast stays 0; cast to the bucket's dtype. The first such step is said once (a warning)."""
-    bad = (flags & codec.FLAG_NONFINITE).any()
+    bad = (flags & codec.FLAG_NONFINITE).any().to(torch.bool)  # uint8 flags: any() keeps their dtype
     if b.staged is not None:
         if not bool(bad):
             b.residuals.update(b.staged)
@@ -215,7 +225,7 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
     msg = send if send is not None and send.numel() == size else torch.cat([codec.pad(payload, size - 1),
                                                                              flags.reshape(1)])
     gathered = [torch.empty_like(msg) for _ in range(world)]
-    state.count(*rank_traffic("allgather", [[n + 1] for n in sizes], [], rank), b.numel, grad.element_size(),
+    _count(state, *rank_traffic("allgather", [[n + 1] for n in sizes], [], rank), b.numel, grad.element_size(),
                 b.width(), world)
     bits, step, spent = b.bits, b.step, b.proto.spent_bits(table)
     b.step += 1
@@ -259,14 +269,15 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
     send = codec.messages(payloads, flags) if send is None else send
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=grad.device)
     dbits = b.proto.down_width(b.policy)  # downlink_bits "auto": the policy's width for this step
+    coded = b.proto.coded_down
     dmsg = max(b.proto.down_sizes(dbits)) + 1  # the longest downlink payload and the status byte
-    state.count(*rank_traffic("sharded", [[n + 1 for n in row] for row in table], [dmsg] * world, rank), b.numel,
-                grad.element_size(), b.width(), world)
+    _count(state, *rank_traffic("sharded", [[n + 1 for n in row] for row in table], [0 if coded else dmsg] * world,
+                                rank), b.numel, grad.element_size(), b.width(), world)
     bits, step, spent = b.bits, b.step, b.proto.spent_bits(table, dbits)
     b.step += 1
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=up, async_op=True)
 
-    def reduce_shard() -> tuple[torch.futures.Future, Finish]:
+    def reduce_shard() -> Stage2:
         from dqsgd.codecs import PayloadError
         from dqsgd.method.pipeline import ProtocolError
 
@@ -274,15 +285,41 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
         flg = recv[torch.tensor(recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
         try:
             avg = _average(b, rank, [msg[:-1] for msg in msgs], flg, bits, grad.device)
-            mine_down, b.down_staged = b.proto.encode_down_fed(rank, avg, step, b.down_residual, dmsg,
-                                                               b.payload_flag(avg), dbits)  # zero padded: status 0
+            mine_down, b.down_staged = b.proto.encode_down_fed(rank, avg, step, b.down_residual,
+                                                               None if coded else dmsg, b.payload_flag(avg), dbits)
+            if coded:  # its exact bytes and the status byte 0 (fixed: zero padded, the last byte 0)
+                mine_down = torch.cat([mine_down, torch.zeros(1, dtype=torch.uint8, device=mine_down.device)])
         except (PayloadError, ProtocolError) as e:  # tell every rank, in the downlink itself
-            mine_down = _failure(e, dmsg, grad.device)
+            mine_down = _failure(e, b.proto.down_caps(dbits)[rank] + 1 if coded else dmsg, grad.device)
+        if coded:
+            return _coded_down(state, b, mine_down, flg, step, table, grad, dbits, rank, world)
         gathered = [torch.empty_like(mine_down) for _ in range(world)]
         return dist.all_gather(gathered, mine_down, group=down, async_op=True).get_future(), \
-            lambda: _assemble(state, b, gathered, flg, step, spent, grad, dbits)
+            lambda: _assemble(state, b, gathered, flg, step, spent, grad, dbits), None
 
     return _ordered(state, work.get_future(), reduce_shard, grad)
+
+
+def _coded_down(state: HookState, b: BucketState, mine: torch.Tensor, flags: torch.Tensor, step: int,
+                table: List[List[int]], grad: torch.Tensor, dbits: int, rank: int, world: int) -> Stage2:
+    """The coded downlink: this rank's exact message all-gathered with the others' (lengths first);
+    its traffic counted and the step's spend known once the lengths are."""
+    from dqsgd.ddp.varlen import all_gather_varlen
+    from dqsgd.topology.limits import check_table
+    from dqsgd.topology.traffic import wire_traffic
+
+    caps, got = b.proto.down_caps(dbits), {}
+
+    def on_sizes(lengths: List[int]) -> None:
+        check_table([[n - 1 for n in lengths]], caps, f"rank {rank}: the coded downlink of bucket {b.numel}: ")
+        down = wire_traffic("sharded", [[0] * world for _ in range(world)], lengths)[1][rank]
+        _count(state, down, down, 0, 0, 0, world)
+        got["spent"] = b.proto.spent(table, dbits, [n - 1 for n in lengths])
+
+    fut, issued = all_gather_varlen(mine, state.groups()[1], world, on_sizes)
+    box: dict = {}
+    fut = fut.then(lambda f: box.setdefault("v", f.value()))
+    return fut, lambda: _assemble(state, b, box["v"][0], flags, step, got["spent"], grad, dbits, box["v"][1]), issued
 
 
 def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
@@ -293,15 +330,18 @@ def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
     return msg
 
 
-def _assemble(state: HookState, b: BucketState, gathered: list[torch.Tensor], flags: torch.Tensor, step: int, spent: int,
-              grad: torch.Tensor, dbits: int) -> torch.Tensor:
+def _assemble(state: HookState, b: BucketState, gathered: list[torch.Tensor], flags: torch.Tensor, step: int, spent: Any,
+              grad: torch.Tensor, dbits: int, lengths: Optional[List[int]] = None) -> torch.Tensor:
     """Decode every shard server's downlink into the bucket (the same bytes on every rank). A shard
-    server that refused a payload: every rank raises its error (CPU) or flags the bucket (device)."""
+    server that refused a payload: every rank raises its error (CPU) or flags the bucket (device).
+    ``lengths``: each message's length (a coded downlink; else every message is padded alike)."""
     from dqsgd.codecs import PayloadError
     from dqsgd.method.pipeline import ProtocolError
 
     out = torch.zeros(b.numel, dtype=torch.float32, device=grad.device)
     flag = b.payload_flag(out)
+    if lengths is not None:  # each message's own status byte, then its exact payload
+        gathered = [g[:n] for g, n in zip(gathered, lengths)]
     status = torch.stack([g[-1] for g in gathered])
     if flag is None:
         for j in [j for j, v in enumerate(status.tolist()) if v]:
@@ -359,10 +399,12 @@ def _fail(result: torch.futures.Future, state: HookState, err: Exception, grad: 
         result.set_result(out)
 
 
-def _ordered(state: HookState, first: torch.futures.Future, stage2: Callable[[], tuple[torch.futures.Future, Finish]],
+def _ordered(state: HookState, first: torch.futures.Future, stage2: Callable[[], Stage2],
              grad: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     """Run ``stage2`` once ``first`` is done and the previous bucket's stage 2 has issued its
-    collective; the returned future holds ``finish()`` after stage 2's collective completes."""
+    collectives (stage 2 gives the future of its last collective, ``finish``, and a future that
+    completes once its collectives are issued, or None: already); the returned future holds
+    ``finish()`` after stage 2's collective completes."""
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     prev, issued = state._issued, torch.futures.Future()
     state._issued = issued
@@ -371,12 +413,15 @@ def _ordered(state: HookState, first: torch.futures.Future, stage2: Callable[[],
     def run(_: torch.futures.Future) -> None:
         try:
             first.value()  # a failed uplink fails this bucket
-            fut2, finish = stage2()
+            fut2, finish, later = stage2()
         except Exception as e:  # noqa: BLE001 - raised, with its type, at the end of backward()
             issued.set_result(None)
             _fail(result, state, e, grad)
             return
-        issued.set_result(None)
+        if later is None:
+            issued.set_result(None)
+        else:
+            later.then(lambda _: issued.set_result(None))
 
         def done(f: torch.futures.Future) -> None:
             try:

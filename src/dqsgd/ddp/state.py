@@ -21,7 +21,8 @@ import torch.distributed as dist
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.topology.names import (
-    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_topology, resolve_downlink_bits)
+    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_downlink_target, check_topology,
+    resolve_downlink_bits)
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
@@ -110,13 +111,16 @@ class BucketState:
 
     def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
         """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
-        non-finite (the policy then skips the step). On a device they are reduced there and copied
-        to pinned host memory without blocking; an event marks when they have arrived."""
+        non-finite (the policy then skips the step). A policy that reads G keeps only what it reads
+        (the coded budget: its entropy sample, ≤ 65,536 coordinates, not a copy of the bucket). On a
+        device they are reduced there and copied to pinned host memory without blocking; an event
+        marks when they have arrived."""
         from dqsgd.policies.base import grad_norms
+        from dqsgd.policies.coded import read_stride
 
         m = self.method
         vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        keep = avg if m.policy.needs_grad else None
+        keep = avg[:: read_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return
@@ -210,7 +214,7 @@ def _stateful(field_name: str) -> bool:
     """Fields a saved state depends on (the method, its topology and horizon); warm-up, seed and the
     ratio threshold may change on resume."""
     return field_name.startswith("method.") or field_name in ("topology", "downlink_bits", "downlink_feedback",
-                                                              "total_steps")
+                                                              "downlink_coding", "downlink_target_bits", "total_steps")
 
 
 _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps")
@@ -220,7 +224,7 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
-                 "downlink_feedback", "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate",
+                 "downlink_feedback", "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits", "nonfinite_step", "start_iter", "min_compression_rate",
                  "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
@@ -228,7 +232,8 @@ class HookState:
                  seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
                  topology: str = "sharded", downlink_bits: int | str | None = None, start_iter: int = 0,
                  min_compression_rate: float = 1.0, downlink_feedback: bool = False,
-                 allow_unsafe_downlink: bool = False):
+                 allow_unsafe_downlink: bool = False, downlink_coding: str | None = None,
+                 downlink_target_bits: float = 0.0):
         """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
         ``process_group``: None = the default group; ``seed`` of the quantization randomness;
         ``timeout``: seconds any collective of the hook may take (None: torch's default);
@@ -240,6 +245,10 @@ class HookState:
         bucket's policy picks the uplink and downlink widths of every step from one both-leg budget
         (:mod:`dqsgd.policies.split`; widths below 4 only with ``downlink_feedback``); None: ``"auto"``
         for a budgeted method on ``"sharded"``, else 8;
+        ``downlink_coding``: the quantized downlink's coding (``"fixed"``, ``"auto"``, ``"rans"``, …;
+        :mod:`dqsgd.topology.downlink`); None: the uplink's (``dqsgd-coded``: ``"auto"``, else fixed);
+        ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the both-leg budget,
+        bits per coordinate and step (0: an 8-bit fixed downlink's cost);
         ``start_iter``: backward passes sent as a plain all-reduce first (``start_powerSGD_iter``);
         ``min_compression_rate``: a bucket whose predicted ratio (bytes in its dtype / payload bytes)
         is below this is all-reduced as is."""
@@ -264,6 +273,11 @@ class HookState:
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         check_downlink_safety(dbits, downlink_feedback, allow_unsafe_downlink, topology=topology,
                               vote=method.aggregate == "majority")
+        from dqsgd.topology.downlink import resolve_downlink_coding
+
+        self.downlink_coding = resolve_downlink_coding(downlink_coding, uplink_coding=method.coding, bits=dbits,
+                                                       vote=method.aggregate == "majority", topology=topology)
+        self.downlink_target_bits = check_downlink_target(downlink_target_bits, dbits == "auto")
         if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
             raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
         self.config, self.process_group, self.seed = method, process_group, seed
@@ -318,7 +332,9 @@ class HookState:
 
         out = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
         out.update({"topology": self.topology, "downlink_bits": self.downlink_bits,
-                    "downlink_feedback": self.downlink_feedback, "start_iter": self.start_iter,
+                    "downlink_feedback": self.downlink_feedback, "downlink_coding": self.downlink_coding,
+                    "downlink_target_bits": self.downlink_target_bits,
+                    "start_iter": self.start_iter,
                     "min_compression_rate": self.min_compression_rate, "total_steps": self.total_steps,
                     "seed": self.seed, "dqsgd_version": __version__})
         return out
@@ -380,7 +396,8 @@ class HookState:
 
         return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
                               seed=self.seed, total_steps=self.total_steps, bucket=index,
-                              downlink_bits=self.downlink_bits, downlink_feedback=self.downlink_feedback)
+                              downlink_bits=self.downlink_bits, downlink_feedback=self.downlink_feedback,
+                              downlink_coding=self.downlink_coding, downlink_target_bits=self.downlink_target_bits)
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -394,7 +411,10 @@ class HookState:
         """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
-        theirs, mine = {"downlink_feedback": False, **state.get("fields", {})}, self.fields()  # older: no feedback
+        # older states: no feedback, a fixed downlink
+        theirs = {"downlink_feedback": False, "downlink_coding": "fixed", "downlink_target_bits": 0.0,
+                  **state.get("fields", {})}
+        mine = self.fields()
         differ = sorted(k for k in set(theirs) | set(mine) if _stateful(k) and theirs.get(k) != mine.get(k))
         if differ:
             shown = ", ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here"
@@ -409,7 +429,7 @@ class HookState:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
         init = {k: getattr(self, k) for k in ("config", "seed", "timeout", "total_steps", "topology",
                                               "start_iter", "min_compression_rate", "downlink_feedback",
-                                              "allow_unsafe_downlink")}
+                                              "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits")}
         init["downlink_bits"] = "fp32" if self.downlink_bits == 32 else self.downlink_bits
         return {"init": init, "state": self.state_dict()}
 

@@ -32,7 +32,7 @@ from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import MAX_NUMEL, Header, write_header
 from dqsgd.codecs.wire import read_header
 from dqsgd.codecs.threads import crc32, run_split
-from dqsgd.kernels import fused
+from dqsgd.kernels import fused, recent
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers.base import RAW_SCHEMES
@@ -121,26 +121,41 @@ def _args(flat, starts, inv, s, bits, rng):
 def quantize_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
                           layout: Layout = Layout()) -> Quantized:
     """The fused quantizer's codes and scales (what :func:`encode_uniform_fast` packs)."""
+    return _quantize(x, bits, rng, norm, layout, histogram=False)[0]
+
+
+def _quantize(x: torch.Tensor, bits: int, rng: HashRNG, norm: Norm, layout: Layout,
+              histogram: bool) -> tuple[Quantized, np.ndarray | None]:
+    """:func:`quantize_uniform_fast`, and with ``histogram`` the codes'
+    :func:`~dqsgd.codecs.rans.level_histogram`, counted in the quantizing pass (else None)."""
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
     codes = np.empty(n, dtype=np.int32)
+    nsym = 1 << bits if histogram else 0
+    hist = np.zeros(nsym, dtype=np.int64)
     if n:
-        run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
-                  min_per_thread=MIN_CHUNKS_PER_THREAD)
-    return Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape),
-                     norm, dtype=x.dtype)
+        parts = run_split(fused.codes_range, -(-n // fused.CHUNK), *_args(flat, starts, inv, s, bits, rng), codes,
+                          0 if bits == 1 else 1 << (bits - 1), nsym, min_per_thread=MIN_CHUNKS_PER_THREAD)
+        hist = np.sum(parts, axis=0) if len(parts) > 1 else parts[0]
+    q = Quantized(Scheme.UNIFORM, bits, s, torch.from_numpy(codes), scales, layout, tuple(x.shape), norm, dtype=x.dtype)
+    return q, hist if histogram else None
 
 
 _PACKED = (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED)  # codings the fused kernel packs itself
+_CODES_FIRST = (Coding.ELIAS, Coding.RANS, Coding.RANSX)  # codings decode-accumulate decodes to codes first
+_CODING_AT = 5  # the header's coding byte: magic "DQ", version, scheme, bits, coding
 
 
 def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
-                        layout: Layout = Layout(), coding: Coding = Coding.FIXED) -> bytes:
-    """The payload of the hash-RNG stochastic uniform quantizer of ``x`` at ``bits`` (1..16).
+                        layout: Layout = Layout(), coding: Coding = Coding.FIXED, link_mbit: float = 0.0) -> bytes:
+    """The payload of the hash-RNG stochastic uniform quantizer of ``x`` at ``bits`` (1..16):
+    ``encode(quantize_uniform_fast(x, …), coding, link_mbit=link_mbit)``, byte for byte.
 
     FIXED, ZSTD and ZSTD_ALIGNED are packed in the fused kernel (straight into the payload for
-    FIXED); ELIAS, RANS and AUTO go through the codes (:func:`quantize_uniform_fast`) and
-    :func:`dqsgd.codecs.encode` (entropy coders need the histogram of all codes first).
+    FIXED); ELIAS, RANS, RANSX and AUTO go through the codes and :func:`dqsgd.codecs.encode`
+    (entropy coders need the histogram of all codes first), the histogram counted in the
+    quantizing pass, which also stands for the encoder's check of the codes' range (one walk
+    over the codes fewer for each).
 
     Raises:
       NonFiniteGradientError: ``x`` has NaN or Inf (nothing is encoded).
@@ -148,7 +163,11 @@ def encode_uniform_fast(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm 
     """
     coding = Coding(coding)
     if coding not in _PACKED:
-        return encode_payload(quantize_uniform_fast(x, bits, rng, norm=norm, layout=layout), coding)
+        q, hist = _quantize(x, bits, rng, norm, layout, histogram=True)
+        payload = encode_payload(q, coding, link_mbit=link_mbit, histogram=hist)
+        if Coding(payload[_CODING_AT]) in _CODES_FIRST:  # its decoder would rebuild these codes: keep them
+            recent.remember(payload, q.codes.numpy())
+        return payload
     flat, starts, scales, inv, s = _prepare(x, bits, norm, layout)
     n = flat.numel()
     shape = tuple(int(d) for d in x.shape)
@@ -215,10 +234,19 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     rng = wire.code_range(h.scheme, h.bits, h.levels)
     if (h.coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX) or h.numel == 0
             or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
-        # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first.
-        data = wire.decode_body(buf, h)
+        # ELIAS, RANS (and SIGN codes wider than 1 bit, which must not be 0): the validated codes first;
+        # RANSX's last check (its table is the codes' normalised counts) counts them while they are added.
+        data = recent.recall(buf) if h.coding in _CODES_FIRST else None  # a payload this process encoded
+        check = None
+        if data is None:
+            data, check = wire.decode_body_uncounted(buf, h)
         if h.numel:
-            fused.accumulate_codes(data, segment_starts(h.layout, h.numel), _steps(h), w, arr)
+            starts, steps = segment_starts(h.layout, h.numel), _steps(h)
+            if check is None:
+                fused.accumulate_codes(data, starts, steps, w, arr)
+            else:
+                check(fused.accumulate_codes_counted(data, starts, steps, w, arr, 0 if h.bits == 1 else
+                                                     1 << (h.bits - 1), h.bits == 1, 1 << h.bits))
         return h
     body = buf[h.body_start : h.body_start + h.body_len]
     width = wire.body_width(h.bits, h.coding)

@@ -174,19 +174,50 @@ def encode_range(x, starts, inv, sf, one_bit, key, width, offset, out, c_lo, c_h
 
 
 @njit(cache=True, nogil=True)
-def codes_range(x, starts, inv, sf, one_bit, key, codes, c_lo, c_hi):  # pragma: no cover
-    """Signed codes (±1 at one bit) of chunks [c_lo, c_hi) into ``codes``."""
+def codes_range(x, starts, inv, sf, one_bit, key, codes, offset, nsym, c_lo, c_hi):  # pragma: no cover
+    """Signed codes (±1 at one bit) of chunks [c_lo, c_hi) into ``codes``; with ``nsym`` > 0, in the
+    same pass, the counts of their offset-binary symbols (``u = c + offset``; 1 bit: ``u = 1`` for
+    +1), each chunk counted while it is still in L1 (:func:`_count`). Returns the counts (int64,
+    ``nsym`` of them; none for ``nsym`` = 0)."""
     n = x.size
     hbuf = np.empty(CHUNK // 4, np.uint64)
+    cbuf = np.empty(CHUNK, np.int32)  # quantized here, then copied: rounding straight into ``codes``,
+    part = np.zeros((4, nsym), np.int64)  # which may alias ``x`` for all the compiler knows, does not vectorize (2x)
     seg = np.searchsorted(starts, c_lo * CHUNK, side="right") - 1
     for c in range(c_lo, c_hi):
         i0 = c * CHUNK
         m = min(CHUNK, n - i0)
-        dst = codes[i0 : i0 + m]
-        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, dst)
+        seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, cbuf)
+        src = cbuf[:m]
         if one_bit:
             for t in range(m):
-                dst[t] = 2 * dst[t] - 1
+                src[t] = 2 * src[t] - 1
+        codes[i0 : i0 + m] = src
+        if nsym:
+            _count(src, offset, one_bit, part)
+    return _summed(part)
+
+
+@njit(cache=True, inline="always")
+def _count(codes, offset, one_bit, part):  # pragma: no cover - compiled
+    """part[i mod 4, u_i] += 1: four partial histograms, since consecutive codes are mostly the same
+    level and one histogram would chain every increment on the one before."""
+    n4 = codes.size // 4 * 4
+    for t in range(0, n4, 4):
+        for k in range(4):  # unrolled: the row of each increment is a constant
+            c = np.int64(codes[t + k])
+            part[k, np.int64(c > 0) if one_bit else c + offset] += 1
+    for t in range(n4, codes.size):
+        c = np.int64(codes[t])
+        part[0, np.int64(c > 0) if one_bit else c + offset] += 1
+
+
+@njit(cache=True, inline="always")
+def _summed(part):  # pragma: no cover - compiled
+    hist = part[0].copy()
+    for k in range(1, part.shape[0]):
+        hist += part[k]
+    return hist
 
 
 # -------------------------------------------------------------------------- decode-accumulate
@@ -261,6 +292,30 @@ def accumulate_codes(codes, starts, step, w, out):  # pragma: no cover - compile
         cs, os = codes[starts[k] : starts[k + 1]], out[starts[k] : starts[k + 1]]
         for i in range(cs.size):
             os[i] += w * (np.float32(cs[i]) * st)
+
+
+@njit(cache=True, nogil=True)
+def accumulate_codes_counted(codes, starts, step, w, out, offset, one_bit, nsym):  # pragma: no cover - compiled
+    """:func:`accumulate_codes`, and the counts of the codes' offset-binary symbols (as
+    :func:`codes_range`'s), each chunk of ``CHUNK`` codes counted right after it is added,
+    while it is in L1. ``codes``: within ``[−offset, nsym − offset)`` (the rANS decoders' table
+    symbols). Returns the counts."""
+    part = np.zeros((4, nsym), np.int64)
+    seg = 0
+    for c0 in range(0, codes.size, CHUNK):
+        c1 = min(codes.size, c0 + CHUNK)
+        i = c0
+        while i < c1:
+            while starts[seg + 1] <= i:  # also skips empty segments
+                seg += 1
+            e = min(c1, starts[seg + 1])
+            st = step[seg]
+            cs, os = codes[i:e], out[i:e]
+            for t in range(cs.size):  # from 0: see _quantize_piece
+                os[t] += w * (np.float32(cs[t]) * st)
+            i = e
+        _count(codes[c0:c1], offset, one_bit, part)
+    return _summed(part)
 
 
 @njit(cache=True, nogil=True)

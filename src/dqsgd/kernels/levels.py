@@ -21,24 +21,54 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["expected_level_entropies"]
+__all__ = ["expected_level_entropies", "value_level_entropies"]
 
 _ONE = 1 << 32  # fixed point of the fractions
 
 
+_PARTIAL_BELOW = 2048  # widths of fewer levels add into four partial tables (see _bins)
+
+
 @njit(cache=True, nogil=True)
 def _bins(u, neg, svals, offs, acc):  # pragma: no cover - compiled
-    """acc[2·(offs_k + (s_k + 1)·neg_i + ℓ_i)] += 1 and acc[… + 1] += ⌊f_i·2^32⌋, for every i and width k."""
-    for i in range(u.size):
-        side = np.int64(neg[i])
-        for k in range(svals.size):
-            s = svals[k]
-            v = u[i] * np.float64(s)
+    """acc[2·(offs_k + (s_k + 1)·neg_i + ℓ_i)] += 1 and acc[… + 1] += ⌊f_i·2^32⌋, for every i and width k.
+
+    Width by width: a narrow width puts most coordinates into a few bins, and one table would chain
+    every addition on the one before, so below ``_PARTIAL_BELOW`` levels coordinate i adds into
+    partial table i mod 4 (summed at the end: integers, the same totals); a wide width spreads them."""
+    n = u.size
+    for k in range(svals.size):
+        s = svals[k]
+        sf = np.float64(s)
+        base = 2 * offs[k]
+        side = 2 * (s + 1)
+        parts = 4 if s < _PARTIAL_BELOW else 1
+        part = np.zeros((parts, 2 * side if parts > 1 else 0), np.int64)
+        for i in range(n):
+            v = u[i] * sf
             low = np.int64(np.floor(v))
             frac = np.int64((v - np.float64(low)) * np.float64(_ONE))
-            j = 2 * (offs[k] + (s + 1) * side + low)
-            acc[j] += 1
-            acc[j + 1] += frac
+            j = side * np.int64(neg[i]) + 2 * low
+            if parts > 1:
+                part[i & 3, j] += 1
+                part[i & 3, j + 1] += frac
+            else:
+                acc[base + j] += 1
+                acc[base + j + 1] += frac
+        if parts > 1:
+            for j in range(2 * side):
+                acc[base + j] += part[0, j] + part[1, j] + part[2, j] + part[3, j]
+
+
+@njit(cache=True, nogil=True)
+def _magnitudes(g, norm, u, neg):  # pragma: no cover - compiled
+    """u_i = min(|g_i| / norm, 1) in float64 (NaN stays NaN), neg_i = g_i < 0: the values of torch's
+    ``(g.double().abs() / norm).clamp(max=1.0)`` and ``g < 0``, in one pass without temporaries."""
+    for i in range(g.size):
+        x = np.float64(g[i])
+        v = abs(x) / norm
+        u[i] = 1.0 if v > 1.0 else v
+        neg[i] = x < 0.0
 
 
 @njit(cache=True, nogil=True)
@@ -62,6 +92,18 @@ def _entropies(acc, svals, offs, n, out):  # pragma: no cover - compiled
                     p = np.float64(mass) * scale
                     h -= p * np.log2(p)
         out[k] = h
+
+
+def value_level_entropies(g: np.ndarray, norm: float, levels: list[int]) -> list[float]:
+    """:func:`expected_level_entropies` of the values ``g`` (1-D float32 or float64) at scale ``norm`` > 0:
+    u = min(|g|/norm, 1) in float64 and the signs of g, computed in the kernel (the same floats)."""
+    if g.ndim != 1 or g.dtype not in (np.float32, np.float64):
+        raise ValueError(f"value_level_entropies needs 1-D float32 or float64 values, got {g.dtype} {g.shape}")
+    if not norm > 0:
+        raise ValueError(f"value_level_entropies needs a scale > 0, got {norm!r}")
+    u, neg = np.empty(g.size, dtype=np.float64), np.empty(g.size, dtype=np.bool_)
+    _magnitudes(np.ascontiguousarray(g), np.float64(norm), u, neg)
+    return expected_level_entropies(u, neg, levels)
 
 
 def expected_level_entropies(u: np.ndarray, neg: np.ndarray, levels: list[int]) -> list[float]:

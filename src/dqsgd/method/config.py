@@ -3,7 +3,8 @@
 ``method_config("qsgd", bits=4)`` returns a frozen, validated :class:`MethodConfig`;
 ``METHODS`` lists every registered name with a one-line description. Unknown names, unknown
 fields and bad hyperparameters are refused up front with a message that says what is allowed.
-Names of the form ``qsgd-<B>bit`` are accepted as ``qsgd`` with ``bits=B``.
+Names of the form ``qsgd-<B>bit`` are accepted as ``qsgd`` with ``bits=B``, and ``qsgd-<B>bit-<CODING>``
+(``qsgd-2bit-auto``, ``qsgd-4bit-elias``: QSGD's own Elias coding) as that with ``coding=CODING``.
 
 What a scheme allows (its widths, whether a bit policy may drive it) comes from the quantizer
 registry, ``dqsgd.quantizers.registry``, loaded when the first configuration is built (it loads
@@ -16,7 +17,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from dqsgd.quantizers.constants import TERNGRAD_CLIP
 
@@ -217,16 +218,19 @@ _PRESETS: dict[str, dict[str, Any]] = {
 }
 
 METHODS: dict[str, str] = {name: p["description"] for name, p in _PRESETS.items()}
-_QSGD_ALIAS = re.compile(r"^qsgd-(\d+)bits?$")
+_QSGD_ALIAS = re.compile(r"^qsgd-(\d+)bits?(?:-(" + "|".join(map(re.escape, get_args(CodingName))) + r"))?$")
 FIELDS = tuple(f.name for f in dataclasses.fields(MethodConfig))
 
 
 def method_config(name: str, **overrides: Any) -> MethodConfig:
     """The registered method ``name`` with ``overrides`` applied and validated."""
     alias = _QSGD_ALIAS.match(name)
-    base = dict(_PRESETS["qsgd"], bits=int(alias.group(1))) if alias else _PRESETS.get(name)
+    base = _PRESETS.get(name)
+    if alias:
+        base = dict(_PRESETS["qsgd"], bits=int(alias.group(1)), **({"coding": alias.group(2)} if alias.group(2) else {}))
     if base is None:
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))} (and qsgd-<B>bit)")
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))} (and qsgd-<B>bit, "
+                         f"qsgd-<B>bit-<coding>)")
     unknown = sorted(set(overrides) - set(FIELDS))
     if unknown:
         raise ValueError(f"method {name!r}: unknown option(s) {unknown}; allowed: {', '.join(FIELDS)}")

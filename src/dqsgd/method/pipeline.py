@@ -23,7 +23,7 @@ from dqsgd.method import memory
 from dqsgd.method.config import MethodConfig
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
-    grad_stats,
+    Spent, grad_stats,
 )
 from dqsgd.quantizers import (
     Layout, Norm, Quantized, Scheme, dequantize, quantize_identity, quantize_sign,
@@ -163,7 +163,7 @@ class Method:
         """
         flat = grad.detach().reshape(-1)
         if not self.config.error_feedback:
-            if self.fused and self.coding in (Coding.FIXED, Coding.ZSTD, Coding.ZSTD_ALIGNED):
+            if self.fused:  # the fused kernel's payload: packed there, or its codes counted in the same pass
                 if flat.numel() != self.numel:
                     raise ValueError(f"gradient has {flat.numel()} elements, the method was built for {self.numel}")
                 if flat.device.type == "cuda" and self.coding == Coding.FIXED:  # the device codec: same bytes
@@ -171,8 +171,8 @@ class Method:
 
                     return encode_uniform_device(flat, bits, self._need_rng(hash_rng), norm=self.norm,
                                                  layout=self.layout).cpu().numpy().tobytes(), None
-                return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm,
-                                           layout=self.layout, coding=self.coding), None
+                return encode_uniform_fast(flat, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout,
+                                           coding=self.coding, link_mbit=self.config.link_mbit), None
             q = self.compress(flat, bits, generator, scalers, hash_rng)
             return encode_payload(q, self.coding, link_mbit=self.config.link_mbit), None
         p = memory.compensate(flat, residual)
@@ -230,8 +230,9 @@ class Method:
             raise ProtocolError(f"downlink message has {q.numel} values, expected {self.numel}")
         return dequantize(q).reshape(-1)
 
-    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: int) -> MethodState:
-        """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12)."""
+    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: Spent) -> MethodState:
+        """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12).
+        ``spent_bits``: the step's bits, or (bits, a coded downlink's real bits among them)."""
         if state.policy is None:
             raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
         stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)

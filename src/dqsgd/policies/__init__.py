@@ -7,8 +7,8 @@ from dqsgd.core.lazy import attach
 
 if TYPE_CHECKING:
     from dqsgd.policies.adaptive import AdaptiveRMS, AdaQS
-    from dqsgd.policies.base import (BitPolicy, GradStats, PolicyState, Rounding, grad_stats, integerize, state_from_dict,
-                                     state_to_dict)
+    from dqsgd.policies.base import (BitPolicy, GradStats, PolicyState, Rounding, Spent, grad_stats, integerize,
+                                     split_spent, state_from_dict, state_to_dict)
     from dqsgd.policies.budgeted import BudgetedDQSGD
     from dqsgd.policies.coded import CodedBudgetedDQSGD, level_entropies
     from dqsgd.policies.rules import DQSGDRule, FixedBits

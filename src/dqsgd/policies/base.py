@@ -65,31 +65,52 @@ class GradStats:
     rms: float                # ‖G‖₂ / √d
     spent_bits: int           # bits one worker really sent at step n (max over workers; from the ledger)
     grad: torch.Tensor | None = None  # G itself (AdaQS keeps moments of it); None if not needed
+    down_bits: int | None = None  # of spent_bits, the downlink's real bits (a coded downlink under a
+                                  # both-leg budget); None: the downlink is counted at its fixed size
 
 
 def grad_norms(g: torch.Tensor, p: float) -> torch.Tensor:
     """``[‖g‖_p, ‖g‖₂]`` of a flat float32 vector, as a tensor on its device (the DDP hook reads it a
-    step late, without waiting for the device)."""
-    norm = g.abs().amax() if math.isinf(p) else torch.linalg.vector_norm(g, p)
+    step late, without waiting for the device). ‖g‖_∞ is max(−min g, max g): exactly max |g_i|
+    (NaN if some g_i is), from one pass that allocates nothing (``g.abs().amax()`` writes a copy of g
+    first: 7x slower on a 1.8M-element bucket)."""
+    if math.isinf(p):
+        lo, hi = torch.aminmax(g)
+        norm = torch.maximum(-lo, hi)
+    else:
+        norm = torch.linalg.vector_norm(g, p)
     return torch.stack([norm, torch.linalg.vector_norm(g, 2)])
 
 
-def stats_of(step: int, norm: float, l2: float, numel: int, spent_bits: int, g: torch.Tensor | None) -> GradStats:
-    """The policy's statistics from :func:`grad_norms`' values (rms = ‖G‖₂/√d)."""
-    return GradStats(step, norm, l2 / math.sqrt(numel), spent_bits, g)
+Spent = int | tuple[int, int]  # a step's spent bits, or (spent bits, of which the downlink's real bits)
 
 
-def grad_stats(grad: torch.Tensor, step: int, spent_bits: int, p: float = math.inf, keep: bool = False) -> GradStats:
+def split_spent(spent: Spent) -> tuple[int, int | None]:
+    """(spent bits, the downlink's real bits or None) of a :data:`Spent`."""
+    if isinstance(spent, (tuple, list)):
+        return int(spent[0]), int(spent[1])
+    return int(spent), None
+
+
+def stats_of(step: int, norm: float, l2: float, numel: int, spent_bits: Spent, g: torch.Tensor | None) -> GradStats:
+    """The policy's statistics from :func:`grad_norms`' values (rms = ‖G‖₂/√d); ``spent_bits``: an
+    int, or (bits, the coded downlink's bits among them)."""
+    total, down = split_spent(spent_bits)
+    return GradStats(step, norm, l2 / math.sqrt(numel), total, g, down)
+
+
+def grad_stats(grad: torch.Tensor, step: int, spent_bits: Spent, p: float = math.inf, keep: bool = False) -> GradStats:
     g = grad.detach().reshape(-1).to(torch.float32)
+    total, down = split_spent(spent_bits)
     if g.numel() == 0:
-        return GradStats(step, 0.0, 0.0, spent_bits, g if keep else None)
+        return GradStats(step, 0.0, 0.0, total, g if keep else None, down)
     norm, l2 = grad_norms(g, p).tolist()
     rms = stats_of(step, norm, l2, g.numel(), spent_bits, None).rms
     if not (math.isfinite(norm) and math.isfinite(rms)):
         from dqsgd.quantizers import NonFiniteGradientError
 
         raise NonFiniteGradientError(f"aggregated gradient of step {step} is not finite (norm {norm})")
-    return GradStats(step, norm, rms, spent_bits, g if keep else None)
+    return GradStats(step, norm, rms, total, g if keep else None, down)
 
 
 S = TypeVar("S")

@@ -37,6 +37,7 @@ the largest width whose fixed size fits the per-step share C/N (at least ``min_b
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -44,7 +45,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from dqsgd.kernels.levels import expected_level_entropies
+from dqsgd.kernels.levels import value_level_entropies
 from dqsgd.policies.base import GradStats, Rounding, integerize
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
 from dqsgd.quantizers.constants import levels_for_bits
@@ -62,6 +63,24 @@ class CodedBudgetState:
     observed: float             # the last observed ratio (nan: none)
 
 
+def sample_stride(numel: int, sample: int) -> int:
+    """The stride of :func:`level_entropies`' sample of a vector of ``numel``: ⌈numel/sample⌉ (at least 1).
+
+    A vector that is already that sample, ``v[::sample_stride(n, sample)]``, has ⌈n/stride⌉ ≤ ``sample``
+    elements, so its own stride is 1 and its entropies are the whole vector's, bit for bit: a caller
+    that keeps the sample alone (the DDP hook's :meth:`~dqsgd.ddp.state.BucketState.record`) feeds the
+    policy the same numbers as one that keeps the vector."""
+    return max(1, -(-numel // sample))
+
+
+def read_stride(policy: object, numel: int) -> int:
+    """The stride of the part of a vector of ``numel`` that ``policy`` reads of G: the coded budget's
+    entropy sample (:func:`sample_stride`; under ``downlink_bits = "auto"`` it is the split policy's
+    ``inner``), else 1 (all of it, as AdaQS reads it)."""
+    sample = getattr(getattr(policy, "inner", policy), "sample", None)
+    return 1 if sample is None else sample_stride(numel, sample)
+
+
 def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int = 1 << 16) -> list[float]:
     """Expected entropy, bits per coordinate, of the signed levels of unbiased stochastic rounding of
     ``grad`` at each width in ``widths`` (scale ``norm``: u = |g|/norm, s = 2^(B−1) − 1 levels).
@@ -71,10 +90,10 @@ def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int 
     g = grad.detach().reshape(-1)
     if g.numel() == 0 or not norm > 0:
         return [0.0] * len(widths)
-    step = max(1, -(-g.numel() // sample))
-    g = g[::step].to(torch.float64).cpu().contiguous()  # the sample first: only it is converted
-    u = (g.abs() / norm).clamp(max=1.0).numpy()
-    return expected_level_entropies(u, (g < 0).numpy(), [levels_for_bits(b) for b in widths])
+    g = g[:: sample_stride(g.numel(), sample)].cpu()  # only the sample is copied
+    if g.dtype not in (torch.float32, torch.float64):
+        g = g.to(torch.float32)  # exact: the scale and magnitudes are float64 (value_level_entropies)
+    return value_level_entropies(g.contiguous().numpy(), float(norm), [levels_for_bits(b) for b in widths])
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,14 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
     def widths(self) -> range:
         return range(self.min_bits, self.max_bits + 1)
 
+    @functools.cached_property
+    def fixed_bits(self) -> np.ndarray:
+        """fixed(B) for B = min_bits..max_bits (read-only): every update reads it several times, and
+        ``message_bits`` builds a header's size on each call."""
+        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        fixed.setflags(write=False)
+        return fixed
+
     def init(self) -> CodedBudgetState:
         share = self.budget_bits / self.total_steps
         bits = self.min_bits
@@ -114,7 +141,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
 
     def costs(self, entropy: tuple[float, ...], ratio: float) -> np.ndarray:
         """Predicted coded bits of one message at each width min..max: non-decreasing, ≤ fixed(B)."""
-        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        fixed = self.fixed_bits
         if not entropy or not math.isfinite(ratio):
             return fixed
         coded = self.header_bits + ratio * self.numel * np.asarray(entropy, dtype=np.float64)
@@ -145,7 +172,7 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         widths = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
         body = max(0.0, spent_bits - self.header_bits) + self.numel * np.maximum(widths - measured, 0.0)
         floor = np.where(widths > measured, self.header_bits + margin * body, 0.0)
-        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        fixed = self.fixed_bits
         return np.maximum.accumulate(np.maximum(cost, np.minimum(floor, fixed)))
 
     def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,

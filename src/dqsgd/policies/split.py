@@ -35,7 +35,22 @@ pair is the least Q among all pairs whose cost fits the allowance (ties: cheaper
 u). Two pairs can cost nearly the same (headers and byte rounding differ by a few bytes) and bound
 very differently, which is why the allowance is a Pareto pair's cost and not the interpolated one. Nominal budget: every cost is exact, so C is never overspent. Coded budget: the uplink
 is costed by its predicted coded size and capped by the same upper estimate as
-:class:`~dqsgd.policies.coded.CodedBudgetedDQSGD`'s; the downlink (fixed coding) is exact.
+:class:`~dqsgd.policies.coded.CodedBudgetedDQSGD`'s; a fixed downlink is exact.
+
+A coded downlink (coding ``auto``, never larger than fixed: :mod:`dqsgd.topology.downlink`) is
+charged its real bytes (``GradStats.down_bits``) and costed as the coded uplink is
+(:mod:`dqsgd.policies.coded`): at width v, its headers plus r·d·H_v(G), H_v the expected entropy of
+stochastic max-norm rounding of the update G at v (:func:`~dqsgd.policies.coded.level_entropies`),
+r a running ratio of the real body bits to the predicted ones at the width sent
+(:attr:`SplitState.down_ratio`); above the width just sent, at least its measured body plus one
+bit per coordinate per extra bit (G's levels do not resolve finer widths); never above the fixed
+cost. The upper estimate takes 1.1 × the larger of r and the last observed ratio. Before the first
+step every width is costed at its fixed size. As for the coded uplink, the "never overspent"
+property then rests on that margin rather than on arithmetic (the fixed cost is the only hard
+bound, and a budget below the cheapest fixed pair — ``downlink_target_bits`` of 1, say — relies on
+coding); the budget must only pay the headers of both legs (``LegCosts.down_floor``).
+``tests/topology/test_downlink_coding.py`` trains through the simulation at such budgets and checks
+the ledger against C at every step.
 """
 
 from __future__ import annotations
@@ -46,11 +61,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from dqsgd.policies.base import GradStats
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
-from dqsgd.policies.coded import CodedBudgetedDQSGD
+from dqsgd.policies.coded import CodedBudgetedDQSGD, level_entropies
 from dqsgd.theory.formulas import bits_for_levels, two_stage_quantization_term
+
+
+DOWN_MARGIN = 1.1     # a coded downlink's upper cost: this times the larger of its ratios (as the coded uplink's)
+DOWN_SMOOTHING = 0.3  # the weight of the last observed ratio in the running one
+SAMPLE = 1 << 16      # coordinates of G the entropies are computed on (a fixed stride)
 
 
 @dataclass(frozen=True)
@@ -64,17 +85,22 @@ class SplitState:
     entropy: tuple[float, ...] = ()  # coded budget: H_B(G) per uplink width (CodedBudgetedDQSGD)
     ratio: float = 0.0               # coded budget: running real / predicted uplink body bits (nan: none yet)
     observed: float = 0.0            # coded budget: the last observed ratio (nan: none yet); nominal: 0, unused
+    down_ratio: float = 0.0          # coded downlink: running real / predicted body bits (0: fixed, or none yet)
+    down_observed: float = 0.0       # coded downlink: the last observed ratio (0: none yet)
 
 
 @dataclass(frozen=True)
 class LegCosts:
     """The candidate pairs: uplink widths ``up`` (the policy's min..max), downlink widths ``down``,
-    ``down_bits[i]``: the exact bits one worker receives at ``down[i]``, for ``workers`` shards."""
+    ``down_bits[i]``: the exact bits one worker receives at ``down[i]`` for ``workers`` shards (the
+    fixed sizes: a coded downlink's upper bound, ``coded_down``)."""
 
     up: tuple[int, ...]
     down: tuple[int, ...]
     down_bits: tuple[int, ...]
     workers: int
+    coded_down: bool = False
+    down_floor: float = 0.0  # the least a coded downlink can cost: its W payloads' headers, bits
 
     @functools.cached_property
     def q(self) -> np.ndarray:
@@ -127,7 +153,8 @@ class SplitBudget:
     legs: LegCosts
 
     def __post_init__(self) -> None:
-        cheapest = self.upper_up()[0] + min(self.legs.down_bits)
+        up = float(getattr(self.inner, "header_bits")) if self.coded else self.upper_up()[0]
+        cheapest = up + (self.legs.down_floor if self.legs.coded_down else min(self.legs.down_bits))
         if self.inner.budget_bits < self.inner.total_steps * cheapest:
             raise ValueError(f"infeasible budget: {self.inner.budget_bits} bits cannot pay {self.inner.total_steps} "
                              f"steps of both legs even at the cheapest pair ({cheapest:g} bits a step)")
@@ -143,7 +170,7 @@ class SplitBudget:
 
     @property
     def needs_grad(self) -> bool:
-        return self.inner.needs_grad
+        return self.inner.needs_grad or self.legs.coded_down
 
     @property
     def coded(self) -> bool:
@@ -154,18 +181,57 @@ class SplitBudget:
         (the coded budget's estimate before the first step)."""
         return np.array([self.inner.message_bits(u) for u in self.legs.up], dtype=np.float64)
 
-    def costs(self, up: np.ndarray) -> np.ndarray:
-        """Both legs' bits of every pair, rows u, columns v."""
-        return up[:, None] + np.asarray(self.legs.down_bits, dtype=np.float64)[None, :]
+    def costs(self, up: np.ndarray, down: np.ndarray | None = None) -> np.ndarray:
+        """Both legs' bits of every pair, rows u, columns v; ``down``: the downlink's cost per width
+        (default its fixed bits)."""
+        down = np.asarray(self.legs.down_bits if down is None else down, dtype=np.float64)
+        return up[:, None] + down[None, :]
 
-    def pick(self, allowance: float, cap: float, est: np.ndarray, upper: np.ndarray) -> tuple[int, int]:
-        """The pair of least Q whose estimated cost fits ``allowance`` and upper cost fits ``cap``."""
+    def pick(self, allowance: float, cap: float, est: np.ndarray, upper: np.ndarray,
+             down: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[int, int]:
+        """The pair of least Q whose estimated cost fits ``allowance`` and upper cost fits ``cap``
+        (``down``: the downlink's estimated and upper cost per width; default its fixed bits)."""
         q = self.legs.q
-        cost = np.where(self.costs(upper) <= cap, self.costs(est), np.inf)
+        d_est, d_up = (None, None) if down is None else down
+        cost = np.where(self.costs(upper, d_up) <= cap, self.costs(est, d_est), np.inf)
         i, j = choose_pair(cost, q, allowance)
         if not math.isfinite(cost[i, j]):  # nothing fits the cap: the cheapest pair by its upper cost
-            i, j = choose_pair(self.costs(upper), q, -math.inf)
+            i, j = choose_pair(self.costs(upper, d_up), q, -math.inf)
         return self.legs.up[i], self.legs.down[j]
+
+    def down_costs(self, grad: torch.Tensor, width: int, body: float, ratio: float,
+                   observed: float) -> tuple[np.ndarray, np.ndarray]:
+        """(estimated, upper) bits of a coded downlink at each width after one at ``width`` whose payloads'
+        bodies took ``body`` bits (module docstring), from the update ``grad``."""
+        legs, d = self.legs, float(self.inner.numel)
+        fixed = np.asarray(legs.down_bits, dtype=np.float64)
+        widths = np.asarray(legs.down, dtype=np.float64)
+        norm = float(grad.abs().max()) if grad.numel() else 0.0
+        h = np.asarray(level_entropies(grad, norm, range(min(legs.down), max(legs.down) + 1), SAMPLE))
+        h = h[widths.astype(np.int64) - min(legs.down)]
+
+        def cost(r: float, margin: float) -> np.ndarray:
+            above = np.where(widths > width, legs.down_floor + margin * (body + d * (widths - width)), 0.0)
+            return np.maximum.accumulate(np.minimum(fixed, np.maximum(legs.down_floor + r * d * h, above)))
+
+        return cost(ratio, 1.0), cost(DOWN_MARGIN * max(ratio, observed), DOWN_MARGIN)
+
+    def learn_down(self, state: SplitState, stats: GradStats,
+                   down_now: int) -> tuple[float, float, tuple[np.ndarray, np.ndarray] | None]:
+        """(running ratio, observed ratio, the downlink's (estimated, upper) costs or None: fixed) after a
+        step whose downlink at ``state.down_bits`` cost ``down_now`` bits."""
+        if not self.legs.coded_down or stats.down_bits is None or stats.grad is None:
+            return state.down_ratio, state.down_observed, None
+        body = max(0.0, down_now - self.legs.down_floor)
+        h = level_entropies(stats.grad, float(stats.grad.abs().max()), range(state.down_bits, state.down_bits + 1),
+                            SAMPLE)[0]
+        ratio, observed = state.down_ratio, state.down_observed
+        if h > 0:
+            observed = body / (self.inner.numel * h)
+            ratio = observed if ratio <= 0 else (1 - DOWN_SMOOTHING) * ratio + DOWN_SMOOTHING * observed
+        if ratio <= 0:
+            return ratio, observed, None
+        return ratio, observed, self.down_costs(stats.grad, state.down_bits, body, ratio, observed)
 
     def init(self) -> SplitState:
         n, up = self.inner.total_steps, self.upper_up()
@@ -176,34 +242,39 @@ class SplitBudget:
     def update(self, state: SplitState, stats: GradStats) -> SplitState:
         p = self.inner
         step, spent, fit = p.observe(state, stats)  # type: ignore[arg-type]
-        down_now = self.legs.down_bits[self.legs.down.index(state.down_bits)]
+        fixed_down = self.legs.down_bits[self.legs.down.index(state.down_bits)]
+        down_now = fixed_down if stats.down_bits is None else int(stats.down_bits)
+        d_ratio, d_observed, down = self.learn_down(state, stats, down_now)
         learned: dict[str, Any] = {}
         if self.coded:  # the coded uplink's entropy and ratio learn from the uplink's share of the spend
             c: Any = p
             up_stats = replace(stats, spent_bits=int(stats.spent_bits) - down_now)
             learned = dict(zip(("entropy", "ratio", "observed"), c.learn(state, up_stats)))
         if step >= p.total_steps:
-            return replace(state, spent=spent, fit=fit, **learned)
+            return replace(state, spent=spent, fit=fit, down_ratio=d_ratio, down_observed=d_observed, **learned)
         est = upper = self.upper_up()
         if self.coded:  # floored above the width just sent, as the coded policy's own estimates
             est, upper = c.estimates(*learned.values(), state.bits, up_stats.spent_bits)
         q = self.legs.q
-        xs, ys = frontier(self.costs(est), q, self.legs.equivalent_bits(q), p.numel / 16)
+        xs, ys = frontier(self.costs(est, None if down is None else down[0]), q, self.legs.equivalent_bits(q),
+                          p.numel / 16)
         forecast = forecast_norms(fit, stats.step, step + 1, p.total_steps, stats.norm, p.tau)
         left = float(p.budget_bits - spent)
         k, real = p.solve_widths(step, stats.norm, forecast, lambda w: float(np.interp(w, xs, ys).sum()), left)
-        cap = left - (p.total_steps - step - 1) * self.costs(upper).min()
+        cap = left - (p.total_steps - step - 1) * self.costs(upper, None if down is None else down[1]).min()
         nearest = int(np.argmin(np.abs(xs - real)))  # the Pareto pair nearest the planned B_eq (first of a tie)
-        u, v = self.pick(min(float(ys[nearest]), cap), cap, est, upper)
-        return SplitState(u, v, real, spent, fit, k, **learned)
+        u, v = self.pick(min(float(ys[nearest]), cap), cap, est, upper, down)
+        return SplitState(u, v, real, spent, fit, k, down_ratio=d_ratio, down_observed=d_observed, **learned)
 
 
 def split_budget(inner: Any, budget_bits: int, uplink_bits: Any, down: tuple[int, ...], down_bits: tuple[int, ...],
-                 workers: int) -> SplitBudget:
+                 workers: int, coded_down: bool = False, down_floor: float = 0.0) -> SplitBudget:
     """``inner`` (a budgeted policy) choosing both legs: its budget ``budget_bits`` (both legs), its
-    cost of an uplink width ``uplink_bits(u)`` (one worker's W shard payloads, exact fixed size)."""
+    cost of an uplink width ``uplink_bits(u)`` (one worker's W shard payloads, exact fixed size);
+    ``coded_down``: the downlink is coded (``auto``), ``down_bits`` its fixed sizes, ``down_floor`` its headers."""
     if not isinstance(inner, BudgetedDQSGD):
         raise ValueError(f"downlink_bits = 'auto' splits a budget between the legs: it needs a budgeted policy "
                          f"(dqsgd-budget or dqsgd-coded), not {getattr(inner, 'name', inner)!r}; give an integer width")
     planner = replace(inner, budget_bits=int(budget_bits), message_bits=uplink_bits)
-    return SplitBudget(planner, LegCosts(tuple(range(inner.min_bits, inner.max_bits + 1)), down, down_bits, workers))
+    return SplitBudget(planner, LegCosts(tuple(range(inner.min_bits, inner.max_bits + 1)), down, down_bits, workers,
+                                         coded_down, down_floor))

@@ -17,29 +17,36 @@ aggregate at ``downlink_bits`` (stochastic max-norm rounding, or fp32); a vote i
 Error-fed downlink (``downlink_feedback``, sharded, 2..16 bits): shard server j keeps the residual
 e_j of its own rounding and rounds x = Ĝ_j + e_j instead of Ĝ_j, keeping e_j ← x − Q_d(x), as
 DoubleSqueeze and 1-bit Adam do on their server leg. Q_d is then rounding to the nearest max-norm
-level (:class:`~dqsgd.topology.payloads.Nearest`: |x_i − Q_d(x)_i| ≤ |x_i|, so the residual never
+level (:class:`~dqsgd.topology.downlink.Nearest`: |x_i − Q_d(x)_i| ≤ |x_i|, so the residual never
 grows past what was to be sent; stochastic rounding under feedback diverged at 2 bits). What is sent
 is no longer unbiased step by step, but nothing is lost: Σ_{n≤N} Q_d(x_n) = Σ_{n≤N} Ĝ_{j,n} − e_{j,N}
 (e_{j,0} = 0), so the downlink's error does not accumulate (:meth:`BucketProtocol.encode_down_fed`).
+
+Coded downlink (``downlink_coding``, :mod:`dqsgd.topology.downlink`): the same codes carried by an
+entropy coding; payload sizes then vary, so a receiver takes each shard's exact bytes (the
+engines exchange the sizes first) and the budget is charged the bytes really sent.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from dqsgd.core.sharding import shard_bounds, shard_sizes
-from dqsgd.topology import keys, payloads
+from dqsgd.topology import downlink, keys, payloads
 from dqsgd.topology.limits import check_table
 from dqsgd.topology.names import (
-    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_topology)
+    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_downlink_target,
+    check_topology)
 
 if TYPE_CHECKING:
     from dqsgd.kernels import HashRNG
     from dqsgd.method.config import MethodConfig
     from dqsgd.method.pipeline import Method
+    from dqsgd.policies.base import Spent
     from dqsgd.policies.split import SplitBudget
 
 SIGN = payloads.SIGN
@@ -59,11 +66,15 @@ def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_size
 class BucketProtocol:
     """One bucket of ``numel`` coordinates (tensors of ``param_sizes``) under ``topology`` for ``workers``
     ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method` (its policy picks every
-    shard's width), built from ``config`` when not given."""
+    shard's width), built from ``config`` when not given. ``downlink_coding``: the downlink's coding
+    (:func:`dqsgd.topology.downlink.resolve_downlink_coding`; None: the uplink's where the downlink is
+    quantized). ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the
+    both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost."""
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
                  workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int | str = 8,
-                 method: Method | None = None, downlink_feedback: bool = False):
+                 method: Method | None = None, downlink_feedback: bool = False, downlink_coding: str | None = None,
+                 downlink_target_bits: float = 0.0):
         from dqsgd.method.pipeline import Method
 
         self.topology, self.workers, self.bucket = check_topology(topology), workers, bucket
@@ -82,18 +93,24 @@ class BucketProtocol:
             check_auto_downlink(topology, self.vote, config.policy)
             downlink_bits = DOWNLINK_PARITY_BITS
         self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if topology == "sharded" else FP32)
+        self.down_coding = downlink.resolve_downlink_coding(downlink_coding, uplink_coding=config.coding,
+                                                            bits=self.down_bits, vote=self.vote, topology=topology)
+        self.coded_down = self.down_coding != downlink.FIXED
         self.useed, self.dseed = keys.uplink_seed(seed, bucket), keys.downlink_seed(seed, bucket)
         self._sizes: dict[int, list[int]] = {}
         if downlink_feedback and self.down_bits in (FP32, SIGN):
             raise ValueError("downlink_feedback needs a quantized downlink: topology 'sharded', downlink_bits 2..16, "
                              "not a majority vote")
         self.feedback = bool(downlink_feedback)
+        self.down_target = check_downlink_target(downlink_target_bits, self.auto)
         if self.auto:
             self.method.policy = self._split(total_steps)
 
     def _split(self, total_steps: int) -> SplitBudget:
         """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is
-        its uplink budget plus an 8-bit downlink's cost over the run, both legs counted as the ledger does."""
+        its uplink budget plus, over the run, an 8-bit fixed downlink's cost (a coded downlink spends
+        less of it, and the policy buys wider roundings) or ``downlink_target_bits`` per coordinate and
+        the downlink's headers, both legs counted as the ledger does."""
         from dqsgd.policies.split import split_budget
 
         low = 2 if self.feedback else SAFE_DOWNLINK_BITS  # without feedback only widths that train safely
@@ -103,9 +120,17 @@ class BucketProtocol:
             raise ValueError(f"downlink_bits = 'auto' splits a budget between the legs: method "
                              f"{self.method.config.name!r} (policy {self.method.config.policy!r}) has none; use a "
                              f"budgeted policy (dqsgd, dqsgd-coded) or give an integer width")
-        budget += total_steps * 8 * sum(self.down_sizes(DOWNLINK_PARITY_BITS))
+        if self.down_coding not in (downlink.FIXED, "auto"):
+            raise ValueError(f"downlink_bits = 'auto' with downlink_coding {self.down_coding!r}: a both-leg budget "
+                             f"needs a downlink no larger than fixed: coding 'fixed' or 'auto'")
+        headers = 8 * sum(self.down_sizes(low)) - low * self.numel  # the W payloads' headers (and byte padding)
+        if self.down_target:
+            budget += math.floor(total_steps * (headers + self.down_target * self.numel))
+        else:
+            budget += total_steps * 8 * sum(self.down_sizes(DOWNLINK_PARITY_BITS))
         return split_budget(self.method.policy, budget, lambda b: sum(m.message_bits(b) for m in self.shards), down,
-                            tuple(8 * sum(self.down_sizes(v)) for v in down), self.workers)
+                            tuple(8 * sum(self.down_sizes(v)) for v in down), self.workers, self.coded_down,
+                            headers)
 
     @property
     def numel(self) -> int:
@@ -134,16 +159,39 @@ class BucketProtocol:
             self._sizes[d] = [payloads.downlink_size(m, d) for m in self.shards]
         return self._sizes[d]
 
+    def down_caps(self, dbits: int | None = None) -> list[int]:
+        """The most bytes each shard's downlink payload can take at ``dbits``: :meth:`down_sizes` for
+        the fixed downlink, a coding's bound for a coded one (what a receiver accepts)."""
+        sizes = self.down_sizes(dbits)
+        if not self.coded_down:
+            return sizes
+        d = self.down_bits if dbits is None else dbits
+        return [downlink.downlink_cap(n, m.numel, d, self.down_coding) for n, m in zip(sizes, self.shards)]
+
     def down_width(self, policy: object) -> int:
         """The downlink width of the step whose policy state is ``policy``: its ``down_bits`` under
         ``downlink_bits = "auto"``, else the fixed width."""
         return int(getattr(policy, "down_bits")) if self.auto else self.down_bits
 
-    def spent_bits(self, table: Sequence[Sequence[int]], dbits: int | None = None) -> int:
+    def spent_bits(self, table: Sequence[Sequence[int]], dbits: int | None = None,
+                   down: Sequence[int] | None = None) -> int:
         """The policy's spent bits of a step: the longest worker's uplink, all its shards together;
-        under ``downlink_bits = "auto"`` also the W downlink payloads at ``dbits`` every worker receives."""
+        under ``downlink_bits = "auto"`` also the W downlink payloads at ``dbits`` every worker
+        receives: ``down[j]`` bytes (a coded downlink's real sizes), else their fixed sizes."""
         up = 8 * max(sum(row) for row in table)
-        return up + 8 * sum(self.down_sizes(dbits)) if self.auto else up
+        return up + self.down_spent(dbits, down) if self.auto else up
+
+    def spent(self, table: Sequence[Sequence[int]], dbits: int | None, down: Sequence[int]) -> Spent:
+        """What the policy is told a step cost (``down[j]``: the downlink payloads' real bytes):
+        :meth:`spent_bits`, and under ``downlink_bits = "auto"`` with a coded downlink also the
+        downlink's part of it (the split policy learns the coded / fixed ratio from it)."""
+        if self.auto and self.coded_down:
+            return self.spent_bits(table, dbits, down), self.down_spent(dbits, down)
+        return self.spent_bits(table, dbits)
+
+    def down_spent(self, dbits: int | None = None, down: Sequence[int] | None = None) -> int:
+        """Bits of the W downlink payloads one worker receives: ``down[j]`` bytes each, else the fixed sizes."""
+        return 8 * sum(self.down_sizes(dbits) if down is None else down)
 
     # --- uplink leg -----------------------------------------------------------------------------
     def local_scalers(self, flat: torch.Tensor) -> torch.Tensor:
@@ -196,13 +244,20 @@ class BucketProtocol:
     # --- downlink leg ---------------------------------------------------------------------------
     def encode_down(self, shard: int, avg: torch.Tensor, step: int, size: int | None = None,
                     dbits: int | None = None) -> torch.Tensor:
-        """Shard ``shard``'s downlink payload (exactly ``down_sizes(dbits)[shard]`` bytes), zero-padded to
-        ``size`` bytes when given (an all-gather's equal sizes; written in place on the CPU codec).
-        ``dbits``: the step's width (:meth:`down_width`; None: the fixed width)."""
+        """Shard ``shard``'s downlink payload (exactly ``down_sizes(dbits)[shard]`` bytes; a coded one at
+        most ``down_caps(dbits)[shard]``), zero-padded to ``size`` bytes when given (an all-gather's
+        equal sizes; written in place on the CPU codec). ``dbits``: the step's width (:meth:`down_width`;
+        None: the fixed width)."""
         m, rng, d = self.shards[shard], self.downlink_rng(step, shard), self._width(dbits)
         want = self.down_sizes(d)[shard]
+        if self.coded_down:
+            pay = downlink.encode_coded(m, avg, d, self.down_coding, None if self.feedback else rng)
+            n = pay.numel()
+            if n > self.down_caps(d)[shard]:
+                raise RuntimeError(f"shard {shard}: coded downlink payload of {n} bytes, over its cap")
+            return pay if size is None else payloads.pad(pay, max(size, n))
         if self.feedback:  # rounded to nearest: the residual keeps the rest (encode_down_fed)
-            pay = payloads.encode_downlink_nearest(m, avg, d)
+            pay = downlink.encode_coded(m, avg, d, downlink.FIXED, None)
             n = pay.numel()
             pay = pay if size is None else payloads.pad(pay, max(size, n))
         elif size is None:
@@ -234,8 +289,8 @@ class BucketProtocol:
 
     def decode_down(self, received: Sequence[torch.Tensor], out: torch.Tensor | None = None,
                     bad: torch.Tensor | None = None, dbits: int | None = None) -> torch.Tensor:
-        """The update from every shard's downlink payload (shard order; a payload may be padded):
-        the same bytes give the same update on every rank. ``bad``: deferred validation (device);
+        """The update from every shard's downlink payload (shard order; a fixed one may be padded, a
+        coded one is its exact bytes): the same bytes give the same update on every rank. ``bad``: deferred validation (device);
         ``dbits``: the step's width (None: the fixed width)."""
         if len(received) != len(self.shards):
             raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
@@ -256,18 +311,20 @@ class BucketProtocol:
 
     def _decode_shard(self, j: int, p: torch.Tensor, out: torch.Tensor, bad: torch.Tensor | None,
                       dbits: int | None = None) -> None:
-        """``out += `` shard j's downlink payload ``p`` (maybe padded) at width ``dbits``, validated."""
+        """``out += `` shard j's downlink payload ``p`` (fixed: maybe padded) at width ``dbits``, validated."""
+        from dqsgd.method.pipeline import ProtocolError
         from dqsgd.quantizers import Norm
 
         dbits = self._width(dbits)
+        if self.coded_down:
+            downlink.decode_coded(p, out, dbits, self.shards[j], lambda text: ProtocolError(f"shard {j}: {text}"))
+            return
         n, numel = self.down_sizes(dbits)[j], out.numel()
         uniform = dbits not in (FP32, SIGN)
         expect = (dbits, Norm.MAX, self.shards[j].layout) if uniform else None
         h = payloads.decode_accumulate_payload(p[:n], out, max_numel=max(numel, 1), expect=expect,
                                                bad=bad if uniform else None)
         if h.numel != numel:
-            from dqsgd.method.pipeline import ProtocolError
-
             raise ProtocolError(f"shard {j}'s downlink payload holds {h.numel} values, the shard {numel}")
 
 

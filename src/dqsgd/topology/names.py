@@ -50,6 +50,18 @@ def check_auto_downlink(topology: str, vote: bool, policy: str | None = None) ->
                          f"policy {policy!r}; give an integer width (2..16, or 32 for fp32)")
 
 
+def check_downlink_target(bits: object, auto: bool) -> float:
+    """``downlink_target_bits``: 0 (an 8-bit fixed downlink's cost), or the downlink's share of a
+    both-leg budget in bits per coordinate and step, in (0, 16], which needs ``downlink_bits = "auto"``."""
+    if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 <= bits <= 16:
+        raise ValueError(f"downlink_target_bits must be a number in [0, 16] (0: an 8-bit fixed downlink's cost), "
+                         f"got {bits!r}")
+    if bits and not auto:
+        raise ValueError("downlink_target_bits is the downlink's share of a both-leg budget: it needs "
+                         "downlink_bits = 'auto' (topology 'sharded', a budgeted method)")
+    return float(bits)
+
+
 SAFE_DOWNLINK_BITS = 4  # below this, an unbiased downlink without error feedback was seen to diverge
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the codec modules load numba: imported on first use only
 
 __all__ = ["FLAG_NONFINITE", "FLAG_ZERO", "FP32", "SIGN", "accumulate", "bytes_tensor", "decode_accumulate_payload",
            "device_path", "downlink_size", "encode_downlink", "encode_downlink_padded", "encode_messages",
-           "encode_downlink_nearest", "encode_shard", "encode_uniform_payload", "fast_path", "messages", "pad", "route_cpu_through_device_codec",
+           "encode_shard", "encode_uniform_payload", "fast_path", "messages", "pad", "route_cpu_through_device_codec",
            "set_flags", "tensor_bytes", "vote"]
 
 FLAG_NONFINITE = 1  # this rank's bucket had NaN or Inf (AMP overflow): every rank returns NaN
@@ -264,26 +264,6 @@ def encode_downlink(m: Method, avg: torch.Tensor, dbits: int, rng: HashRNG) -> t
         q = quantize_identity(avg.cpu()) if dbits == FP32 else quantize_sign(avg.cpu())
         return bytes_tensor(encode(q, Coding.FIXED), avg.device)
     return encode_uniform_payload(avg, dbits, rng, norm=Norm.MAX, layout=m.layout)
-
-
-class Nearest:
-    """A "uniform" source that is always 1/2: the uniform quantizer's ``low + (u < frac)`` becomes
-    rounding to the nearest level (ties down), deterministic. The error-fed downlink rounds with it:
-    |x_i − Q(x)_i| ≤ min(|x_i|, ‖x‖∞/(2s)), so the residual never holds more than x did, while
-    stochastic rounding's E‖x − Q(x)‖² ≈ ‖x‖∞·‖x‖₁ at s = 1 can exceed ‖x‖² and feed itself."""
-
-    def uniform(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
-        return torch.full((n,), 0.5, dtype=torch.float32, device=device)
-
-
-def encode_downlink_nearest(m: Method, avg: torch.Tensor, dbits: int) -> torch.Tensor:
-    """The averaged shard rounded to the nearest of the max-norm levels at ``dbits`` (:class:`Nearest`),
-    as the same FIXED uniform payload the stochastic downlink writes (its decoder is unchanged)."""
-    from dqsgd.codecs import Coding, encode
-    from dqsgd.quantizers import Norm, quantize_uniform
-
-    q = quantize_uniform(avg.cpu(), dbits, norm=Norm.MAX, layout=m.layout, rng=Nearest())
-    return bytes_tensor(encode(q, Coding.FIXED), avg.device)
 
 
 def pad(payload: torch.Tensor, size: int) -> torch.Tensor:

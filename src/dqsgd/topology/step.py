@@ -29,7 +29,8 @@ One step, for worker w and shard server j:
    (default 8) with the max norm and the same layout, uniforms ``HashRNG(seed_for(seed, DOWNLINK),
    n, j)`` — or sends it in fp32 (``b = 32``; a sign vote is sent as signs) — and all-gathers it;
    with ``downlink_feedback`` it rounds Ĝ_j + e_j and keeps the residual e_j (``MethodState.down_residuals``,
-   :meth:`~dqsgd.topology.bucket.BucketProtocol.encode_down_fed`);
+   :meth:`~dqsgd.topology.bucket.BucketProtocol.encode_down_fed`); with a coded downlink
+   (``downlink_coding``, :mod:`dqsgd.topology.downlink`) the same codes are entropy-coded;
 4. every rank decodes the W shards into the same update G = [Q_d(Ĝ_0), …, Q_d(Ĝ_{W−1})]: bitwise
    identical on all ranks, so the policy, which observes G, picks the same B_{n+1} everywhere
    without another collective.
@@ -187,12 +188,14 @@ class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
-                 downlink_bits: int | str = 8, downlink_feedback: bool = False):
+                 downlink_bits: int | str = 8, downlink_feedback: bool = False, downlink_coding: str | None = None,
+                 downlink_target_bits: float = 0.0):
         self.method, self.workers = method, workers
         self.downlink_bits = downlink_bits if downlink_bits == AUTO else check_downlink_bits(downlink_bits)
         self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
                                        seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
-                                       method=method, downlink_feedback=downlink_feedback)
+                                       method=method, downlink_feedback=downlink_feedback,
+                                       downlink_coding=downlink_coding, downlink_target_bits=downlink_target_bits)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
 
     def coded_size(self, row: Sequence[bytes]) -> int:
@@ -234,10 +237,10 @@ class ShardedStep:
             down[j] = tensor_bytes(pay)
             if res is not None:
                 fed[j] = res
-        shared = t.share(down, max(P.down_sizes(dbits)))
+        shared = t.share(down, max(P.down_caps(dbits)))
         update = P.decode_down([bytes_tensor(p) for p in shared], dbits=dbits)
         after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res), down_residuals=fed),
-                                    update, step, P.spent_bits(up, dbits))
+                                    update, step, P.spent(up, dbits, [len(p) for p in shared]))
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
@@ -246,8 +249,10 @@ class ShardedStep:
 
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
-             downlink_bits: int | str = 8, downlink_feedback: bool = False) -> ServerStep | ShardedStep:
+             downlink_bits: int | str = 8, downlink_feedback: bool = False,
+             downlink_coding: str | None = None, downlink_target_bits: float = 0.0) -> ServerStep | ShardedStep:
     """The step object of ``topology``: :class:`ShardedStep` for sharded, :class:`ServerStep` for ps and allgather."""
     if topology == "sharded":
-        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback)
+        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback, downlink_coding,
+                           downlink_target_bits)
     return ServerStep(method, seed, topology)

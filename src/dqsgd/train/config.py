@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 if TYPE_CHECKING:
     import torch
 
 from dqsgd.core.config_file import (  # ConfigError, load_raw, shipped_configs: also public names of this module
     ConfigError, ConfigSchema, apply_overrides as _apply_overrides, check_name, coerce, load_raw, shipped_configs)
-from dqsgd.method.config import FIELDS as METHOD_FIELDS, MethodConfig, method_config
+from dqsgd.method.config import FIELDS as METHOD_FIELDS, CodingName, MethodConfig, method_config
 from dqsgd.topology.names import TOPOLOGIES
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -66,6 +66,10 @@ class TrainConfig:
     downlink_feedback: bool = False   # sharded: each shard server keeps its downlink rounding's residual and
                                       # adds it next step (needed below 4 bits; docs/topologies.md)
     allow_unsafe_downlink: bool = False  # run downlink_bits < 4 without feedback anyway (may diverge)
+    downlink_coding: str = ""         # sharded: the quantized downlink's coding (fixed, auto, rans, ...); "" =
+                                      # the uplink's (dqsgd-coded: auto, entropy-coded; others: fixed)
+    downlink_target_bits: float = 0.0  # downlink_bits "auto": the downlink's share of the both-leg budget, bits
+                                      # per coordinate and step; 0 = an 8-bit fixed downlink's cost
     coded_every: int = 1              # measure the uplink's size with the best coding (AUTO) on the steps
                                       # n % coded_every == 0; 0 = never. A measurement: nothing sent changes
     # The simulated wall clock (dqsgd.train.slownodes): per-worker compute time, log-normal with median
@@ -109,6 +113,9 @@ class TrainConfig:
             (not isinstance(self.downlink_bits, bool) and (self.downlink_bits in (0, "auto", 32) or (
                 isinstance(self.downlink_bits, int) and 2 <= self.downlink_bits <= 16)),
              f"downlink_bits must be in [2, 16], 32 (fp32), 'auto' or 0 (the method's default), got {self.downlink_bits!r}"),
+            (self.downlink_coding in ("", *get_args(CodingName)),
+             f"downlink_coding must be one of {', '.join(get_args(CodingName))} or '' (the uplink's), "
+             f"got {self.downlink_coding!r}"),
             (self.checkpoint_every >= 0 and self.subset >= 0 and self.eval_samples >= 0 and self.threads >= 0
              and self.pad_to >= 0 and self.coded_every >= 0,
              "counts must be >= 0"),
@@ -181,7 +188,7 @@ def resolve_device(name: str) -> "torch.device":
 # outer optimizers, topologies and downlink widths in one config file; a simulated comparison: the torch
 # transport's topology is the run's).
 METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
-                     "outer_lr", "outer_momentum", "downlink_bits", "topology")
+                     "outer_lr", "outer_momentum", "downlink_bits", "downlink_coding", "downlink_target_bits", "topology")
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ class LocalSGDOptimizer:
     :func:`dqsgd.method.config.method_config`); ``rounds``: how many exchanges the run will have (needed by
     the bit policies that plan over the run: DQSGD's rules and budgets); ``outer``: "sgd" | "nesterov"
     with ``outer_lr`` and ``outer_momentum``; ``topology``: "sharded" (default), "allgather" or "ps";
-    ``downlink_bits``: the sharded downlink's width (32 = fp32); ``seed``: the quantization streams'
+    ``downlink_bits``: the sharded downlink's width (32 = fp32); ``downlink_coding``: its coding
+    (None: the method's uplink coding, :mod:`dqsgd.topology.downlink`); ``seed``: the quantization streams'
     seed; ``group``/``timeout``: the process group and the per-collective timeout in seconds.
     """
 
@@ -62,7 +63,7 @@ class LocalSGDOptimizer:
                  method: str | MethodConfig = "qsgd-4bit", *, rounds: int | None = None, outer: str = "sgd",
                  outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = "sharded",
                  downlink_bits: int = 8, seed: int = 0, group: Any = None, timeout: float | None = None,
-                 **method_options: Any):
+                 downlink_coding: str | None = None, **method_options: Any):
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
             raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
         config = method if isinstance(method, MethodConfig) else method_config(method, **method_options)
@@ -75,12 +76,14 @@ class LocalSGDOptimizer:
         self.method = Method(config, sum(sizes), rounds or 1, sizes)
         self.transport = make_transport(topology, group, timeout=timeout)
         self.rank, self.workers = self.transport.rank, self.transport.workers
-        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink_bits)
+        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink_bits,
+                                    downlink_coding=downlink_coding)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
         self.fingerprint = [local_steps, digest(dataclasses.asdict(config)), sum(sizes),
-                            digest([topology, downlink_bits, outer, outer_lr, outer_momentum, seed, rounds])]
+                            digest([topology, downlink_bits, outer, outer_lr, outer_momentum, seed, rounds]
+                                   + ([] if downlink_coding is None else [downlink_coding]))]
         self.start = self._flat()
         self.steps, self.rounds_done, self.checked = 0, 0, False
         self.link_bytes = 0  # bytes this rank sent and received in the exchanges (uplink and downlink phases)

@@ -35,6 +35,7 @@ from dqsgd.method.ledger import Ledger
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
+from dqsgd.topology.downlink import resolve_downlink_coding
 from dqsgd.topology.names import AUTO, check_downlink_safety, resolve_downlink_bits
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
@@ -99,10 +100,15 @@ class Trainer:
         check_downlink_safety(self.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
                               topology=self.topology, vote=vote,
                               spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
+        try:
+            self.downlink_coding = resolve_downlink_coding(cfg.downlink_coding, uplink_coding=entry.config.coding,
+                                                           bits=self.downlink_bits, vote=vote, topology=self.topology)
+        except ValueError as e:
+            raise ValueError(f"train.downlink_coding: {e}") from None
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
-                          cfg.downlink_feedback))
+                          cfg.downlink_feedback, self.downlink_coding, cfg.downlink_target_bits))
         # "auto": the sharded step's protocol gave the method its both-leg policy (and budget) just now
         self.state: MethodState = self.method.init_state(cfg.workers)
         self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,
@@ -263,6 +269,7 @@ class Trainer:
         meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
                 "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
                 "downlink_bits": self.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
+                "downlink_coding": self.downlink_coding, "downlink_target_bits": self.cfg.downlink_target_bits,
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
         return meta if self.local is None else {**meta, "local_steps": self.cfg.local_steps}
 
@@ -295,8 +302,10 @@ class Trainer:
         if sd.get("format") != STATE_FORMAT:
             raise ValueError(f"not a trainer state of format {STATE_FORMAT} (format {sd.get('format')!r})")
         saved, mine = sd["meta"], self.run_meta()
-        # Keys an older state lacks are not compared (its method config and downlink feedback were not recorded).
-        later = lambda k: k.startswith("method.") or k == "downlink_feedback"  # noqa: E731
+        # Keys an older state lacks are not compared (its method config, downlink feedback and coding were not
+        # recorded; its downlink was fixed, which a coded one equals in every decoded value).
+        later = lambda k: k.startswith("method.") or k in ("downlink_feedback", "downlink_coding",  # noqa: E731
+                                                           "downlink_target_bits")
         differ = [k for k in mine if (k in saved or not later(k)) and saved.get(k) != mine[k]]
         if differ:
             shown = ", ".join(f"{k}: {saved.get(k, '(absent)')!r} saved, {mine[k]!r} here" for k in differ[:8])
