@@ -182,3 +182,25 @@ def test_auto_with_a_link_rate_picks_by_time_and_keeps_the_update(link: float) -
     assert used == {Coding.FIXED} if link > 1e5 else Coding.FIXED not in used, used
     assert torch.equal(P.decode_down(pays), _proto("fixed").decode_down([_proto("fixed").encode_down(j, a, 0)
                                                                          for j, a in enumerate(avg)]))
+
+
+def test_the_split_reads_the_same_from_g_as_from_the_hooks_sample() -> None:
+    """The DDP hook keeps only the coded policy's entropy sample of G (``read_stride``); the both-leg split
+    with a coded downlink must choose from it exactly what the trainer chooses from all of G."""
+    import dataclasses
+
+    from dqsgd.policies.base import GradStats
+    from dqsgd.policies.coded import read_stride
+
+    n = 300_001
+    m = Method(method_config("dqsgd-coded"), n, 10)
+    P = BucketProtocol(m.config, n, [n], topology="sharded", workers=4, seed=0, total_steps=10, downlink_bits="auto",
+                       method=m)
+    pol = P.method.policy
+    assert P.coded_down and read_stride(pol, n) > 1
+    g = _grads(n, 1, seed=6)[0]
+    down = 8 * sum(P.down_sizes(pol.init().down_bits)) // 3
+    full = GradStats(0, float(g.abs().max()), float(g.norm()) / n ** 0.5, 2 * down, g, down)
+    kept = dataclasses.replace(full, grad=g[:: read_stride(pol, n)].clone())
+    a, b = pol.update(pol.init(), full), pol.update(pol.init(), kept)
+    assert repr(a) == repr(b) and a.down_ratio > 0

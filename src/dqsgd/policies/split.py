@@ -40,8 +40,8 @@ is costed by its predicted coded size and capped by the same upper estimate as
 A coded downlink (coding ``auto``, never larger than fixed: :mod:`dqsgd.topology.downlink`) is
 charged its real bytes (``GradStats.down_bits``) and costed as the coded uplink is
 (:mod:`dqsgd.policies.coded`): at width v, its headers plus r·d·H_v(G), H_v the expected entropy of
-stochastic max-norm rounding of the update G at v (:func:`~dqsgd.policies.coded.level_entropies`),
-r a running ratio of the real body bits to the predicted ones at the width sent
+stochastic max-norm rounding of the update G at v (:func:`~dqsgd.policies.coded.level_entropies`, on
+G's entropy sample at the sample's largest magnitude: what the DDP hook keeps of G), r a running ratio of the real body bits to the predicted ones at the width sent
 (:attr:`SplitState.down_ratio`); above the width just sent, at least its measured body plus one
 bit per coordinate per extra bit (G's levels do not resolve finer widths); never above the fixed
 cost. The upper estimate takes 1.1 × the larger of r and the last observed ratio. Before the first
@@ -65,7 +65,7 @@ import torch
 
 from dqsgd.policies.base import GradStats
 from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
-from dqsgd.policies.coded import CodedBudgetedDQSGD, level_entropies
+from dqsgd.policies.coded import CodedBudgetedDQSGD, level_entropies, sample_stride
 from dqsgd.theory.formulas import bits_for_levels, two_stage_quantization_term
 
 
@@ -206,8 +206,8 @@ class SplitBudget:
         legs, d = self.legs, float(self.inner.numel)
         fixed = np.asarray(legs.down_bits, dtype=np.float64)
         widths = np.asarray(legs.down, dtype=np.float64)
-        norm = float(grad.abs().max()) if grad.numel() else 0.0
-        h = np.asarray(level_entropies(grad, norm, range(min(legs.down), max(legs.down) + 1), SAMPLE))
+        g, norm = self._sample(grad)
+        h = np.asarray(level_entropies(g, norm, range(min(legs.down), max(legs.down) + 1), g.numel()))
         h = h[widths.astype(np.int64) - min(legs.down)]
 
         def cost(r: float, margin: float) -> np.ndarray:
@@ -216,6 +216,14 @@ class SplitBudget:
 
         return cost(ratio, 1.0), cost(DOWN_MARGIN * max(ratio, observed), DOWN_MARGIN)
 
+    def _sample(self, grad: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The entropy sample of G (:func:`~dqsgd.policies.coded.sample_stride`) and its largest magnitude,
+        the scale its levels are computed at: the same numbers from G as from the sample alone, which is
+        what the DDP hook keeps of G for a coded policy (``read_stride``)."""
+        g = grad.detach().reshape(-1)
+        g = g[:: sample_stride(g.numel(), int(getattr(self.inner, "sample", SAMPLE)))]
+        return g, float(g.abs().max()) if g.numel() else 0.0
+
     def learn_down(self, state: SplitState, stats: GradStats,
                    down_now: int) -> tuple[float, float, tuple[np.ndarray, np.ndarray] | None]:
         """(running ratio, observed ratio, the downlink's (estimated, upper) costs or None: fixed) after a
@@ -223,8 +231,8 @@ class SplitBudget:
         if not self.legs.coded_down or stats.down_bits is None or stats.grad is None:
             return state.down_ratio, state.down_observed, None
         body = max(0.0, down_now - self.legs.down_floor)
-        h = level_entropies(stats.grad, float(stats.grad.abs().max()), range(state.down_bits, state.down_bits + 1),
-                            SAMPLE)[0]
+        g, norm = self._sample(stats.grad)
+        h = level_entropies(g, norm, range(state.down_bits, state.down_bits + 1), g.numel())[0]
         ratio, observed = state.down_ratio, state.down_observed
         if h > 0:
             observed = body / (self.inner.numel * h)
