@@ -65,6 +65,23 @@ def forged_announcement(rank: int, world: int, topology: str, size: int) -> dict
     return {"kind": kind, "text": text, "rss_growth_mb": _rss_mb() - before}
 
 
+def forged_coded_downlink(rank: int, world: int) -> dict[str, Any]:
+    """D19: rank 1, a shard server of a coded downlink, sends a message past its coding's cap (its length
+    travels in the lengths' all-gather): every rank refuses it before the payloads' all-gather."""
+    from dqsgd.topology.bucket import BucketProtocol
+
+    state = dqsgd.ddp.HookState(method_config("qsgd", bits=4), None, timeout=30.0, downlink_coding="auto")
+    m, real = _ddp(state), BucketProtocol.encode_down_fed
+    if rank == 1:
+        def forged(proto, shard, avg, step, residual, size=None, bad=None, dbits=None):  # type: ignore[no-untyped-def]
+            cap = proto.down_caps(dbits)[shard]
+            return torch.zeros(cap + 1000, dtype=torch.uint8), None
+        BucketProtocol.encode_down_fed = forged  # type: ignore[method-assign]
+    kind, text = _outcome(lambda: _backward(m, rank))
+    BucketProtocol.encode_down_fed = real  # type: ignore[method-assign]
+    return {"kind": kind, "text": text}
+
+
 def flipped_byte(rank: int, world: int, topology: str, coding: str) -> dict[str, Any]:
     """D13: rank 1 flips one byte of its payload for shard 0 (fixed: the in-place path; elias: encode)."""
     state = dqsgd.ddp.HookState(method_config("qsgd", bits=4, coding=coding), None, timeout=30.0, topology=topology)
@@ -157,4 +174,5 @@ def all_cases(rank: int, world: int) -> dict[str, Any]:
         out[f"D2/{field}"] = disagreeing(rank, world, field)
     for size in (1 << 32, 1 << 34):
         out[f"D14/{size}"] = ps_forged_downlink(rank, world, size)
+    out["D19"] = forged_coded_downlink(rank, world)
     return out

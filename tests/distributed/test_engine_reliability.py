@@ -77,3 +77,12 @@ def test_a_forged_ps_downlink_is_refused_before_allocating(ranks: list[dict], si
     got = ranks[1][f"D14/{size}"]
     assert got["kind"] == "PayloadError" and f"announced a payload of {size} bytes" in got["text"], got
     assert got["rss_growth_mb"] < 200, got
+
+
+@pytest.mark.timeout(450)
+def test_a_coded_downlink_past_its_cap_is_refused_on_every_rank(ranks: list[dict]) -> None:
+    for r in ranks:
+        got = r["D19"]
+        assert got["kind"] == "PayloadError", got
+        assert "the coded downlink of bucket" in got["text"] and "the server announced a payload of" in got["text"]
+        assert "(shard 1)" in got["text"] and "refused before allocating" in got["text"], got

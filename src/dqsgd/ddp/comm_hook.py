@@ -305,21 +305,24 @@ def _coded_down(state: HookState, b: BucketState, mine: torch.Tensor, flags: tor
     """The coded downlink: this rank's exact message all-gathered with the others' (lengths first);
     its traffic counted and the step's spend known once the lengths are."""
     from dqsgd.ddp.varlen import all_gather_varlen
-    from dqsgd.topology.limits import check_table
+    from dqsgd.topology.limits import check_sizes
     from dqsgd.topology.traffic import wire_traffic
 
     caps, got = b.proto.down_caps(dbits), {}
 
     def on_sizes(lengths: List[int]) -> None:
-        check_table([[n - 1 for n in lengths]], caps, f"rank {rank}: the coded downlink of bucket {b.numel}: ")
+        check_sizes([n - 1 for n in lengths], caps, f"rank {rank}: the coded downlink of bucket {b.numel}: the server")
         down = wire_traffic("sharded", [[0] * world for _ in range(world)], lengths)[1][rank]
         _count(state, down, down, 0, 0, 0, world)
         got["spent"] = b.proto.spent(table, dbits, [n - 1 for n in lengths])
 
-    fut, issued = all_gather_varlen(mine, state.groups()[1], world, on_sizes)
-    box: dict = {}
-    fut = fut.then(lambda f: box.setdefault("v", f.value()))
-    return fut, lambda: _assemble(state, b, box["v"][0], flags, step, got["spent"], grad, dbits, box["v"][1]), issued
+    fut, issued = all_gather_varlen(mine, state.groups()[1], world, on_sizes)  # fails with the refusal's own type
+
+    def finish() -> torch.Tensor:
+        gathered, lengths = fut.value()
+        return _assemble(state, b, gathered, flags, step, got["spent"], grad, dbits, lengths)
+
+    return fut, finish, issued
 
 
 def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:

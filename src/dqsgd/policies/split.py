@@ -199,30 +199,30 @@ class SplitBudget:
             i, j = choose_pair(self.costs(upper, d_up), q, -math.inf)
         return self.legs.up[i], self.legs.down[j]
 
-    def down_costs(self, grad: torch.Tensor, width: int, body: float, ratio: float,
+    def down_costs(self, entropy: np.ndarray, width: int, body: float, ratio: float,
                    observed: float) -> tuple[np.ndarray, np.ndarray]:
         """(estimated, upper) bits of a coded downlink at each width after one at ``width`` whose payloads'
-        bodies took ``body`` bits (module docstring), from the update ``grad``."""
+        bodies took ``body`` bits (module docstring); ``entropy``: H_v(G) at each downlink width."""
         legs, d = self.legs, float(self.inner.numel)
         fixed = np.asarray(legs.down_bits, dtype=np.float64)
         widths = np.asarray(legs.down, dtype=np.float64)
-        g, norm = self._sample(grad)
-        h = np.asarray(level_entropies(g, norm, range(min(legs.down), max(legs.down) + 1), g.numel()))
-        h = h[widths.astype(np.int64) - min(legs.down)]
 
         def cost(r: float, margin: float) -> np.ndarray:
             above = np.where(widths > width, legs.down_floor + margin * (body + d * (widths - width)), 0.0)
-            return np.maximum.accumulate(np.minimum(fixed, np.maximum(legs.down_floor + r * d * h, above)))
+            return np.maximum.accumulate(np.minimum(fixed, np.maximum(legs.down_floor + r * d * entropy, above)))
 
         return cost(ratio, 1.0), cost(DOWN_MARGIN * max(ratio, observed), DOWN_MARGIN)
 
-    def _sample(self, grad: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """The entropy sample of G (:func:`~dqsgd.policies.coded.sample_stride`) and its largest magnitude,
-        the scale its levels are computed at: the same numbers from G as from the sample alone, which is
-        what the DDP hook keeps of G for a coded policy (``read_stride``)."""
+    def down_entropies(self, grad: torch.Tensor) -> np.ndarray:
+        """H_v(G) at every downlink width, from G's entropy sample (:func:`~dqsgd.policies.coded.sample_stride`)
+        at the sample's largest magnitude: the same numbers from G as from the sample alone, which is what
+        the DDP hook keeps of G for a coded policy (``read_stride``)."""
         g = grad.detach().reshape(-1)
         g = g[:: sample_stride(g.numel(), int(getattr(self.inner, "sample", SAMPLE)))]
-        return g, float(g.abs().max()) if g.numel() else 0.0
+        norm = float(g.abs().max()) if g.numel() else 0.0
+        widths = range(self.legs.down[0], self.legs.down[-1] + 1)  # contiguous (bucket.py builds it so)
+        return np.asarray(level_entropies(g, norm, widths, g.numel()), dtype=np.float64)[
+            [v - widths.start for v in self.legs.down]]
 
     def learn_down(self, state: SplitState, stats: GradStats,
                    down_now: int) -> tuple[float, float, tuple[np.ndarray, np.ndarray] | None]:
@@ -231,15 +231,15 @@ class SplitBudget:
         if not self.legs.coded_down or stats.down_bits is None or stats.grad is None:
             return state.down_ratio, state.down_observed, None
         body = max(0.0, down_now - self.legs.down_floor)
-        g, norm = self._sample(stats.grad)
-        h = level_entropies(g, norm, range(state.down_bits, state.down_bits + 1), g.numel())[0]
+        entropy = self.down_entropies(stats.grad)
+        h = float(entropy[self.legs.down.index(state.down_bits)])
         ratio, observed = state.down_ratio, state.down_observed
         if h > 0:
             observed = body / (self.inner.numel * h)
             ratio = observed if ratio <= 0 else (1 - DOWN_SMOOTHING) * ratio + DOWN_SMOOTHING * observed
         if ratio <= 0:
             return ratio, observed, None
-        return ratio, observed, self.down_costs(stats.grad, state.down_bits, body, ratio, observed)
+        return ratio, observed, self.down_costs(entropy, state.down_bits, body, ratio, observed)
 
     def init(self) -> SplitState:
         n, up = self.inner.total_steps, self.upper_up()
