@@ -173,12 +173,30 @@ def test_one_message_pipeline_refuses_the_two_round_method() -> None:
         m.encode(torch.ones(100), 32, torch.Generator())
 
 
-def test_trainer_refuses_a_second_momentum() -> None:
+def test_sketched_sgd_brings_its_own_optimizer_momentum() -> None:
+    """Sketched SGD keeps its momentum on the workers: with [train] momentum = 0.9 and nothing set for the
+    method, its optimizer runs without momentum (no refusal); an explicit second momentum is refused."""
     from dqsgd.data import load_dataset
     from dqsgd.train.config import MethodEntry, TrainConfig
     from dqsgd.train.trainer import Trainer
 
     cfg = TrainConfig(dataset="synthetic", model="mlp", workers=2, steps=2, momentum=0.9)
-    with pytest.raises(ValueError, match="optimizer momentum to 0"):
-        Trainer(cfg, MethodEntry("s", method_config("sketched-sgd")), load_dataset("synthetic"), 0)
-    Trainer(cfg, MethodEntry("s", method_config("sketched-sgd"), momentum=0.0), load_dataset("synthetic"), 0)
+    data = load_dataset("synthetic")
+    t = Trainer(cfg, MethodEntry("s", method_config("sketched-sgd")), data, 0)
+    assert t.optimizer.param_groups[0]["momentum"] == 0.0
+    with pytest.raises(ValueError, match="would add a second one"):
+        Trainer(cfg, MethodEntry("s", method_config("sketched-sgd"), momentum=0.5), data, 0)
+    Trainer(cfg, MethodEntry("s", method_config("sketched-sgd"), momentum=0.0), data, 0)
+    no_sketch_momentum = method_config("sketched-sgd", sketch_momentum=0.0)
+    assert MethodEntry("s", no_sketch_momentum).optimizer_momentum(cfg) == 0.9  # then the trainer's applies
+    assert MethodEntry("q", method_config("qsgd")).optimizer_momentum(cfg) == 0.9
+
+
+def test_cli_trains_sketched_sgd_with_the_defaults(tmp_path) -> None:
+    """`dqsgd train --method sketched-sgd` with a config whose [train] momentum is 0.9 runs (it was refused)."""
+    from dqsgd.cli.commands import main
+
+    rc = main(["train", "--method", "sketched-sgd", "--quiet", "--out", str(tmp_path / "run"),
+               "--set", "train.dataset=\"synthetic\"", "--set", "train.model=\"mlp\"", "--set", "train.steps=2",
+               "--set", "train.workers=2", "--set", "train.eval_every=2", "--set", "train.momentum=0.9"])
+    assert rc == 0 and (tmp_path / "run" / "summary.json").exists()

@@ -202,6 +202,13 @@ class MethodEntry:
     momentum: float | None = None
     train: tuple[tuple[str, Any], ...] = ()
 
+    def optimizer_momentum(self, cfg: TrainConfig) -> float:
+        """The workers' optimizer momentum: this method's ``momentum``, else the method's own need (Sketched
+        SGD with ``sketch_momentum`` keeps its momentum on the workers: 0), else ``[train]``'s."""
+        if self.momentum is not None:
+            return self.momentum
+        return 0.0 if self.config.scheme == "sketch" and self.config.sketch_momentum else cfg.momentum
+
     def train_config(self, cfg: TrainConfig) -> TrainConfig:
         """``cfg`` with this method's own ``[train]`` values."""
         if not self.train:

@@ -190,7 +190,7 @@ def _effective(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_of_run(cfg: Any, entry: Any, seed: int, data_fp: str) -> dict[str, Any]:
-    momentum = entry.momentum if entry.momentum is not None else cfg.momentum
+    momentum = entry.optimizer_momentum(cfg)
     lr = entry.lr if entry.lr is not None else cfg.lr
     return resolved(dataclasses.asdict(cfg), entry.label, dataclasses.asdict(entry.config), seed, lr, momentum, data_fp)
 

@@ -77,11 +77,11 @@ class Trainer:
         if self.numel == 0:
             raise ValueError(f"model {cfg.model!r} has no trainable parameters: nothing to train or send")
         self.lr = entry.lr if entry.lr is not None else cfg.lr
-        momentum = entry.momentum if entry.momentum is not None else cfg.momentum
+        momentum = entry.optimizer_momentum(cfg)
         if momentum and entry.config.scheme == "sketch" and entry.config.sketch_momentum:
             raise ValueError(f"method {entry.label!r}: Sketched SGD keeps its momentum on the workers "
-                             f"(sketch_momentum = {entry.config.sketch_momentum}); set its optimizer momentum to 0 "
-                             f"(methods.{entry.label}.momentum = 0.0) or sketch_momentum = 0")
+                             f"(sketch_momentum = {entry.config.sketch_momentum}); methods.{entry.label}.momentum = "
+                             f"{momentum} would add a second one: leave it unset (or 0.0), or set sketch_momentum = 0")
         # Local SGD: this optimizer is the outer one, on the averaged pseudo-gradient (dqsgd.train.local)
         self.optimizer = (outer_optimizer(self.params, cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum)
                           if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
