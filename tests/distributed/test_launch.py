@@ -29,7 +29,7 @@ def test_cli_trains_with_two_processes(tmp_path: Path) -> None:
     assert all(r["up_bytes"] > 0 for r in rows)  # the server measured both workers' payloads
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["steps"] == 5
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "config.json", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "metrics.jsonl", "summary.json"]
 
 
 @pytest.mark.timeout(120)

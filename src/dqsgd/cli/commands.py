@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -13,17 +14,22 @@ from pathlib import Path
 from dqsgd import __version__
 from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S, check_wait
 from dqsgd.topology.names import TOPOLOGIES
-from dqsgd.train.config import ConfigError, apply_overrides, build_experiment, load_raw, resolve_device, shipped_configs
+from dqsgd.train.config import (ConfigError, apply_overrides, build_experiment, check_selection, load_raw, resolve_device,
+                                shipped_configs)
 
 
-def _experiment(args: argparse.Namespace, method: str | None = None):
+def _experiment(args: argparse.Namespace, method: str | None = None, only: list[str] | None = None):
+    """The experiment of --config and --set (``method``: train's one method); ``only`` (compare
+    --methods) is checked against the config's labels before the methods are built (which imports torch)."""
     raw, source = load_raw(args.config or "table1-mnist")
     if method is not None and isinstance(raw.get("methods", {}), dict):  # (not a table: refused below)
         tables = raw.get("methods", {})
         raw = {**raw, "methods": {method: dict(tables.get(method, {}))}}
     board = [f"train.tensorboard_dir={json.dumps(args.tensorboard)}"] if getattr(args, "tensorboard", None) else []
-    exp = build_experiment(apply_overrides(raw, [*(args.set or []), *board]), source)
-    return exp
+    raw = apply_overrides(raw, [*(args.set or []), *board])
+    if only is not None and isinstance(raw.get("methods", {}), dict):
+        check_selection(list(raw.get("methods", {})), only, source)
+    return build_experiment(raw, source)
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -49,12 +55,12 @@ def cmd_configs(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    only = args.methods.split(",") if args.methods else None
+    exp = _experiment(args, only=only)
+    out = Path(args.out or f"runs/{exp.train.name}")
     from dqsgd.experiments.compare import run_experiment
     from dqsgd.experiments.summary import format_table
 
-    exp = _experiment(args)
-    out = Path(args.out or f"runs/{exp.train.name}")
-    only = args.methods.split(",") if args.methods else None
     if args.dry_run:
         from dqsgd.cli.plan import compare_plan
 
@@ -69,32 +75,38 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"\n{t.name}: {t.dataset} / {t.model}, W = {t.workers}, {t.steps} steps, seeds {list(t.seeds)}")
     print(format_table(rows))
     print(f"\nwall time {time.perf_counter() - start:.0f} s; report: {out / 'report.md'}; tables: {out / 'summary.csv'}")
+    _say_if_no_figures()
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from dqsgd.experiments.compare import load_data_for
-    from dqsgd.train.runner import default_train_dir, run_one
+def _say_if_no_figures() -> None:
+    from dqsgd.experiments.report import FIGURES_MISSING, figures_available
 
+    if not figures_available():
+        print(f"dqsgd: note: {FIGURES_MISSING}", file=sys.stderr)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if (why := check_wait("--timeout", args.timeout)) is not None:
+        raise ConfigError(why)
+    if args.max_restarts and args.transport != "torch":
+        raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
     exp, seed = _train_experiment(args)
     topology = args.topology or exp.train.topology or ("sharded" if args.transport == "torch" else "ps")
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, topology=topology))
     entry = exp.methods[0]
-    if (why := check_wait("--timeout", args.timeout)) is not None:
-        raise ConfigError(why)
+    from dqsgd.experiments.compare import load_data_for  # torch: only once the arguments are valid
+    from dqsgd.train.runner import default_train_dir, run_one
+
     if args.dry_run:
         from dqsgd.cli.plan import train_plan
 
-        if args.max_restarts and args.transport != "torch":
-            raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
         print("\n".join(train_plan(exp, entry, seed, args)))
         return 0
     if args.transport == "torch":
         from dqsgd.cli.launch import train_distributed
 
         return train_distributed(exp, entry, seed, args)
-    if args.max_restarts:
-        raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
     out = Path(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
     args.resume_hint = f"dqsgd train --resume {shlex.quote(str(out))}"
     device = resolve_device(exp.train.device)
@@ -133,13 +145,18 @@ def _train_experiment(args: argparse.Namespace):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from dqsgd.train.reader import run_dirs
+
+    root = Path(args.run_dir)
+    if not root.is_dir() or not run_dirs(root):  # said before torch is imported
+        raise FileNotFoundError(f"{root}: no runs (no */seed*/metrics.jsonl with config.json)")
     from dqsgd.experiments.report import build_report
     from dqsgd.experiments.summary import format_table, write_tables
 
-    root = Path(args.run_dir)
     rows = write_tables(root)
     print(format_table(rows))
     print(f"report: {build_report(root)}")
+    _say_if_no_figures()
     return 0
 
 
@@ -207,11 +224,25 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``dqsgd`` command; its exit status. A reader that closes the pipe early (``dqsgd configs |
+    head -1``) ends it quietly with 141 (128 + SIGPIPE, as a program the signal stopped)."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+        return rc
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     from dqsgd.core.errors import Interrupted
 
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        raise
     except Interrupted as e:  # the run stopped cleanly between two steps
         hint = getattr(args, "resume_hint", None)
         print(f"dqsgd: {e}" + (f"; continue with: {hint}" if e.saved and hint else ""), file=sys.stderr)

@@ -90,6 +90,9 @@ def compare_plan(exp: ExperimentConfig, out: Path, resume: bool, only: list[str]
             else:
                 what = "replace (--overwrite)"
             lines.append(f"    {e.label:<{width}}  seed {seed}  {where}  {what}")
+    from dqsgd.experiments.report import FIGURES_MISSING, figures_available
+
+    lines.append(f"  report: {out / 'report.md'}" + ("" if figures_available() else f"; {FIGURES_MISSING}"))
     return [*lines, DONE]
 
 

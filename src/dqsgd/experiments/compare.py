@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dqsgd.core.extras import require
 from dqsgd.data import load_dataset
-from dqsgd.experiments.summary import write_tables
+from dqsgd.experiments.summary import SELECTION, selected_methods, write_tables
 from dqsgd.train import reader
 from dqsgd.train.config import ExperimentConfig, resolve_device
 from dqsgd.train.progress import CompareProgress
@@ -50,16 +50,10 @@ class Prepared:
 def prepare(exp: ExperimentConfig, out: Path, resume: bool = False, only: list[str] | None = None,
             overwrite: bool = False) -> Prepared:
     """Every check :func:`run_experiment` makes before its first run (``compare --dry-run`` stops here):
-    the methods, ``--methods``, the device, matplotlib, the data, the output directory and, with
+    the methods, ``--methods``, the device, the data, the output directory and, with
     ``resume``, that each kept run has this experiment's config."""
-    if not exp.methods:
-        raise ValueError(f"{exp.source or 'config'}: no [methods.NAME] tables: nothing to compare")
-    entries = [e for e in exp.methods if not only or e.label in only]
-    missing = sorted(set(only or []) - {e.label for e in exp.methods})
-    if missing:
-        raise ValueError(f"--methods {missing} not in the config; it has {[e.label for e in exp.methods]}")
+    entries = exp.select(only)
     device = resolve_device(exp.train.device)  # refused before any data is loaded or any run starts
-    require("matplotlib", "the comparison's report")  # fail now, not after the last run
     data = load_data_for(exp)
     fingerprint = data_fingerprint(data)
     if out.exists() and not out.is_dir():
@@ -89,6 +83,9 @@ def run_experiment(exp: ExperimentConfig, out: Path, progress: bool = True, resu
             raise
         if exp.source:
             atomic_write(out / "experiment.toml", Path(exp.source).read_text())
+        earlier = selected_methods(out) or []
+        chosen = {e.label for e in p.entries} | set(earlier)
+        atomic_write(out / SELECTION, json.dumps({"methods": [e.label for e in exp.methods if e.label in chosen]}))
         return _run_all(exp, p, out, progress, resume, overwrite)
 
 

@@ -22,8 +22,14 @@ from dqsgd.train.reader import read_run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-Figure = require("matplotlib.figure", "the report's figures").Figure  # the [plots] extra
+
+def _figure(**kw: Any) -> Figure:
+    """A matplotlib ``Figure``, imported when one is drawn (the [plots] extra: without it,
+    :class:`~dqsgd.core.extras.MissingExtraError`; the runs and tables need no matplotlib)."""
+    return require("matplotlib.figure", "the report's figures").Figure(**kw)
+
 
 FIG1_MAX_METHODS = 9  # above this, Figure 1 keeps only SGD, QSGD-* and DQSGD-* (as in the paper)
 
@@ -179,7 +185,7 @@ def draw_figure1(all_runs: list[Run]) -> Figure:
     color = _colors(methods_of(runs))
     n_steps = max((int(r.step.max()) + 1 for r in runs), default=1)
     window = max(1, min(50, n_steps // 25))
-    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    fig = _figure(figsize=(12, 8.5), layout="constrained")
     (a, b), (c, d) = fig.subplots(2, 2)
     wide = []
     for i, m in enumerate(labels):
@@ -252,7 +258,7 @@ def draw_figure2(runs: list[Run]) -> Figure:
     labels = methods_of(runs)
     color = _colors(labels)
     rows = {row["method"]: row for row in aggregate([r.summary for r in ev], order=labels)} if ev else {}
-    fig = Figure(figsize=(8.5, 11), layout="constrained")  # one above the other: each panel as wide as before
+    fig = _figure(figsize=(8.5, 11), layout="constrained")  # one above the other: each panel as wide as before
     left = []
     for ax, (key, name, xlabel) in zip(fig.subplots(2, 1), FIG2_PANELS):
         left += _figure2_panel(ax, rows, color, key, xlabel)
@@ -367,7 +373,7 @@ def draw_figure3(runs: list[Run]) -> Figure:
     """The Figure 3 object (see :func:`figure3`)."""
     labels = methods_of(runs)
     color = _colors(labels)
-    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    fig = _figure(figsize=(12, 4.8), layout="constrained")
     a, b = fig.subplots(1, 2)
     varying = [m for m in labels if len({x for r in runs if r.method == m for x in r.bits[np.isfinite(r.bits)]}) > 1]
     width = 0.8 / max(1, len(varying))

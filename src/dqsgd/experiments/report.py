@@ -65,8 +65,20 @@ FIGURES = (
 )
 
 
+FIGURES_MISSING = ("figures not drawn: they need the optional package 'matplotlib' (pip install 'dqsgd[plots]'); "
+                   "the runs, tables and report.md do not. Draw them later with `dqsgd report RUN_DIR`.")
+
+
+def figures_available() -> bool:
+    """Whether matplotlib can be imported (the [plots] extra): the figures are drawn only then."""
+    from dqsgd.core.extras import available
+
+    return available("matplotlib")
+
+
 def build_report(root: Path) -> Path:
-    """Write ``root/report.md`` and its figures (and the tables if ``summary.json`` is missing or stale)."""
+    """Write ``root/report.md`` and its figures (and the tables if ``summary.json`` is missing or stale);
+    without matplotlib, the report without figures (it says how to get them)."""
     root = Path(root)
     runs = load_runs(root)
     if not runs:
@@ -75,15 +87,16 @@ def build_report(root: Path) -> Path:
     newest = max((r.path / "metrics.jsonl").stat().st_mtime for r in runs)
     if not summary.exists() or summary.stat().st_mtime < newest:
         write_tables(root)
-    for name, draw, _ in FIGURES:
+    figures = figures_available()
+    for name, draw, _ in FIGURES if figures else ():
         draw(runs, root / name)
     out = root / "report.md"
-    out.write_text(render_report(root, runs))
+    out.write_text(render_report(root, runs, figures))
     return out
 
 
-def render_report(root: Path, runs: list[Run]) -> str:
-    """The Markdown text of the report (a pure function of the runs)."""
+def render_report(root: Path, runs: list[Run], figures: bool = True) -> str:
+    """The Markdown text of the report (a pure function of the runs; ``figures``: whether they were drawn)."""
     labels = methods_of(runs)
     rows = aggregate([r.summary for r in runs], order=labels)
     train = runs[0].facts["train_config"]
@@ -96,7 +109,8 @@ def render_report(root: Path, runs: list[Run]) -> str:
         + coded_definition(runs)
         + ("\n\n**Left out or incomplete:**\n\n" + "\n".join(f"- {n}" for n in notes(runs)) if notes(runs) else ""),
         paper_table(),
-        "## Figures\n\n" + "\n\n".join(f"![{name}]({name})\n\n*{cap}*" for name, _, cap in FIGURES),
+        "## Figures\n\n" + ("\n\n".join(f"![{name}]({name})\n\n*{cap}*" for name, _, cap in FIGURES) if figures
+                              else FIGURES_MISSING[0].upper() + FIGURES_MISSING[1:]),
         methods_section(runs, labels),
         "## Reading the results\n\n" + reading(rows, runs),
         intervals_section(rows, runs),

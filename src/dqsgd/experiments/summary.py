@@ -52,14 +52,29 @@ def method_order(root: Path) -> list[str]:
     return list(tomllib.loads(path.read_text()).get("methods", {}))  # tomllib keeps the file's order
 
 
+SELECTION = "selection.json"  # {"methods": [...]}: the labels `compare` was asked to run here (--methods)
+
+
+def selected_methods(root: Path) -> list[str] | None:
+    """The labels ``dqsgd compare`` ran under ``root`` (its ``--methods``, accumulated over its calls);
+    None where it did not record them (an older comparison: every method of experiment.toml)."""
+    try:
+        return list(json.loads((root / SELECTION).read_text())["methods"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
 def missing_runs(root: Path, runs: list[dict[str, Any]]) -> list[str]:
-    """``LABEL/seedK`` of every run ``root/experiment.toml`` asks for that has no run directory."""
+    """``LABEL/seedK`` of every run ``root/experiment.toml`` asks for that has no run directory (of the
+    methods ``compare --methods`` selected: those left out deliberately are not missing)."""
     path = root / "experiment.toml"
     if not path.is_file():
         return []
     seeds = tomllib.loads(path.read_text()).get("train", {}).get("seeds", [0])
     have = {(r["method"], r["seed"]) for r in runs}
-    return [f"{m}/seed{s}" for s in seeds for m in method_order(root) if (m, s) not in have]
+    chosen = selected_methods(root)
+    return [f"{m}/seed{s}" for s in seeds for m in method_order(root)
+            if (m, s) not in have and (chosen is None or m in chosen)]
 
 
 def ordered_labels(labels: list[str], order: list[str] | None) -> list[str]:

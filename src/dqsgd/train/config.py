@@ -225,6 +225,21 @@ class ExperimentConfig:
     methods: tuple[MethodEntry, ...] = field(default_factory=tuple)
     source: str = ""
 
+    def select(self, only: list[str] | None) -> list[MethodEntry]:
+        """The entries ``compare --methods`` selects (all without ``only``); refuses a label the config lacks."""
+        check_selection([e.label for e in self.methods], only, self.source)
+        return [e for e in self.methods if not only or e.label in only]
+
+
+def check_selection(labels: list[str], only: list[str] | None, source: str = "") -> None:
+    """Refuse a config without methods, and ``--methods`` labels it lacks (torch-free: the CLI checks
+    the raw config's labels before building the methods, whose checks import torch)."""
+    if not labels:
+        raise ConfigError(f"{source or 'config'}: no [methods.NAME] tables: nothing to compare")
+    missing = sorted(set(only or []) - set(labels))
+    if missing:
+        raise ConfigError(f"--methods {missing} not in the config; it has {labels}")
+
 
 SCHEMA = ConfigSchema(("train",), ConfigError, unknown_keys="unknown {where} key(s) {bad}; allowed: {allowed}")
 

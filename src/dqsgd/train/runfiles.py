@@ -8,7 +8,7 @@ written: every open uses ``O_NOFOLLOW`` (the kernel refuses a link as the last p
 
 :func:`dir_lock` takes an exclusive ``fcntl.flock`` on ``DIR/.lock``: a second writer is refused at
 once, naming the holder's pid; the kernel drops the lock when the holder dies, so a crash never
-leaves a stale lock. :func:`lock_holder` tells a reader whether a writer holds it.
+leaves a stale lock, and a holder that ends removes the file. :func:`lock_holder` tells a reader whether a writer holds it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-__all__ = ["RunDirError", "atomic_write", "dir_lock", "lock_holder", "open_nofollow", "open_text"]
+__all__ = ["DirLock", "RunDirError", "atomic_write", "dir_lock", "lock_holder", "open_nofollow", "open_text"]
 
 LOCK = ".lock"
 
@@ -74,24 +74,75 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         raise
 
 
-def dir_lock(out: Path) -> IO[str]:
-    """Hold ``out/.lock`` exclusively (pid written in it) until the returned file is closed."""
-    f = open_text(out / LOCK, "a+")
+class DirLock:
+    """A held ``DIR/.lock`` (:func:`dir_lock`): :meth:`close` removes the file while it still holds the
+    lock, then drops the lock, so no empty ``.lock`` stays behind a finished run. Also a context manager."""
+
+    def __init__(self, f: IO[str], path: Path):
+        self.file, self.path = f, path
+
+    @property
+    def closed(self) -> bool:
+        return self.file.closed
+
+    def close(self) -> None:
+        if self.file.closed:
+            return
+        try:
+            if _is_file_at(self.file, self.path):  # ours (never a file another writer made since)
+                os.unlink(self.path)
+        except OSError:
+            pass  # a read-only directory: the file stays, the lock is still dropped
+        finally:
+            self.file.close()
+
+    def __enter__(self) -> DirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _is_file_at(f: IO[str], path: Path) -> bool:
+    """Whether the open file ``f`` is the file at ``path`` now (not one unlinked since it was opened)."""
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EAGAIN, errno.EACCES):
+        there = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(f.fileno())
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+_LOCK_TRIES = 100  # a holder removing its .lock between our open and our lock: try the new file, this often
+
+
+def dir_lock(out: Path) -> DirLock:
+    """Hold ``out/.lock`` exclusively (pid written in it) until the returned lock is closed (which removes
+    the file). A process that opened the file just before its holder removed it locks a file no longer
+    in the directory: it sees that and takes the lock of the file now there, so two writers never hold
+    the directory at once."""
+    for _ in range(_LOCK_TRIES):
+        f = open_text(out / LOCK, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                f.close()
+                raise
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
             f.close()
-            raise
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise RunDirError(f"{out} is in use by another dqsgd process (pid {holder}); "
-                          f"wait for it to finish or choose another --out") from None
-    f.truncate(0)
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
+            raise RunDirError(f"{out} is in use by another dqsgd process (pid {holder}); "
+                              f"wait for it to finish or choose another --out") from None
+        if not _is_file_at(f, out / LOCK):  # removed by the holder we raced with
+            f.close()
+            continue
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        return DirLock(f, out / LOCK)
+    raise RunDirError(f"{out}: its .lock was replaced {_LOCK_TRIES} times while this process tried to take it; "
+                      "another process keeps starting and ending writers there")
 
 
 def lock_holder(out: Path) -> str | None:
@@ -107,4 +158,6 @@ def lock_holder(out: Path) -> str | None:
             if e.errno in (errno.EAGAIN, errno.EACCES):
                 return f.read().strip() or "unknown"
             raise
+        if not _is_file_at(f, out / LOCK):  # its holder removed it meanwhile: ask the file there now, if any
+            return lock_holder(out)
         return None
