@@ -335,3 +335,70 @@ def test_methods_section_tells_the_topology_and_the_downlink_apart(tmp_path: Pat
         write_run(fed, "dqsgd", seed, final_acc=0.9,
                   train_over={"topology": "sharded", "downlink_bits": 2, "downlink_feedback": True})
     assert "topology sharded, downlink 2 bits, downlink error feedback." in build_report(fed).read_text()
+
+
+def _evaluated_at(root: Path, steps: set[int]) -> Path:
+    """sgd and qsgd-4bit (seed 0) with a test accuracy on ``steps`` only."""
+    import json
+
+    write_toml(root)
+    for label in ("sgd", "qsgd-4bit"):
+        run = write_run(root, label, 0, final_acc=0.9)
+        recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for r in recs:
+            r.pop("test_acc", None)
+            if r["step"] in steps:
+                r.update(test_acc=0.8 + 0.001 * r["step"], test_loss=0.3)
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    return root
+
+
+def test_figure1_shows_few_evaluations_as_points_and_says_where(tmp_path: Path) -> None:
+    """Two evaluations per run (make run's steps=250, eval_every=125): panel (a) names the evaluated steps,
+    draws large markers on a faint dotted line (not a measured trajectory); with many it draws curves."""
+    from dqsgd.experiments.plots import FIG1_FEW_EVALS, draw_figure1
+
+    a = draw_figure1(load_runs(_evaluated_at(tmp_path / "few", {19, 39}))).axes[0]
+    assert "2 evaluations (step 19, 39), nothing measured between them" in a.get_title()
+    acc = [ln for ln in a.get_lines() if ln.get_marker() == "o"]
+    assert len(acc) == 2 and all(ln.get_linestyle() == ":" and ln.get_markersize() >= 6 for ln in acc)
+    assert all(list(ln.get_xdata()) == [19, 39] for ln in acc)
+    many = set(range(4, 40, 5))
+    assert len(many) >= FIG1_FEW_EVALS
+    a = draw_figure1(load_runs(_evaluated_at(tmp_path / "many", many))).axes[0]
+    assert a.get_title() == "(a) test accuracy"
+    assert all(ln.get_linestyle() != ":" for ln in a.get_lines() if ln.get_marker() == "o")
+
+
+def test_figure2_joins_only_the_points_of_one_family(tmp_path: Path) -> None:
+    """dqsgd and dqsgd-coded are two families: no line may join them; QSGD's widths are one family."""
+    from dqsgd.experiments.plots import draw_figure2, families
+
+    root = tmp_path / "fam"
+    write_toml(root)
+    for label, acc in (("sgd", 0.90), ("qsgd-4bit", 0.89), ("qsgd-6bit", 0.90), ("dqsgd", 0.895),
+                       ("dqsgd-coded", 0.885), ("adaptive", 0.89)):
+        write_run(root, label, 0, final_acc=acc)
+    runs = load_runs(root)
+    fam = families(runs)
+    assert sorted(fam.values()) == sorted([["sgd"], ["qsgd-4bit", "qsgd-6bit"], ["dqsgd"], ["dqsgd-coded"],
+                                           ["adaptive"]])
+    a = draw_figure2(runs).axes[0]
+    joined = [ln for ln in a.get_lines() if ln.get_label().endswith("connected")]
+    assert [ln.get_label() for ln in joined] == ["QSGD widths, connected"]
+    assert len(joined[0].get_xdata()) == 2
+
+
+def test_in_words_says_one_seed_cannot_tell(root: Path, tmp_path: Path) -> None:
+    """One seed: no interval, so the words must not say "none" was significant or indistinguishable."""
+    one = tmp_path / "one"
+    write_toml(one)
+    for label, acc in (("sgd", 0.90), ("qsgd-4bit", 0.85), ("dqsgd", 0.95)):
+        write_run(one, label, 0, final_acc=acc)
+    text = build_report(one).read_text()
+    words = text[text.index("In words:"):].splitlines()[0]
+    assert "one seed cannot tell" in words and "`qsgd-4bit` vs SGD" in words and "`dqsgd` vs SGD" in words
+    assert "none" not in words and "significantly" not in words
+    two = build_report(root).read_text()  # two seeds: the verdicts, and nothing about one seed
+    words = two[two.index("In words:"):].splitlines()[0]
+    assert "Not distinguishable from the reference with these seeds" in words and "one seed" not in words

@@ -32,6 +32,7 @@ def _figure(**kw: Any) -> Figure:
 
 
 FIG1_MAX_METHODS = 9  # above this, Figure 1 keeps only SGD, QSGD-* and DQSGD-* (as in the paper)
+FIG1_FEW_EVALS = 5  # fewer evaluations than this: panel (a) shows points, says where, and joins them faintly
 
 
 @dataclass(frozen=True)
@@ -136,11 +137,11 @@ def _by_step(runs: list[Run], values: list[np.ndarray], steps: list[np.ndarray])
 
 
 def _curve(ax: Axes, runs: list[Run], values: list[np.ndarray], steps: list[np.ndarray], color: Any,
-           label: str, marker: str | None = None, ls: str = "-") -> None:
+           label: str, marker: str | None = None, ls: str = "-", ms: float = 3, lw: float = 1.4) -> None:
     x, m, s = _by_step(runs, values, steps)
     if x.size == 0:
         return
-    ax.plot(x, m, color=color, label=label, lw=1.4, marker=marker, ms=3, ls=ls)
+    ax.plot(x, m, color=color, label=label, lw=lw, marker=marker, ms=ms, ls=ls)
     band = ~np.isnan(s)
     if band.any():
         ax.fill_between(x[band], (m - s)[band], (m + s)[band], color=color, alpha=0.2, lw=0)
@@ -188,20 +189,24 @@ def draw_figure1(all_runs: list[Run]) -> Figure:
     fig = _figure(figsize=(12, 8.5), layout="constrained")
     (a, b), (c, d) = fig.subplots(2, 2)
     wide = []
+    evals = sorted({int(s) for r in runs if r.method in labels for s in r.eval_step})
+    few = len(evals) < FIG1_FEW_EVALS  # the points, large, on a faint dotted line: not a measured trajectory
     for i, m in enumerate(labels):
         rs = [r for r in runs if r.method == m]
         ev = [r for r in rs if r.has_eval]
         st = dict(color=color[m], label=_label(m, len(rs)), ls=_STYLES[i % len(_STYLES)])
         if ev:
             _curve(a, ev, [100 * r.eval_acc for r in ev], [r.eval_step for r in ev], marker="o",
-                   **{**st, "label": _label(m, len(ev))})
+                   **{**st, "label": _label(m, len(ev)), **(dict(ls=":", ms=7, lw=0.8) if few else {})})
         _curve(b, rs, [moving_average(r.loss, window) for r in rs], [r.step for r in rs], **st)
         if min((float(np.nanmin(r.bits)) for r in rs if np.isfinite(r.bits).any()), default=math.inf) >= 32:
             wide.append(m)
         else:
             _curve(c, rs, [moving_average(r.bits, window) for r in rs], [r.step for r in rs], **st)
         _curve(d, rs, [np.cumsum(r.up_bytes) / 1e6 for r in rs], [r.step for r in rs], **st)
-    a.set(title="(a) test accuracy", xlabel="step", ylabel="test accuracy (%)")
+    a.set(title="(a) test accuracy" + (f": {len(evals)} evaluation{'s' if len(evals) != 1 else ''} (step "
+                                       f"{', '.join(map(str, evals))}), nothing measured between them" if few else ""),
+          xlabel="step", ylabel="test accuracy (%)")
     b.set(title=f"(b) training loss{_smoothed(window)}",
           xlabel="step", ylabel="mean minibatch loss of the W workers")
     c.set(title=f"(c) bits per iteration{_smoothed(window)}", xlabel="step", ylabel="nominal uplink bits / coordinate")
@@ -252,6 +257,30 @@ FIG2_PANELS = (
 )
 
 
+FAMILY_KEYS = ("scheme", "policy", "coding", "error_feedback", "aggregate", "per_tensor", "norm", "rounding")
+
+
+def families(runs: list[Run]) -> dict[str, list[str]]:
+    """Methods that differ only in their width or budget (``bits``, ``target_bits``, ``budget_bits``):
+    Figure 2 joins the points of one family, never those of two (dqsgd and dqsgd-coded are two).
+    Named by what the family is; a method whose config.json has no method config is its own."""
+    out: dict[Any, list[str]] = {}
+    for m in methods_of(runs):
+        mc = next(r.facts for r in runs if r.method == m).get("method_config")
+        key = tuple(mc.get(k) for k in FAMILY_KEYS) if isinstance(mc, dict) else ("label", m)
+        out.setdefault(key, []).append(m)
+    return {_family_name(key): ms for key, ms in out.items()}
+
+
+def _family_name(key: tuple) -> str:
+    if key[0] == "label":
+        return key[1]
+    scheme, policy, coding = key[:3]
+    what = ("QSGD widths" if scheme == "uniform" and policy == "fixed" else
+            f"{policy} budgets" if policy.startswith("dqsgd") else f"{scheme}/{policy}")
+    return what + ("" if coding == "fixed" else f", {coding}-coded")
+
+
 def draw_figure2(runs: list[Run]) -> Figure:
     """The Figure 2 object (see :func:`figure2`)."""
     ev = [r for r in runs if r.has_eval]
@@ -261,14 +290,15 @@ def draw_figure2(runs: list[Run]) -> Figure:
     fig = _figure(figsize=(8.5, 11), layout="constrained")  # one above the other: each panel as wide as before
     left = []
     for ax, (key, name, xlabel) in zip(fig.subplots(2, 1), FIG2_PANELS):
-        left += _figure2_panel(ax, rows, color, key, xlabel)
+        left += _figure2_panel(ax, rows, color, key, xlabel, families(ev))
         ax.set_title(name)
     fig.suptitle(_title(runs, "Figure 2: test accuracy vs compression ratio"))
     _footer(fig, [n for n in notes(runs) if "evaluation" in n or "no steps" in n] + left)
     return fig
 
 
-def _figure2_panel(ax: Axes, rows: dict[str, dict[str, Any]], color: dict[str, Any], key: str, xlabel: str) -> list[str]:
+def _figure2_panel(ax: Axes, rows: dict[str, dict[str, Any]], color: dict[str, Any], key: str, xlabel: str,
+                   family: dict[str, list[str]]) -> list[str]:
     """Accuracy vs ``rows[m][key]`` on ``ax``; returns the notes on methods left out of it."""
     what = "measured ratio" if key == "measured_ratio" else "entropy-coded ratio"
     left = [f"{m}: {what} not finite" for m, row in rows.items()
@@ -279,10 +309,10 @@ def _figure2_panel(ax: Axes, rows: dict[str, dict[str, Any]], color: dict[str, A
                 ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.3")
         ax.set(xlabel=xlabel, ylabel="test accuracy (%), mean ± std over seeds")
         return left
-    for prefix, name in (("qsgd", "QSGD (fixed widths)"), ("dqsgd", "DQSGD")):
-        group = sorted((row[key], 100 * row["test_acc_mean"]) for m, row in pts.items() if m.startswith(prefix))
+    for i, (name, members) in enumerate(family.items()):  # one line per family, through its own points only
+        group = sorted((pts[m][key], 100 * pts[m]["test_acc_mean"]) for m in members if m in pts)
         if len(group) > 1:
-            ax.plot(*zip(*group), color="0.5" if prefix == "qsgd" else "C3", lw=1.2, ls="--" if prefix == "qsgd" else "-",
+            ax.plot(*zip(*group), color=color[members[0]], lw=1.2, ls=_STYLES[i % len(_STYLES)],
                     label=f"{name}, connected", zorder=1)
     # Far-off methods (signSGD: −8 pt) would squash the differences that matter into one line: the
     # axis keeps the points within FIG2_BAND pt of the median; the others sit on the bottom edge, marked.

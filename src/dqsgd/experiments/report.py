@@ -59,8 +59,8 @@ FIGURES = (
     ("fig1.png", figure1, "Figure 1 (as the paper's Figure 1): (a) test accuracy, (b) training loss (trailing "
      "mean), (c) nominal bits per iteration, (d) cumulative measured uplink MB; mean over seeds, band = ± std."),
     ("fig2.png", figure2, "Figure 2 (as the paper's Figure 2): test accuracy (mean ± std over seeds) vs (a) the "
-     "measured fixed-width uplink ratio and (b) the entropy-coded (auto) uplink ratio (log scale); QSGD widths and "
-     "DQSGD budgets are each connected."),
+     "measured fixed-width uplink ratio and (b) the entropy-coded (auto) uplink ratio (log scale); a line joins "
+     "only the methods of one family (the same method at other widths or budgets, e.g. the QSGD widths)."),
     ("fig3.png", figure3, "Widths chosen by the methods whose width varies, and time per run by phase."),
 )
 
@@ -360,7 +360,7 @@ def intervals_section(rows: list[dict[str, Any]], runs: list[Run]) -> str:
              "0 (significant at the 5% level). QSGD's curve is interpolated between its widths, linear in log ratio, "
              "seed by seed; — = no such comparison (not a DQSGD method, or outside QSGD's ratios).", "",
              "| " + " | ".join(head) + " |", "|---|---:|---:|---:|---:|"]
-    sig: dict[str, list[str]] = {"better": [], "worse": [], "none": []}
+    sig: dict[str, list[str]] = {"better": [], "worse": [], "none": [], "one": []}
 
     def cell(label: str, what: str, diffs: list[float]) -> str:
         iv = paired_interval(diffs)
@@ -368,8 +368,8 @@ def intervals_section(rows: list[dict[str, Any]], runs: list[Run]) -> str:
             return "—"
         if iv.significant:
             sig["better" if iv.mean > 0 else "worse"].append(f"`{label}` {what} ({iv.fmt()})")
-        elif iv.n >= 2:
-            sig["none"].append(f"`{label}` {what}")
+        else:
+            sig["none" if iv.n >= 2 else "one"].append(f"`{label}` {what}")
         return f"**{iv.fmt()}**" if iv.significant else iv.fmt()
 
     for r in rows:
@@ -383,11 +383,24 @@ def intervals_section(rows: list[dict[str, Any]], runs: list[Run]) -> str:
             cols.append("—" if got is None or got["outside"] else cell(m, what, got["deltas"]))
         n = sum(1 for x in runs if x.method == m and x.has_eval)
         lines.append(f"| `{m}` | {n} | {to_sgd} | " + " | ".join(cols) + " |")
-    lines += ["", "In words: significantly **more accurate** than the reference: "
-              + ("; ".join(sig["better"]) or "none") + ". Significantly **less accurate**: "
-              + ("; ".join(sig["worse"]) or "none") + ". Not distinguishable from the reference with these seeds: "
-              + (", ".join(sig["none"]) or "none") + "."]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", in_words(sig)])
+
+
+def in_words(sig: dict[str, list[str]]) -> str:
+    """The verdicts of :func:`intervals_section` in a sentence: significant either way, not
+    distinguishable (two or more seeds), and what one seed cannot tell (no interval from one seed)."""
+    words = []
+    if sig["better"] or sig["worse"] or sig["none"]:
+        words.append("significantly **more accurate** than the reference: " + ("; ".join(sig["better"]) or "none")
+                     + ". Significantly **less accurate**: " + ("; ".join(sig["worse"]) or "none")
+                     + ". Not distinguishable from the reference with these seeds: " + (", ".join(sig["none"]) or "none")
+                     + ".")
+    if sig["one"]:
+        words.append("one seed cannot tell whether these differ from the reference (a difference of one seed "
+                      "has no interval; run two or more, `--set 'train.seeds=[0,1,2]'`): " + ", ".join(sig["one"]) + ".")
+    if not words:
+        return "In words: no paired comparison (no reference run with these seeds)."
+    return "In words: " + " ".join(w[0].upper() + w[1:] if i else w for i, w in enumerate(words))
 
 
 def _dq_vs_q(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
