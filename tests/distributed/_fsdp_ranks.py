@@ -59,7 +59,7 @@ class Recorder:
         def call(comm, output_tensor, input_tensor, group, op, async_op=False):
             u = comm.state.units.get(comm.index)
             bits = None if u is None else u.bits
-            before = comm.state.stats()["total_sent"]
+            before = comm.state.compression_stats().bytes_sent
             x = input_tensor.clone()
             rec.active, rec.handed = True, 0
             try:
@@ -67,7 +67,7 @@ class Recorder:
             finally:
                 rec.active = False
             rec.calls.append({"unit": comm.index, "bits": bits, "input": x, "output": output_tensor.clone(),
-                              "handed": rec.handed, "counted": comm.state.stats()["total_sent"] - before})
+                              "handed": rec.handed, "counted": comm.state.compression_stats().bytes_sent - before})
             return out
 
         self._patches = [(dfsdp.DQSGDReduceScatter, "__call__", call)]
@@ -113,7 +113,7 @@ def run_case(rank: int, world: int, method: str, kw: dict) -> dict[str, Any]:
         train(m, rank, range(STEPS))
     return {"calls": rec.calls, "params": params(m), "spent": {i: u.spent for i, u in state.units.items()},
             "budget": {i: u.method.budget_bits() for i, u in state.units.items()},
-            "pieces": {c.index: c.pieces for c in _comms(m)}, "stats": state.stats()}
+            "pieces": {c.index: c.pieces for c in _comms(m)}, "stats": state.compression_stats()}
 
 
 def _comms(m: nn.Module) -> list:

@@ -67,3 +67,11 @@ def mismatch(rank: int, world: int, what: str) -> dict[str, Any]:
     except RankDisagreement as e:
         return {"error": str(e), "seconds": time.monotonic() - t0}
     return {"error": None, "seconds": time.monotonic() - t0}
+
+
+def stats(rank: int, world: int, topology: str) -> dict[str, Any]:
+    """compression_stats() after 2 rounds of 3 steps (and a seventh step), with link_bytes and the repr."""
+    model, opt = make(rank, 3, "qsgd-4bit", 2, topology=topology)
+    train(rank, model, opt, 0, 7)
+    numel = sum(p.numel() for p in model.parameters())
+    return {"stats": opt.compression_stats(), "link": opt.link_bytes, "numel": numel, "repr": repr(opt)}

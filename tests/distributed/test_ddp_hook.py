@@ -102,6 +102,9 @@ def test_stats_count_the_predicted_bytes(w3: list[dict]) -> None:
         s = r["runs"][key("qsgd-4bit", SHARDED)]["stats"]
         assert s.bytes_sent == hr.STEPS * (sum(up) - up[rank] + (W - 1) * dmax)
         assert s.bytes_received == hr.STEPS * ((W - 1) * up[rank] + (W - 1) * dmax)
+        assert (s.uplink_sent, s.uplink_received) == (hr.STEPS * (sum(up) - up[rank]), hr.STEPS * (W - 1) * up[rank])
+        assert s.downlink_sent == s.downlink_received == hr.STEPS * (W - 1) * dmax
+        assert s.rounds == hr.STEPS and s.refusals == 0
         assert s.allreduce_bytes == hr.STEPS * allreduce and s.fp32_bytes == hr.STEPS * 4 * n
         assert s.steps == hr.STEPS and s.mean_bits == 4
         assert math.isclose(s.total_ratio, s.allreduce_bytes / (s.bytes_sent + s.bytes_received))
@@ -109,7 +112,8 @@ def test_stats_count_the_predicted_bytes(w3: list[dict]) -> None:
         assert 1.0 < s.bytes_sent / (hr.STEPS * (W - 1) / W * n * 12 / 8) < 1.03
         a = r["runs"][key("qsgd-4bit", ALLGATHER)]["stats"]
         full = Method(cfg, n, 20, sizes).message_bits(4) // 8 + 1
-        assert a.bytes_sent == a.bytes_received == hr.STEPS * (W - 1) * full
+        assert a.bytes_sent == a.bytes_received == a.uplink_sent == hr.STEPS * (W - 1) * full
+        assert a.downlink_sent == a.downlink_received == 0
 
 
 @pytest.mark.timeout(500)
@@ -172,9 +176,9 @@ def test_start_iter_sends_full_precision_first(w2: list[dict]) -> None:
     x = w2[0]["warmup"]
     for step in range(2):
         torch.testing.assert_close(x["runs"][step], x["plain"][step], rtol=1e-6, atol=1e-8)
-        assert x["stats"][step].mean_bits == 32
+        assert x["stats"][step].mean_bits == 32 and x["stats"][step].refusals == step + 1  # the warm-up, refused
     assert not torch.allclose(x["runs"][2], x["plain"][2], rtol=1e-3, atol=1e-6)
-    assert x["stats"][2].mean_bits == (2 * 32 + 4) / 3
+    assert x["stats"][2].mean_bits == (2 * 32 + 4) / 3 and x["stats"][2].refusals == 2
 
 
 @pytest.mark.timeout(500)

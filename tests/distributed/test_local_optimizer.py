@@ -31,3 +31,25 @@ def test_a_mismatch_across_ranks_is_refused_by_every_rank(what: str) -> None:
         err, seconds = r.value["error"], r.value["seconds"]
         assert err is not None and f"differ in {what}" in err, err
         assert seconds < 10, seconds
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("topology", ["sharded", "allgather"])
+def test_compression_stats_count_both_legs_of_every_round(topology: str) -> None:
+    """Two ranks: what one sends in a phase the other receives; 7 steps at H = 3 are 2 rounds; the
+    references are 4 bytes per element per round (fp32) and a ring all-reduce of Δ (fp32: 2·2·(W−1)/W·4·d)."""
+    from dqsgd.core.comm_stats import CompressionStats
+
+    results = spawn_local(_ranks_local.stats, 2, (topology,), timeout=30, threads=1, deadline=100)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    a, b = (r.value for r in results)
+    for me, other in ((a, b), (b, a)):
+        s, o, d = me["stats"], other["stats"], me["numel"]
+        assert type(s) is CompressionStats and (s.steps, s.rounds, s.refusals) == (7, 2, 0)
+        assert (s.uplink_sent, s.downlink_sent) == (o.uplink_received, o.downlink_received)
+        assert (s.downlink_sent > 0) == (topology == "sharded")
+        assert s.uplink_sent > 0 and s.fp32_bytes == 2 * 4 * d and s.dense_bytes == 2 * 2 * (2 * 4 * d // 2)
+        # link_bytes: per round and phase the larger of sent and received (equal-size rounds here)
+        assert max(s.uplink_sent, s.uplink_received) + max(s.downlink_sent, s.downlink_received) == me["link"] > 0
+        assert s.mean_bits == 4 and s.ratio == s.fp32_bytes / s.bytes_sent
+        assert f"method='qsgd-4bit' (4 bits), topology={topology}" in me["repr"] and "rounds=2" in me["repr"]

@@ -27,9 +27,9 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from dqsgd.ddp.state import HookState, BucketState, ring_bytes
+from dqsgd.ddp.state import HookState, BucketState
 from dqsgd.topology import payloads as codec
-from dqsgd.topology.traffic import rank_traffic
+from dqsgd.topology.traffic import leg_traffic, ring_bytes
 
 Finish = Callable[[], torch.Tensor]
 Stage2 = Any  # (future of the last collective, Finish, future: its collectives are issued, or None)
@@ -90,8 +90,10 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.future
     """Plain mean all-reduce in the bucket's dtype (warm-up, small buckets), counted as a ring."""
     up, _ = state.groups()
     nbytes = grad.numel() * grad.element_size()
-    _count(state, ring_bytes(nbytes, world), ring_bytes(nbytes, world), grad.numel(), grad.element_size(),
-                8 * grad.element_size(), world)
+    up = (world - 1) * nbytes // world  # a ring's reduce-scatter, then its all-gather
+    down = ring_bytes(nbytes, world) - up
+    _count(state, (up, up), (down, down), grad.numel(), grad.element_size(), 8 * grad.element_size(), world,
+           refused=True)
     work = dist.all_reduce(grad.div_(world), group=up, async_op=True)
     return work.get_future().then(lambda f: f.value()[0])
 
@@ -225,8 +227,8 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
     msg = send if send is not None and send.numel() == size else torch.cat([codec.pad(payload, size - 1),
                                                                              flags.reshape(1)])
     gathered = [torch.empty_like(msg) for _ in range(world)]
-    _count(state, *rank_traffic("allgather", [[n + 1] for n in sizes], [], rank), b.numel, grad.element_size(),
-                b.width(), world)
+    g = leg_traffic("allgather", [[n + 1] for n in sizes], [], rank)
+    _count(state, g[:2], g[2:], b.numel, grad.element_size(), b.width(), world)
     bits, step, spent = b.bits, b.step, b.proto.spent_bits(table)
     b.step += 1
     work = dist.all_gather(gathered, msg, group=up, async_op=True)
@@ -271,8 +273,8 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
     dbits = b.proto.down_width(b.policy)  # downlink_bits "auto": the policy's width for this step
     coded = b.proto.coded_down
     dmsg = max(b.proto.down_sizes(dbits)) + 1  # the longest downlink payload and the status byte
-    _count(state, *rank_traffic("sharded", [[n + 1 for n in row] for row in table], [0 if coded else dmsg] * world,
-                                rank), b.numel, grad.element_size(), b.width(), world)
+    g = leg_traffic("sharded", [[n + 1 for n in row] for row in table], [0 if coded else dmsg] * world, rank)
+    _count(state, g[:2], g[2:], b.numel, grad.element_size(), b.width(), world)  # a coded downlink: counted later
     bits, step, spent = b.bits, b.step, b.proto.spent_bits(table, dbits)
     b.step += 1
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=up, async_op=True)
@@ -306,14 +308,13 @@ def _coded_down(state: HookState, b: BucketState, mine: torch.Tensor, flags: tor
     its traffic counted and the step's spend known once the lengths are."""
     from dqsgd.ddp.varlen import all_gather_varlen
     from dqsgd.topology.limits import check_sizes
-    from dqsgd.topology.traffic import wire_traffic
 
     caps, got = b.proto.down_caps(dbits), {}
 
     def on_sizes(lengths: List[int]) -> None:
         check_sizes([n - 1 for n in lengths], caps, f"rank {rank}: the coded downlink of bucket {b.numel}: the server")
-        down = wire_traffic("sharded", [[0] * world for _ in range(world)], lengths)[1][rank]
-        _count(state, down, down, 0, 0, 0, world)
+        down = leg_traffic("sharded", [[0] * world for _ in range(world)], lengths, rank)[2:]
+        _count(state, (0, 0), down, 0, 0, 0, world)
         got["spent"] = b.proto.spent(table, dbits, [n - 1 for n in lengths])
 
     fut, issued = all_gather_varlen(mine, state.groups()[1], world, on_sizes)  # fails with the refusal's own type

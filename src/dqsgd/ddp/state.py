@@ -13,16 +13,18 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.topology.names import (
     FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_downlink_target, check_topology,
     resolve_downlink_bits)
+from dqsgd.topology.traffic import ring_bytes
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
@@ -36,22 +38,6 @@ STATE_VERSION = 2
 # returned) the group's destructor would run on one of its own gloo threads and join it ("terminate
 # called … Resource deadlock avoided", seen as a rank dying with SIGABRT at the end of a run).
 _LIVE_GROUPS: list[dist.ProcessGroup] = []
-
-
-class CompressionStats(NamedTuple):
-    bytes_sent: int         # this rank's bytes to other ranks, headers, flags and padding included
-    fp32_bytes: int         # 4 bytes per gradient element handled (the paper's reference)
-    ratio: float            # fp32_bytes / bytes_sent (the project's definition of compression ratio)
-    mean_bits: float        # uplink code width per coordinate, averaged over every element handled
-    steps: int              # backward passes (calls on the last bucket)
-    bytes_received: int = 0  # this rank's bytes from other ranks, padding included
-    allreduce_bytes: int = 0  # sent + received by a ring all-reduce of the buckets in their own dtype
-    total_ratio: float = math.nan  # allreduce_bytes / (bytes_sent + bytes_received)
-
-
-def ring_bytes(nbytes: int, world: int) -> int:
-    """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes``: 2·(W−1)/W·nbytes."""
-    return 2 * (world - 1) * nbytes // world
 
 
 @dataclass
@@ -217,7 +203,8 @@ def _stateful(field_name: str) -> bool:
                                                               "downlink_coding", "downlink_target_bits", "total_steps")
 
 
-_COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps")
+_COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps",
+             "down_sent", "down_received", "refusals")  # bytes_*: both phases; down_*: the downlink's part
 
 
 class HookState:
@@ -299,12 +286,18 @@ class HookState:
 
     # --- reporting ------------------------------------------------------------------------------
     def compression_stats(self) -> CompressionStats:
-        ratio = self.fp32_bytes / self.bytes_sent if self.bytes_sent else math.nan
-        traffic = self.bytes_sent + self.bytes_received
-        total = self.allreduce_bytes / traffic if traffic else math.nan
-        mean = self.bit_coords / self.coords if self.coords else math.nan
-        return CompressionStats(self.bytes_sent, self.fp32_bytes, ratio, mean, self.steps, self.bytes_received,
-                                self.allreduce_bytes, total)
+        """This rank's traffic since the state was made (docs/api.md, "Statistics"); a round is a backward pass."""
+        return CompressionStats(
+            uplink_sent=self.bytes_sent - self.down_sent, uplink_received=self.bytes_received - self.down_received,
+            downlink_sent=self.down_sent, downlink_received=self.down_received, fp32_bytes=self.fp32_bytes,
+            dense_bytes=self.allreduce_bytes, mean_bits=self.bit_coords / self.coords if self.coords else math.nan,
+            steps=self.steps, rounds=self.steps, refusals=self.refusals)
+
+    def __repr__(self) -> str:
+        down = "fp32" if self.downlink_bits == FP32 else self.downlink_bits
+        return (f"<HookState method={self.config.name!r} ({self.config.budget_text()}), topology={self.topology}, "
+                f"downlink={down if self.topology == 'sharded' else 'none'}, total_steps={self.total_steps}, "
+                f"steps={self.steps}>")
 
     def current_bits(self) -> dict[int, int]:
         """The width each bucket index used in its last step (a dynamic policy applies its next choice
@@ -316,9 +309,15 @@ class HookState:
         policy's choice; else the fixed width)."""
         return {i: b.proto.down_width(b.policy) for i, b in sorted(self._buckets.items())}
 
-    def count(self, sent: int, received: int, numel: int, itemsize: int, width: int, world: int) -> None:
-        self.bytes_sent += sent
-        self.bytes_received += received
+    def count(self, up: tuple[int, int], down: tuple[int, int], numel: int, itemsize: int, width: int, world: int,
+              refused: bool = False) -> None:
+        """One bucket's exchange: (sent, received) in the uplink and the downlink phase; ``refused``:
+        sent uncompressed (warm-up, too small, not worth compressing)."""
+        self.bytes_sent += up[0] + down[0]
+        self.bytes_received += up[1] + down[1]
+        self.down_sent += down[0]
+        self.down_received += down[1]
+        self.refusals += int(refused)
         self.fp32_bytes += 4 * numel
         self.allreduce_bytes += 2 * ring_bytes(numel * itemsize, world)
         self.bit_coords += width * numel
@@ -422,7 +421,7 @@ class HookState:
             raise ValueError(f"state_dict was saved under another configuration than this HookState's: {shown}")
         self.iter = int(state["iter"])
         for k in _COUNTERS:
-            setattr(self, k, state["counters"][k])
+            setattr(self, k, state["counters"].get(k, 0))  # older states: no downlink share, no refusals
         self._buckets, self._loaded = {}, dict(state["buckets"])
 
     def __getstate__(self) -> dict[str, Any]:

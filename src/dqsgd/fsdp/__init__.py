@@ -4,7 +4,7 @@
     state = dqsgd.fsdp.FSDPState("dqsgd", seed=0, total_steps=N)
     dqsgd.fsdp.compress(model, state)            # one ReduceScatter per FSDP unit
     ...                                          # train as usual
-    print(state.stats())                         # bytes this rank handed to the process group
+    print(state.compression_stats())             # this rank's bytes, ratios, rounds (docs/api.md)
 
 What is compressed: the gradient reduce-scatter of every FSDP unit — the uplink leg of dqsgd's
 ``sharded`` protocol (rank w quantizes chunk j of its flat gradient for rank j; one all-to-all moves
@@ -13,6 +13,6 @@ the forward and backward passes stays FSDP's own, exact. See docs/fsdp.md.
 """
 
 from dqsgd.fsdp.comm import DQSGDReduceScatter, compress, reduce_scale
-from dqsgd.fsdp.state import FSDPState, UnitState, unit_seed
+from dqsgd.fsdp.state import CompressionStats, FSDPState, UnitState, unit_seed
 
-__all__ = ["DQSGDReduceScatter", "FSDPState", "UnitState", "compress", "reduce_scale", "unit_seed"]
+__all__ = ["CompressionStats", "DQSGDReduceScatter", "FSDPState", "UnitState", "compress", "reduce_scale", "unit_seed"]

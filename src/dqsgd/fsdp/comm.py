@@ -151,7 +151,8 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         if not native:
             out.mul_(scale)
         nbytes = x.numel() * x.element_size()
-        self.state.count(0, 0, 0, x.numel(), world, 8 * x.element_size(), exact=(world - 1) * nbytes // world)
+        self.state.count(0, 0, 0, x.numel(), world, 8 * x.element_size(), exact=(world - 1) * nbytes // world,
+                         itemsize=x.element_size(), refused=True)
 
     def _compressed(self, u: UnitState, out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup, scale: float,
                     rank: int) -> None:
@@ -183,7 +184,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
             if u.method.config.dynamic:
                 side += protocol.observe(u, group, st.timeout, avg, rank, spent)
         st.count(sum(sizes[rank]) - sizes[rank][rank], sum(r[rank] for r in sizes) - sizes[rank][rank], side,
-                 u.numel, u.world, u.method.width(u.bits) if not bad else 0)
+                 u.numel, u.world, u.method.width(u.bits) if not bad else 0, itemsize=x.element_size())
         u.n += 1
 
     def _decode(self, u: UnitState, t: TorchShardedTransport, payloads: list[bytes],

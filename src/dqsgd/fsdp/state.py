@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.rng import QUANT, seed_for
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, method_config
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 STATE_VERSION = 1
 _COUNTERS = ("bytes_sent", "bytes_received", "exact_bytes", "side_bytes", "fp32_bytes", "bit_coords", "coords",
-             "calls")
+             "calls", "dense_bytes", "refusals")
 
 
 def unit_seed(seed: int, unit: int) -> int:
@@ -148,21 +149,47 @@ class FSDPState:
             u.load(self._loaded.pop(index), index)
         return u
 
-    def count(self, sent: int, received: int, side: int, numel: int, world: int, width: int, exact: int = 0) -> None:
-        """One reduce-scatter's bytes as this rank handed them to the process group; ``fp32_bytes``
-        grows by what an fp32 reduce-scatter of the same gradient sends per rank, (W−1)/W·4·numel."""
+    def count(self, sent: int, received: int, side: int, numel: int, world: int, width: int, exact: int = 0,
+              itemsize: int = 4, refused: bool = False) -> None:
+        """One reduce-scatter's bytes as this rank handed them to the process group (``exact``: the bytes
+        of FSDP's own reduce-scatter when ``refused`` to compress); ``fp32_bytes`` grows by what an fp32 reduce-scatter
+        of the same gradient sends per rank, (W−1)/W·4·numel, ``dense_bytes`` by what one in the
+        gradient's dtype sends and receives."""
         self.bytes_sent += sent
         self.bytes_received += received
         self.side_bytes += side
         self.exact_bytes += exact
+        self.refusals += int(refused)
         self.fp32_bytes += (world - 1) * 4 * numel // world
+        self.dense_bytes += 2 * ((world - 1) * itemsize * numel // world)
         self.bit_coords += width * numel
         self.coords += numel
         self.calls += 1
 
+    def compression_stats(self) -> CompressionStats:
+        """This rank's traffic since the state was made (docs/api.md, "Statistics"): the reduce-scatter is
+        the uplink (FSDP's parameter all-gather is not compressed: no downlink); a round is a backward pass."""
+        both = self.side_bytes + self.exact_bytes  # symmetric: what it sends, it receives
+        steps = max([u.calls for u in self.units.values()] + [int(d["calls"]) for d in self._loaded.values()],
+                    default=0)
+        return CompressionStats(uplink_sent=self.bytes_sent + both, uplink_received=self.bytes_received + both,
+                                fp32_bytes=4 * self.coords, dense_bytes=self.dense_bytes,
+                                mean_bits=self.bit_coords / self.coords if self.coords else math.nan,
+                                steps=steps, rounds=steps, refusals=self.refusals)
+
+    def __repr__(self) -> str:
+        return (f"<FSDPState method={self.config.name!r} ({self.config.budget_text()}), topology=reduce-scatter "
+                f"(compressed all-to-all), units={len(self.units)}, total_steps={self.total_steps}, "
+                f"steps={self.compression_stats().steps}>")
+
     def stats(self) -> dict[str, float]:
-        """Bytes this rank sent (compressed payloads, side traffic, exact reduce-scatters), the fp32
-        reduce-scatter's bytes for the same calls ((W−1)/W·4·numel), and their ratio."""
+        """Deprecated: :meth:`compression_stats`. Bytes this rank sent (compressed payloads, side traffic,
+        exact reduce-scatters), the fp32 reduce-scatter's bytes for the same calls ((W−1)/W·4·numel), and
+        their ratio."""
+        import warnings
+
+        warnings.warn("FSDPState.stats() is deprecated: use compression_stats(), the DDP hook's and Local SGD's "
+                      "statistics object (docs/api.md)", DeprecationWarning, stacklevel=2)
         sent = self.bytes_sent + self.side_bytes + self.exact_bytes
         return {"bytes_sent": self.bytes_sent, "side_bytes": self.side_bytes, "exact_bytes": self.exact_bytes,
                 "total_sent": sent, "bytes_received": self.bytes_received, "fp32_rs_bytes": self.fp32_bytes,
@@ -185,7 +212,7 @@ class FSDPState:
             raise ValueError(f"state_dict is for method {state['method']!r}, seed {state['seed']}; this FSDPState "
                              f"runs {self.config.name!r}, seed {self.seed}")
         for k in _COUNTERS:
-            setattr(self, k, state["counters"][k])
+            setattr(self, k, state["counters"].get(k, 0))  # older states: no dense bytes, no refusals
         self.units, self._loaded = {}, dict(state["units"])
 
 

@@ -109,6 +109,16 @@ class MethodConfig:
         """Code width at a fixed policy (and B_0 of a dynamic one)."""
         return self.quantizer.nominal_bits(self.bits)
 
+    def budget_text(self) -> str:
+        """The method's width or budget in words (the states' reprs): ``"4 bits"``, ``"policy dqsgd-budget,
+        target 4.5 bits/coordinate"``, …"""
+        if self.policy == "fixed":
+            return f"{self.nominal_bits()} bits"
+        what = (f"budget {self.budget_bits} bits" if self.budget_bits else
+                f"target {self.target_bits:g} bits/coordinate" if self.target_bits else
+                f"from {self.bits} bits in {self.min_bits}..{self.max_bits}")
+        return f"policy {self.policy}, {what}"
+
 
 def _registry() -> Any:
     """``dqsgd.quantizers.registry``, imported on first use (it loads torch; ``METHODS`` does not)."""

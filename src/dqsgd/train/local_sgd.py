@@ -26,24 +26,28 @@ step, seed) and every rank refuses a difference with :class:`~dqsgd.transport.to
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import torch
 
+from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.rng import QUANT, generator
 from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import digest
 from dqsgd.topology.step import all_finite, step_for
+from dqsgd.topology.traffic import leg_traffic, ring_bytes
 from dqsgd.train.local import copy_into, outer_optimizer
 from dqsgd.transport.torch_dist import RankDisagreement, make_transport
 
-__all__ = ["LocalSGDOptimizer"]
+__all__ = ["CompressionStats", "LocalSGDOptimizer"]
 
 FORMAT = 1
 FINGERPRINT = ("local_steps", "method", "numel", "exchange")  # what the ranks must agree on
 NO_HORIZON = ("fixed", "adaptive", "adaqs")  # bit policies that do not plan over the number of rounds
+TRAFFIC = ("up_sent", "up_received", "down_sent", "down_received", "fp32_bytes", "dense_bytes", "bit_coords", "coords")
 
 
 class LocalSGDOptimizer:
@@ -87,6 +91,8 @@ class LocalSGDOptimizer:
         self.start = self._flat()
         self.steps, self.rounds_done, self.checked = 0, 0, False
         self.link_bytes = 0  # bytes this rank sent and received in the exchanges (uplink and downlink phases)
+        self.topology, self.downlink_bits = topology, downlink_bits
+        self.traffic = dict.fromkeys(TRAFFIC, 0)  # compression_stats()'s counters, this rank's
 
     # --- the optimizer interface ----------------------------------------------------------------
     @property
@@ -130,9 +136,10 @@ class LocalSGDOptimizer:
             all_finite(t, delta, self.rounds_done, "raise")
             ex = self.step_runner.run(t, delta, self.state, self.rounds_done, self.qgen)  # type: ignore[arg-type]
         assert ex.state is not None
-        self.state = ex.state
+        before, self.state = self.state, ex.state
         up, down = ex.wire() if ex.up else ([0] * self.workers, [0] * self.workers)
         self.link_bytes += up[self.rank] + down[self.rank]
+        self._count(ex, delta[self.rank], before.bits)
         copy_into(self.params, self.start)
         offset = 0
         for p in self.params:
@@ -143,6 +150,35 @@ class LocalSGDOptimizer:
             p.grad = None
         self.start = self._flat()
         self.rounds_done += 1
+
+    def _count(self, ex: Any, delta: torch.Tensor, bits: int) -> None:
+        """One exchange into :meth:`compression_stats`'s counters (a ps worker sees no sizes: nothing counted)."""
+        if not ex.up:
+            return
+        legs = leg_traffic(ex.topology, ex.up, ex.down, self.rank)
+        for key, n in zip(TRAFFIC, legs):
+            self.traffic[key] += n
+        numel, itemsize = delta.numel(), self.params[0].element_size()
+        self.traffic["fp32_bytes"] += 4 * numel
+        self.traffic["dense_bytes"] += 2 * ring_bytes(numel * itemsize, self.workers)
+        self.traffic["bit_coords"] += self.method.width(bits) * numel
+        self.traffic["coords"] += numel
+
+    def compression_stats(self) -> CompressionStats:
+        """This rank's traffic since the optimizer was made (docs/api.md, "Statistics"): a round is an exchange
+        of the pseudo-gradient, one every ``local_steps`` steps; the dense reference, a ring all-reduce of
+        Δ in the parameters' dtype."""
+        t = self.traffic
+        return CompressionStats(t["up_sent"], t["up_received"], t["down_sent"], t["down_received"], t["fp32_bytes"],
+                                t["dense_bytes"], t["bit_coords"] / t["coords"] if t["coords"] else math.nan,
+                                steps=self.steps, rounds=self.rounds_done)
+
+    def __repr__(self) -> str:
+        down = "fp32" if self.downlink_bits == 32 else self.downlink_bits
+        return (f"<LocalSGDOptimizer method={self.method.config.name!r} ({self.method.config.budget_text()}), "
+                f"topology={self.topology}, downlink={down if self.topology != 'allgather' else 'none'}, "
+                f"local_steps={self.local_steps}, workers={self.workers}, steps={self.steps}, "
+                f"rounds={self.rounds_done}>")
 
     # --- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -155,7 +191,7 @@ class LocalSGDOptimizer:
             "steps": self.steps, "rounds_done": self.rounds_done,
             "policy": None if policy is None else state_to_dict(policy), "bits": self.state.bits,
             "residual": self.state.residuals[self.rank], "qgen": self.qgen[self.rank].get_state(),
-            "link_bytes": self.link_bytes,
+            "link_bytes": self.link_bytes, "traffic": dict(self.traffic),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -175,3 +211,4 @@ class LocalSGDOptimizer:
         self.state = MethodState(policy, residuals, -1 if policy is not None else int(sd["bits"]))
         self.qgen[self.rank].set_state(sd["qgen"])
         self.link_bytes = int(sd["link_bytes"])
+        self.traffic = {**dict.fromkeys(TRAFFIC, 0), **sd.get("traffic", {})}  # older states: counted from here

@@ -59,7 +59,7 @@ def mlp(sizes: list[int], world: int, variant: str, total_steps: int, seed: int)
 def gradient_bytes(model: nn.Module, variant: str, state: Any, world: int) -> int:
     """Bytes this rank has handed to the group for gradients so far (per step for FSDP's own: computed)."""
     if state is not None:
-        return int(state.stats()["total_sent"])
+        return state.compression_stats().bytes_sent
     itemsize = 2 if variant == "fsdp bf16" else 4
     padded = sum(-(-p.shape[0] // world) * world * p[0].numel() if p.dim() > 1 else -(-p.shape[0] // world) * world
                  for p in model.parameters())
