@@ -20,6 +20,7 @@ from dqsgd.experiments.reproduce import reproduce_commands
 from dqsgd.experiments.stats import paired_interval
 from dqsgd.experiments.summary import aggregate, ratio_or_dash, write_tables
 from dqsgd.method.config import METHODS
+from dqsgd.train.runfiles import atomic_write
 
 CLOSE_PT = 0.5  # "within 0.5 pt of SGD" in the reading of the results
 
@@ -78,7 +79,7 @@ def build_report(root: Path) -> Path:
     for name, draw, _ in FIGURES:
         draw(runs, root / name)
     out = root / "report.md"
-    out.write_text(render_report(root, runs))
+    atomic_write(out, render_report(root, runs))  # never through a link planted in the output directory
     return out
 
 

@@ -16,11 +16,13 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from dqsgd.core.config_file import parse_toml
 from dqsgd.train.config import SCHEMA, ConfigError, TrainConfig
 from dqsgd.train.metrics import read_jsonl
-from dqsgd.train.runfiles import RunDataError, inside, lock_holder, read_json
+from dqsgd.train.runfiles import RunDataError, inside, lock_holder, read_json, read_text
 
-__all__ = ["FIELDS", "RunDataError", "finished", "iter_records", "read_facts", "read_records", "read_run", "run_dirs"]
+__all__ = ["FIELDS", "RunDataError", "finished", "iter_records", "read_experiment", "read_facts", "read_records",
+           "read_run", "run_dirs"]
 
 _BYTES = 1 << 53      # byte counts are exact integers below 2^53 (8 PiB)
 _SECONDS = 1e9
@@ -184,3 +186,15 @@ def distinct_steps(path: Path, steps: int) -> int:
             seen[i >> 3] |= 1 << (i & 7)
             count += 1
     return count
+
+
+def read_experiment(root: Path) -> dict[str, Any] | None:
+    """``root/experiment.toml`` as a dict (None when there is none), read like every run file (a
+    regular file, bounded) and parsed with the config loader's checks (nesting too deep is refused
+    naming the file, as for ``--config``)."""
+    path = root / "experiment.toml"
+    try:
+        text = read_text(path)
+    except FileNotFoundError:
+        return None
+    return parse_toml(text, str(path), RunDataError)

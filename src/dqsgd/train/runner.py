@@ -24,6 +24,7 @@ from dqsgd.train.progress import eval_line, on_terminal, step_bar, write
 from dqsgd.train.reader import RunDataError, finished
 from dqsgd.train.rundir import (RunDirError, RunFinished, atomic_write, check_same_run, clear_run, data_fingerprint,
                                 environment, holds_run, open_run, resolved_of_run, staged)
+from dqsgd.train.runfiles import inside
 from dqsgd.train.tensorboard import open_logger
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
@@ -45,13 +46,19 @@ class RunSummary(dict):
 
 
 def run_dir(root: Path, label: str, seed: int) -> Path:
-    return root / label / f"seed{seed}"
+    """``root/label/seed<k>``, refused (:func:`dqsgd.train.runfiles.inside`) when ``label`` or
+    ``seed<k>`` is a link: a run is never written outside its output directory ``root``."""
+    return inside(root, root / label / f"seed{seed}")
+
+
+TRAIN_ROOT = Path("runs") / "train"
 
 
 def default_train_dir(exp_name: str, label: str, seed: int) -> Path:
     """``dqsgd train``'s default ``--out``: ``runs/train/<config>/<method>/seed<k>``, apart from the
-    ``runs/<config>/...`` tree of ``dqsgd compare`` (a quick train never replaces a compared run)."""
-    return run_dir(Path("runs") / "train" / exp_name, label, seed)
+    ``runs/<config>/...`` tree of ``dqsgd compare`` (a quick train never replaces a compared run);
+    no component below ``runs/train`` may be a link."""
+    return inside(TRAIN_ROOT, run_dir(TRAIN_ROOT / exp_name, label, seed))
 
 
 def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None,
