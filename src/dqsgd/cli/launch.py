@@ -50,7 +50,7 @@ from dqsgd.method.pipeline import ProtocolError
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import CheckpointError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
-from dqsgd.train.rundir import RunDirError
+from dqsgd.train.rundir import RunDirError, RunFinished
 from dqsgd.train.slownodes import check_backup_keys
 from dqsgd.transport.backup import BackupPSTransport
 from dqsgd.transport.torch_dist import RankDisagreement, TransportError, make_transport
@@ -303,6 +303,8 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     resumes from the run directory's checkpoints; without torchrun, ``--max-restarts N`` restarts the
     W local processes the same way. ``--resume RUN_DIR`` resumes explicitly.
     """
+    if resumed_finished(exp, entry, seed, args):
+        return 0
     exp, out, restarts, world = check_distributed(exp, entry, seed, args)
     timeout = float(args.timeout)
     job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume),
@@ -328,6 +330,25 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
                   f"(restart {attempt + 1} of {restarts})", file=sys.stderr)
             job = dataclasses.replace(job, resume=True)  # (the next attempt continues this run: no overwrite)
     return 1
+
+
+def resumed_finished(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argparse.Namespace) -> bool:
+    """``--resume`` of a run that already finished: reported as the simulation reports it (``dqsgd:
+    RUN already finished (...); nothing to do (left untouched)``, exit 0) before any process starts.
+    Every other state of the directory is left to the run itself (which says why it refuses)."""
+    if not args.resume or getattr(args, "overwrite", False):
+        return False
+    from dqsgd.train.runner import check_resumable
+
+    try:
+        check_resumable(Path(args.resume), exp.train.steps, entry.label, seed, False)
+    except RunFinished as e:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: one line, from rank 0
+            print(f"dqsgd: {e}")
+        return True
+    except RunDirError:
+        return False
+    return False
 
 
 def check_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int,
