@@ -128,8 +128,10 @@ def test_open_under_refuses_a_link_at_any_level_below_the_root(tmp_path: Path) -
 @pytest.mark.parametrize("edit,why", [
     (lambda f: f.update(workers=10**30), "field 'workers' is 10"),
     (lambda f: (f.update(workers=10**30), f["train_config"].update(workers=10**30)), "workers must be in 1..4096"),
-    (lambda f: f.update(numel=10**30), "numel must be in [0, 2^51]"),
+    (lambda f: f.update(numel=10**30), "numel must be in [1, 2^51]"),
     (lambda f: f["train_config"].update(steps=10**30), "steps must be in 1..10^9"),
+    (lambda f: f["method_config"].update(bits=10**30), "method_config: "),
+    (lambda f: f.update(budget_bits="many"), "field 'budget_bits' must be null or a finite number"),
 ])
 def test_report_refuses_a_forged_config_outside_the_config_ranges(edit, why: str, fake: Path, capsys) -> None:
     path = fake / "dqsgd" / "seed1" / "config.json"

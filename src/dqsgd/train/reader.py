@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dqsgd.core.config_file import parse_toml
+from dqsgd.method.config import FIELDS as METHOD_FIELDS, method_config
 from dqsgd.train.config import SCHEMA, ConfigError, TrainConfig
 from dqsgd.train.metrics import read_jsonl
 from dqsgd.train.runfiles import RunDataError, inside, lock_holder, read_json, read_text
@@ -48,7 +49,7 @@ FIELDS: dict[str, tuple[bool, str, float, float]] = {
     "sim_time_s": (False, "num", 0, 1e15),  # the simulated clock (dqsgd.train.slownodes)
 }
 _FACTS: dict[str, tuple[type, ...]] = {"method": (str,), "seed": (int,), "workers": (int,), "numel": (int,),
-                                       "dataset": (str,), "train_config": (dict,)}
+                                       "dataset": (str,), "train_config": (dict,), "method_config": (dict,)}
 
 
 def _why(kind: str, low: float, high: float, v: Any) -> str | None:
@@ -108,10 +109,15 @@ def read_facts(run: Path) -> dict[str, Any]:
         if not isinstance(v, types) or isinstance(v, bool):
             raise RunDataError(f"{path}: field {name!r} must be {types[0].__name__}, got {v!r}")
     train = checked_train(facts["train_config"], str(path))
+    checked_method(facts["method_config"], str(path))
+    if not (facts.get("budget_bits") is None or (isinstance(facts["budget_bits"], (int, float))
+                                                 and not isinstance(facts["budget_bits"], bool)
+                                                 and 0 <= facts["budget_bits"] < math.inf)):
+        raise RunDataError(f"{path}: field 'budget_bits' must be null or a finite number >= 0, got {facts['budget_bits']!r}")
     if facts["workers"] != train.workers:
         raise RunDataError(f"{path}: field 'workers' is {facts['workers']!r}, but train_config.workers is {train.workers}")
-    if not 0 <= facts["numel"] <= _NUMEL or facts["seed"] < 0:
-        raise RunDataError(f"{path}: numel must be in [0, 2^51] and seed >= 0, got numel {facts['numel']!r}, "
+    if not 1 <= facts["numel"] <= _NUMEL or facts["seed"] < 0:
+        raise RunDataError(f"{path}: numel must be in [1, 2^51] and seed >= 0, got numel {facts['numel']!r}, "
                            f"seed {facts['seed']!r}")
     return facts
 
@@ -124,6 +130,14 @@ def checked_train(train: dict[str, Any], where: str) -> TrainConfig:
         return TrainConfig(**SCHEMA.fields(TrainConfig, "train_config", known))
     except ConfigError as e:
         raise RunDataError(f"{where}: {e}") from None
+
+
+def checked_method(mc: dict[str, Any], where: str) -> None:
+    """A recorded ``method_config`` through the method's own checks (:func:`dqsgd.method.config.method_config`)."""
+    try:
+        method_config(mc.get("name"), **{k: v for k, v in mc.items() if k in METHOD_FIELDS and k != "name"})
+    except (TypeError, ValueError) as e:
+        raise RunDataError(f"{where}: method_config: {e}") from None
 
 
 def read_run(run: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
