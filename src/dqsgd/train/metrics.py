@@ -71,9 +71,11 @@ def _parsed(path: Path, max_line: int | None = None) -> Iterator[tuple[int, str,
         yield n, line, rec if isinstance(rec, dict) else None
 
 
-def _warn_skipped(path: Path, skipped: list[int], why: str) -> None:
+def _warn_skipped(path: Path, skipped: list[int], why: str, total: int | None = None) -> None:
+    """One stderr line naming the first skipped lines (``total``: how many in all, when only the first are kept)."""
+    total = len(skipped) if total is None else total
     if skipped:
-        shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        shown = ", ".join(map(str, skipped[:10])) + (f" and {total - 10} more" if total > 10 else "")
         print(f"dqsgd: warning: {path}: skipped line(s) {shown}: not a JSON record ({why})", file=sys.stderr, flush=True)
 
 
@@ -81,13 +83,16 @@ def read_jsonl(path: Path, numbered: bool = False, max_line: int | None = None) 
     """Every valid record of ``path`` (``numbered``: as (line number, record)). A line that is not
     a JSON object (a torn last line after a crash, a damaged line) is skipped and named on stderr:
     the valid records around it are kept."""
-    skipped: list[int] = []
+    skipped: list[int] = []  # the first 10 only: the file is streamed, whatever its length
+    total = 0
     for n, _, rec in _parsed(path, max_line):
         if rec is None:
-            skipped.append(n)
+            total += 1
+            if total <= 10:
+                skipped.append(n)
         else:
             yield (n, rec) if numbered else rec
-    _warn_skipped(path, skipped, "a torn or damaged line")
+    _warn_skipped(path, skipped, "a torn or damaged line", total)
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
