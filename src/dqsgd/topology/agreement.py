@@ -101,7 +101,8 @@ def changed(saved: Mapping[str, Any], mine: Mapping[str, Any], compared: Callabl
     one, as ``"method.bits: 8 saved, 2 here; ..."`` ("" when none). ``defaults``: what a key an older
     state lacks stood for (a key absent from both sides and from ``defaults`` is not compared)."""
     theirs = {**(defaults or {}), **saved}
-    keys = sorted(k for k in set(theirs) | set(mine) if compared(k) and theirs.get(k, _ABSENT) != mine.get(k, _ABSENT))
+    keys = sorted(k for k in set(theirs) | set(mine) if compared(k) and k not in NOT_SAVED
+                  and theirs.get(k, _ABSENT) != mine.get(k, _ABSENT))
     return "; ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here" for k in keys)
 
 
@@ -116,6 +117,7 @@ def refuse_changed(what: str, saved: Mapping[str, Any], mine: Mapping[str, Any],
 
 
 _ABSENT = object()
+NOT_SAVED = ("method.description",)  # words about a method, not what it sends
 
 
 def check_state(state: Any, spec: Mapping[str, Any], what: str) -> dict[str, Any]:
