@@ -274,6 +274,15 @@ class _RankJob:
     timeout: float = TRAIN_COLLECTIVE_S  # --timeout: every wait of the run (the backup workers' transport too)
 
 
+def job_transport(job: _RankJob, device: str) -> Any:
+    """The rank's transport: the topology's, or with backup workers the ps transport that aggregates the
+    first arrivals, whose waits for a silent worker last ``--timeout`` (``job.timeout``)."""
+    backup = job.exp.train.backup_workers
+    if not backup:
+        return make_transport(job.topology, device=device)
+    return BackupPSTransport(backup, timeout=job.timeout)
+
+
 def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
     """One rank of a run in an initialized process group: its Trainer, its transport, rank 0 writes
     metrics; every rank keeps its own checkpoints in the run directory (``job.resume``: continue from them)."""
@@ -282,9 +291,7 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
 
     cuda = str(dist.get_backend()) == "nccl"
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    backup = job.exp.train.backup_workers
-    transport = (make_transport(job.topology, device=device) if not backup
-                 else BackupPSTransport(backup, timeout=job.timeout))
+    transport = job_transport(job, device)
     out = Path(job.out) if job.out is not None else None
     with transport.guard():
         summary = run_one(job.exp.train, job.entry, load_data_for(job.exp), job.seed, out, transport=transport,

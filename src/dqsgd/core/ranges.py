@@ -13,9 +13,10 @@ Why the bounds:
   part, so a larger seed would silently run as a smaller one; a negative seed is not a seed.
 * waits: (0, :data:`~dqsgd.core.timeouts.MAX_WAIT_S`] seconds (a week); ``1e30`` overflowed the
   wait primitives inside backward.
-* the outer optimizer of Local SGD: ``outer_lr`` in (0, :data:`LR_MAX`] (the update is applied in
-  float32; NaN poisons the model and 0 throws every round away), ``outer_momentum`` in [0, 1), and
-  ``nesterov`` needs a momentum > 0.
+* the outer optimizer of Local SGD: ``outer_lr`` in (0, :data:`OUTER_LR_MAX`] (it scales the averaged
+  pseudo-gradient of a round: 1 is plain averaging, DiLoCo uses 0.7, and 100 already extrapolates a
+  round a hundred-fold; NaN poisons the model and 0 throws every round away), ``outer_momentum`` in
+  [0, 1), and ``nesterov`` needs a momentum > 0.
 * the count sketch: ``sketch_rows`` ≤ :data:`SKETCH_ROWS_MAX`, ``sketch_cols`` and ``sketch_p`` ≤
   :data:`SKETCH_FACTOR_MAX` (multiples of the k coordinates sent; 1e9 asked for hundreds of TB).
 * ``min_compression_rate``: a finite number ≥ 0.
@@ -28,10 +29,11 @@ from typing import Any
 
 from dqsgd.core.timeouts import check_wait
 
-__all__ = ["LR_MAX", "SEED_MAX", "SKETCH_FACTOR_MAX", "SKETCH_ROWS_MAX", "check_count", "check_outer",
+__all__ = ["LR_MAX", "OUTER_LR_MAX", "SEED_MAX", "SKETCH_FACTOR_MAX", "SKETCH_ROWS_MAX", "check_count", "check_outer",
            "check_rate", "check_seed", "check_sketch", "check_timeout"]
 
 LR_MAX = 1e30                # learning rates: the optimizers work in float32 (max 3.4e38)
+OUTER_LR_MAX = 100.0         # Local SGD's outer step size (see the module docstring)
 SEED_MAX = (1 << 32) - 1     # the seed streams read 32 bits of each part
 SKETCH_ROWS_MAX = 64         # hash rows of a count sketch (the paper's sketches have 1..5)
 SKETCH_FACTOR_MAX = 100.0    # sketch columns and candidates per coordinate sent (the paper's: 1..10)
@@ -78,12 +80,12 @@ def check_rate(where: str, value: Any) -> float:
 
 
 def check_outer(optimizer: Any, lr: Any, momentum: Any, prefix: str = "") -> tuple[str, float, float]:
-    """Local SGD's outer optimizer: ``"sgd"`` or ``"nesterov"``, its lr in (0, LR_MAX] and its
+    """Local SGD's outer optimizer: ``"sgd"`` or ``"nesterov"``, its lr in (0, OUTER_LR_MAX] and its
     momentum in [0, 1) (> 0 for Nesterov). ``prefix`` names the keys as the caller spells them."""
     if optimizer not in ("sgd", "nesterov"):
         raise ValueError(f"{prefix}outer_optimizer must be 'sgd' or 'nesterov', got {optimizer!r}")
-    if not _is_number(lr) or not 0 < lr <= LR_MAX:
-        raise ValueError(f"{prefix}outer_lr must be a number in (0, {LR_MAX:g}], got {lr!r}")
+    if not _is_number(lr) or not 0 < lr <= OUTER_LR_MAX:
+        raise ValueError(f"{prefix}outer_lr must be a number in (0, {OUTER_LR_MAX:g}], got {lr!r}")
     if not _is_number(momentum) or not 0 <= momentum < 1:
         raise ValueError(f"{prefix}outer_momentum must be a number in [0, 1), got {momentum!r}")
     if optimizer == "nesterov" and momentum == 0:

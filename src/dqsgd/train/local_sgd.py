@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from dqsgd.core.ranges import check_count, check_seed, check_timeout
+from dqsgd.core.ranges import check_count, check_outer, check_seed, check_timeout
 from dqsgd.core.rng import QUANT, generator
 from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.method.pipeline import Method, MethodState
@@ -70,6 +70,7 @@ class LocalSGDOptimizer:
                  downlink_bits: int = 8, seed: int = 0, group: Any = None, timeout: float | None = None,
                  downlink_coding: str | None = None, **method_options: Any):
         check_count("local_steps", local_steps, 1)
+        check_outer(outer, outer_lr, outer_momentum)
         check_seed("seed", seed)
         check_timeout("timeout", timeout)
         if rounds is not None:
