@@ -130,3 +130,19 @@ def local_malformed(rank: int, world: int) -> dict[str, Any]:
             errors.append(str(e))
     unchanged = repr(fresh.optimizer.state_dict()) == before[0] and torch.equal(fresh._flat(), before[1])
     return {"errors": errors, "unchanged": unchanged}
+
+
+def hook_progress(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1's hook state was loaded from a later step than rank 0's: refused at the first backward."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dqsgd.ddp import HookState, hook
+
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(64, 8))
+    state = HookState("qsgd-4bit", timeout=20)
+    saved = HookState("qsgd-4bit").state_dict()
+    saved["iter"] = 3 * rank
+    state.load_state_dict(saved)
+    model.register_comm_hook(state, hook)
+    return {"error": _error(lambda: model(torch.randn(4, 64)).sum().backward())}

@@ -81,3 +81,9 @@ def test_l10_malformed_local_sgd_states_are_refused_before_anything_is_loaded() 
         assert all(e is not None and "malformed state" in e for e in errors), errors
         assert "'outer'" in errors[0] and "'steps'" in errors[1] and "'params'" in errors[2], errors
         assert r.value["unchanged"]
+
+
+@pytest.mark.timeout(150)
+def test_hook_ranks_resumed_from_different_steps_are_refused() -> None:
+    for err in _errors(_ranks_state.hook_progress):
+        assert err is not None and "progress.iter (rank(s) [1] differ from rank 0" in err, err

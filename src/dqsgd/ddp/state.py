@@ -340,7 +340,8 @@ class HookState:
         return out
 
     def agree(self) -> None:
-        """Compare :meth:`fields` across the hook's ranks once (a fixed-size all-gather on the uplink
+        """Compare :meth:`fields` and the progress (``iter``, backward passes so far: ranks resumed from
+        different states differ) across the hook's ranks once (a fixed-size all-gather on the uplink
         group): every rank raises the same RankDisagreement naming the fields that differ."""
         from dqsgd.topology.agreement import agree
 
@@ -354,7 +355,7 @@ class HookState:
             dist.all_gather(rows, mine, group=up)
             return [r.tolist() for r in rows]
 
-        agree(self.fields(), gather, dist.get_rank(up))
+        agree({**self.fields(), "progress.iter": self.iter}, gather, dist.get_rank(up))
         self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
@@ -422,6 +423,7 @@ class HookState:
         for k in _COUNTERS:
             setattr(self, k, state["counters"][k])
         self._buckets, self._loaded = {}, dict(state["buckets"])
+        self._agreed = False  # the ranks compare their progress again at the next backward
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""

@@ -119,7 +119,8 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         from dqsgd.topology.agreement import SLOTS, RankDisagreement, agree
 
         fields = {**self.state.fields(), "fsdp.unit": self.index, "fsdp.unit_numel": u.numel,
-                  "fsdp.unit_pieces": list(u.pieces[: len(u.pieces) // u.world])}
+                  "fsdp.unit_pieces": list(u.pieces[: len(u.pieces) // u.world]),
+                  "progress.calls": u.calls, "progress.steps": u.n}  # ranks resumed from different states differ
         self.state.side_bytes += (u.world - 1) * (2 + SLOTS) * 8  # the fingerprint's int64 to every peer
         try:
             agree(fields, self._net(group).all_gather_ints, dist.get_rank(group))
