@@ -136,7 +136,7 @@ def test_save_load_resumes_bitwise(w2) -> None:
 @pytest.mark.timeout(600)
 def test_refusals_on_every_rank(w2) -> None:
     errors = [r["refusals"] for r in w2]
-    assert all(e["config"].startswith("RankDisagreement: FSDP unit ") and "the ranks run different configurations: "
+    assert all(e["config"].startswith("RankDisagreement: dqsgd.fsdp.compress: ") and "the ranks run different configurations: "
                "method.bits (rank(s) [1] differ from rank 0" in e["config"] for e in errors), errors
     assert all("PayloadError" in e["forged"] and "refused before allocating" in e["forged"] for e in errors), errors
     assert all("PayloadError" in e["corrupt"] for e in errors), errors

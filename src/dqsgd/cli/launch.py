@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dqsgd.codecs import PayloadError
+from dqsgd.core.ranges import check_timeout
 from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.method.pipeline import ProtocolError
 from dqsgd.quantizers import NonFiniteGradientError
@@ -270,6 +271,16 @@ class _RankJob:
     progress: bool
     resume: bool = False
     overwrite: bool = False
+    timeout: float = TRAIN_COLLECTIVE_S  # --timeout: every wait of the run (the backup workers' transport too)
+
+
+def job_transport(job: _RankJob, device: str) -> Any:
+    """The rank's transport: the topology's, or with backup workers the ps transport that aggregates the
+    first arrivals, whose waits for a silent worker last ``--timeout`` (``job.timeout``)."""
+    backup = job.exp.train.backup_workers
+    if not backup:
+        return make_transport(job.topology, device=device)
+    return BackupPSTransport(backup, timeout=job.timeout)
 
 
 def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
@@ -280,8 +291,7 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
 
     cuda = str(dist.get_backend()) == "nccl"
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    backup = job.exp.train.backup_workers
-    transport = make_transport(job.topology, device=device) if not backup else BackupPSTransport(backup)
+    transport = job_transport(job, device)
     out = Path(job.out) if job.out is not None else None
     with transport.guard():
         summary = run_one(job.exp.train, job.entry, load_data_for(job.exp), job.seed, out, transport=transport,
@@ -308,7 +318,7 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     exp, out, restarts, world = check_distributed(exp, entry, seed, args)
     timeout = float(args.timeout)
     job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume),
-                   bool(getattr(args, "overwrite", False)))
+                   bool(getattr(args, "overwrite", False)), timeout)
     if under_torchrun():
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if restarted and not exp.train.checkpoint_every and os.environ.get("RANK") == "0":
@@ -361,8 +371,10 @@ def check_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int,
     restarts = int(getattr(args, "max_restarts", 0) or 0)
     if restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
-    if float(args.timeout) <= 0:
-        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    try:
+        check_timeout("--timeout", args.timeout, none_ok=False)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if (restarts or args.resume) and not exp.train.checkpoint_every:
         raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
     if exp.train.backup_workers:

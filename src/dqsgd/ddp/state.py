@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.method.config import MethodConfig, method_config
+from dqsgd.method.config import MethodConfig, check_one_message, method_config
 from dqsgd.topology.names import (
     FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_downlink_target, check_topology,
     resolve_downlink_bits)
@@ -257,11 +258,11 @@ class HookState:
         if not isinstance(method, MethodConfig):
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
-        _check_int("seed", seed, 0)
-        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
-            raise ValueError(f"timeout must be a finite number of seconds > 0 (or None), got {timeout!r}")
-        _check_int("total_steps (the policy horizon N)", total_steps, 1)
-        _check_int("start_iter", start_iter, 0)
+        check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
+        check_seed("seed", seed)
+        check_timeout("timeout", timeout)
+        check_count("total_steps (the policy horizon N)", total_steps, 1)
+        check_count("start_iter", start_iter, 0)
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
@@ -278,8 +279,7 @@ class HookState:
         self.downlink_coding = resolve_downlink_coding(downlink_coding, uplink_coding=method.coding, bits=dbits,
                                                        vote=method.aggregate == "majority", topology=topology)
         self.downlink_target_bits = check_downlink_target(downlink_target_bits, dbits == "auto")
-        if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
-            raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
+        check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
         self.downlink_bits = dbits
@@ -340,7 +340,8 @@ class HookState:
         return out
 
     def agree(self) -> None:
-        """Compare :meth:`fields` across the hook's ranks once (a fixed-size all-gather on the uplink
+        """Compare :meth:`fields` and the progress (``iter``, backward passes so far: ranks resumed from
+        different states differ) across the hook's ranks once (a fixed-size all-gather on the uplink
         group): every rank raises the same RankDisagreement naming the fields that differ."""
         from dqsgd.topology.agreement import agree
 
@@ -354,7 +355,7 @@ class HookState:
             dist.all_gather(rows, mine, group=up)
             return [r.tolist() for r in rows]
 
-        agree(self.fields(), gather, dist.get_rank(up))
+        agree({**self.fields(), "progress.iter": self.iter}, gather, dist.get_rank(up))
         self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
@@ -409,21 +410,20 @@ class HookState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
+        from dqsgd.topology.agreement import check_state, refuse_changed
+
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
+        check_state(state, {"fields": dict, "iter": int, "counters": dict, "buckets": dict}, "HookState state_dict")
+        check_state(state["counters"], dict.fromkeys(_COUNTERS, int), "HookState state_dict counters")
         # older states: no feedback, a fixed downlink
-        theirs = {"downlink_feedback": False, "downlink_coding": "fixed", "downlink_target_bits": 0.0,
-                  **state.get("fields", {})}
-        mine = self.fields()
-        differ = sorted(k for k in set(theirs) | set(mine) if _stateful(k) and theirs.get(k) != mine.get(k))
-        if differ:
-            shown = ", ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here"
-                              for k in differ[:8])
-            raise ValueError(f"state_dict was saved under another configuration than this HookState's: {shown}")
+        refuse_changed("state_dict", state["fields"], self.fields(), _stateful,
+                       {"downlink_feedback": False, "downlink_coding": "fixed", "downlink_target_bits": 0.0})
         self.iter = int(state["iter"])
         for k in _COUNTERS:
             setattr(self, k, state["counters"][k])
         self._buckets, self._loaded = {}, dict(state["buckets"])
+        self._agreed = False  # the ranks compare their progress again at the next backward
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
@@ -438,8 +438,3 @@ class HookState:
         config = init.pop("config")
         self.__init__(config, None, **{k: init.pop(k) for k in ("seed", "timeout", "total_steps")}, **init)
         self.load_state_dict(d["state"])
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

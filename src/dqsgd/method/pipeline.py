@@ -20,7 +20,7 @@ from dqsgd.codecs import (
 )
 from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_fast
 from dqsgd.method import memory
-from dqsgd.method.config import MethodConfig
+from dqsgd.method.config import MethodConfig, check_one_message
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
     Spent, grad_stats,
@@ -140,8 +140,7 @@ class Method:
         if grad.numel() != self.numel:
             raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
         if self.quantizer.scheme == Scheme.SKETCH:
-            raise ValueError(f"method {c.name!r} sends count sketches in two rounds: the trainer runs it "
-                             "(dqsgd.topology.sketched.SketchedStep); the one-message pipeline and the DDP hook do not")
+            check_one_message(c, "the one-message pipeline")
         if self.fused:
             return quantize_uniform_fast(grad, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout)
         return self.quantizer.quantize(grad, bits, generator, layout=self.layout, norm=self.norm,

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dqsgd.topology.agreement import refuse_changed
 from dqsgd.train.rundir import atomic_write, update_hash
 from dqsgd.train.runfiles import RunDirError, open_regular
 from dqsgd.train.trainer import STATE_FORMAT
@@ -113,9 +114,9 @@ def read_checkpoint(tr: Checkpointable, path: Path) -> dict[str, Any]:
                                 f"loaded contents): the file is damaged")
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dqsgd checkpoint of format {FORMAT}")
-    meta, want = ck.get("meta"), tr.run_meta()
-    if meta != want:
-        raise CheckpointError(f"{path}: checkpoint is for {meta}, this run is {want}")
+    if not isinstance(ck.get("meta"), dict) or not isinstance(ck.get("next_step"), int):
+        raise CheckpointError(f"{path}: malformed checkpoint (no 'meta' table or 'next_step')")
+    refuse_changed(f"{path}: the checkpoint", ck["meta"], tr.run_meta(), error=CheckpointError)
     return ck
 
 

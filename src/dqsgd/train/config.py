@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 
 from dqsgd.core.config_file import (  # ConfigError, load_raw, shipped_configs: also public names of this module
     ConfigError, ConfigSchema, apply_overrides as _apply_overrides, check_name, coerce, load_raw, shipped_configs)
+from dqsgd.core.ranges import LR_MAX, check_outer, check_seed
 from dqsgd.method.config import FIELDS as METHOD_FIELDS, CodingName, MethodConfig, method_config
-from dqsgd.topology.names import TOPOLOGIES
+from dqsgd.topology.names import AUTO, TOPOLOGIES, check_downlink_safety, check_downlink_target, resolve_downlink_bits
 
 DEVICES = ("auto", "cpu", "cuda")
-LR_MAX = 1e30         # the optimizer works in float32 (max 3.4e38): lr = 1e308 is inf there
 THREADS_MAX = 1024    # torch.set_num_threads(100000) crashes the process
 PAD_TO_MAX = 1024     # pad_to = 100000 asked for a 40 TB tensor
 
@@ -131,6 +131,13 @@ class TrainConfig:
         for ok, msg in checks + self._local_checks():
             if not ok:
                 raise ConfigError(f"train: {msg}")
+        try:  # the ranges shared with the hook, FSDP and the Local SGD wrapper (dqsgd.core.ranges)
+            for seed in self.seeds:
+                check_seed("seeds", seed)
+            check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum)
+            check_downlink_target(self.downlink_target_bits, auto=True)
+        except ValueError as e:
+            raise ConfigError(f"train: {e}") from None
         check_name("train.name", self.name)
 
     def _local_checks(self) -> list[tuple[bool, str]]:
@@ -139,10 +146,6 @@ class TrainConfig:
             (self.local_period in ("fixed", "adaptive"), "local_period must be 'fixed' or 'adaptive'"),
             (1 <= self.local_steps_min <= self.local_steps, "local_steps_min must be in [1, local_steps]"),
             (self.inner_optimizer in ("sgd", "adamw"), "inner_optimizer must be 'sgd' or 'adamw'"),
-            (self.outer_optimizer in ("sgd", "nesterov"), "outer_optimizer must be 'sgd' or 'nesterov'"),
-            (0 < self.outer_lr < math.inf, "outer_lr must be finite and > 0"),
-            (0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)"),
-            (self.outer_optimizer != "nesterov" or self.outer_momentum > 0, "outer_optimizer 'nesterov' needs outer_momentum > 0"),
             (self.partition in ("iid", "dirichlet"), "partition must be 'iid' or 'dirichlet'"),
             (0 < self.dirichlet_alpha < math.inf, "dirichlet_alpha must be finite and > 0"),
             (not (self.local and self.vmap_workers), "vmap_workers needs one model for all workers: not with Local SGD"),
@@ -182,6 +185,31 @@ def resolve_device(name: str) -> "torch.device":
         raise ConfigError("train.device = 'cuda', but CUDA is not available here (torch.cuda.is_available() is "
                           "False); use 'auto' or 'cpu'")
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_downlink(cfg: TrainConfig, method: MethodConfig, topology: str) -> tuple[int | str, str]:
+    """The downlink width and coding a run of ``method`` on ``topology`` uses, every downlink key
+    checked against them (a ``downlink_target_bits`` without ``downlink_bits = "auto"``, e.g. on
+    ``ps``, is refused): the trainer and ``--dry-run`` both call this."""
+    from dqsgd.topology.downlink import resolve_downlink_coding
+
+    vote = method.aggregate == "majority"
+    try:
+        bits = resolve_downlink_bits(cfg.downlink_bits, policy=method.policy, topology=topology, vote=vote)
+    except ValueError as e:
+        raise ValueError(f"train.downlink_bits: {e}") from None
+    try:
+        check_downlink_target(cfg.downlink_target_bits, bits == AUTO)
+    except ValueError as e:
+        raise ValueError(f"train.downlink_target_bits: {e} (topology {topology!r}, method {method.name!r})") from None
+    check_downlink_safety(bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink, topology=topology, vote=vote,
+                          spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
+    try:
+        coding = resolve_downlink_coding(cfg.downlink_coding, uplink_coding=method.coding, bits=bits, vote=vote,
+                                         topology=topology)
+    except ValueError as e:
+        raise ValueError(f"train.downlink_coding: {e}") from None
+    return bits, coding
 
 
 # [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods,

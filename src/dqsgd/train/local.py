@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dqsgd.core.ranges import check_outer
 from dqsgd.train.config import TrainConfig
 from dqsgd.train.metrics import StepResult
 
@@ -46,10 +47,7 @@ __all__ = ["LocalRounds", "inner_optimizer", "outer_optimizer"]
 def outer_optimizer(params: list[torch.Tensor], kind: str, lr: float, momentum: float) -> torch.optim.Optimizer:
     """The optimizer that applies the averaged pseudo-gradient to the synchronized model: ``kind``
     "sgd" (lr 1, no momentum: plain averaging) or "nesterov" (DiLoCo's outer step)."""
-    if kind not in ("sgd", "nesterov"):
-        raise ValueError(f"outer optimizer must be 'sgd' or 'nesterov', got {kind!r}")
-    if kind == "nesterov" and not momentum > 0:
-        raise ValueError("outer optimizer 'nesterov' needs a momentum > 0")
+    kind, lr, momentum = check_outer(kind, lr, momentum)
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=kind == "nesterov")
 
 

@@ -99,7 +99,7 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
                 return RunSummary(e.summary, tr.flat_params(), already_finished=True)
         except (RunDirError, OSError) as e:
             error = e
-        agree_across_ranks(tr.transport, mine, error)
+        agree_across_ranks(tr.transport, {**mine, **ranks_share(cfg, tr)}, error)
         return _train(cfg, entry, data, seed, work, tr, resume and not restart, progress, writes, mine)
 
 
@@ -125,6 +125,15 @@ def check_resumable(out: Path, steps: int, label: str, seed: int, overwrite: boo
                           f"= 0); restart it with --resume {out} --overwrite (its files are replaced only when the "
                           f"new run finishes)")
     return overwrite and (done is not None or not any(out.glob("checkpoint*.pt")))
+
+
+def ranks_share(cfg: TrainConfig, tr: Trainer) -> dict[str, Any]:
+    """What the ranks must share beyond the resolved config: ``train.checkpoint_every`` (which resume
+    does not compare, but ranks that checkpoint at other steps hold no step in common) and a hash of the
+    initial parameters (every rank builds the model from the seed; a difference would never be reconciled)."""
+    from dqsgd.topology.agreement import tensor_digest
+
+    return {"train.checkpoint_every": cfg.checkpoint_every, "params.initial": tensor_digest(tr.flat_params())}
 
 
 def agree_across_ranks(transport: Transport, mine: dict[str, Any], error: Exception | None = None) -> None:

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
+from dqsgd.core.ranges import check_timeout
 from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.agreement import RankDisagreement
 from dqsgd.topology.limits import check_sizes
@@ -79,8 +80,7 @@ class _TorchTransport:
 
     def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
                  timeout: float | None = None):
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds (or None: the process group's), got {timeout}")
+        check_timeout("timeout", timeout)  # None: the process group's
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
                                "(dqsgd.cli.launch does it for `dqsgd train --transport torch`)")
