@@ -8,8 +8,7 @@ cycle, no private module or name used across packages, no module over :data:`MAX
 
 Read bottom to top, one training step goes trainer → topology step → method (quantizer registry, codec)
 → transport → policy; a lower layer never reaches up (imports under ``if TYPE_CHECKING:`` are
-annotations only and do not count). Old import paths of moved modules are not files: they are the table
-of :mod:`dqsgd.core.moved` (tests/core/test_moved.py).
+annotations only and do not count).
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ LAYERS: list[list[str]] = [  # lowest first; a module's layer is that of its lon
     ["dqsgd.transport"],
     ["dqsgd.data", "dqsgd.models"],
     ["dqsgd.train", "dqsgd.ddp", "dqsgd.dq", "dqsgd.fsdp"],
-    ["dqsgd.experiments", "dqsgd.theory", "dqsgd.cli", "dqsgd.dq.cli", "dqsgd.dq.__main__", "dqsgd.__main__"],
+    ["dqsgd.experiments", "dqsgd.theory", "dqsgd.cli", "dqsgd.dq.cli", "dqsgd.dq.__main__", "dqsgd.__main__",
+     "dqsgd.local"],
 ]
 THEORY = "dqsgd.theory"
 THEORY_LAYERS: list[list[str]] = [  # the theory package's modules, lowest first
