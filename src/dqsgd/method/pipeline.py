@@ -25,9 +25,7 @@ from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
     Spent, grad_stats,
 )
-from dqsgd.quantizers import (
-    Layout, Norm, Quantized, Scheme, dequantize, quantize_identity, quantize_sign,
-)
+from dqsgd.quantizers import Layout, Norm, Quantized, Scheme, dequantize
 
 
 class ProtocolError(ValueError):
@@ -205,30 +203,6 @@ class Method:
                 f"worker {worker}: expected a {expected.name} message of {self.numel} values at {want_bits} bits, "
                 f"got {scheme.name} with {numel} values at {got_bits} bits"
             )
-
-    def aggregate(self, payloads: Sequence[bytes], bits: int) -> torch.Tensor:
-        """G = Σ_w (1/W)·decode(payload_w) (each payload scaled before it is added: a mean of finite
-        values stays finite), or the majority vote of the signs; worker order fixed. The one
-        aggregation of :class:`dqsgd.topology.bucket.BucketProtocol`."""
-        from dqsgd.topology.payloads import accumulate, bytes_tensor, vote
-
-        received = [bytes_tensor(p) for p in payloads]
-        if self.config.aggregate == "majority":
-            return vote(self, received, bits)
-        total = torch.zeros(self.numel, dtype=torch.float32)
-        accumulate(self, received, bits, total, weight=1.0 / len(received))
-        return total
-
-    def encode_downlink(self, update: torch.Tensor) -> bytes:
-        if self.config.downlink == "sign":
-            return encode_payload(quantize_sign(update), Coding.FIXED)
-        return encode_payload(quantize_identity(update), Coding.FIXED)
-
-    def decode_downlink(self, payload: bytes) -> torch.Tensor:
-        q = decode_payload(payload, max_numel=max(self.numel, 1))
-        if q.numel != self.numel:
-            raise ProtocolError(f"downlink message has {q.numel} values, expected {self.numel}")
-        return dequantize(q).reshape(-1)
 
     def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: Spent) -> MethodState:
         """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12).
