@@ -120,7 +120,8 @@ class BucketState:
 
         m = self.method
         vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        keep = avg[:: read_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
+        policy = self.proto.policy
+        keep = avg[:: read_stride(policy, avg.numel())] if policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return
@@ -176,7 +177,7 @@ class BucketState:
             if bad:  # an overflow step (GradScaler skips it): no statistics to learn from
                 continue
             stats = stats_of(step, norm, l2, self.numel, spent, g)
-            self.policy = self.method.policy.update(self.policy, stats)
+            self.policy = self.proto.policy.update(self.policy, stats)
 
     def state_dict(self) -> dict[str, Any]:
         from dqsgd.policies import state_to_dict
@@ -383,7 +384,7 @@ class HookState:
                 b.sizes, b.residuals, b.down_residual = tuple(sizes), {}, None
             return b
         proto = self._protocol(index, n, sizes, world)
-        b = self._buckets[index] = BucketState(n, proto, proto.method.policy.init(),
+        b = self._buckets[index] = BucketState(n, proto, proto.policy.init(),
                                                worker_generator(self.seed, rank, index), tuple(sizes))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)

@@ -135,8 +135,8 @@ def observe(u: UnitState, group: dist.ProcessGroup, timeout: float | None, avg: 
     part = a.abs().amax() if math.isinf(p) else a.abs().pow(p).sum()
     mine = [part.reshape(1), a.square().sum().reshape(1)]
     stride, n = 0, avg.numel()
-    if m.policy.needs_grad:
-        stride = max(1, -(-u.numel // m.policy.sample))
+    if u.protocol.policy.needs_grad:
+        stride = max(1, -(-u.numel // u.protocol.policy.sample))
         mine.append(_padded_sample(avg, rank * n, stride, _sample_len(n, stride)))
     vec = torch.cat(mine).to(torch.float32)
     rows = [torch.empty_like(vec) for _ in range(world)]
@@ -149,7 +149,7 @@ def observe(u: UnitState, group: dist.ProcessGroup, timeout: float | None, avg: 
         pieces = [parts[w, STATS:STATS + _count(w * n, (w + 1) * n, stride)] for w in range(world)]
         grad = torch.cat(pieces).to(torch.float32)
     stats = GradStats(u.n, norm, rms, spent_bits, grad)
-    u.policy = m.policy.update(u.policy, stats)
+    u.policy = u.protocol.policy.update(u.policy, stats)
     return (world - 1) * vec.numel() * vec.element_size()
 
 

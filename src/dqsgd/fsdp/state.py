@@ -142,7 +142,7 @@ class FSDPState:
 
         seed = unit_seed(self.seed, index)
         proto = unit_protocol(self.config, numel, self.total_steps, list(pieces), world, seed)
-        u = UnitState(numel, world, pieces, proto, proto.method.policy.init(), worker_generator(seed, rank))
+        u = UnitState(numel, world, pieces, proto, proto.policy.init(), worker_generator(seed, rank))
         self.units[index] = u
         if index in self._loaded:
             u.load(self._loaded.pop(index), index)

@@ -113,10 +113,12 @@ class Method:
             raise ValueError(f"unknown policy {self.config.policy!r}: use one of {', '.join(POLICIES)}")
         return factory(self)
 
-    def init_state(self, workers: int) -> MethodState:
+    def init_state(self, workers: int, policy: Any = None) -> MethodState:
+        """The state before step 0 for ``workers`` workers; ``policy``: the policy that runs (None: the
+        method's own; a bucket protocol may run another over it, :attr:`BucketProtocol.policy`)."""
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
-        return MethodState(self.policy.init(), [None] * workers)
+        return MethodState((self.policy if policy is None else policy).init(), [None] * workers)
 
     # --- worker side ----------------------------------------------------------------------------
     @property
@@ -204,13 +206,16 @@ class Method:
                 f"got {scheme.name} with {numel} values at {got_bits} bits"
             )
 
-    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: Spent) -> MethodState:
+    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: Spent,
+                policy: Any = None) -> MethodState:
         """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12).
-        ``spent_bits``: the step's bits, or (bits, a coded downlink's real bits among them)."""
+        ``spent_bits``: the step's bits, or (bits, a coded downlink's real bits among them); ``policy``:
+        the policy that runs (None: the method's own)."""
+        policy = self.policy if policy is None else policy
         if state.policy is None:
             raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
-        stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)
-        return MethodState(self.policy.update(state.policy, stats), state.residuals, down_residuals=state.down_residuals)
+        stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=policy.needs_grad)
+        return MethodState(policy.update(state.policy, stats), state.residuals, down_residuals=state.down_residuals)
 
 
 def _dqsgd_error(m: Method) -> DQSGDRule:

@@ -65,8 +65,9 @@ def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_size
 
 class BucketProtocol:
     """One bucket of ``numel`` coordinates (tensors of ``param_sizes``) under ``topology`` for ``workers``
-    ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method` (its policy picks every
-    shard's width), built from ``config`` when not given. ``downlink_coding``: the downlink's coding
+    ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method`, built from ``config``
+    when not given; :attr:`policy` picks every shard's width (the method's policy, or under
+    ``downlink_bits = "auto"`` its both-leg split, :meth:`_split`). ``downlink_coding``: the downlink's coding
     (:func:`dqsgd.topology.downlink.resolve_downlink_coding`; None: the uplink's where the downlink is
     quantized). ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the
     both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost."""
@@ -103,8 +104,9 @@ class BucketProtocol:
                              "not a majority vote")
         self.feedback = bool(downlink_feedback)
         self.down_target = check_downlink_target(downlink_target_bits, self.auto)
-        if self.auto:
-            self.method.policy = self._split(total_steps)
+        # the bucket's bit policy: the method's, or under "auto" the split of one both-leg budget over it
+        # (the method keeps its own: whoever runs this bucket asks the protocol)
+        self.policy = self._split(total_steps) if self.auto else self.method.policy
 
     def _split(self, total_steps: int) -> SplitBudget:
         """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is

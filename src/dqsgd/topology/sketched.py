@@ -66,6 +66,7 @@ class SketchedStep:
             raise ValueError(f"SketchedStep runs the sketch scheme, not {method.config.scheme!r}")
         c, d = method.config, method.numel
         self.method, self.topology, self.workers = method, topology, workers
+        self.policy = method.policy  # a fixed width
         self.k = min(d, max(1, round(c.topk_ratio * d)))
         self.cols = max(1, math.ceil(c.sketch_cols * self.k))
         self.m = min(d, math.ceil(c.sketch_p * self.k))

@@ -136,6 +136,7 @@ class ServerStep:
         self.method, self.topology, self.seed = method, topology, seed
         self.param_sizes = tuple(param_sizes) if param_sizes is not None else (method.numel,)
         self._protocols: dict[int, BucketProtocol] = {}
+        self.policy = method.policy  # one width for the whole vector, the method's policy
 
     def protocol(self, workers: int) -> BucketProtocol:
         """The bucket protocol of the whole vector for ``workers`` workers."""
@@ -173,7 +174,7 @@ class ServerStep:
             agg = P.reduce(0, [bytes_tensor(p) for p in gathered], bits)
             down = tensor_bytes(P.encode_down(0, agg, step))
             up = [[len(p)] for p in gathered]
-            after = m.observe(MethodState(state.policy, residuals), agg, step, P.spent_bits(up))
+            after = m.observe(MethodState(state.policy, residuals), agg, step, P.spent_bits(up), self.policy)
         down, (next_bits,) = t.broadcast(down, [bits if after is None else after.bits], P.down_sizes()[0])
         if after is None:
             after = MethodState(None, residuals, next_bits)
@@ -197,6 +198,7 @@ class ShardedStep:
                                        method=method, downlink_feedback=downlink_feedback,
                                        downlink_coding=downlink_coding, downlink_target_bits=downlink_target_bits)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
+        self.policy = self.protocol.policy  # "auto": the both-leg split over the method's policy
 
     def coded_size(self, row: Sequence[bytes]) -> int:
         """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
@@ -240,7 +242,7 @@ class ShardedStep:
         shared = t.share(down, max(P.down_caps(dbits)))
         update = P.decode_down([bytes_tensor(p) for p in shared], dbits=dbits)
         after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res), down_residuals=fed),
-                                    update, step, P.spent(up, dbits, [len(p) for p in shared]))
+                                    update, step, P.spent(up, dbits, [len(p) for p in shared]), self.policy)
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None

@@ -79,7 +79,7 @@ class LocalSGDOptimizer:
         self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink_bits,
                                     downlink_coding=downlink_coding)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
-        self.state = self.method.init_state(self.workers)
+        self.state = self.method.init_state(self.workers, self.step_runner.policy)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
         self.fingerprint = [local_steps, digest(dataclasses.asdict(config)), sum(sizes),
                             digest([topology, downlink_bits, outer, outer_lr, outer_momentum, seed, rounds]
@@ -171,7 +171,7 @@ class LocalSGDOptimizer:
         self.steps, self.rounds_done = int(sd["steps"]), int(sd["rounds_done"])  # the ranks agree again at the next exchange
         residuals = [None] * self.workers
         residuals[self.rank] = sd["residual"]
-        policy = None if sd["policy"] is None else state_from_dict(type(self.method.policy.init()), sd["policy"])
+        policy = None if sd["policy"] is None else state_from_dict(type(self.step_runner.policy.init()), sd["policy"])
         self.state = MethodState(policy, residuals, -1 if policy is not None else int(sd["bits"]))
         self.qgen[self.rank].set_state(sd["qgen"])
         self.link_bytes = int(sd["link_bytes"])

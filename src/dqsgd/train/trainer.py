@@ -109,8 +109,8 @@ class Trainer:
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
                           cfg.downlink_feedback, self.downlink_coding, cfg.downlink_target_bits))
-        # "auto": the sharded step's protocol gave the method its both-leg policy (and budget) just now
-        self.state: MethodState = self.method.init_state(cfg.workers)
+        self.policy = self.step_runner.policy  # "auto": the sharded protocol's both-leg split of the budget
+        self.state: MethodState = self.method.init_state(cfg.workers, self.policy)
         self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,
                              both_legs=self.downlink_bits == AUTO)
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
@@ -126,7 +126,7 @@ class Trainer:
     def budget_bits(self) -> int | None:
         """The budget the ledger charges: the method's uplink budget, or under ``downlink_bits = "auto"``
         the both-leg budget of its split policy (:mod:`dqsgd.policies.split`)."""
-        return int(self.method.policy.budget_bits) if self.downlink_bits == AUTO else self.method.budget_bits()
+        return int(self.policy.budget_bits) if self.downlink_bits == AUTO else self.method.budget_bits()
 
     # --- pieces of a step -----------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -317,7 +317,7 @@ class Trainer:
             residuals[int(w)] = r
         fed = {int(j): r for j, r in sd.get("down_residuals", {}).items()}  # absent: a run without them
         if sd["policy"] is not None:
-            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals,
+            self.state = MethodState(state_from_dict(type(self.policy.init()), sd["policy"]), residuals,
                                      down_residuals=fed)
         else:
             self.state = MethodState(None, residuals, int(sd["bits"]), fed)
