@@ -10,7 +10,7 @@ import torch
 import _fsdp_ranks as fr
 from dqsgd.cli.launch import spawn_local
 from dqsgd.fsdp import unit_seed
-from dqsgd.fsdp.protocol import ShardedMethod
+from dqsgd.fsdp.unit import ShardedMethod
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.topology.agreement import SLOTS

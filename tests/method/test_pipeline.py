@@ -9,7 +9,7 @@ from bucket_ref import aggregate, decode_downlink, downlink
 from dqsgd.codecs import PayloadError
 from dqsgd.kernels import HashRNG
 from dqsgd.method.config import METHODS, method_config
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import Method, ProtocolError
 
 D, W, N = 1000, 4, 50

@@ -10,7 +10,7 @@ from dqsgd.kernels import HashRNG
 from dqsgd.codecs import PayloadError
 from dqsgd.data import load_dataset
 from dqsgd.method.config import method_config
-from dqsgd.method.ledger import Ledger, wire_traffic
+from dqsgd.topology.ledger import Ledger, wire_traffic
 from dqsgd.method.pipeline import Method
 from dqsgd.theory import formulas as theory
 from dqsgd.topology.step import ShardedStep

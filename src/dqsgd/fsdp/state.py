@@ -137,7 +137,7 @@ class FSDPState:
                 raise ValueError(f"FSDP unit {index}: reduce-scatter of {numel} elements over {world} ranks, "
                                  f"earlier {u.numel} over {u.world}")
             return u
-        from dqsgd.fsdp.protocol import unit_protocol
+        from dqsgd.fsdp.unit import unit_protocol
         from dqsgd.topology.keys import worker_generator
 
         seed = unit_seed(self.seed, index)

@@ -18,7 +18,7 @@ k = max(1, round(topk_ratio·d)), c = ⌈sketch_cols·k⌉, r = sketch_rows, m =
 (:class:`dqsgd.method.config.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``). A worker's
 memory (``MethodState.residuals[w]``, checkpointed) is the (2, d) tensor [u_w; e_w].
 
-Topologies, each over its usual transport calls (:mod:`dqsgd.transport.base`):
+Topologies, each over its usual transport calls (:mod:`dqsgd.topology.links`):
 
 * ``ps``: the server gathers the sketches, sends the candidates (an INDICES message of
   :mod:`dqsgd.codecs.sketch_wire`) with the downlink broadcast, gathers the values and broadcasts the
@@ -53,7 +53,7 @@ from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
 from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
-    from dqsgd.transport.base import ShardedTransport, Transport
+    from dqsgd.topology.links import ShardedTransport, Transport
 
 
 class SketchedStep:

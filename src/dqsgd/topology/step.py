@@ -58,7 +58,7 @@ from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.traffic import wire_traffic
 
 if TYPE_CHECKING:
-    from dqsgd.transport.base import ShardedTransport, Transport
+    from dqsgd.topology.links import ShardedTransport, Transport
 
 __all__ = ["FP32", "StepOutcome", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
            "shard_methods", "step_for"]
@@ -86,7 +86,7 @@ class StepOutcome:
         return [sum(row) for row in self.up]
 
     def wire(self) -> tuple[list[int], list[int]]:
-        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.method.ledger.wire_traffic`)."""
+        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.topology.ledger.wire_traffic`)."""
         return wire_traffic(self.topology, self.up, self.down)
 
 

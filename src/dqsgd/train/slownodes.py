@@ -14,7 +14,7 @@ The step's simulated wall-clock time:
 
 where A_n is when the server stops waiting: the last arrival (synchronous SGD) or, with
 ``backup_workers = b``, the (W − b)-th arrival — the b slowest workers' gradients are dropped. The
-busiest rank's bytes are the ledger's (:func:`dqsgd.method.ledger.wire_traffic`: max over ranks of its uplink
+busiest rank's bytes are the ledger's (:func:`dqsgd.topology.ledger.wire_traffic`: max over ranks of its uplink
 plus downlink phase bytes); ``rounds`` is the number of message exchanges (2; Sketched SGD: 4). A
 method's time-to-accuracy is the sum of t_n up to the first evaluation that reaches the accuracy.
 
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dqsgd.core.rng import COMPUTE_TIME, seed_for
-from dqsgd.method.ledger import wire_traffic
+from dqsgd.topology.ledger import wire_traffic
 
 
 class SlowNodes:

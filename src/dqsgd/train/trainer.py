@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from dqsgd.data import Dataset
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
