@@ -109,7 +109,7 @@ def test_every_topology_has_one_step_object_with_the_same_result_shape() -> None
         r = tr.step_runner.run(tr.transport, tr.local_gradients(0)[0], tr.state, 0, tr.qgen)
         assert isinstance(r, StepOutcome) and r.topology == topology and len(r.up) == W
         assert r.update.shape == (tr.numel,) and r.state is not None
-    with pytest.raises(ValueError, match="'ps' or 'allgather'"):
+    with pytest.raises(ValueError, match="a topology of one shard, not 'sharded'"):
         ServerStep(Method(method_config("dqsgd"), D, 10), 0, "sharded")
 
 

@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from dqsgd.topology.traffic import fp32_legs
+from dqsgd.topology.registry import SIMULATED_DEFAULT, topology_of
 from dqsgd.train import reader
 from dqsgd.train.config import METHOD_TRAIN_KEYS
 from dqsgd.train.rundir import differing, explain, resolved_of_facts
@@ -76,10 +76,10 @@ def summarize_run(run: Path) -> dict[str, Any]:
     up = sum(int(r["up_bytes"]) for r in steps)
     side = sum(int(r.get("side_bytes", 0)) for r in steps) * facts["workers"]
     fp32 = 4 * facts["numel"] * facts["workers"] * len(steps)
-    topology = facts["train_config"].get("topology") or "ps"
+    topology = facts["train_config"].get("topology") or SIMULATED_DEFAULT
     down = sum(int(r["down_bytes"]) for r in steps)
     sent = up + down + side
-    fp32_all = fp32 * fp32_legs(topology)
+    fp32_all = fp32 * topology_of(topology).fp32_legs()
     ranked = [r["rank_total_bytes"] for r in steps if r.get("rank_total_bytes") is not None]
     mean_bits = statistics.fmean(r["bits"] for r in steps) if steps else float("nan")
     tail = [r["loss"] for r in steps[-20:] if r.get("loss") is not None]

@@ -39,8 +39,8 @@ from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.topology import downlink, keys, payloads
 from dqsgd.topology.limits import check_table
 from dqsgd.topology.names import (
-    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_downlink_target,
-    check_topology)
+    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_downlink_target)
+from dqsgd.topology.registry import topology_of
 
 if TYPE_CHECKING:
     from dqsgd.kernels import HashRNG
@@ -78,10 +78,11 @@ class BucketProtocol:
                  downlink_target_bits: float = 0.0):
         from dqsgd.method.pipeline import Method
 
-        self.topology, self.workers, self.bucket = check_topology(topology), workers, bucket
+        self.kind = topology_of(topology)  # what the topology does (dqsgd.topology.registry)
+        self.topology, self.workers, self.bucket = self.kind.name, workers, bucket
         self.method = method if method is not None else Method(config, numel, total_steps, param_sizes)
-        count = workers if topology == "sharded" else 1
-        if topology == "sharded" and numel < workers:
+        count = self.kind.shards(workers)
+        if numel < count:
             raise ValueError(f"topology sharded needs at least one coordinate per shard: {numel} coordinates "
                              f"for {workers} workers")
         if count == 1:  # the bucket is its one shard
@@ -93,7 +94,7 @@ class BucketProtocol:
         if self.auto:
             check_auto_downlink(topology, self.vote, config.policy)
             downlink_bits = DOWNLINK_PARITY_BITS
-        self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if topology == "sharded" else FP32)
+        self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if self.kind.sharded else FP32)
         self.down_coding = downlink.resolve_downlink_coding(downlink_coding, uplink_coding=config.coding,
                                                             bits=self.down_bits, vote=self.vote, topology=topology)
         self.coded_down = self.down_coding != downlink.FIXED
@@ -343,6 +344,6 @@ def run_in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: i
     gens = generators if generators is not None else [None] * len(flats)
     sent = [proto.encode(w, g, bits, step, gens[w])[0] for w, g in enumerate(flats)]
     avg = [proto.reduce(j, [row[j] for row in sent], bits) for j in range(len(proto.shards))]
-    if proto.topology == "allgather":
+    if not proto.kind.downlink:  # every rank aggregated for itself
         return avg[0]
     return proto.decode_down([proto.encode_down(j, a, step, dbits=dbits) for j, a in enumerate(avg)], dbits=dbits)

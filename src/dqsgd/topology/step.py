@@ -55,7 +55,7 @@ from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
 from dqsgd.topology.names import AUTO, FP32, check_downlink_bits
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
-from dqsgd.topology.traffic import wire_traffic
+from dqsgd.topology.registry import SHARDED, SIMULATED_DEFAULT, topology_of, wire_traffic
 
 if TYPE_CHECKING:
     from dqsgd.topology.links import ShardedTransport, Transport
@@ -78,7 +78,7 @@ class StepOutcome:
     encode_s: float = 0.0             # seconds spent quantizing and encoding the local uplinks
     coded: dict[int, int] | None = None  # local worker -> its uplink's size with the best coding (if measured)
     coded_s: float = 0.0              # seconds spent measuring them
-    topology: str = "sharded"
+    topology: str = SHARDED.name     # the topology's name (dqsgd.topology.registry)
     state: MethodState | None = None  # the method state after the step: residuals and B_{n+1}
 
     def uplink(self) -> list[int]:
@@ -130,9 +130,10 @@ def with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) -
 class ServerStep:
     """Topologies ``ps`` and ``allgather``: the whole vector, one aggregation, one downlink."""
 
-    def __init__(self, method: Method, seed: int, topology: str = "ps", param_sizes: Sequence[int] | None = None):
-        if topology not in ("ps", "allgather"):
-            raise ValueError(f"ServerStep runs topology 'ps' or 'allgather', not {topology!r}")
+    def __init__(self, method: Method, seed: int, topology: str = SIMULATED_DEFAULT,
+                 param_sizes: Sequence[int] | None = None):
+        if topology_of(topology).sharded:
+            raise ValueError(f"ServerStep runs a topology of one shard, not {topology!r}")
         self.method, self.topology, self.seed = method, topology, seed
         self.param_sizes = tuple(param_sizes) if param_sizes is not None else (method.numel,)
         self._protocols: dict[int, BucketProtocol] = {}
@@ -181,7 +182,7 @@ class ServerStep:
         update = P.decode_down([bytes_tensor(down)])
         t1 = time.perf_counter()
         coded = {w: m.coded_size(p) for w, p in zip(grads, payloads)} if measure_coded else None
-        return StepOutcome(update, up, [] if self.topology == "allgather" else [len(down)], side, new_res, encode_s,
+        return StepOutcome(update, up, [len(down)] if P.kind.downlink else [], side, new_res, encode_s,
                         coded, time.perf_counter() - t1, self.topology, after)
 
 
@@ -247,14 +248,15 @@ class ShardedStep:
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
         coded_s = time.perf_counter() - t1
-        return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, "sharded", after)
+        return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, P.topology, after)
 
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
              downlink_bits: int | str = 8, downlink_feedback: bool = False,
              downlink_coding: str | None = None, downlink_target_bits: float = 0.0) -> ServerStep | ShardedStep:
-    """The step object of ``topology``: :class:`ShardedStep` for sharded, :class:`ServerStep` for ps and allgather."""
-    if topology == "sharded":
+    """The step object of ``topology``: :class:`ShardedStep` where it cuts the vector into W shards,
+    else :class:`ServerStep`."""
+    if topology_of(topology).sharded:
         return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback, downlink_coding,
                            downlink_target_bits)
     return ServerStep(method, seed, topology)
