@@ -20,13 +20,12 @@ import torch.distributed as dist
 
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, method_config
-from dqsgd.topology.names import (
-    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_downlink_target, check_topology,
-    resolve_downlink_bits)
+from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_topology
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import BucketProtocol
+    from dqsgd.topology.downspec import DownlinkSpec
 
 STATE_VERSION = 2
 
@@ -267,18 +266,15 @@ class HookState:
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
         check_topology(topology, TOPOLOGIES)
-        dbits = resolve_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits, policy=method.policy,
-                                      topology=topology, vote=method.aggregate == "majority")
         for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
-        check_downlink_safety(dbits, downlink_feedback, allow_unsafe_downlink, topology=topology,
-                              vote=method.aggregate == "majority")
-        from dqsgd.topology.downlink import resolve_downlink_coding
+        from dqsgd.topology.downspec import resolve_downlink
 
-        self.downlink_coding = resolve_downlink_coding(downlink_coding, uplink_coding=method.coding, bits=dbits,
-                                                       vote=method.aggregate == "majority", topology=topology)
-        self.downlink_target_bits = check_downlink_target(downlink_target_bits, dbits == "auto")
+        spec = resolve_downlink(FP32 if downlink_bits == "fp32" else downlink_bits, downlink_coding, downlink_feedback,
+                                downlink_target_bits, allow_unsafe_downlink, policy=method.policy,
+                                uplink_coding=method.coding, vote=method.aggregate == "majority", topology=topology)
+        dbits, self.downlink_coding, self.downlink_target_bits = spec.bits, spec.coding, spec.target_bits
         if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
             raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
         self.config, self.process_group, self.seed = method, process_group, seed
@@ -397,8 +393,14 @@ class HookState:
 
         return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
                               seed=self.seed, total_steps=self.total_steps, bucket=index,
-                              downlink_bits=self.downlink_bits, downlink_feedback=self.downlink_feedback,
-                              downlink_coding=self.downlink_coding, downlink_target_bits=self.downlink_target_bits)
+                              spec=self.downlink)
+
+    @property
+    def downlink(self) -> DownlinkSpec:
+        """The downlink as ``__init__`` resolved it, carried to every bucket's protocol."""
+        from dqsgd.topology.downspec import DownlinkSpec
+
+        return DownlinkSpec(self.downlink_bits, self.downlink_coding, self.downlink_feedback, self.downlink_target_bits)
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

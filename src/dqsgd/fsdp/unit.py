@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dqsgd.method.config import MethodConfig
 from dqsgd.method.pipeline import Method
-from dqsgd.topology import FP32
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
+from dqsgd.topology.downspec import FP32_DOWNLINK
+from dqsgd.topology.registry import SHARDED
 
 
 class ShardedMethod(Method):
@@ -27,5 +28,5 @@ def unit_protocol(config: MethodConfig, numel: int, total_steps: int, pieces: li
                   seed: int) -> BucketProtocol:
     """The unit's sharded protocol: its W shards, its keys (``seed``), no downlink (fp32)."""
     method = ShardedMethod(config, numel, total_steps, pieces, world)
-    return BucketProtocol(config, numel, pieces, topology="sharded", workers=world, seed=seed,
-                          total_steps=total_steps, downlink_bits=FP32, method=method)
+    return BucketProtocol(config, numel, pieces, topology=SHARDED.name, workers=world, seed=seed,
+                          total_steps=total_steps, method=method, spec=FP32_DOWNLINK)

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
     from dqsgd.policies.base import Spent
     from dqsgd.policies.split import SplitBudget
+    from dqsgd.topology.downspec import DownlinkSpec
 
 SIGN = payloads.SIGN
 
@@ -70,13 +71,18 @@ class BucketProtocol:
     ``downlink_bits = "auto"`` its both-leg split, :meth:`_split`). ``downlink_coding``: the downlink's coding
     (:func:`dqsgd.topology.downlink.resolve_downlink_coding`; None: the uplink's where the downlink is
     quantized). ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the
-    both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost."""
+    both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost. ``spec``: all four
+    at once, as a run resolved them (:class:`~dqsgd.topology.downspec.DownlinkSpec`), instead of the keywords."""
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
                  workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int | str = 8,
                  method: Method | None = None, downlink_feedback: bool = False, downlink_coding: str | None = None,
-                 downlink_target_bits: float = 0.0):
+                 downlink_target_bits: float = 0.0, spec: DownlinkSpec | None = None):
         from dqsgd.method.pipeline import Method
+
+        if spec is not None:  # the run's downlink, resolved once (dqsgd.topology.downspec)
+            downlink_bits, downlink_feedback = spec.bits, spec.feedback
+            downlink_coding, downlink_target_bits = spec.coding, spec.target_bits
 
         self.kind = topology_of(topology)  # what the topology does (dqsgd.topology.registry)
         self.topology, self.workers, self.bucket = self.kind.name, workers, bucket

@@ -53,7 +53,8 @@ import torch
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
-from dqsgd.topology.names import AUTO, FP32, check_downlink_bits
+from dqsgd.topology.downspec import DownlinkSpec
+from dqsgd.topology.names import FP32, check_downlink_bits
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.registry import SHARDED, SIMULATED_DEFAULT, topology_of, wire_traffic
 
@@ -190,14 +191,11 @@ class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
-                 downlink_bits: int | str = 8, downlink_feedback: bool = False, downlink_coding: str | None = None,
-                 downlink_target_bits: float = 0.0):
-        self.method, self.workers = method, workers
-        self.downlink_bits = downlink_bits if downlink_bits == AUTO else check_downlink_bits(downlink_bits)
-        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
-                                       seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
-                                       method=method, downlink_feedback=downlink_feedback,
-                                       downlink_coding=downlink_coding, downlink_target_bits=downlink_target_bits)
+                 downlink: DownlinkSpec = DownlinkSpec()):
+        self.method, self.workers, self.downlink = method, workers, downlink
+        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology=SHARDED.name,
+                                       workers=workers, seed=seed, total_steps=method.total_steps, method=method,
+                                       spec=downlink)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
         self.policy = self.protocol.policy  # "auto": the both-leg split over the method's policy
 
@@ -252,11 +250,9 @@ class ShardedStep:
 
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
-             downlink_bits: int | str = 8, downlink_feedback: bool = False,
-             downlink_coding: str | None = None, downlink_target_bits: float = 0.0) -> ServerStep | ShardedStep:
+             downlink: DownlinkSpec = DownlinkSpec()) -> ServerStep | ShardedStep:
     """The step object of ``topology``: :class:`ShardedStep` where it cuts the vector into W shards,
     else :class:`ServerStep`."""
     if topology_of(topology).sharded:
-        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback, downlink_coding,
-                           downlink_target_bits)
+        return ShardedStep(method, param_sizes, workers, seed, downlink)
     return ServerStep(method, seed, topology)

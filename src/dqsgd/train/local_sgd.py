@@ -35,6 +35,8 @@ from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import digest
+from dqsgd.topology.downlink import resolve_downlink_coding
+from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import all_finite, step_for
 from dqsgd.train.local import copy_into, outer_optimizer
 from dqsgd.transport.torch_dist import RankDisagreement, make_transport
@@ -76,8 +78,10 @@ class LocalSGDOptimizer:
         self.method = Method(config, sum(sizes), rounds or 1, sizes)
         self.transport = make_transport(topology, group, timeout=timeout)
         self.rank, self.workers = self.transport.rank, self.transport.workers
-        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink_bits,
-                                    downlink_coding=downlink_coding)
+        downlink = DownlinkSpec(downlink_bits, resolve_downlink_coding(
+            downlink_coding, uplink_coding=config.coding, bits=downlink_bits, vote=config.aggregate == "majority",
+            topology=topology))
+        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers, self.step_runner.policy)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}

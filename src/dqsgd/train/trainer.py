@@ -35,8 +35,7 @@ from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.topology.downlink import resolve_downlink_coding
-from dqsgd.topology.names import AUTO, check_downlink_safety, resolve_downlink_bits
+from dqsgd.topology.downspec import resolve_downlink
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig
@@ -92,27 +91,20 @@ class Trainer:
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
         vote = entry.config.aggregate == "majority"
-        try:
-            self.downlink_bits = resolve_downlink_bits(cfg.downlink_bits, policy=entry.config.policy,
-                                                       topology=self.topology, vote=vote)
-        except ValueError as e:
-            raise ValueError(f"train.downlink_bits: {e}") from None
-        check_downlink_safety(self.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
-                              topology=self.topology, vote=vote,
-                              spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
-        try:
-            self.downlink_coding = resolve_downlink_coding(cfg.downlink_coding, uplink_coding=entry.config.coding,
-                                                           bits=self.downlink_bits, vote=vote, topology=self.topology)
-        except ValueError as e:
-            raise ValueError(f"train.downlink_coding: {e}") from None
+        # the downlink, resolved once from the config (dqsgd.topology.downspec) and carried as it is
+        self.downlink = resolve_downlink(cfg.downlink_bits, cfg.downlink_coding, cfg.downlink_feedback,
+                                         cfg.downlink_target_bits, cfg.allow_unsafe_downlink,
+                                         policy=entry.config.policy, uplink_coding=entry.config.coding, vote=vote,
+                                         topology=self.topology, where="train.",
+                                         spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
+        self.downlink_bits, self.downlink_coding = self.downlink.bits, self.downlink.coding
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
-            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
-                          cfg.downlink_feedback, self.downlink_coding, cfg.downlink_target_bits))
+            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink))
         self.policy = self.step_runner.policy  # "auto": the sharded protocol's both-leg split of the budget
         self.state: MethodState = self.method.init_state(cfg.workers, self.policy)
         self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,
-                             both_legs=self.downlink_bits == AUTO)
+                             both_legs=self.downlink.auto)
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         if cfg.backup_workers:
             check_backup(entry.config)
@@ -126,7 +118,7 @@ class Trainer:
     def budget_bits(self) -> int | None:
         """The budget the ledger charges: the method's uplink budget, or under ``downlink_bits = "auto"``
         the both-leg budget of its split policy (:mod:`dqsgd.policies.split`)."""
-        return int(self.policy.budget_bits) if self.downlink_bits == AUTO else self.method.budget_bits()
+        return int(self.policy.budget_bits) if self.downlink.auto else self.method.budget_bits()
 
     # --- pieces of a step -----------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
