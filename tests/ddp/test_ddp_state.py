@@ -201,7 +201,7 @@ def test_coded_record_keeps_the_entropy_sample_and_learns_as_from_the_bucket(dow
     b.record(g, 0, 90_000, torch.tensor(False))
     kept = b.pending[0][3]
     assert kept is not None and kept.numel() == 50_001 and torch.equal(kept, g[::4])
-    whole = b.method.policy.update(b.policy, grad_stats(g, 0, 90_000, b.method.p, keep=True))
+    whole = b.proto.policy.update(b.policy, grad_stats(g, 0, 90_000, b.method.p, keep=True))
     b.catch_up(0)
     assert b.policy == whole and b.policy.entropy  # bit for bit: the same entropies, widths and spend
 

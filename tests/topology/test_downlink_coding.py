@@ -151,7 +151,7 @@ def test_downlink_target_bits_is_checked() -> None:
                        downlink_bits="auto", method=m, downlink_target_bits=2.0, downlink_feedback=True)
     up = Method(method_config("dqsgd", target_bits=4.0), 20_000, 5).budget_bits()
     headers = 8 * sum(P.down_sizes(2)) - 2 * 20_000
-    assert P.method.policy.budget_bits == up + int(5 * (headers + 2.0 * 20_000))
+    assert P.policy.budget_bits == up + int(5 * (headers + 2.0 * 20_000))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
@@ -196,7 +196,7 @@ def test_the_split_reads_the_same_from_g_as_from_the_hooks_sample() -> None:
     m = Method(method_config("dqsgd-coded"), n, 10)
     P = BucketProtocol(m.config, n, [n], topology="sharded", workers=4, seed=0, total_steps=10, downlink_bits="auto",
                        method=m)
-    pol = P.method.policy
+    pol = P.policy
     assert P.coded_down and read_stride(pol, n) > 1
     g = _grads(n, 1, seed=6)[0]
     down = 8 * sum(P.down_sizes(pol.init().down_bits)) // 3

@@ -1,4 +1,4 @@
-"""``--dry-run`` of ``dqsgd train``, ``dqsgd compare`` and ``dqsgd dq run``: resolve and check
+"""``--dry-run`` of ``dqsgd train`` and ``dqsgd compare`` (``dqsgd dq run``: :func:`dqsgd.dq.cli.dq_plan`): resolve and check
 everything a run would use, print the plan, and stop before training or writing anything.
 
 What is checked is what the real command checks before its first step, through the same functions:
@@ -16,9 +16,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from dqsgd.dq.cli import DONE
 from dqsgd.train.config import ExperimentConfig, MethodEntry, resolve_downlink
 
-DONE = "dry run: nothing trained, nothing written"
 
 
 def _setting(exp: ExperimentConfig, data: Any, device: Any) -> str:
@@ -104,20 +104,4 @@ def compare_plan(exp: ExperimentConfig, out: Path, resume: bool, only: list[str]
             else:
                 what = "replace (--overwrite)"
             lines.append(f"    {e.label:<{width}}  seed {seed}  {where}  {what}")
-    return [*lines, DONE]
-
-
-def dq_plan(exps: list, out_root: Path) -> list[str]:
-    """The plan of ``dqsgd dq run``: each experiment's problem (data loaded, model built) and runs."""
-    from dqsgd.dq.problem import Problem
-
-    lines: list[str] = []
-    for exp in exps:
-        problem = Problem(exp.problem)
-        runs = exp.runs()
-        out = out_root / exp.spec.name
-        lines += [f"dry run: dq {exp.spec.name} (config {exp.source})",
-                  f"  problem: {exp.problem.dataset} / {exp.problem.model}, n = {problem.n}, d = {problem.d}",
-                  f"  output: {out} ({'its files are replaced' if out.exists() else 'new'}); {len(runs)} runs: "
-                  + ", ".join(f"{r.label} ({r.cfg.transport})" for r in runs)]
     return [*lines, DONE]

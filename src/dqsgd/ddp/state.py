@@ -21,13 +21,12 @@ import torch.distributed as dist
 from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, check_one_message, method_config
-from dqsgd.topology.names import (
-    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_downlink_target, check_topology,
-    resolve_downlink_bits)
+from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_topology
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import BucketProtocol
+    from dqsgd.topology.downspec import DownlinkSpec
 
 STATE_VERSION = 2
 
@@ -121,7 +120,8 @@ class BucketState:
 
         m = self.method
         vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        keep = avg[:: read_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
+        policy = self.proto.policy
+        keep = avg[:: read_stride(policy, avg.numel())] if policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return
@@ -177,7 +177,7 @@ class BucketState:
             if bad:  # an overflow step (GradScaler skips it): no statistics to learn from
                 continue
             stats = stats_of(step, norm, l2, self.numel, spent, g)
-            self.policy = self.method.policy.update(self.policy, stats)
+            self.policy = self.proto.policy.update(self.policy, stats)
 
     def state_dict(self) -> dict[str, Any]:
         from dqsgd.policies import state_to_dict
@@ -267,18 +267,15 @@ class HookState:
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
         check_topology(topology, TOPOLOGIES)
-        dbits = resolve_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits, policy=method.policy,
-                                      topology=topology, vote=method.aggregate == "majority")
         for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
-        check_downlink_safety(dbits, downlink_feedback, allow_unsafe_downlink, topology=topology,
-                              vote=method.aggregate == "majority")
-        from dqsgd.topology.downlink import resolve_downlink_coding
+        from dqsgd.topology.downspec import resolve_downlink
 
-        self.downlink_coding = resolve_downlink_coding(downlink_coding, uplink_coding=method.coding, bits=dbits,
-                                                       vote=method.aggregate == "majority", topology=topology)
-        self.downlink_target_bits = check_downlink_target(downlink_target_bits, dbits == "auto")
+        spec = resolve_downlink(FP32 if downlink_bits == "fp32" else downlink_bits, downlink_coding, downlink_feedback,
+                                downlink_target_bits, allow_unsafe_downlink, policy=method.policy,
+                                uplink_coding=method.coding, vote=method.aggregate == "majority", topology=topology)
+        dbits, self.downlink_coding, self.downlink_target_bits = spec.bits, spec.coding, spec.target_bits
         check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
@@ -384,7 +381,7 @@ class HookState:
                 b.sizes, b.residuals, b.down_residual = tuple(sizes), {}, None
             return b
         proto = self._protocol(index, n, sizes, world)
-        b = self._buckets[index] = BucketState(n, proto, proto.method.policy.init(),
+        b = self._buckets[index] = BucketState(n, proto, proto.policy.init(),
                                                worker_generator(self.seed, rank, index), tuple(sizes))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)
@@ -397,8 +394,14 @@ class HookState:
 
         return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
                               seed=self.seed, total_steps=self.total_steps, bucket=index,
-                              downlink_bits=self.downlink_bits, downlink_feedback=self.downlink_feedback,
-                              downlink_coding=self.downlink_coding, downlink_target_bits=self.downlink_target_bits)
+                              spec=self.downlink)
+
+    @property
+    def downlink(self) -> DownlinkSpec:
+        """The downlink as ``__init__`` resolved it, carried to every bucket's protocol."""
+        from dqsgd.topology.downspec import DownlinkSpec
+
+        return DownlinkSpec(self.downlink_bits, self.downlink_coding, self.downlink_feedback, self.downlink_target_bits)
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

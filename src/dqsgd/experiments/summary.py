@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dqsgd.topology.traffic import fp32_legs
+from dqsgd.topology.registry import SIMULATED_DEFAULT, topology_of
 from dqsgd.train import reader
 from dqsgd.train.config import METHOD_TRAIN_KEYS
 from dqsgd.train.rundir import differing, explain, resolved_of_facts
@@ -126,10 +126,10 @@ def summary_of(facts: dict[str, Any], acc: RunSums) -> dict[str, Any]:
     w = facts["workers"]
     side = acc.side * w
     fp32 = 4 * facts["numel"] * w * acc.steps
-    topology = facts["train_config"].get("topology") or "ps"
+    topology = facts["train_config"].get("topology") or SIMULATED_DEFAULT
     up, down = acc.up, acc.down
     sent = up + down + side
-    fp32_all = fp32 * fp32_legs(topology)
+    fp32_all = fp32 * topology_of(topology).fp32_legs()
     mean_bits = acc.bits / acc.steps if acc.steps else float("nan")
     tail = [x for x in acc.tail if x is not None]
     coded_sent = acc.coded_up + acc.coded_side * w // 2

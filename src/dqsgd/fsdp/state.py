@@ -136,12 +136,12 @@ class FSDPState:
                 raise ValueError(f"FSDP unit {index}: reduce-scatter of {numel} elements over {world} ranks, "
                                  f"earlier {u.numel} over {u.world}")
             return u
-        from dqsgd.fsdp.protocol import unit_protocol
+        from dqsgd.fsdp.unit import unit_protocol
         from dqsgd.topology.keys import worker_generator
 
         seed = unit_seed(self.seed, index)
         proto = unit_protocol(self.config, numel, self.total_steps, list(pieces), world, seed)
-        u = UnitState(numel, world, pieces, proto, proto.method.policy.init(), worker_generator(seed, rank))
+        u = UnitState(numel, world, pieces, proto, proto.policy.init(), worker_generator(seed, rank))
         self.units[index] = u
         if index in self._loaded:
             u.load(self._loaded.pop(index), index)

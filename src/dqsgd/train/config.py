@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any, get_args
 if TYPE_CHECKING:
     import torch
 
+    from dqsgd.topology.downspec import DownlinkSpec
+
 from dqsgd.core.config_file import (  # ConfigError, load_raw, shipped_configs: also public names of this module
     ConfigError, ConfigSchema, apply_overrides as _apply_overrides, check_name, coerce, load_raw, shipped_configs)
 from dqsgd.core.ranges import LR_MAX, check_outer, check_seed
 from dqsgd.method.config import FIELDS as METHOD_FIELDS, CodingName, MethodConfig, method_config
-from dqsgd.topology.names import AUTO, TOPOLOGIES, check_downlink_safety, check_downlink_target, resolve_downlink_bits
+from dqsgd.topology.names import TOPOLOGIES, check_downlink_target
 
 DEVICES = ("auto", "cpu", "cuda")
 THREADS_MAX = 1024    # torch.set_num_threads(100000) crashes the process
@@ -187,29 +189,20 @@ def resolve_device(name: str) -> "torch.device":
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def resolve_downlink(cfg: TrainConfig, method: MethodConfig, topology: str) -> tuple[int | str, str]:
-    """The downlink width and coding a run of ``method`` on ``topology`` uses, every downlink key
-    checked against them (a ``downlink_target_bits`` without ``downlink_bits = "auto"``, e.g. on
-    ``ps``, is refused): the trainer and ``--dry-run`` both call this."""
-    from dqsgd.topology.downlink import resolve_downlink_coding
+def resolve_downlink(cfg: TrainConfig, method: MethodConfig, topology: str) -> DownlinkSpec:
+    """The downlink a run of ``method`` on ``topology`` uses (:func:`dqsgd.topology.downspec.resolve_downlink`
+    with the ``[train]`` keys), every downlink key checked against them (a ``downlink_target_bits``
+    without ``downlink_bits = "auto"``, e.g. on ``ps``, is refused): the trainer and ``--dry-run`` both
+    call this."""
+    from dqsgd.topology.downspec import resolve_downlink as resolve
 
-    vote = method.aggregate == "majority"
     try:
-        bits = resolve_downlink_bits(cfg.downlink_bits, policy=method.policy, topology=topology, vote=vote)
+        return resolve(cfg.downlink_bits, cfg.downlink_coding, cfg.downlink_feedback, cfg.downlink_target_bits,
+                       cfg.allow_unsafe_downlink, policy=method.policy, uplink_coding=method.coding,
+                       vote=method.aggregate == "majority", topology=topology, where="train.",
+                       spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
     except ValueError as e:
-        raise ValueError(f"train.downlink_bits: {e}") from None
-    try:
-        check_downlink_target(cfg.downlink_target_bits, bits == AUTO)
-    except ValueError as e:
-        raise ValueError(f"train.downlink_target_bits: {e} (topology {topology!r}, method {method.name!r})") from None
-    check_downlink_safety(bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink, topology=topology, vote=vote,
-                          spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
-    try:
-        coding = resolve_downlink_coding(cfg.downlink_coding, uplink_coding=method.coding, bits=bits, vote=vote,
-                                         topology=topology)
-    except ValueError as e:
-        raise ValueError(f"train.downlink_coding: {e}") from None
-    return bits, coding
+        raise ValueError(f"{e} (topology {topology!r}, method {method.name!r})") from None
 
 
 # [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods,

@@ -41,6 +41,8 @@ from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
+from dqsgd.topology.downlink import resolve_downlink_coding
+from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import all_finite, step_for
 from dqsgd.train.local import copy_into, outer_optimizer
 from dqsgd.transport.torch_dist import make_transport
@@ -85,10 +87,12 @@ class LocalSGDOptimizer:
         self.method = Method(config, sum(sizes), rounds or 1, sizes)
         self.transport = make_transport(topology, group, timeout=timeout)
         self.rank, self.workers = self.transport.rank, self.transport.workers
-        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink_bits,
-                                    downlink_coding=downlink_coding)
+        downlink = DownlinkSpec(downlink_bits, resolve_downlink_coding(
+            downlink_coding, uplink_coding=config.coding, bits=downlink_bits, vote=config.aggregate == "majority",
+            topology=topology))
+        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
-        self.state = self.method.init_state(self.workers)
+        self.state = self.method.init_state(self.workers, self.step_runner.policy)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
         self._fields = {**{f"method.{k}": v for k, v in dataclasses.asdict(config).items()},
                         "local_steps": local_steps, "numel": sum(sizes), "topology": topology,
@@ -188,7 +192,7 @@ class LocalSGDOptimizer:
             t = sd[key]
             if t is not None and tuple(t.shape) != (n,):
                 raise ValueError(f"{what}: malformed state, {key!r} has shape {tuple(t.shape)}, the model {n} elements")
-        policy = None if sd["policy"] is None else state_from_dict(type(self.method.policy.init()), sd["policy"])
+        policy = None if sd["policy"] is None else state_from_dict(type(self.step_runner.policy.init()), sd["policy"])
         self.optimizer.load_state_dict(sd["optimizer"])
         self.outer.load_state_dict(sd["outer"])
         copy_into(self.params, sd["params"].to(self.params[0].device))

@@ -31,12 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from dqsgd.data import Dataset
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import check_state, refuse_changed
-from dqsgd.topology.names import AUTO
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig, resolve_downlink
@@ -94,15 +93,16 @@ class Trainer:
         self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
-        self.downlink_bits, self.downlink_coding = resolve_downlink(cfg, entry.config, self.topology)
+        # the downlink, resolved once from the config (dqsgd.topology.downspec) and carried as it is
+        self.downlink = resolve_downlink(cfg, entry.config, self.topology)
+        self.downlink_bits, self.downlink_coding = self.downlink.bits, self.downlink.coding
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
-            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
-                          cfg.downlink_feedback, self.downlink_coding, cfg.downlink_target_bits))
-        # "auto": the sharded step's protocol gave the method its both-leg policy (and budget) just now
-        self.state: MethodState = self.method.init_state(cfg.workers)
+            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink))
+        self.policy = self.step_runner.policy  # "auto": the sharded protocol's both-leg split of the budget
+        self.state: MethodState = self.method.init_state(cfg.workers, self.policy)
         self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,
-                             both_legs=self.downlink_bits == AUTO)
+                             both_legs=self.downlink.auto)
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         if cfg.backup_workers:
             check_backup(entry.config)
@@ -116,7 +116,7 @@ class Trainer:
     def budget_bits(self) -> int | None:
         """The budget the ledger charges: the method's uplink budget, or under ``downlink_bits = "auto"``
         the both-leg budget of its split policy (:mod:`dqsgd.policies.split`)."""
-        return int(self.method.policy.budget_bits) if self.downlink_bits == AUTO else self.method.budget_bits()
+        return int(self.policy.budget_bits) if self.downlink.auto else self.method.budget_bits()
 
     # --- pieces of a step -----------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -305,7 +305,7 @@ class Trainer:
             residuals[int(w)] = r
         fed = {int(j): r for j, r in sd.get("down_residuals", {}).items()}  # absent: a run without them
         if sd["policy"] is not None:
-            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals,
+            self.state = MethodState(state_from_dict(type(self.policy.init()), sd["policy"]), residuals,
                                      down_residuals=fed)
         else:
             self.state = MethodState(None, residuals, int(sd["bits"]), fed)

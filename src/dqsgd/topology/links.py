@@ -17,7 +17,6 @@ from typing import Protocol, Sequence
 
 import torch
 
-from dqsgd.topology.limits import check_sizes  # noqa: F401  (re-exported: its earlier home)
 
 
 class Transport(Protocol):
