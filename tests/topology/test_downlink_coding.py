@@ -68,7 +68,7 @@ def test_a_coded_payload_of_another_width_or_length_is_refused() -> None:
     P8, P4 = _proto("auto", 8), _proto("auto", 4)
     avg = _grads(P8.shards[0].numel, 1)[0]
     pay4 = P4.encode_down(0, avg, 0, dbits=4)
-    with pytest.raises(ProtocolError, match="shard 0: .*4 bits.*expected uniform, 8 bits"):
+    with pytest.raises(ProtocolError, match=r"shard 0 from rank 0 \(its server\): .*4 bits.*expected uniform, 8 bits"):
         P8.decode_down([pay4] + [P8.encode_down(j, avg[: P8.shards[j].numel], 0) for j in range(1, 4)])
     other = _proto("auto", 8, numel=30_005)  # shards one value longer than P8's
     with pytest.raises(ProtocolError, match="7501 values; expected .*7502 values"):
