@@ -64,6 +64,21 @@ def test_error_fed_coded_downlink_keeps_the_same_residuals() -> None:
         assert torch.equal(res_f, res_c) and pc.numel() <= pf.numel()
 
 
+@pytest.mark.parametrize("coding", ["elias", "rans"])
+def test_a_corrupt_coded_downlink_names_its_shard_and_server(coding: str) -> None:
+    """L3: a coded downlink payload whose crc does not hold was refused as a bare 'crc mismatch',
+    naming neither the shard nor the rank that sent it: now both (rank j serves shard j)."""
+    from dqsgd.codecs import PayloadError
+
+    P = _proto(coding, 8)
+    avg = _grads(P.shards[0].numel, 1)[0]
+    down = [P.encode_down(j, avg[: P.shards[j].numel], 0) for j in range(4)]
+    down[2] = down[2].clone()
+    down[2][-1] ^= 0x40  # the crc's last byte
+    with pytest.raises(PayloadError, match=r"the coded downlink of shard 2 from rank 2 \(its server\): crc mismatch"):
+        P.decode_down(down)
+
+
 def test_a_coded_payload_of_another_width_or_length_is_refused() -> None:
     P8, P4 = _proto("auto", 8), _proto("auto", 4)
     avg = _grads(P8.shards[0].numel, 1)[0]
