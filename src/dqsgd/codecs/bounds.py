@@ -7,6 +7,8 @@ inputs there are).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.elias import MAX_OMEGA, omega_length
 from dqsgd.codecs.header import Coding, Header, PayloadError, header_size, layout_segments
@@ -75,7 +77,7 @@ def ransx_numel_bound(body_len: int) -> int:
     return 6 * (1 << 16) * max(body_len, 0)
 
 
-def _is_one_symbol_body(body: memoryview, tail: bytes) -> bool:
+def _is_one_symbol_body(body: Sequence[int], tail: bytes) -> bool:
     """``01 | varint symbol (1-3 bytes) | 80 80 04 | the states at L``: the only one-symbol RANS
     (RANSX) bodies there are."""
     g = len(body) - 1 - len(tail)
@@ -83,7 +85,7 @@ def _is_one_symbol_body(body: memoryview, tail: bytes) -> bool:
             and bytes(body[1 + g :]) == tail)
 
 
-def check_body_can_hold(body: memoryview, h: Header, offset: int) -> None:
+def check_body_can_hold(body: Sequence[int], h: Header, offset: int) -> None:
     """Refuse, before anything of ``numel`` is allocated, a body too short for the declared numel.
 
     FIXED's length is exact (``⌈numel·bits/8⌉``); ZSTD is bounded by :func:`zstd_content_bound`;

@@ -231,7 +231,7 @@ def check_parsed(h: Header, body: Sequence[int], whole: memoryview | None = None
         raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
     if whole is not None:
         check_crc(whole)
-    check_body_can_hold(body, h, h.body_start)  # type: ignore[arg-type]
+    check_body_can_hold(body, h, h.body_start)
 
 
 def check_crc(buf: memoryview) -> None:

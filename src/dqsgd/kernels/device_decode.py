@@ -12,13 +12,13 @@ import torch
 from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
+from dqsgd.codecs.ranges import top_code
 from dqsgd.kernels.codec import decode_accumulate
 from dqsgd.kernels.device_common import (
     LazyBytes, Template, head_on, kernel, per_element, seg_ids_of, template, use_triton,
 )
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
-from dqsgd.codecs.ranges import top_code
 from dqsgd.quantizers import Scheme
 from dqsgd.quantizers.finite import beyond, overflow, step_bound
 
@@ -188,7 +188,7 @@ def _over(steps: torch.Tensor, h: Header, weight: float) -> torch.Tensor:
 
 
 def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None) -> None:
-    """Raise on the first failed check (``sync``: the one sync, 8 integers) or OR them into ``bad``."""
+    """Raise on the first failed check (``sync``: the one sync, 9 integers) or OR them into ``bad``."""
     if check == "sync":
         _raise_first(stats.tolist(), h)
     else:
@@ -248,8 +248,10 @@ def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: f
     layout=)``: nothing is read; the payload's length is checked on the host (it is a tensor
     shape), its header bytes outside the scales are compared with the expected ones on the device,
     and the scales are read on the device (the returned header is the caller's, with its
-    placeholder scales). Then the crc (``device_crc``), the padding bits and the code range are
-    device flags: ``check="sync"`` reads them (8 integers) and raises on a bad payload, leaving
+    placeholder scales). Then the crc (``device_crc``), the padding bits, the code range and the
+    finite-output rule (:mod:`dqsgd.quantizers.finite`: some scale times the top code, times
+    ``weight``, overflows float32; computed on the device from the scales where they already are,
+    so it needs no sync of its own) are device flags: ``check="sync"`` reads them (8 integers) and raises on a bad payload, leaving
     ``out`` untouched; ``check="defer"`` ORs them into ``bad`` (a 0-dim bool tensor on the device)
     without a sync, and adds into ``out`` anyway: the caller must check ``bad`` before trusting
     ``out``. Payloads the device kernel does not decode (codings other than FIXED, IDENTITY and
