@@ -37,10 +37,10 @@ def default_dispatch():
     device_common.set_triton(None)
 
 
-def forge_scale(payload: bytes, scale: float) -> bytes:
-    """``payload`` with its (one) scale replaced and its crc made right again."""
+def forge_scale(payload: bytes, scale: float, k: int = 0) -> bytes:
+    """``payload`` with its scale ``k`` replaced and its crc made right again."""
     h = read_header(payload)
-    at = h.body_start - 4 - 4 * len(h.scales)
+    at = h.body_start - 4 - 4 * len(h.scales) + 4 * k
     unsigned = payload[:at] + struct.pack("<f", scale) + payload[at + 4 : -4]
     return unsigned + struct.pack("<I", zlib.crc32(unsigned))
 
@@ -167,3 +167,34 @@ def test_raw_values_that_are_not_finite_are_refused_before_adding(bad: float) ->
     with pytest.raises(PayloadError, match="beyond float32 or not finite"):
         decode_accumulate(bytes(p), out)
     assert torch.equal(out, torch.ones(6))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_every_path_judges_the_segments_that_hold_values(kernels: str) -> None:
+    """The bound is taken over segments that decode something: a forged scale on an empty segment
+    (explicit sizes with a 0) changes no value and every path accepts it alike; on a full one every
+    path refuses it."""
+    device_common.set_triton(kernels == "triton")
+    layout = Layout(sizes=(500, 0, 500))
+    p = encode_uniform_fast(torch.randn(1000, generator=torch.Generator().manual_seed(2)), 8, HashRNG(1, 2, 3),
+                            layout=layout)
+    for k, ok in ((1, True), (2, False)):
+        forged = forge_scale(p, FMAX, k)
+        got = []
+        for add in (lambda out: decode_accumulate(forged, out),
+                    lambda out: fixed_plan(1000, 8, Norm.MAX, layout).accumulate(np.frombuffer(forged, np.uint8), out),
+                    lambda out: decode_accumulate_device(as_tensor(forged), out),
+                    lambda out: decode_accumulate_device(as_tensor(forged), out,
+                                                         header=expected_header((1000,), 8, layout=layout))):
+            out = torch.zeros(1000)
+            try:
+                add(out)
+                got.append(out)
+            except PayloadError as e:
+                assert "beyond float32" in str(e)
+                got.append(None)
+        if ok:
+            assert all(g is not None and torch.equal(g, got[0]) for g in got)
+        else:
+            assert got == [None] * 4

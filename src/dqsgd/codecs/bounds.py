@@ -24,8 +24,8 @@ def body_width(bits: int, coding: Coding) -> int:
         return bits
     return next(w for w in (1, 2, 4, 8, 16, 32) if w >= bits)
 
-__all__ = ["check_body_can_hold", "check_zstd_can_hold", "max_body_bytes", "max_payload_bytes", "rans_numel_bound", "ransx_numel_bound",
-           "zstd_content_bound"]
+__all__ = ["ZSTD_MAGIC", "check_body_can_hold", "check_zstd_can_hold", "max_body_bytes", "max_payload_bytes",
+           "rans_numel_bound", "ransx_numel_bound", "zstd_content_bound"]
 
 _ZSTD_BLOCK_MAX = 1 << 17  # RFC 8878 §3.1.1.2: a block decompresses to at most 128 KiB
 # After K = 1 and the symbol's varint, a one-symbol RANS body is its frequency M (varint) and the
@@ -44,11 +44,16 @@ def zstd_content_bound(frame_len: int) -> int:
     return _ZSTD_BLOCK_MAX * max(frame_len - 6, 0) // 3
 
 
-def check_zstd_can_hold(frame_len: int, content: int, offset: int) -> None:
-    """Refuse a zstd frame of ``frame_len`` bytes that must decompress to ``content`` bytes, more
-    than :func:`zstd_content_bound` allows."""
-    if content > zstd_content_bound(frame_len):
-        raise PayloadError(f"ZSTD body at offset {offset}: {frame_len} bytes cannot decompress to the "
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def check_zstd_can_hold(frame: Sequence[int], content: int, offset: int) -> None:
+    """Refuse a body at ``offset`` that must be a zstd frame decompressing to ``content`` bytes but
+    is not a zstd frame, or is too short for that (:func:`zstd_content_bound`)."""
+    if bytes(frame[:4]) != ZSTD_MAGIC:
+        raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
+    if content > zstd_content_bound(len(frame)):
+        raise PayloadError(f"ZSTD body at offset {offset}: {len(frame)} bytes cannot decompress to the "
                            f"{content} bytes the header's numel needs")
 
 
@@ -98,7 +103,7 @@ def check_body_can_hold(body: Sequence[int], h: Header, offset: int) -> None:
     if h.coding == Coding.FIXED and len(body) != (need := packed_size(h.numel, h.bits)):
         raise PayloadError(f"body at offset {offset} has {len(body)} bytes, {h.numel}×{h.bits} bits need {need}")
     if h.coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
-        check_zstd_can_hold(len(body), packed_size(h.numel, body_width(h.bits, h.coding)), offset)
+        check_zstd_can_hold(body, packed_size(h.numel, body_width(h.bits, h.coding)), offset)
     if h.coding not in (Coding.RANS, Coding.RANSX) or not h.numel:
         return
     x = h.coding == Coding.RANSX

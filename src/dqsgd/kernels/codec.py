@@ -235,7 +235,8 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     buf = memoryview(payload).cast("B")
     w = np.float32(weight)
     if h.scheme not in RAW_SCHEMES and h.numel:
-        _refuse_beyond(step_bound(_steps(h), top_code(h.scheme, h.bits, h.levels), weight), h)
+        _refuse_beyond(step_bound(_steps(h), top_code(h.scheme, h.bits, h.levels), weight), h,
+                       segment_starts(h.layout, h.numel))
     rng = wire.code_range(h.scheme, h.bits, h.levels)
     if (h.coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX) or h.numel == 0
             or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
@@ -282,9 +283,12 @@ def _check_code_spans(spans: list[tuple[int, int]], allowed: tuple[int, int], bo
             f"body at offset {body_start}: codes span [{lo}, {hi}], the scheme allows [{allowed[0]}, {allowed[1]}]")
 
 
-def _refuse_beyond(bound: np.ndarray, h: Header) -> None:
+def _refuse_beyond(bound: np.ndarray, h: Header, starts: np.ndarray | None = None) -> None:
     """The finite-output rule (:mod:`dqsgd.quantizers.finite`) for a float32 accumulator, before
-    anything is added: ``bound`` holds the largest |w·x̂| (per segment; NaN: a NaN value)."""
+    anything is added: ``bound`` holds the largest |w·x̂| (per segment of ``starts``, where a
+    segment with no coordinate decodes nothing; NaN: a NaN value)."""
+    if starts is not None and h.layout.sizes is not None:
+        bound = np.where(np.diff(starts) > 0, bound, np.float32(0))
     if (why := overflow(float(bound.max(initial=0.0)), torch.float32, f"{h.scheme.name} payload")) is not None:
         raise PayloadError(why)
 
@@ -429,7 +433,8 @@ class FixedPlan:
         body = payload[self.head_len : self.head_len + self.body_len]
         _check_fixed_body(body, header, self.bits)
         steps = scales / np.float32(self.levels)  # float32 division, the floats of ``_steps``
-        _refuse_beyond(step_bound(steps, top_code(Scheme.UNIFORM, self.bits, self.levels), weight), header)
+        _refuse_beyond(step_bound(steps, top_code(Scheme.UNIFORM, self.bits, self.levels), weight), header,
+                       self.starts)
         spans = self._run(fused.accumulate_range, body, self.bits, self._offset, self.bits == 1, self.starts, steps,
                           np.float32(weight), arr)
         _check_code_spans(spans, (self._range.lo, self._range.hi), self.head_len)

@@ -184,7 +184,10 @@ def _over(steps: torch.Tensor, h: Header, weight: float) -> torch.Tensor:
     """The finite-output rule's flag (:mod:`dqsgd.quantizers.finite`), a 0-dim device bool made where
     the steps are (no sync): some segment's scale times the top code, times ``weight``, overflows
     float32. It joins the other checks' flags: read in their one sync, or ORed into ``bad``."""
-    return beyond(step_bound(steps, top_code(h.scheme, h.bits, h.levels), weight), torch.float32)
+    bound = step_bound(steps, top_code(h.scheme, h.bits, h.levels), weight)
+    if h.layout.sizes is not None and 0 in h.layout.sizes:  # a segment with no coordinate decodes nothing
+        bound = torch.where(torch.tensor([n > 0 for n in h.layout.sizes], device=steps.device), bound, 0.0)
+    return beyond(bound, torch.float32)
 
 
 def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None) -> None:
@@ -199,7 +202,7 @@ def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float,
                        check: str, bad: torch.Tensor | None) -> None:
     """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): the same checks, made in the
     crc's last level (which starts the stats) and the decode kernel (header bytes, scales, padding,
-    codes); with ``defer`` a failed check sets ``bad`` where it is found. The same sum. With
+    codes, and the finite-output rule from each coordinate's step: no launch of its own); with ``defer`` a failed check sets ``bad`` where it is found. The same sum. With
     ``check="sync"`` the codes are scanned first and added only once every check passed (so a
     refused payload leaves ``out`` untouched): two reads of the (small) body; ``defer``: one."""
     from dqsgd.kernels.triton_codec import STATS, Checks, accumulate_triton
@@ -218,14 +221,10 @@ def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float,
         crc32_triton(payload[:-4], payload[-4:], stats, flag)
         where = (payload, 0, 0, 0)
     steps = scales / _divisor(dev, h.levels)
-    over = _over(steps, h, weight)
-    if flag is not None:
-        flag |= over
     checks = Checks(stats, flag, payload, *where, rng.lo, rng.hi, rng.zero_ok)
     accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, check == "defer", checks)
     if check == "sync":
-        head_bad, scale_bad, crc_bad, pad, lo, hi, zeros, _, over_bad = torch.cat(
-            [stats, over.to(stats.dtype).reshape(1)]).tolist()  # the one sync
+        head_bad, scale_bad, crc_bad, pad, lo, hi, zeros, _, over_bad = stats.tolist()  # the one sync
         computed = stored = 0
         if crc_bad:  # the values, for the message
             computed = int(crc32_triton(payload[:-4])) & 0xFFFFFFFF

@@ -25,10 +25,12 @@ Every decoder checks it with the functions here, in one of two forms, by where t
   largest magnitude) once they are in the buffer, before it is narrowed, returned or added. Exact: a
   float16 l2 payload whose scale exceeds 65504 while every value fits is decoded.
 
-On a device nothing is read to the host per payload for the in-place form: :func:`beyond` turns the
-bound into a device flag where the scales already are (read from the payload on the device, or copied
-there from the host header), which ``check="sync"`` reads with the other checks' flags in the one
-sync it already makes, and ``check="defer"`` ORs into the caller's ``bad`` flag.
+On a device nothing is read to the host per payload for the in-place form, and nothing is launched
+for it on the Triton path: the decode kernel's check pass computes the same bound from each
+coordinate's step and sets its own flag (a segment with no coordinate decodes nothing and is not
+looked at, on any path). The torch-ops decoder turns the bound into a device flag with :func:`beyond`
+where the steps already are. Either flag is read with the other checks' flags in the one sync
+``check="sync"`` makes anyway, or ORed into the caller's ``bad`` flag by ``check="defer"``.
 """
 
 from __future__ import annotations
