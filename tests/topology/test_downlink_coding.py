@@ -64,11 +64,26 @@ def test_error_fed_coded_downlink_keeps_the_same_residuals() -> None:
         assert torch.equal(res_f, res_c) and pc.numel() <= pf.numel()
 
 
+@pytest.mark.parametrize("coding", ["elias", "rans"])
+def test_a_corrupt_coded_downlink_names_its_shard_and_server(coding: str) -> None:
+    """L3: a coded downlink payload whose crc does not hold was refused as a bare 'crc mismatch',
+    naming neither the shard nor the rank that sent it: now both (rank j serves shard j)."""
+    from dqsgd.codecs import PayloadError
+
+    P = _proto(coding, 8)
+    avg = _grads(P.shards[0].numel, 1)[0]
+    down = [P.encode_down(j, avg[: P.shards[j].numel], 0) for j in range(4)]
+    down[2] = down[2].clone()
+    down[2][-1] ^= 0x40  # the crc's last byte
+    with pytest.raises(PayloadError, match=r"the coded downlink of shard 2 from rank 2 \(its server\): crc mismatch"):
+        P.decode_down(down)
+
+
 def test_a_coded_payload_of_another_width_or_length_is_refused() -> None:
     P8, P4 = _proto("auto", 8), _proto("auto", 4)
     avg = _grads(P8.shards[0].numel, 1)[0]
     pay4 = P4.encode_down(0, avg, 0, dbits=4)
-    with pytest.raises(ProtocolError, match="shard 0: .*4 bits.*expected uniform, 8 bits"):
+    with pytest.raises(ProtocolError, match=r"shard 0 from rank 0 \(its server\): .*4 bits.*expected uniform, 8 bits"):
         P8.decode_down([pay4] + [P8.encode_down(j, avg[: P8.shards[j].numel], 0) for j in range(1, 4)])
     other = _proto("auto", 8, numel=30_005)  # shards one value longer than P8's
     with pytest.raises(ProtocolError, match="7501 values; expected .*7502 values"):

@@ -310,7 +310,9 @@ def _coded_down(state: HookState, b: BucketState, mine: torch.Tensor, flags: tor
     caps, got = b.proto.down_caps(dbits), {}
 
     def on_sizes(lengths: List[int]) -> None:
-        check_sizes([n - 1 for n in lengths], caps, f"rank {rank}: the coded downlink of bucket {b.numel}: the server")
+        for j, n in enumerate(lengths):  # rank j serves shard j
+            check_sizes([n - 1], [caps[j]], f"rank {rank}: the coded downlink of bucket {b.numel}: rank {j} (the "
+                                            f"server of shard {j})")
         down = SHARDED.wire_traffic([[0] * world for _ in range(world)], lengths)[1][rank]
         _count(state, down, down, 0, 0, 0, world)
         got["spent"] = b.proto.spent(table, dbits, [n - 1 for n in lengths])

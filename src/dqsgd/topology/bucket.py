@@ -324,9 +324,15 @@ class BucketProtocol:
         from dqsgd.method.pipeline import ProtocolError
         from dqsgd.quantizers import Norm
 
+        from dqsgd.codecs import PayloadError
+
         dbits = self._width(dbits)
-        if self.coded_down:
-            downlink.decode_coded(p, out, dbits, self.shards[j], lambda text: ProtocolError(f"shard {j}: {text}"))
+        if self.coded_down:  # a refusal names the shard and the rank that serves it (rank j)
+            where = f"the coded downlink of shard {j} from rank {j} (its server)"
+            try:
+                downlink.decode_coded(p, out, dbits, self.shards[j], lambda text: ProtocolError(f"{where}: {text}"))
+            except PayloadError as e:
+                raise PayloadError(f"{where}: {e}") from None
             return
         n, numel = self.down_sizes(dbits)[j], out.numel()
         uniform = dbits not in (FP32, SIGN)

@@ -22,7 +22,8 @@ Topologies, each over its usual transport calls (:mod:`dqsgd.topology.links`):
 
 * ``ps``: the server gathers the sketches, sends the candidates (an INDICES message of
   :mod:`dqsgd.codecs.sketch_wire`) with the downlink broadcast, gathers the values and broadcasts the
-  sparse update (a SPARSE message: T and G_T) with B_{n+1};
+  sparse update (a SPARSE message: T and G_T) with B_{n+1}; a worker refuses an announced downlink
+  longer than m (then k) coordinates take before it allocates (:mod:`dqsgd.topology.limits`);
 * ``allgather``: every rank receives every payload and computes C, T and G itself; the broadcasts only
   check that the ranks agree (nothing crosses a link downward);
 * ``sharded``: the sketch is sharded by columns — rank j sums column block j of every worker's table and
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import torch
 
 from dqsgd.codecs import Coding, PayloadError, encode as encode_payload, predicted_size
-from dqsgd.codecs.sketch_wire import IndexKind, decode_indices, encode_indices
+from dqsgd.codecs.sketch_wire import IndexKind, decode_indices, encode_indices, index_message_size
 from dqsgd.core.rng import SKETCH, generator
 from dqsgd.core.sharding import shard_bounds
 from dqsgd.kernels import decode_accumulate, read_header
@@ -174,7 +175,7 @@ class SketchedStep:
         ask = None
         if t.is_server and gathered is not None:
             ask = encode_indices(self.candidates(self.sum_payloads(gathered, Scheme.SKETCH, shape)), d)
-        ask, _ = t.broadcast(ask, [bits])
+        ask, _ = t.broadcast(ask, [bits], index_message_size(d, self.m, IndexKind.INDICES))
         cand, _ = decode_indices(ask, d, self.m, IndexKind.INDICES)
         values = [encode_payload(quantize_identity(acc[w][cand])) for w in acc]
         answers = t.gather(values, self.values_bytes(cand.numel()))
@@ -184,7 +185,7 @@ class SketchedStep:
             reply = encode_indices(chosen, d, vals)
             assert gathered is not None
             up = [[len(s) + len(v)] for s, v in zip(gathered, answers)]
-        reply, _ = t.broadcast(reply, [bits])
+        reply, _ = t.broadcast(reply, [bits], index_message_size(d, self.k, IndexKind.SPARSE))
         chosen, vals = decode_indices(reply, d, self.k, IndexKind.SPARSE)
         down = [len(ask) + len(reply)] if topology_of(self.topology).downlink else []
         sent = {w: len(s) + len(v) for w, s, v in zip(acc, sketches, values)}

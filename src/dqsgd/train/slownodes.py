@@ -106,7 +106,7 @@ class BackupGather:
         self.used, self.dropped, wait = arrivals(times, keep)
         return wait
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
         every = self.inner.gather(payloads, max_bytes)
         self.sizes = [len(p) for p in every]
         return [every[w] for w in self.used]
