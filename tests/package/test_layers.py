@@ -51,7 +51,7 @@ BENCH = "dqsgd.cli.bench"
 BENCH_LAYERS: list[list[str]] = [  # the bench commands, lowest first: the parsers load a benchmark when it runs
     [f"{BENCH}.choices"],
     [f"{BENCH}.common", f"{BENCH}.hook", f"{BENCH}.fsdp"],
-    [f"{BENCH}.loopback"],
+    [f"{BENCH}.loopback", f"{BENCH}.contention"],
     [f"{BENCH}.gpu"],
     [f"{BENCH}.gpu_parser"],
     [f"{BENCH}.parser"],

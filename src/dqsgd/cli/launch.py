@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dqsgd.codecs import PayloadError
+from dqsgd.core.cpus import available_cpus
 from dqsgd.core.ranges import check_timeout
 from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.method.pipeline import ProtocolError
@@ -325,7 +326,7 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
             print(f"dqsgd: torchrun restart {restarted}: train.checkpoint_every = 0, so the run starts over",
                   file=sys.stderr)
         return _torchrun_rank(dataclasses.replace(job, resume=job.resume or restarted > 0), timeout, args)
-    threads = max(1, (os.cpu_count() or 1) // world)
+    threads = max(1, available_cpus() // world)  # the CPUs this process may use (taskset), shared by the ranks
     for attempt in range(restarts + 1):
         results = spawn_local(run_rank, world, (job,), timeout=timeout, threads=threads)
         lost = [r for r in results if not r.ok]

@@ -52,8 +52,9 @@ class TrainConfig:
     checkpoint_every: int = 0         # 0 = no checkpoints
     on_nonfinite: str = "raise"       # "raise" | "skip" a step whose gradient has NaN/Inf
     max_len: int = 200                # text datasets: tokens per document
-    threads: int = 0                  # torch intra-op threads; 0 = PyTorch's default. 1 is much faster
-                                      # for small models when other processes share the cores (measured)
+    threads: int = 1                  # torch intra-op threads; 0 = PyTorch's default (one per core). 1: the
+                                      # simulation's tensors are small, and 2+ threads lose much when other
+                                      # processes share the cores (docs/devices.md, dqsgd bench step --contention)
     tensorboard: bool = False         # also log to TensorBoard, in RUN_DIR/tensorboard (JSONL stays the record)
     tensorboard_dir: str = ""         # ... or under this folder, as DIR/LABEL/seedK (--tensorboard DIR)
     vmap_workers: bool = False        # the local workers' gradients in one torch.func.vmap call: 1.1-1.2x
