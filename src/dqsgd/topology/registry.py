@@ -2,7 +2,7 @@
 needs, who aggregates, whether a downlink crosses the links, and its traffic formulas.
 
 Every decision that depends on the topology asks its object (:func:`topology_of`); no other module
-compares a topology's name (tests/topology/test_registry.py greps for it). Adding a topology is one
+compares a topology's name (tests/topology/test_topology_registry.py greps for it). Adding a topology is one
 class here and one line in :data:`REGISTRY`; the step objects, the bucket protocol, the ledger and the
 hook read its attributes.
 """
