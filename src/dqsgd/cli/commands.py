@@ -236,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from dqsgd.core.cpus import prepare_command_process
     from dqsgd.core.errors import Interrupted
+
+    prepare_command_process()  # idle OpenMP threads sleep: set before torch loads (dqsgd.core.cpus)
 
     args = parser().parse_args(argv)
     try:

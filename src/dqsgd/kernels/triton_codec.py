@@ -225,8 +225,9 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, 
                    CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
     """Unpack GROUPS·8 codes; WRITE: out += w·(c·step). CHECK: stats = [header differs, non-finite
     scale, -, padding bits, min c, max c, zero count, a code outside [lo_ok, hi_ok] or a forbidden
-    zero] (atomics; the header's k bytes are checked by the first ⌈k/HB⌉ programs); BAD: a failed
-    check also sets *bad."""
+    zero, w·(top·step) not finite for a coordinate's step (the finite-output rule,
+    :mod:`dqsgd.quantizers.finite`; top = max(-lo_ok, hi_ok))] (atomics; the header's k bytes are
+    checked by the first ⌈k/HB⌉ programs); BAD: a failed check also sets *bad."""
     if CHECK:
         _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB, BAD)
         if tl.program_id(0) == 0:
@@ -256,8 +257,13 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, 
         tl.atomic_add(stats_ptr + 6, tl.sum((ok & (c == 0)).to(tl.int32)))
         outside = ok & ((c < lo_ok) | (c > hi_ok) | ((c == 0) & (zero_ok == 0)))
         _flag(stats_ptr + 7, bad_ptr, tl.max(outside.to(tl.int32)), BAD)
-    if WRITE:
+    if CHECK or WRITE:
         st = tl.load(step_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
+    if CHECK:
+        top = tl.maximum(-lo_ok, hi_ok).to(tl.float32)
+        over = ok & (tl.abs(w * (top * st)) > 3.4028234663852886e38)
+        _flag(stats_ptr + 8, bad_ptr, tl.max(over.to(tl.int32)), BAD)
+    if WRITE:
         o = tl.load(out_ptr + idx, mask=ok, other=0.0)
         tl.store(out_ptr + idx, o + w * (c.to(tl.float32) * st), mask=ok)
 
@@ -299,7 +305,8 @@ def _starts_on(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _STARTS[key]
 
 
-STATS = 8  # [header differs, non-finite scale, crc mismatch, padding bits, min c, max c, zeros, code out of range]
+STATS = 9  # [header differs, non-finite scale, crc mismatch, padding bits, min c, max c, zeros, code out of range,
+#             values not finite]
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,9 @@ def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr,
             tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
         else:
             wrong = crc != tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
-            j = tl.arange(0, 8)
+            j = tl.arange(0, 16)  # triton_codec.STATS = 9 of them
             init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
-            tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init))
+            tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init), mask=j < 9)
             if VERIFY == 2:
                 tl.store(bad_ptr, wrong, mask=wrong)
     tl.store(raw_ptr + tl.program_id(0), raw)
