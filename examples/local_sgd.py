@@ -41,12 +41,15 @@ def train(rank: int, world: int) -> list[str]:
         loss.backward()
         opt.step()  # every H-th step: the compressed exchange of Δ and the outer step
         if rank == 0 and (step + 1) % (4 * H) == 0:
-            lines.append(f"step {step + 1:3d}  loss {loss.item():.3f}  rounds {opt.rounds_done}  "
-                  f"bytes on rank 0's links {opt.link_bytes}")
+            s = opt.compression_stats()  # the DDP hook's and FSDP's statistics object (docs/api.md)
+            lines.append(f"step {step + 1:3d}  loss {loss.item():.3f}  rounds {s.rounds}  "
+                         f"bytes on rank 0's links {s.bytes_sent + s.bytes_received}")
+    s = opt.compression_stats()
     fp32 = 2 * 4 * sum(p.numel() for p in model.parameters()) * STEPS  # a per-step fp32 all-reduce, roughly
     if rank == 0:
-        lines.append(f"rank 0 sent and received {opt.link_bytes} B in {opt.rounds_done} exchanges; a per-step fp32 "
-              f"exchange would move about {fp32} B ({fp32 / opt.link_bytes:.0f}x more)")
+        moved = s.bytes_sent + s.bytes_received
+        lines.append(f"rank 0 sent and received {moved} B in {s.rounds} exchanges ({s.mean_bits:.1f} bits per "
+                     f"coordinate); a per-step fp32 exchange would move about {fp32} B ({fp32 / moved:.0f}x more)")
     torch.save(opt.state_dict(), os.devnull)  # the state to resume from exactly (model parameters included)
     return lines
 

@@ -36,9 +36,9 @@ Stage2 = Any  # (future of the last collective, Finish, future: its collectives 
 _COUNT_LOCK = threading.Lock()  # the coded downlink's traffic is counted from a completion callback
 
 
-def _count(state: HookState, *args: int) -> None:
+def _count(state: HookState, *args: Any, **kw: bool) -> None:
     with _COUNT_LOCK:
-        state.count(*args)
+        state.count(*args, **kw)
 
 
 def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -90,10 +90,10 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.future
     """Plain mean all-reduce in the bucket's dtype (warm-up, small buckets), counted as a ring."""
     up, _ = state.groups()
     nbytes = grad.numel() * grad.element_size()
-    up = (world - 1) * nbytes // world  # a ring's reduce-scatter, then its all-gather
-    down = ring_bytes(nbytes, world) - up
-    _count(state, (up, up), (down, down), grad.numel(), grad.element_size(), 8 * grad.element_size(), world,
-           refused=True)
+    scatter = (world - 1) * nbytes // world  # a ring's reduce-scatter, then its all-gather
+    gather = ring_bytes(nbytes, world) - scatter
+    _count(state, (scatter, scatter), (gather, gather), grad.numel(), grad.element_size(), 8 * grad.element_size(),
+           world, refused=True)
     work = dist.all_reduce(grad.div_(world), group=up, async_op=True)
     return work.get_future().then(lambda f: f.value()[0])
 

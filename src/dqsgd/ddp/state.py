@@ -23,7 +23,7 @@ from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, check_one_message, method_config
 from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_topology
-from dqsgd.topology.registry import ring_bytes
+from dqsgd.topology.registry import ring_bytes, topology_of
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
@@ -293,7 +293,7 @@ class HookState:
     def __repr__(self) -> str:
         down = "fp32" if self.downlink_bits == FP32 else self.downlink_bits
         return (f"<HookState method={self.config.name!r} ({self.config.budget_text()}), topology={self.topology}, "
-                f"downlink={down if self.topology == 'sharded' else 'none'}, total_steps={self.total_steps}, "
+                f"downlink={down if topology_of(self.topology).sharded else 'none'}, total_steps={self.total_steps}, "
                 f"steps={self.steps}>")
 
     def current_bits(self) -> dict[int, int]:

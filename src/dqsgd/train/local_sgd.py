@@ -194,7 +194,7 @@ class LocalSGDOptimizer:
     def __repr__(self) -> str:
         down = "fp32" if self.downlink_bits == 32 else self.downlink_bits
         return (f"<LocalSGDOptimizer method={self.method.config.name!r} ({self.method.config.budget_text()}), "
-                f"topology={self.topology}, downlink={down if self.topology != 'allgather' else 'none'}, "
+                f"topology={self.topology}, downlink={down if topology_of(self.topology).downlink else 'none'}, "
                 f"local_steps={self.local_steps}, workers={self.workers}, steps={self.steps}, "
                 f"rounds={self.rounds_done}>")
 
