@@ -87,18 +87,18 @@ class Batch:
 
     # ------------------------------------------------------------------------------ encode
 
-    def encode(self, flat: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, keys: Sequence[int], triton: bool = False) -> torch.Tensor:
         """Every payload of the contiguous shards of ``flat`` (shard p = ``flat[out_at[p] :][: numel_p]``)
         with HashRNG keys ``keys`` (unsigned), in one ``uint8`` buffer of :attr:`total` bytes on
-        ``flat``'s device; the bytes between payloads are 0. CPU: float32 input; elsewhere the Triton
-        batch (:func:`dqsgd.kernels.triton_batch.encode_batch_triton`, ``check="defer"``: a non-finite
+        ``flat``'s device; the bytes between payloads are 0. The numba kernels (a float32 CPU
+        input), or with ``triton`` the Triton batch (:func:`dqsgd.kernels.triton_batch.encode_batch_triton`, ``check="defer"``: a non-finite
         shard or a too small norm writes a NaN scale, which every decoder refuses).
 
         Raises (CPU):
           NonFiniteGradientError, ValueError: as :meth:`FixedPlan.encode_into` of the first shard that
             refuses; the exception's ``shard`` attribute is its index.
         """
-        if flat.device.type != "cpu":
+        if triton:
             from dqsgd.kernels.triton_batch import encode_batch_triton
 
             return encode_batch_triton(self, flat, keys)
@@ -149,18 +149,18 @@ class Batch:
     # ------------------------------------------------------------------------------ decode
 
     def accumulate(self, buf: torch.Tensor, out: torch.Tensor, weight: float = 1.0,
-                   bad: torch.Tensor | None = None) -> int | None:
+                   bad: torch.Tensor | None = None, triton: bool = False) -> int | None:
         """``out[out_at[p] :][: numel_p] += weight·x̂_p`` for every payload p of ``buf`` (a 1-D
         ``uint8`` tensor of at least :attr:`total` bytes), in payload order, each validated as
         :meth:`FixedPlan.accumulate` validates it.
 
-        CPU: returns None, or the index of the first payload that fails a check; its checks but
+        The numba kernels (CPU tensors): returns None, or the index of the first payload that fails a check; its checks but
         the code range are made before anything is added (the code range while adding: ``out``
         then holds a partial sum). The caller refuses it (:meth:`FixedPlan.accumulate` says why).
-        Elsewhere (the Triton batch): every failed check sets ``bad`` (a 0-dim bool on the device),
+        With ``triton`` (the Triton batch): every failed check sets ``bad`` (a 0-dim bool on the device),
         no sync; returns None.
         """
-        if buf.device.type != "cpu":
+        if triton:
             from dqsgd.kernels.triton_batch import accumulate_batch_triton
 
             if bad is None:
