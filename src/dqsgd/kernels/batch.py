@@ -168,6 +168,9 @@ class Batch:
             accumulate_batch_triton(self, buf, out, weight, bad)
             return None
         a, arr = self.arrays, buf.numpy()
+        if out.dtype != torch.float32 or out.numel() < int((a["out_at"] + a["numels"]).max()):
+            raise ValueError(f"out must be a float32 tensor of {int((a['out_at'] + a['numels']).max())} elements, "
+                             f"got {out.dtype} {tuple(out.shape)}")
         first = self._first_bad(arr)
         if first is not None:
             return first

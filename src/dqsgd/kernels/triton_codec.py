@@ -160,6 +160,16 @@ def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, fla
     """The header's bytes of this program (:func:`_write_head`), then stochastic rounding of GROUPS·8
     coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``)."""
     _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
+    _encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr + k, key.to(tl.uint64), n, nbytes, nseg, bucket,
+                   BITS, LEVELS, WB, GROUPS, MODE, STEPS)
+
+
+@triton.jit
+def _encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, body_ptr, key, n, nbytes, nseg, bucket, BITS: tl.constexpr,
+                   LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
+                   STEPS: tl.constexpr):
+    """Stochastic rounding of this program's GROUPS·8 coordinates (``key``: uint64) and their FIXED
+    packing into the body at ``body_ptr`` (nbytes)."""
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     t = tl.arange(0, 8)
     idx = g[:, None] * 8 + t[None, :]
@@ -168,7 +178,7 @@ def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, fla
     seg = _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
     inv = _inverse(tl.load(scale_ptr + seg, mask=ok, other=0.0), tl.load(rec_ptr + seg, mask=ok, other=0.0), LEVELS)
     j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
-    h = _mix64(key.to(tl.uint64) + j * 0x9E3779B97F4A7C15)
+    h = _mix64(key + j * 0x9E3779B97F4A7C15)
     k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
     field = tl.reshape((h[:, :, None] >> k16[None, None, :]) & 0xFFFF, (GROUPS, 8))
     u = (field.to(tl.float32) + 0.5) * 1.52587890625e-05  # 2^-16
@@ -191,7 +201,7 @@ def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, fla
     straddle = ((d > -8) & (d < 0))[None, :]
     byte = tl.where((d < 0)[None, :], from_lo | tl.where(straddle, hi_l, 0), hi_r) & 0xFF
     at = g[:, None] * BITS + b[None, :]
-    tl.store(out_ptr + k + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
+    tl.store(body_ptr + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
 
 
 @triton.jit
@@ -227,6 +237,17 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, 
     scale, -, padding bits, min c, max c, zero count, a code outside [lo_ok, hi_ok] or a forbidden
     zero] (atomics; the header's k bytes are checked by the first ⌈k/HB⌉ programs); BAD: a failed
     check also sets *bad."""
+    _decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
+                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, WRITE, CHECK, HB,
+                   BAD)
+
+
+@triton.jit
+def _decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
+                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
+                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
+                   CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
+    """The work of one :func:`_decode_kernel` program on one payload."""
     if CHECK:
         _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB, BAD)
         if tl.program_id(0) == 0:
