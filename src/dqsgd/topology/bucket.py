@@ -311,9 +311,8 @@ class BucketProtocol:
             from dqsgd.quantizers import Norm
 
             spec = [(m.numel, m.layout) for m in self.shards]
-            pays = [p[:n] for p, n in zip(received, self.down_sizes(d))]
-            if payloads.accumulate_batch(spec, d, Norm.MAX, pays, out, [lo for lo, _ in self.bounds], 1.0, bad,
-                                         lambda o: self._decode_each(received, o, None, d)):
+            if payloads.accumulate_batch(spec, d, Norm.MAX, received, out, [lo for lo, _ in self.bounds], 1.0, bad,
+                                         lambda o: self._decode_each(received, o, None, d), padded=True):
                 return out
         self._decode_each(received, out, bad, d)
         return out

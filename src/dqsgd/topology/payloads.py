@@ -187,7 +187,8 @@ def packed(payloads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
     """One ``uint8`` buffer holding every payload and each one's offset in it: without a copy where
     they are views of one contiguous buffer (a collective's receive buffer), else concatenated."""
     st = payloads[0].untyped_storage()
-    if all(p.dim() == 1 and p.stride(0) == 1 and p.untyped_storage().data_ptr() == st.data_ptr() for p in payloads):
+    if all(p.dtype == torch.uint8 and p.dim() == 1 and p.stride(0) == 1 and p.untyped_storage().data_ptr() == st.data_ptr()
+           for p in payloads):
         base = torch.empty(0, dtype=torch.uint8, device=payloads[0].device).set_(st, 0, (st.nbytes(),))
         return base, [p.storage_offset() for p in payloads]
     at = [0]
@@ -198,9 +199,10 @@ def packed(payloads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
 
 def accumulate_batch(spec: Sequence[tuple[int, Layout]], bits: int, norm: Norm, payloads: Sequence[torch.Tensor],
                      out: torch.Tensor, out_at: Sequence[int], weight: float, bad: torch.Tensor | None,
-                     refuse: Callable[[torch.Tensor], None]) -> bool:
+                     refuse: Callable[[torch.Tensor], None], padded: bool = False) -> bool:
     """``out[out_at[p] :][: numel_p] += weight·x̂_p`` for the uniform FIXED payloads ``payloads``
-    (``spec[p]`` = (numel, layout)) in one batched call; False where the batch does not apply (then
+    (``spec[p]`` = (numel, layout); ``padded``: a payload may be followed by more bytes, which are
+    not read) in one batched call; False where the batch does not apply (then
     nothing was added). The Triton batch defers its checks: it applies only with ``bad``. A payload
     the CPU batch finds wrong is refused by ``refuse(scratch)``, the one-by-one decoder that says
     why, run on a zeroed copy of ``out`` (``out`` is then to be discarded)."""
@@ -211,7 +213,7 @@ def accumulate_batch(spec: Sequence[tuple[int, Layout]], bits: int, norm: Norm, 
     from dqsgd.kernels.codec import fixed_plan
 
     sizes = [fixed_plan(n, bits, norm, lay).size for n, lay in spec]
-    if any(p.numel() != n for p, n in zip(payloads, sizes)):
+    if any(p.numel() != n and not (padded and p.numel() > n) for p, n in zip(payloads, sizes)):
         return False
     buf, at = packed(payloads)
     b = decode_batch(tuple(spec), bits, norm, tuple(at), tuple(out_at))
