@@ -90,9 +90,10 @@ class Batch:
     def encode(self, flat: torch.Tensor, keys: Sequence[int], triton: bool = False) -> torch.Tensor:
         """Every payload of the contiguous shards of ``flat`` (shard p = ``flat[out_at[p] :][: numel_p]``)
         with HashRNG keys ``keys`` (unsigned), in one ``uint8`` buffer of :attr:`total` bytes on
-        ``flat``'s device; the bytes between payloads are 0. The numba kernels (a float32 CPU
-        input), or with ``triton`` the Triton batch (:func:`dqsgd.kernels.triton_batch.encode_batch_triton`, ``check="defer"``: a non-finite
-        shard or a too small norm writes a NaN scale, which every decoder refuses).
+        ``flat``'s device; the bytes between payloads are 0. The numba kernels (a float32 CPU input),
+        or with ``triton`` the Triton batch (:func:`dqsgd.kernels.triton_batch.encode_batch_triton`:
+        its checks are deferred, a non-finite shard or a too small norm writes a NaN scale, which
+        every decoder refuses).
 
         Raises (CPU):
           NonFiniteGradientError, ValueError: as :meth:`FixedPlan.encode_into` of the first shard that
@@ -154,9 +155,10 @@ class Batch:
         ``uint8`` tensor of at least :attr:`total` bytes), in payload order, each validated as
         :meth:`FixedPlan.accumulate` validates it.
 
-        The numba kernels (CPU tensors): returns None, or the index of the first payload that fails a check; its checks but
-        the code range are made before anything is added (the code range while adding: ``out``
-        then holds a partial sum). The caller refuses it (:meth:`FixedPlan.accumulate` says why).
+        The numba kernels (CPU tensors): returns None, or the index of the first payload that fails
+        a check; its checks but the code range are made before anything is added (the code range
+        while adding: ``out`` then holds a partial sum). The caller refuses it
+        (:meth:`FixedPlan.accumulate` says why).
         With ``triton`` (the Triton batch): every failed check sets ``bad`` (a 0-dim bool on the device),
         no sync; returns None.
         """
@@ -212,8 +214,8 @@ def encode_batch(spec: Spec, bits: int, norm: Norm, gap: int = 0) -> Batch:
     the sum of the sizes (and gaps) before it, each followed by ``gap`` bytes."""
     sizes = [fixed_plan(n, bits, norm, lay).size for n, lay in spec]
     at = _cum([s + gap for s in sizes])
-    return Batch(spec, bits, norm, tuple(int(v) for v in at[:-1]), tuple(int(v) for v in _cum([n for n, _ in spec])[:-1]),
-                 int(at[-1]))
+    starts = _cum([n for n, _ in spec])
+    return Batch(spec, bits, norm, tuple(int(v) for v in at[:-1]), tuple(int(v) for v in starts[:-1]), int(at[-1]))
 
 
 @functools.lru_cache(maxsize=256)

@@ -38,7 +38,7 @@ from dqsgd.kernels.hashrng import signed64
 from dqsgd.kernels.triton_codec import (
     BLOCK, GROUPS, HB, STATS, _decode_groups, _encode_groups, _pow2, _segment, _write_head,
 )
-from dqsgd.kernels.triton_crc import FAN, ROWS, _shift, _tables_on, _xor_rows
+from dqsgd.kernels.triton_crc import FAN, ROWS, _raw, _tables_on, _verdict
 from dqsgd.quantizers import Norm, Scheme
 
 if TYPE_CHECKING:
@@ -94,8 +94,8 @@ def _crc_batch(src_ptr, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr,
     """One level of every payload's crc tree (``triton_crc._crc_level``), payload p = program_id(1):
     level 0 reads its bytes (all but the crc's 4) from the buffer, padded in front to ``programs``
     blocks; a level above reads its ``count`` raws of the level below. FINAL writes the crc into the
-    payload (VERIFY 0) or compares it with the stored one, starts the payload's stats and sets
-    ``*bad`` on a mismatch (VERIFY 1); level 0 of a check also copies the payload's scales to
+    payload, or (VERIFY) compares it with the stored one, starts the payload's stats and sets
+    ``*bad`` on a mismatch; level 0 of a check also copies the payload's scales to
     ``copy_ptr`` (float32 aligned, at its first segment)."""
     p = tl.program_id(1)
     m = meta_ptr + p * 12
@@ -110,35 +110,20 @@ def _crc_batch(src_ptr, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr,
     i = g[:, None] * 256 + q[None, :] - (programs * 256 * ROWS - n)
     ok = (i >= 0) & (i < n)
     v = tl.load(src + i, mask=ok, other=0).to(tl.int32)
-    if LEVEL0:
-        if VERIFY:
-            at, span = tl.load(m + 7), 4 * tl.load(m + 2)
-            tl.store(copy_ptr + 4 * tl.load(m + 3) + (i - at), v.to(tl.uint8), mask=ok & (i >= at) & (i < at + span))
-        c = tl.load(tab_ptr + q[None, :] * 256 + (v & 0xFF))
-    else:
-        c = _shift(tab_ptr + q[None, :] * 1024, v)
-    rows = _shift(comb_ptr + tl.arange(0, ROWS) * 1024, _xor_rows(c, ROWS))
-    raw = tl.xor_sum(rows, axis=0)
+    if LEVEL0 and VERIFY:
+        at, span = tl.load(m + 7), 4 * tl.load(m + 2)
+        tl.store(copy_ptr + 4 * tl.load(m + 3) + (i - at), v.to(tl.uint8), mask=ok & (i >= at) & (i < at + span))
+    raw = _raw(v, q, tab_ptr, comb_ptr, ROWS, 1 if LEVEL0 else 4)
     if FINAL:
-        crc = raw ^ tl.load(m + 11).to(tl.int32)
-        raw = crc
-        dst = buf_ptr + tl.load(m + 5) + tl.load(m + 10) - 4
-        k = tl.arange(0, 4)
-        if VERIFY:
-            wrong = crc != tl.sum(tl.load(dst + k).to(tl.int32) << (8 * k), axis=0)
-            j = tl.arange(0, 8)
-            init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
-            tl.store(stats_ptr + p * 8 + j, tl.where(j == 2, wrong.to(tl.int32), init))
-            tl.store(bad_ptr, wrong, mask=wrong)
-        else:
-            tl.store(dst + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+        raw = raw ^ tl.load(m + 11).to(tl.int32)
+        _verdict(raw, buf_ptr + tl.load(m + 5) + tl.load(m + 10) - 4, stats_ptr + p * 8, bad_ptr, 2 if VERIFY else 0)
     tl.store(raw_ptr + p * programs + tl.program_id(0), raw)
 
 
 @triton.jit
 def _decode_batch(buf_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, head_ptr, meta_ptr, w, bucket, lo_ok,
-                  hi_ok, zero_ok, R: tl.constexpr, BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
-                  STEPS: tl.constexpr, HB: tl.constexpr):
+                  hi_ok, zero_ok, R: tl.constexpr, BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
+                  MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr):
     """Target t = program_id(1): payloads t·R … t·R + R − 1 in order, each as ``_decode_kernel``
     (checks into its stats and ``*bad``, then out[X:] += w·(c·step))."""
     for r in range(0, R):
@@ -229,8 +214,9 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
     out = torch.zeros(b.total, dtype=torch.uint8, device=dev)
     key = torch.tensor([signed64(k) for k in keys], dtype=torch.int64).to(dev)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB)) for p in plans)
-    _encode_batch[(grid, len(plans))](x, scales, scales.reciprocal(), starts, out, heads, key, meta, bucket, BITS=b.bits,
-                                      LEVELS=levels, WB=_pow2(b.bits), GROUPS=GROUPS, MODE=mode, STEPS=steps, HB=HB)
+    _encode_batch[(grid, len(plans))](x, scales, scales.reciprocal(), starts, out, heads, key, meta, bucket,
+                                      BITS=b.bits, LEVELS=levels, WB=_pow2(b.bits), GROUPS=GROUPS, MODE=mode,
+                                      STEPS=steps, HB=HB)
     _crc(b, out, meta)
     return out
 
@@ -262,5 +248,5 @@ def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weig
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB), 1) for p in plans)
     _decode_batch[(grid, len(plans) // per)](buf, step, starts, out.reshape(-1), stats, bad, heads, meta,
                                              float(np.float32(weight)), bucket, rng.lo, rng.hi, int(rng.zero_ok),
-                                             R=per, BITS=b.bits, WB=_pow2(b.bits), GROUPS=GROUPS, MODE=mode, STEPS=steps_,
-                                             HB=HB, enable_fp_fusion=False)
+                                             R=per, BITS=b.bits, WB=_pow2(b.bits), GROUPS=GROUPS, MODE=mode,
+                                             STEPS=steps_, HB=HB, enable_fp_fusion=False)

@@ -81,26 +81,39 @@ def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr,
     v = tl.load(src_ptr + i, mask=ok, other=0).to(tl.int32)
     if COPY:
         tl.store(copy_ptr + (i - copy_at), v.to(tl.uint8), mask=ok & (i >= copy_at) & (i < copy_at + copy_len))
+    raw = _raw(v, q, tab_ptr, comb_ptr, ROWS, LOOKUPS)
+    if FINAL:
+        raw = raw ^ k_const
+        _verdict(raw, dst_ptr, stats_ptr, bad_ptr, VERIFY)
+    tl.store(raw_ptr + tl.program_id(0), raw)
+
+
+@triton.jit
+def _raw(v, q, tab_ptr, comb_ptr, ROWS: tl.constexpr, LOOKUPS: tl.constexpr):
+    """The raw of a program's (ROWS, 256) elements ``v`` (bytes: LOOKUPS 1, raws: 4) at positions q."""
     if LOOKUPS == 1:
         c = tl.load(tab_ptr + q[None, :] * 256 + (v & 0xFF))
     else:
         c = _shift(tab_ptr + q[None, :] * 1024, v)
     rows = _shift(comb_ptr + tl.arange(0, ROWS) * 1024, _xor_rows(c, ROWS))
-    raw = tl.xor_sum(rows, axis=0)
-    if FINAL:
-        raw = raw ^ k_const
-        crc = raw
-        k = tl.arange(0, 4)
-        if VERIFY == 0:
-            tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
-        else:
-            wrong = crc != tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
-            j = tl.arange(0, 8)
-            init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
-            tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init))
-            if VERIFY == 2:
-                tl.store(bad_ptr, wrong, mask=wrong)
-    tl.store(raw_ptr + tl.program_id(0), raw)
+    return tl.xor_sum(rows, axis=0)
+
+
+@triton.jit
+def _verdict(crc, dst_ptr, stats_ptr, bad_ptr, VERIFY: tl.constexpr):
+    """VERIFY 0: write ``crc`` as 4 little-endian bytes at dst_ptr; else compare it with the 4 bytes
+    there and start the decode kernel's stats (stats[2] = mismatch); VERIFY 2 also sets ``*bad`` on
+    a mismatch."""
+    k = tl.arange(0, 4)
+    if VERIFY == 0:
+        tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+    else:
+        wrong = crc != tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
+        j = tl.arange(0, 8)
+        init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
+        tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init))
+        if VERIFY == 2:
+            tl.store(bad_ptr, wrong, mask=wrong)
 
 
 def _int32(tab: np.ndarray) -> np.ndarray:

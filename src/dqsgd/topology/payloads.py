@@ -187,8 +187,8 @@ def packed(payloads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
     """One ``uint8`` buffer holding every payload and each one's offset in it: without a copy where
     they are views of one contiguous buffer (a collective's receive buffer), else concatenated."""
     st = payloads[0].untyped_storage()
-    if all(p.dtype == torch.uint8 and p.dim() == 1 and p.stride(0) == 1 and p.untyped_storage().data_ptr() == st.data_ptr()
-           for p in payloads):
+    if all(p.dtype == torch.uint8 and p.dim() == 1 and p.stride(0) == 1
+           and p.untyped_storage().data_ptr() == st.data_ptr() for p in payloads):
         base = torch.empty(0, dtype=torch.uint8, device=payloads[0].device).set_(st, 0, (st.nbytes(),))
         return base, [p.storage_offset() for p in payloads]
     at = [0]
