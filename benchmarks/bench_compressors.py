@@ -91,6 +91,8 @@ def _torch_hooks(g: torch.Tensor, shapes: list[torch.Size]) -> dict[str, _Case]:
 def bench_compressors(args: argparse.Namespace) -> dict[str, Any]:
     from dqsgd.method.config import method_config
     from dqsgd.method.pipeline import Method
+    from dqsgd.topology.bucket import BucketProtocol
+    from dqsgd.topology.payloads import bytes_tensor
 
     set_threads(args.threads)
     g, shapes = real_gradient(args.model, args.dataset, args.batch)
@@ -105,10 +107,12 @@ def bench_compressors(args: argparse.Namespace) -> dict[str, Any]:
         gen, rng = torch.Generator().manual_seed(0), HashRNG(0, 0, 0)
         scalers = m.local_scalers(g) if m.shares_scalers else None
         last: dict[str, bytes] = {}
+        proto = BucketProtocol(m.config, n, sizes, topology="ps", workers=1, seed=0, total_steps=100, method=m)
 
-        def run(m: Method = m, bits: int = bits, gen=gen, rng=rng, scalers=scalers, last=last) -> torch.Tensor:
+        def run(m: Method = m, bits: int = bits, gen=gen, rng=rng, scalers=scalers, last=last,
+                proto: BucketProtocol = proto) -> torch.Tensor:
             last["p"] = m.encode(g, bits, None if m.fused else gen, None, scalers, hash_rng=rng if m.fused else None)[0]
-            return m.aggregate([last["p"]], bits)
+            return proto.reduce(0, [bytes_tensor(last["p"])], bits)
 
         label = f"dqsgd:{name}" + (" fused" if over else "")
         label += f" ({bits} bits)" if m.config.scheme == "uniform" else ""

@@ -1,6 +1,6 @@
 """Bytes per rank per step of the three topologies, measured in the simulation (no network).
 
-    python benchmarks/bytes_per_rank.py --out results/bytes_per_rank [--bits 4] [--steps 2]
+    python benchmarks/bytes_per_rank.py --out results/bytes-per-rank [--bits 4] [--steps 2]
 
 For W = 2, 4, 8, 16 and each topology (allgather, ps, sharded) this trains the shipped CNN on MNIST
 for ``--steps`` steps with QSGD at ``--bits`` bits (the trainer, the real payloads, the ledger) and
@@ -70,7 +70,7 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/bytes_per_rank")
+    ap.add_argument("--out", default="results/bytes-per-rank")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--down-bits", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2)

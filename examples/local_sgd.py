@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dqsgd.train.local_sgd import LocalSGDOptimizer  # <- dqsgd
+from dqsgd.local import LocalSGDOptimizer  # <- dqsgd
 
 STEPS, BATCH, H = 80, 64, 8
 

@@ -9,14 +9,13 @@ Quick use::
     dqsgd.decode_into(payload, total, weight=0.5)                          # total += g_hat / 2, on its device
 
 See ``dqsgd.method.config`` for the method registry, ``dqsgd.policies`` for the bit policies
-(DQSGD eqs. 18/20, budgeted, error target, Adaptive, AdaQS) and ``dqsgd.ddp`` for the DDP hook.
+(DQSGD eqs. 18/20, budgeted, error target, Adaptive, AdaQS), ``dqsgd.ddp`` for the DDP hook,
+``dqsgd.fsdp`` for FSDP2 compression and ``dqsgd.local`` for Local SGD in your own loop.
+
+Importing dqsgd changes nothing in the process (no import hooks, no global settings).
 """
 
 from typing import Any
-
-from dqsgd.core.moved import install
-
-install()  # the old import paths of moved modules (dqsgd.methods, dqsgd.launch, ...)
 
 __version__ = "0.1.0"
 __all__ = ["encode", "encode_tensor", "decode", "decode_into", "__version__"]

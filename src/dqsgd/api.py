@@ -25,7 +25,7 @@ from dqsgd.codecs.header import PEEK_BYTES, Header, PayloadError, peek_shape
 from dqsgd.codecs.wire import body_width, decode as decode_payload, read_header
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
 from dqsgd.quantizers import Layout, Norm, Scheme, dequantize, quantizer
-from dqsgd.quantizers.base import dtype_limit
+from dqsgd.quantizers.finite import narrows, overflow
 
 __all__ = ["DEFAULT_MAX_DECODE_BYTES", "DEFAULT_MAX_NUMEL", "decode", "decode_into", "encode", "encode_tensor"]
 
@@ -192,7 +192,8 @@ def decode(
     if max_numel is None and numel is None:
         _check_default_cap(math.prod(shape), decode_bytes_per_element(Coding.FIXED, 8, dtype), "device decode")
     out = torch.zeros(shape, dtype=torch.float32, device=target)
-    mod.decode_accumulate_device(dev_payload, out.view(-1), 1.0, max_numel=out.numel())
+    h = mod.decode_accumulate_device(dev_payload, out.view(-1), 1.0, max_numel=out.numel())
+    _refuse_narrowing(out, dtype, f"{h.scheme.name} payload")
     return out.to(dtype)
 
 
@@ -211,19 +212,24 @@ def _decode_host(buf: bytes | bytearray | memoryview, cap: int, numel: int | Non
 
 def _narrowed(acc: torch.Tensor, h: Header) -> torch.Tensor:
     """``acc`` in the payload's dtype, chunk by chunk; a value beyond that dtype (a forged scale:
-    finite in float32, ±inf after rounding) is refused."""
-    limit = dtype_limit(h.dtype)
-    out = acc if h.dtype == torch.float32 else torch.empty(acc.numel(), dtype=h.dtype)
+    finite in float32, ±inf after rounding) is refused. float32's own range was checked by the
+    decoder before it added anything (:mod:`dqsgd.quantizers.finite`)."""
+    if h.dtype == torch.float32:
+        return acc
+    out = torch.empty(acc.numel(), dtype=h.dtype)
     for start in range(0, acc.numel(), _CHUNK):
         part = acc[start : start + _CHUNK]
-        peak = float(part.abs().amax())
-        if not peak <= limit:
-            name = str(h.dtype).removeprefix("torch.")
-            raise PayloadError(f"{h.scheme.name} payload decodes to values beyond {name} or not finite (|x| up to {peak:.3e}: "
-                               f"a forged scale?); refusing it")
-        if out is not acc:
-            out[start : start + _CHUNK] = part
+        _refuse_narrowing(part, h.dtype, f"{h.scheme.name} payload")
+        out[start : start + _CHUNK] = part
     return out
+
+
+def _refuse_narrowing(values: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """The finite-output rule's narrowed form (:mod:`dqsgd.quantizers.finite`): float32 ``values``,
+    not yet in any output, must fit ``dtype`` (a host read of their largest magnitude)."""
+    if narrows(dtype) and values.numel():
+        if (why := overflow(float(values.abs().amax()), dtype, what)) is not None:
+            raise PayloadError(why)
 
 
 def decode_into(payload: Payload, out: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
@@ -237,8 +243,10 @@ def decode_into(payload: Payload, out: torch.Tensor, weight: float = 1.0) -> tor
     ``out`` gets ``weight · x̂`` in float32, added after one rounding to its dtype.
 
     Raises:
-      PayloadError: as :func:`decode`, or a payload of another element count than ``out``.
-        Errors in the body are found while adding: ``out`` then holds a partial sum.
+      PayloadError: as :func:`decode`, or a payload of another element count than ``out``, or
+        whose values ``weight·x̂`` would not be finite in ``out``'s dtype (refused before anything
+        is added: :mod:`dqsgd.quantizers.finite`). Errors in the body are found while adding:
+        ``out`` then holds a partial sum.
       ValueError: ``out`` is not a floating-point tensor.
     """
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():
@@ -247,13 +255,14 @@ def decode_into(payload: Payload, out: torch.Tensor, weight: float = 1.0) -> tor
     direct = out.dtype == torch.float32 and out.is_contiguous()
     acc = out.view(-1) if direct else torch.zeros(n, dtype=torch.float32, device=out.device)
     if (mod := _device_kernels(out.device)) is not None:
-        mod.decode_accumulate_device(_as_tensor(payload, out.device), acc, weight, max_numel=n)
+        h = mod.decode_accumulate_device(_as_tensor(payload, out.device), acc, weight, max_numel=n)
     else:
         buf = _host_bytes(payload)
         target = acc if acc.device.type == "cpu" else torch.zeros(n, dtype=torch.float32)
-        decode_accumulate(buf, target, weight, header=read_header(buf, numel=n))
+        h = decode_accumulate(buf, target, weight, header=read_header(buf, numel=n))
         if target is not acc:
             acc += target.to(acc.device)
     if not direct:
+        _refuse_narrowing(acc, out.dtype, f"{h.scheme.name} payload")  # before anything is added to out
         out += acc.view(out.shape).to(out.dtype)
     return out

@@ -162,3 +162,48 @@ def test_default_decode_cap_holds_for_every_dtype_and_coding() -> None:
             assert ok is True, (coding, dtype, n, ok)
         else:
             assert ok is True or "default cap of 256 MiB" in ok, ok
+
+
+# --- a FIXED body's length is checked before anything of the declared numel is allocated ---------------
+_FORGED_FIXED = r'''
+import json, zlib
+import torch
+import dqsgd
+from dqsgd.kernels.device import decode_device
+
+def hwm():
+    d = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return int(d["VmHWM"].split()[0]) << 10
+
+small = bytearray(dqsgd.encode(torch.randn(1000), bits=4)[:-4])
+small[12:16] = (1 << 26).to_bytes(4, "little")  # the one dim: 2^26 elements, the body stays 500 bytes
+p = bytes(small) + zlib.crc32(small).to_bytes(4, "little")
+dqsgd.decode(dqsgd.encode(torch.randn(1000), bits=4))  # warm both paths up
+decode_device(torch.frombuffer(bytearray(dqsgd.encode(torch.randn(1000), bits=4)), dtype=torch.uint8))
+out = []
+for name, fn in (("decode", lambda: dqsgd.decode(p)),
+                 ("decode_device", lambda: decode_device(torch.frombuffer(bytearray(p), dtype=torch.uint8)))):
+    open("/proc/self/clear_refs", "w").write("5")
+    before = hwm()
+    try:
+        fn()
+        said = "decoded"
+    except Exception as e:  # noqa: BLE001 - the test reads the type and the text
+        said = f"{type(e).__name__}: {e}"
+    out.append([name, said, hwm() - before])
+print(json.dumps([len(p), out]))
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS from /proc/self (Linux)")
+def test_a_fixed_body_too_short_for_its_numel_is_refused_before_allocating() -> None:
+    """L4: a 529-byte FIXED payload declaring 2^26 elements (within the default cap) made ``decode`` and
+    the device decoder allocate 256 MiB before the body's length was checked; the length is now
+    checked with the header. Measured as the growth of VmHWM (reset first) in a fresh process."""
+    proc = subprocess.run([sys.executable, "-c", _FORGED_FIXED], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    size, results = json.loads(proc.stdout)
+    assert size == 529
+    for name, said, growth in results:
+        assert said.startswith("PayloadError: body at offset") and f"{1 << 26}×4 bits need" in said, (name, said)
+        assert growth < 32 << 20, f"{name}: peak RSS grew by {growth >> 20} MiB before the refusal"

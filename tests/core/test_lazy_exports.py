@@ -43,3 +43,15 @@ def test_star_import_and_a_refused_block(tmp_path: Path) -> None:
     bad.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import os\n")
     with pytest.raises(TypeError, match="from MODULE import NAME"):
         _exports("pkg", str(bad))
+
+
+def test_importing_dqsgd_leaves_the_import_system_alone() -> None:
+    """No import hook: ``sys.meta_path`` and ``sys.path_hooks`` are the same objects before and after
+    importing the package and its public modules; ``dqsgd.local`` is a module of its own (a file)."""
+    code = ("import sys\nbefore = (list(sys.meta_path), list(sys.path_hooks))\n"
+            "import dqsgd, dqsgd.local\n"
+            "after = (list(sys.meta_path), list(sys.path_hooks))\n"
+            "print(all(len(a) == len(b) and all(x is y for x, y in zip(a, b)) for a, b in zip(before, after)),"
+            " dqsgd.local.__spec__.origin.endswith('local.py'), dqsgd.local.LocalSGDOptimizer.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["True", "True", "LocalSGDOptimizer"]

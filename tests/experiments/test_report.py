@@ -81,7 +81,7 @@ def test_stand_in_note_and_methods_tags(tmp_path: Path) -> None:
 
 def test_overrides_appear_in_the_exact_command(root: Path) -> None:
     for label, seed in (("sgd", 0), ("sgd", 1), ("qsgd-4bit", 0), ("qsgd-4bit", 1), ("dqsgd", 0), ("dqsgd", 1)):
-        write_run(root, label, seed, final_acc=0.9, steps=STEPS, train_over={"steps": 30, "seeds": [0, 1]})
+        write_run(root, label, seed, final_acc=0.9, steps=30, train_over={"steps": 30, "seeds": [0, 1]})
     runs = load_runs(root)
     exact = reproduce_commands(root, runs)[1]
     assert exact.startswith("dqsgd compare --config fake-table1 --set train.steps=30 --out ")

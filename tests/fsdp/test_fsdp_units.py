@@ -55,7 +55,7 @@ def test_state_dict_round_trip_and_refusals() -> None:
         again = dfsdp.FSDPState("dqsgd", seed=3, total_steps=10)
         again.load_state_dict(saved)
         again.unit(0, 66, 2, 0, (33, 33))
-    with pytest.raises(ValueError, match="this FSDPState runs"):
+    with pytest.raises(ValueError, match="method.name: 'dqsgd' saved, 'qsgd-4bit' here"):
         dfsdp.FSDPState("qsgd-4bit", seed=3).load_state_dict(saved)
     with pytest.raises(ValueError, match="not a dqsgd FSDPState"):
         other.load_state_dict({"version": 0})

@@ -78,35 +78,38 @@ def test_accumulate_is_the_sequential_sum(case: int, bits: int) -> None:
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-@pytest.mark.parametrize("where", ["head", "scale", "body", "crc", "pad", "code"])
+@pytest.mark.parametrize("where", ["head", "scale", "body", "crc", "pad", "code", "beyond"])
 def test_a_bad_payload_is_named(where: str) -> None:
     """A payload that the one-payload decoder refuses is the index the batch returns; every check but
-    the code range is made before anything is added."""
+    the code range is made before anything is added. "beyond": a finite scale whose weighted top value
+    is not a finite float32 (the finite-output rule)."""
     spec, bits = spec_of(1001, 1, 0) * 3, 3
     b = encode_batch(spec[:1], bits, Norm.MAX)
     p = b.encode(torch.randn(1001), keys(1))
     size = p.numel()
     buf = torch.cat([p, p, p]).numpy().copy()
     plan = b.plans[0]
-    at = size + {"head": 1, "scale": plan.scales_at + 3, "body": plan.head_len + 5, "crc": size - 1,
+    w = 2.0 if where == "beyond" else 1.0
+    at = size + {"beyond": plan.scales_at + 3, "head": 1, "scale": plan.scales_at + 3, "body": plan.head_len + 5, "crc": size - 1,
                  "pad": plan.head_len + plan.body_len - 1, "code": plan.head_len}[where]
-    if where == "scale":
-        buf[at - 3 : at + 1] = np.frombuffer(np.float32(np.inf).tobytes(), np.uint8)
+    if where in ("scale", "beyond"):
+        bad = np.inf if where == "scale" else 3e38  # 2·(3·3e38/3) overflows float32
+        buf[at - 3 : at + 1] = np.frombuffer(np.float32(bad).tobytes(), np.uint8)
     elif where == "pad":
         buf[at] |= 0x80
     elif where == "code":  # 3 bits, 3 levels: the code 0b000 (-4) is out of range [-3, 3]
         buf[at] = 0
     else:
         buf[at] ^= 0x10
-    if where in ("scale", "pad", "code"):  # the crc is right: only the named check fails
+    if where in ("scale", "pad", "code", "beyond"):  # the crc is right: only the named check fails
         from dqsgd.codecs.threads import crc32
 
         buf[2 * size - 4 : 2 * size] = np.array([crc32(buf[size : 2 * size - 4])], "<u4").view(np.uint8)
     with pytest.raises(PayloadError):
-        plan.accumulate(buf[size : 2 * size], torch.zeros(1001))
+        plan.accumulate(buf[size : 2 * size], torch.zeros(1001), w)
     out = torch.zeros(1001)
     dec = decode_batch(spec, bits, Norm.MAX, (0, size, 2 * size), (0, 0, 0))
-    assert dec.accumulate(torch.from_numpy(buf), out) == 1
+    assert dec.accumulate(torch.from_numpy(buf), out, w) == 1
     if where != "code":
         assert not out.any()
 

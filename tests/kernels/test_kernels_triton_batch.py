@@ -15,6 +15,7 @@ pytest.importorskip("triton", reason="the triton package (the 'gpu' extra) is no
 
 from dqsgd.kernels import HashRNG, device_common  # noqa: E402
 from dqsgd.kernels.batch import decode_batch, encode_batch  # noqa: E402
+from dqsgd.kernels.triton_batch import accumulate_batch_triton, encode_batch_triton  # noqa: E402
 from dqsgd.quantizers import Layout, Norm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,21 +45,21 @@ def test_triton_batch_is_the_cpu_batch(kind: str, bits: int) -> None:
     x = torch.randn(n, generator=torch.Generator().manual_seed(bits)) * 3
     keys = [HashRNG(1, 2, j).key for j in range(len(spec))]
     b = encode_batch(spec, bits, Norm.MAX, 1)
-    cpu, tri = b.encode(x, keys), b.encode(x, keys, triton=True)
+    cpu, tri = b.encode(x, keys), encode_batch_triton(b, x, keys)
     assert torch.equal(cpu, tri)
     bad = torch.zeros((), dtype=torch.bool)
     for dec, size in ((decode_batch(spec, bits, Norm.MAX, b.offsets, b.out_at), n),  # the downlink's form
                       (decode_batch((spec[0],) * 3, bits, Norm.MAX, (b.offsets[0],) * 3, (0, 0, 0)), spec[0][0])):
         want, got = torch.zeros(size), torch.zeros(size)
         assert dec.accumulate(cpu, want, 0.5) is None
-        dec.accumulate(tri, got, 0.5, bad, triton=True)
+        accumulate_batch_triton(dec, tri, got, 0.5, bad)
         assert bitwise(got, want) and not bool(bad)
     for at in (5, b.offsets[1] + b.sizes[1] - 1, b.offsets[1] + b.plans[1].head_len + 3):  # header, crc, body
         broken = tri.clone()
         broken[at] ^= 0x40
         flag = torch.zeros((), dtype=torch.bool)
-        decode_batch(spec, bits, Norm.MAX, b.offsets, b.out_at).accumulate(broken, torch.zeros(n), 1.0, flag,
-                                                                          triton=True)
+        accumulate_batch_triton(decode_batch(spec, bits, Norm.MAX, b.offsets, b.out_at), broken, torch.zeros(n), 1.0,
+                                flag)
         assert bool(flag), at
 
 

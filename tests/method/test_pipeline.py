@@ -4,11 +4,12 @@ import math
 
 import pytest
 import torch
+from bucket_ref import aggregate, decode_downlink, downlink
 
 from dqsgd.codecs import PayloadError
 from dqsgd.kernels import HashRNG
 from dqsgd.method.config import METHODS, method_config
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import Method, ProtocolError
 
 D, W, N = 1000, 4, 50
@@ -35,9 +36,9 @@ def test_every_method_runs_steps_with_measured_bytes(name: str) -> None:
             msg, state.residuals[w] = m.encode(g, bits, gens[w], state.residuals[w], scalers,
                                                hash_rng=HashRNG(0, step, w) if m.fused else None)
             msgs.append(msg)
-        agg = m.aggregate(msgs, bits)
-        down = m.encode_downlink(agg)
-        update = m.decode_downlink(down)
+        agg = aggregate(m, msgs, bits)
+        down = downlink(m, agg)
+        update = decode_downlink(m, down)
         assert update.shape == (D,) and bool(torch.isfinite(update).all())
         led.record(step, bits, [len(p) for p in msgs], len(down))
         state = m.observe(state, agg, step, 8 * max(len(p) for p in msgs))
@@ -59,7 +60,7 @@ def test_qsgd_aggregate_is_unbiased_mean_of_workers(kernel: str) -> None:
     reps, acc = 400, torch.zeros(D, dtype=torch.float64)
     gens = [torch.Generator().manual_seed(100 + w) for w in range(W)]
     for rep in range(reps):
-        acc += m.aggregate([m.encode(g, 3, gens[w], hash_rng=HashRNG(100, rep, w) if m.fused else None)[0]
+        acc += aggregate(m, [m.encode(g, 3, gens[w], hash_rng=HashRNG(100, rep, w) if m.fused else None)[0]
                             for w, g in enumerate(gs)], 3).double()
     mean = acc / reps
     # Var of the aggregate ≤ Σ_w (r_w/s)²/4 / W² per coordinate (s = 3).
@@ -71,12 +72,12 @@ def test_signsgd_majority_vote_and_one_bit_downlink() -> None:
     m = Method(method_config("signsgd"), D, N)
     gs = grads(1)
     msgs = [m.encode(g, 1, None)[0] for g in gs]
-    agg = m.aggregate(msgs, 1)
+    agg = aggregate(m, msgs, 1)
     expected = torch.where(torch.stack([torch.where(g < 0, -1, 1) for g in gs]).sum(0) < 0, -1.0, 1.0)
     assert torch.equal(agg, expected)
-    down = m.encode_downlink(agg)
+    down = downlink(m, agg)
     assert len(down) < D // 8 + 64  # one bit per coordinate plus the header
-    assert torch.equal(m.decode_downlink(down), agg)
+    assert torch.equal(decode_downlink(m, down), agg)
 
 
 def test_error_feedback_invariant_p_equals_sent_plus_residual() -> None:
@@ -98,11 +99,11 @@ def test_server_refuses_wrong_width_or_garbage_naming_the_worker() -> None:
     rng = HashRNG(0, 0, 0)
     good = [m.encode(g, 4, None, hash_rng=rng)[0] for g in grads(3)]
     with pytest.raises(ProtocolError, match="worker 0.*at 4 bits"):
-        m.aggregate([m.encode(grads(3)[0], 5, None, hash_rng=rng)[0]] + good[1:], 4)
+        aggregate(m, [m.encode(grads(3)[0], 5, None, hash_rng=rng)[0]] + good[1:], 4)
     with pytest.raises(PayloadError, match="worker 2"):
-        m.aggregate(good[:2] + [b"garbage"] + good[3:], 4)
+        aggregate(m, good[:2] + [b"garbage"] + good[3:], 4)
     with pytest.raises(ProtocolError, match="1000 values"):
-        m.aggregate([Method(method_config("qsgd", bits=4), 999, N).encode(torch.randn(999), 4, None, hash_rng=rng)[0]]
+        aggregate(m, [Method(method_config("qsgd", bits=4), 999, N).encode(torch.randn(999), 4, None, hash_rng=rng)[0]]
                     + good[1:], 4)
 
 

@@ -18,6 +18,11 @@ What "run" means, by command:
   at small sizes in tests/test_bench_*.py.
 * Synopsis lines (with ``[…]``, ``…`` or ``a|b`` alternatives): every named sub-command must exist.
 
+The install lines are checked too (``test_documented_install_line``): ``make TARGET`` must be a target of
+the Makefile (``make -n``: printed, not run), ``pip install '.[EXTRA,…]'`` must name extras of
+pyproject.toml, ``pip install --no-deps PKG==V`` must be a pin of requirements*.txt, and ``python
+benchmarks/…`` or ``examples/…`` must name a file of the checkout.
+
 Data are loaded once per dataset for the whole module.
 """
 
@@ -30,6 +35,7 @@ import importlib.util
 import io
 import re
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +122,57 @@ def doc_commands() -> list[DocCommand]:
 
 
 COMMANDS = doc_commands()
+
+
+def install_lines() -> list[tuple[str, list[str]]]:
+    """(FILE:LINE, words) of every ``make …``, ``pip install …`` and ``python benchmarks|examples/…`` line."""
+    found = []
+    for path in DOCS:
+        for no, text in (line for block in _code_blocks(path) for line in block):
+            try:
+                words = shlex.split(text, comments=True)
+            except ValueError:
+                continue
+            words = words[1:] if words[:1] == ["sudo"] else words
+            if words[:1] == ["make"] or words[:2] == ["pip", "install"] or (
+                    words[:1] == ["python"] and len(words) > 1 and words[1].startswith(("benchmarks/", "examples/"))):
+                found.append((f"{path.relative_to(REPO)}:{no}", words))
+    return found
+
+
+INSTALL_LINES = install_lines()
+
+
+def test_the_readme_shows_how_to_install() -> None:
+    readme = [w for where, w in INSTALL_LINES if where.startswith("README.md:")]
+    assert ["make", "setup"] in readme and any(w[:2] == ["pip", "install"] for w in readme), readme
+
+
+@pytest.mark.parametrize(("where", "words"), INSTALL_LINES, ids=[w for w, _ in INSTALL_LINES])
+def test_documented_install_line(where: str, words: list[str]) -> None:
+    import subprocess
+    import tomllib
+
+    if words[0] == "make":
+        assert shutil.which("make"), "make is not installed"
+        res = subprocess.run(["make", "-n", "-C", str(REPO), *words[1:]], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, f"{where}: `{' '.join(words)}` is not a Makefile target: {res.stderr}"
+    elif words[0] == "pip":
+        args = [w for w in words[2:] if not w.startswith("-")]
+        extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        pins = {line.split("#")[0].strip().lower() for f in REPO.glob("requirements*.txt")
+                for line in f.read_text().splitlines()}
+        for arg in args:
+            m = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", arg)
+            if m:
+                missing = set((m.group(1) or "").split(",")) - {""} - set(extras)
+                assert not missing, f"{where}: extras {sorted(missing)} are not in pyproject.toml"
+            elif arg.startswith("-r"):
+                assert (REPO / arg[2:]).is_file(), where
+            else:
+                assert arg.lower() in pins, f"{where}: `{arg}` is not a pin of requirements*.txt"
+    else:
+        assert (REPO / words[1]).is_file(), f"{where}: {words[1]} does not exist"
 
 
 def test_the_pages_have_commands() -> None:

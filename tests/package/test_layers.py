@@ -1,15 +1,18 @@
-"""The package's layers import downward only: a module may import its own layer or lower ones.
+"""The package's layers are its folders: a module may import its own folder or a lower one.
 
 Two more rules keep the package to its public ground: numba kernels are defined only in the codecs and
 kernels, and no module reaches a private name of torch beyond the one listed use (the benchmarks that
 compare against PyTorch's private quantization backend, or time the fused kernel's pieces with a kernel
 of their own, live in ``benchmarks/``, outside the package). And the shape of the package: no import
-cycle, no private module or name used across packages, no module over :data:`MAX_LINES` lines.
+cycle between modules or between folders, no private module or name used across packages, no module
+over :data:`MAX_LINES` lines.
 
-Read bottom to top, one training step goes trainer → topology step → method (quantizer registry, codec)
-→ transport → policy; a lower layer never reaches up (imports under ``if TYPE_CHECKING:`` are
-annotations only and do not count). Old import paths of moved modules are not files: they are the table
-of :mod:`dqsgd.core.moved` (tests/core/test_moved.py).
+Every import counts, ``if TYPE_CHECKING:`` blocks and function bodies included: an annotation that
+names an upper layer is a dependency on it. ``from dqsgd.pkg import mod`` of a module is an import of
+that module (a package's ``__init__`` of lazy exports is not then a step of a cycle).
+
+Read bottom to top, one training step goes trainer → topology (its step objects over the links'
+interface) → method (quantizer registry, codec) → policy; the transports implement the links.
 """
 
 from __future__ import annotations
@@ -20,18 +23,19 @@ from pathlib import Path
 import dqsgd
 
 SRC = Path(dqsgd.__file__).parent
-LAYERS: list[list[str]] = [  # lowest first; a module's layer is that of its longest listed prefix
-    ["dqsgd.core", "dqsgd.topology.names", "dqsgd.topology.agreement"],
-    ["dqsgd.quantizers"],
-    ["dqsgd.codecs"],
-    ["dqsgd.kernels"],
-    ["dqsgd.policies", "dqsgd.method.config", "dqsgd.method.memory", "dqsgd.method.ledger", "dqsgd.theory.formulas",
-     "dqsgd.topology.traffic", "dqsgd.topology.limits", "dqsgd.topology.keys"],
-    ["dqsgd.method", "dqsgd.api", "dqsgd.topology"],  # topology: the per-bucket protocol and the step objects
-    ["dqsgd.transport"],
-    ["dqsgd.data", "dqsgd.models"],
-    ["dqsgd.train", "dqsgd.ddp", "dqsgd.dq", "dqsgd.fsdp"],
-    ["dqsgd.experiments", "dqsgd.theory", "dqsgd.cli", "dqsgd.dq.cli", "dqsgd.dq.__main__", "dqsgd.__main__"],
+ROOT = "dqsgd"  # the modules at the top of src/dqsgd: the public face (api.py, local.py, __main__.py)
+LAYERS: list[list[str]] = [  # the folders of src/dqsgd, lowest first
+    ["core"],
+    ["quantizers", "data", "models"],
+    ["codecs", "theory"],                 # theory: the paper's bounds (the policies read them) and their checks
+    ["kernels"],
+    ["policies"],
+    ["method"],
+    ["topology"],                         # the per-bucket protocol, the step objects, the links they run over
+    ["transport"],                        # the links: in-process, torch.distributed
+    ["train", "ddp", "fsdp", "dq"],
+    ["experiments", "cli"],
+    [ROOT],
 ]
 THEORY = "dqsgd.theory"
 THEORY_LAYERS: list[list[str]] = [  # the theory package's modules, lowest first
@@ -47,7 +51,7 @@ BENCH = "dqsgd.cli.bench"
 BENCH_LAYERS: list[list[str]] = [  # the bench commands, lowest first: the parsers load a benchmark when it runs
     [f"{BENCH}.choices"],
     [f"{BENCH}.common", f"{BENCH}.hook", f"{BENCH}.fsdp"],
-    [f"{BENCH}.loopback"],
+    [f"{BENCH}.loopback", f"{BENCH}.contention"],
     [f"{BENCH}.gpu"],
     [f"{BENCH}.gpu_parser"],
     [f"{BENCH}.parser"],
@@ -55,9 +59,19 @@ BENCH_LAYERS: list[list[str]] = [  # the bench commands, lowest first: the parse
 MAX_LINES = 450
 
 
+def folder_of(module: str) -> str:
+    """The folder directly under src/dqsgd that holds ``module`` (:data:`ROOT` for the top modules)."""
+    parts = module.split(".")
+    if len(parts) > 1 and (SRC / parts[1]).is_dir():
+        return parts[1]
+    return ROOT
+
+
 def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
-    if module == "dqsgd" and layers is LAYERS:  # the package root: lazy re-exports of the public API, the top
-        return len(LAYERS) - 1
+    """``module``'s layer: its folder's (:data:`LAYERS`), or in a finer table the longest listed prefix."""
+    if layers is LAYERS:
+        folder = folder_of(module)
+        return next((i for i, names in enumerate(LAYERS) if folder in names), None)
     best: tuple[int, int] | None = None
     for i, names in enumerate(layers):
         for n in names:
@@ -66,31 +80,31 @@ def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
     return None if best is None else best[0]
 
 
-def runtime_imports(tree: ast.Module) -> list[tuple[str, int]]:
-    """(module, line) of every ``dqsgd`` import outside ``if TYPE_CHECKING:`` blocks."""
-    found: list[tuple[str, int]] = []
+def is_module(name: str) -> bool:
+    path = SRC.joinpath(*name.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for child in node.orelse:
-                visit(child)
-            return
+
+def imports(tree: ast.Module) -> list[tuple[str, int]]:
+    """(module, line) of every ``dqsgd`` import: module level, function bodies and ``if TYPE_CHECKING:``
+    blocks alike; ``from P import m`` of a module ``P.m`` is an import of ``P.m``."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "dqsgd":
-                found.extend((f"dqsgd.{a.name}", node.lineno) for a in node.names if a.name != "__version__")
-            elif node.module.startswith("dqsgd."):
-                found.append((node.module, node.lineno))
+            if node.module == "dqsgd" or node.module.startswith("dqsgd."):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    if is_module(sub):
+                        found.append((sub, node.lineno))
+                    elif node.module != "dqsgd" or a.name != "__version__":
+                        found.append((node.module, node.lineno))
         elif isinstance(node, ast.Import):
             found.extend((a.name, node.lineno) for a in node.names if a.name.startswith("dqsgd."))
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__" and node.args:
             arg = node.args[0]
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("dqsgd."):
                 found.append((arg.value, node.lineno))
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return found
+    return sorted(set(found), key=lambda f: (f[1], f[0]))
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -101,15 +115,21 @@ def modules() -> list[tuple[str, Path]]:
     return out
 
 
-def test_every_module_has_a_layer() -> None:
-    assert [m for m, _ in modules() if layer_of(m) is None] == []
+def edges() -> dict[str, set[str]]:
+    return {m: {t for t, _ in imports(ast.parse(path.read_text(), str(path))) if t != m} for m, path in modules()}
+
+
+def test_every_folder_has_a_layer() -> None:
+    folders = sorted({folder_of(m) for m, _ in modules()})
+    assert [f for f in folders if layer_of(f"dqsgd.{f}") is None] == []
+    assert sorted(f for names in LAYERS for f in names) == folders  # no layer names a folder that is gone
 
 
 def upward_imports(layers: list[list[str]]) -> list[str]:
     up = []
     for module, path in modules():
         me = layer_of(module, layers)
-        for target, line in runtime_imports(ast.parse(path.read_text(), str(path))):
+        for target, line in imports(ast.parse(path.read_text(), str(path))):
             there = layer_of(target, layers)
             if there is not None and me is not None and there > me:
                 up.append(f"{module}:{line} imports {target} (layer {there} > {me})")
@@ -140,9 +160,12 @@ def test_no_module_is_over_the_line_limit() -> None:
 
 
 def test_the_check_catches_an_upward_import() -> None:
-    tree = ast.parse("from dqsgd.train.runner import run_one\nif TYPE_CHECKING:\n    from dqsgd.cli import main\n")
-    assert runtime_imports(tree) == [("dqsgd.train.runner", 1)]
-    assert layer_of("dqsgd.train.runner") > layer_of("dqsgd.transport.base")
+    tree = ast.parse("from dqsgd.train.runner import run_one\nif TYPE_CHECKING:\n    from dqsgd.cli import main\n"
+                     "from dqsgd.kernels import fused, HashRNG\n")
+    assert imports(tree) == [("dqsgd.train.runner", 1), ("dqsgd.cli", 3), ("dqsgd.kernels", 4),
+                             ("dqsgd.kernels.fused", 4)]
+    assert layer_of("dqsgd.train.runner") > layer_of("dqsgd.transport.base") > layer_of("dqsgd.topology.step")
+    assert layer_of("dqsgd.local") == layer_of("dqsgd") == len(LAYERS) - 1
 
 
 KERNEL_HOMES = ("dqsgd.codecs", "dqsgd.kernels")
@@ -323,10 +346,15 @@ def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle_between_modules() -> None:
-    """Every runtime import (function bodies included) is an edge."""
-    edges = {m: {t for t, _ in runtime_imports(ast.parse(path.read_text(), str(path))) if t != m}
-             for m, path in modules()}
-    assert import_cycles(edges) == []
+    """Every import is an edge (function bodies and ``if TYPE_CHECKING:`` blocks included)."""
+    assert import_cycles(edges()) == []
+
+
+def test_no_import_cycle_between_folders() -> None:
+    folders: dict[str, set[str]] = {}
+    for m, targets in edges().items():
+        folders.setdefault(folder_of(m), set()).update(folder_of(t) for t in targets if folder_of(t) != folder_of(m))
+    assert import_cycles(folders) == []
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

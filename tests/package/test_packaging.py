@@ -64,7 +64,7 @@ def test_wheel_metadata_ranges_extras_and_files(wheel: Path) -> None:
     torch_req = next(r for r in core if r.startswith("torch"))
     assert ">=2.3.1" in torch_req and PIN.split("+")[0] not in torch_req
     extras = {r.split("extra ==")[1].strip().strip("'\"") for r in reqs if "extra ==" in r}
-    assert {"cli", "plots", "tensorboard", "data", "test"} <= extras
+    assert {"cli", "plots", "tensorboard", "data", "test", "gpu", "all"} <= extras
     assert any(r.startswith("matplotlib") and "plots" in r for r in reqs)
     assert any(r.startswith("tqdm") and "cli" in r for r in reqs)
     classifiers = meta.get_all("Classifier")
@@ -87,6 +87,35 @@ def test_pyproject_keeps_exact_pins_out_and_requirements_keeps_them() -> None:
     assert "version" in project["dynamic"]
     assert all("==" not in d for d in project["dependencies"])
     assert f"torch=={PIN}" in (ROOT / "requirements.txt").read_text()
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for name in ("requirements.txt", "requirements-test.txt", "requirements-data.txt"):
+        for line in (ROOT / name).read_text().splitlines():
+            if "==" in (line := line.split("#")[0].strip()):
+                package, version = line.split("==")
+                pins[package.strip().lower()] = version.strip()
+    return pins
+
+
+def test_the_extras_hold_the_tested_versions() -> None:
+    """The GPU and TensorBoard extras have upper bounds, every extra's range holds the version `make`
+    installs and tests (requirements*.txt), and `all` names every extra a user may want."""
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = _pins()
+    assert {"triton", "tensorboard", "pytest", "hypothesis"} <= set(pins)  # what make test installs
+    for extra, reqs in extras.items():
+        for req in map(Requirement, reqs):
+            if req.name != "dqsgd" and req.name.lower() in pins:
+                assert req.specifier.contains(pins[req.name.lower()]), (extra, str(req), pins[req.name.lower()])
+    for extra, name in (("gpu", "triton"), ("tensorboard", "tensorboard")):
+        (req,) = map(Requirement, extras[extra])
+        assert req.name == name and any(s.operator == "<" for s in req.specifier), req
+    (everything,) = map(Requirement, extras["all"])
+    assert everything.name == "dqsgd" and {"cli", "plots", "gpu", "tensorboard", "data"} <= everything.extras
 
 
 def _stub_dist(site: Path, name: str, version: str) -> None:

@@ -117,7 +117,7 @@ def test_coded_budget_never_overspent_and_lands_within_1pct(tmp_path: Path, step
     c = cfg(steps=steps, topology=topology)
     tr = Trainer(c, entry(target_bits=target), DATA, 0)
     budget = tr.ledger.budget_bits
-    assert budget == tr.method.policy.budget_bits and budget > 0
+    assert budget == tr.policy.budget_bits and budget > 0
     for _ in range(steps):
         tr.step()
         assert tr.ledger.spent_bits() <= budget, f"overspent at step {tr.next_step - 1}"

@@ -31,6 +31,20 @@ def _protocol(name: str = "dqsgd", workers: int = 4, numel: int = 20_000, steps:
                           downlink_bits="auto", method=m, downlink_feedback=feedback)
 
 
+def test_the_protocol_runs_its_split_and_leaves_the_methods_policy_alone() -> None:
+    """Under "auto" the bucket's policy is the split of the both-leg budget over the method's policy; the
+    method keeps its own (two protocols over one method do not stack their splits)."""
+    m = Method(method_config("dqsgd"), 20_000, 50)
+    own = m.policy
+    P = BucketProtocol(m.config, 20_000, [20_000], topology="sharded", workers=4, seed=0, total_steps=50,
+                       downlink_bits="auto", method=m)
+    Q = BucketProtocol(m.config, 20_000, [20_000], topology="sharded", workers=4, seed=0, total_steps=50,
+                       downlink_bits="auto", method=m)
+    assert m.policy is own and not isinstance(own, SplitBudget)
+    assert isinstance(P.policy, SplitBudget) and P.policy.budget_bits == Q.policy.budget_bits
+    assert m.init_state(4, P.policy).policy == P.policy.init() != m.init_state(4).policy
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_choose_pair_is_the_brute_force_minimum(seed: int) -> None:
     """The least Q among the pairs whose cost fits, ties to the cheaper then the smaller row; the
@@ -77,7 +91,7 @@ def test_every_pair_is_affordable_and_least_bound_for_its_cost(feedback: bool) -
     """Over a run with the exact costs charged: never overspent, every chosen pair is the least Q among
     the pairs at most as costly and fits what the remaining steps leave; without feedback v >= 4."""
     P = _protocol(steps=60, feedback=feedback, target_bits=2.5)
-    pol: SplitBudget = P.method.policy
+    pol: SplitBudget = P.policy
     assert min(pol.legs.down) == (2 if feedback else 4)
     up = pol.upper_up()
     cost, q = pol.costs(up), pol.legs.q
@@ -118,7 +132,7 @@ def test_both_legs_never_overspent_in_training(name: str, target: float) -> None
 def test_auto_budget_is_the_uplink_budget_plus_an_8_bit_downlink() -> None:
     P = _protocol(steps=50, target_bits=3.0)
     down8 = 8 * sum(P.down_sizes(8))
-    assert P.method.policy.budget_bits == Method(method_config("dqsgd", target_bits=3.0), 20_000, 50).budget_bits() \
+    assert P.policy.budget_bits == Method(method_config("dqsgd", target_bits=3.0), 20_000, 50).budget_bits() \
         + 50 * down8
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bucket_ref import aggregate
 
 import dqsgd
 from dqsgd.codecs import Coding, encode as encode_payload
@@ -108,8 +109,8 @@ def test_a_new_scheme_is_one_entry_and_one_registry_line(monkeypatch) -> None:
     assert all(len(p) == m.max_payload_bytes(3) == m.message_bits(3) // 8 for p in msgs)
     weight = torch.tensor(1.0 / 3, dtype=torch.float32)  # each payload scaled before the sum
     want = sum(weight * dequantize(_Nearest().quantize(g, 3)) for g in gs)
-    assert torch.equal(m.aggregate(msgs, 3), want)
+    assert torch.equal(aggregate(m, msgs, 3), want)
     with pytest.raises(ProtocolError, match="expected a UNIFORM message of 50 values at 3 bits"):
-        m.aggregate([dqsgd.encode(gs[0], bits=4, generator=_gen())], 3)
+        aggregate(m, [dqsgd.encode(gs[0], bits=4, generator=_gen())], 3)
     with pytest.raises(ValueError, match="policy 'adaptive' needs the uniform scheme"):
         method_config("adaptive", scheme="nearest")

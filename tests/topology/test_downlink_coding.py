@@ -64,11 +64,26 @@ def test_error_fed_coded_downlink_keeps_the_same_residuals() -> None:
         assert torch.equal(res_f, res_c) and pc.numel() <= pf.numel()
 
 
+@pytest.mark.parametrize("coding", ["elias", "rans"])
+def test_a_corrupt_coded_downlink_names_its_shard_and_server(coding: str) -> None:
+    """L3: a coded downlink payload whose crc does not hold was refused as a bare 'crc mismatch',
+    naming neither the shard nor the rank that sent it: now both (rank j serves shard j)."""
+    from dqsgd.codecs import PayloadError
+
+    P = _proto(coding, 8)
+    avg = _grads(P.shards[0].numel, 1)[0]
+    down = [P.encode_down(j, avg[: P.shards[j].numel], 0) for j in range(4)]
+    down[2] = down[2].clone()
+    down[2][-1] ^= 0x40  # the crc's last byte
+    with pytest.raises(PayloadError, match=r"the coded downlink of shard 2 from rank 2 \(its server\): crc mismatch"):
+        P.decode_down(down)
+
+
 def test_a_coded_payload_of_another_width_or_length_is_refused() -> None:
     P8, P4 = _proto("auto", 8), _proto("auto", 4)
     avg = _grads(P8.shards[0].numel, 1)[0]
     pay4 = P4.encode_down(0, avg, 0, dbits=4)
-    with pytest.raises(ProtocolError, match="shard 0: .*4 bits.*expected uniform, 8 bits"):
+    with pytest.raises(ProtocolError, match=r"shard 0 from rank 0 \(its server\): .*4 bits.*expected uniform, 8 bits"):
         P8.decode_down([pay4] + [P8.encode_down(j, avg[: P8.shards[j].numel], 0) for j in range(1, 4)])
     other = _proto("auto", 8, numel=30_005)  # shards one value longer than P8's
     with pytest.raises(ProtocolError, match="7501 values; expected .*7502 values"):
@@ -151,7 +166,7 @@ def test_downlink_target_bits_is_checked() -> None:
                        downlink_bits="auto", method=m, downlink_target_bits=2.0, downlink_feedback=True)
     up = Method(method_config("dqsgd", target_bits=4.0), 20_000, 5).budget_bits()
     headers = 8 * sum(P.down_sizes(2)) - 2 * 20_000
-    assert P.method.policy.budget_bits == up + int(5 * (headers + 2.0 * 20_000))
+    assert P.policy.budget_bits == up + int(5 * (headers + 2.0 * 20_000))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
@@ -196,7 +211,7 @@ def test_the_split_reads_the_same_from_g_as_from_the_hooks_sample() -> None:
     m = Method(method_config("dqsgd-coded"), n, 10)
     P = BucketProtocol(m.config, n, [n], topology="sharded", workers=4, seed=0, total_steps=10, downlink_bits="auto",
                        method=m)
-    pol = P.method.policy
+    pol = P.policy
     assert P.coded_down and read_stride(pol, n) > 1
     g = _grads(n, 1, seed=6)[0]
     down = 8 * sum(P.down_sizes(pol.init().down_bits)) // 3

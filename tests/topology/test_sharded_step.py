@@ -10,7 +10,8 @@ from dqsgd.kernels import HashRNG
 from dqsgd.codecs import PayloadError
 from dqsgd.data import load_dataset
 from dqsgd.method.config import method_config
-from dqsgd.method.ledger import Ledger, wire_traffic
+from dqsgd.topology.downspec import DownlinkSpec
+from dqsgd.topology.ledger import Ledger, wire_traffic
 from dqsgd.method.pipeline import Method
 from dqsgd.theory import formulas as theory
 from dqsgd.topology.step import ShardedStep
@@ -28,7 +29,7 @@ def _grads() -> dict[int, torch.Tensor]:
 
 def _estimates(down_bits: int) -> tuple[torch.Tensor, ShardedStep]:
     method = Method(method_config("qsgd", bits=3, kernel="fused"), D, 10)
-    step = ShardedStep(method, [D], W, seed=11, downlink_bits=down_bits)
+    step = ShardedStep(method, [D], W, seed=11, downlink=DownlinkSpec(down_bits))
     t, g = SimTransport(W, "sharded"), _grads()
     state = method.init_state(W)  # qsgd at 3 bits
     out = [step.run(t, g, state, n, {w: None for w in range(W)}).update for n in range(REPS)]
@@ -143,7 +144,7 @@ def test_sharded_needs_a_coordinate_per_shard() -> None:
     with pytest.raises(ValueError, match="at least one coordinate per shard"):
         ShardedStep(Method(method_config("qsgd"), 3, 10), [3], 4, seed=0)
     with pytest.raises(ValueError, match="downlink_bits"):
-        ShardedStep(Method(method_config("qsgd"), 30, 10), [30], 4, seed=0, downlink_bits=1)
+        ShardedStep(Method(method_config("qsgd"), 30, 10), [30], 4, seed=0, downlink=DownlinkSpec(1))
 
 
 def test_sharded_run_resumes_from_a_checkpoint_bitwise(tmp_path) -> None:  # type: ignore[no-untyped-def]

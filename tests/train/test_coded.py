@@ -10,7 +10,7 @@ from synthetic_runs import entry, train_config
 
 from dqsgd.codecs import Coding, decode, encode
 from dqsgd.data import load_dataset
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.train.checkpoint import save_checkpoint
 from dqsgd.train.config import ConfigError, TrainConfig
 from dqsgd.train.metrics import read_jsonl

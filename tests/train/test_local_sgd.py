@@ -118,7 +118,7 @@ def test_budget_over_rounds_is_never_overspent(method: str, topology: str) -> No
     tr = trainer(topology, method, local_steps=4, steps=80)
     assert tr.method.total_steps == 20
     budget = tr.ledger.budget_bits
-    assert budget == tr.method.policy.budget_bits and budget > 0
+    assert budget == tr.policy.budget_bits and budget > 0
     for _ in range(80):
         tr.step()
         assert tr.ledger.spent_bits() <= budget, f"overspent at step {tr.next_step - 1}"

@@ -11,7 +11,7 @@ import torch
 
 from dqsgd.data import load_dataset
 from dqsgd.method.config import method_config
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.train.config import ConfigError, MethodEntry, TrainConfig
 from dqsgd.train.slownodes import SlowNodes, arrivals, check_backup_keys
 from dqsgd.train.trainer import Trainer, record_of

@@ -98,7 +98,7 @@ def test_checkpoint_for_another_run_refused(tmp_path: Path) -> None:
     c = cfg(steps=4, checkpoint_every=2)
     run_one(c, entry("qsgd"), DATA, 0, tmp_path, progress=False)
     other = Trainer(cfg(steps=4), entry("qsgd"), DATA, seed=9)
-    with pytest.raises(CheckpointError, match="checkpoint is for"):
+    with pytest.raises(CheckpointError, match="seed: 0 saved, 9 here"):
         load_checkpoint(other, tmp_path / "checkpoint.pt")
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot load"):

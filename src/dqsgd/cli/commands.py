@@ -207,7 +207,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dqsgd.core.cpus import prepare_command_process
     from dqsgd.core.errors import Interrupted
+
+    prepare_command_process()  # idle OpenMP threads sleep: set before torch loads (dqsgd.core.cpus)
 
     args = parser().parse_args(argv)
     try:

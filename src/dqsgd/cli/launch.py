@@ -45,12 +45,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dqsgd.codecs import PayloadError
+from dqsgd.core.cpus import available_cpus
+from dqsgd.core.ranges import check_timeout
 from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.method.pipeline import ProtocolError
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import CheckpointError
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
-from dqsgd.train.rundir import RunDirError
+from dqsgd.train.rundir import RunDirError, RunFinished
 from dqsgd.train.slownodes import check_backup_keys
 from dqsgd.transport.backup import BackupPSTransport
 from dqsgd.transport.torch_dist import RankDisagreement, TransportError, make_transport
@@ -270,6 +272,16 @@ class _RankJob:
     progress: bool
     resume: bool = False
     overwrite: bool = False
+    timeout: float = TRAIN_COLLECTIVE_S  # --timeout: every wait of the run (the backup workers' transport too)
+
+
+def job_transport(job: _RankJob, device: str) -> Any:
+    """The rank's transport: the topology's, or with backup workers the ps transport that aggregates the
+    first arrivals, whose waits for a silent worker last ``--timeout`` (``job.timeout``)."""
+    backup = job.exp.train.backup_workers
+    if not backup:
+        return make_transport(job.topology, device=device)
+    return BackupPSTransport(backup, timeout=job.timeout)
 
 
 def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
@@ -280,8 +292,7 @@ def run_rank(rank: int, world: int, job: _RankJob) -> dict[str, Any]:
 
     cuda = str(dist.get_backend()) == "nccl"
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    backup = job.exp.train.backup_workers
-    transport = make_transport(job.topology, device=device) if not backup else BackupPSTransport(backup)
+    transport = job_transport(job, device)
     out = Path(job.out) if job.out is not None else None
     with transport.guard():
         summary = run_one(job.exp.train, job.entry, load_data_for(job.exp), job.seed, out, transport=transport,
@@ -303,17 +314,19 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     resumes from the run directory's checkpoints; without torchrun, ``--max-restarts N`` restarts the
     W local processes the same way. ``--resume RUN_DIR`` resumes explicitly.
     """
+    if resumed_finished(exp, entry, seed, args):
+        return 0
     exp, out, restarts, world = check_distributed(exp, entry, seed, args)
     timeout = float(args.timeout)
     job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume),
-                   bool(getattr(args, "overwrite", False)))
+                   bool(getattr(args, "overwrite", False)), timeout)
     if under_torchrun():
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if restarted and not exp.train.checkpoint_every and os.environ.get("RANK") == "0":
             print(f"dqsgd: torchrun restart {restarted}: train.checkpoint_every = 0, so the run starts over",
                   file=sys.stderr)
         return _torchrun_rank(dataclasses.replace(job, resume=job.resume or restarted > 0), timeout, args)
-    threads = max(1, (os.cpu_count() or 1) // world)
+    threads = max(1, available_cpus() // world)  # the CPUs this process may use (taskset), shared by the ranks
     for attempt in range(restarts + 1):
         results = spawn_local(run_rank, world, (job,), timeout=timeout, threads=threads)
         lost = [r for r in results if not r.ok]
@@ -330,6 +343,25 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
     return 1
 
 
+def resumed_finished(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argparse.Namespace) -> bool:
+    """``--resume`` of a run that already finished: reported as the simulation reports it (``dqsgd:
+    RUN already finished (...); nothing to do (left untouched)``, exit 0) before any process starts.
+    Every other state of the directory is left to the run itself (which says why it refuses)."""
+    if not args.resume or getattr(args, "overwrite", False):
+        return False
+    from dqsgd.train.runner import check_resumable
+
+    try:
+        check_resumable(Path(args.resume), exp.train.steps, entry.label, seed, False)
+    except RunFinished as e:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: one line, from rank 0
+            print(f"dqsgd: {e}")
+        return True
+    except RunDirError:
+        return False
+    return False
+
+
 def check_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int,
                       args: argparse.Namespace) -> tuple[ExperimentConfig, str, int, int]:
     """The checks of ``dqsgd train --transport torch`` before any process starts (also its
@@ -340,8 +372,10 @@ def check_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int,
     restarts = int(getattr(args, "max_restarts", 0) or 0)
     if restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {restarts}")
-    if float(args.timeout) <= 0:
-        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    try:
+        check_timeout("--timeout", args.timeout, none_ok=False)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if (restarts or args.resume) and not exp.train.checkpoint_every:
         raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
     if exp.train.backup_workers:

@@ -1,4 +1,4 @@
-"""``--dry-run`` of ``dqsgd train``, ``dqsgd compare`` and ``dqsgd dq run``: resolve and check
+"""``--dry-run`` of ``dqsgd train`` and ``dqsgd compare`` (``dqsgd dq run``: :func:`dqsgd.dq.cli.dq_plan`): resolve and check
 everything a run would use, print the plan, and stop before training or writing anything.
 
 What is checked is what the real command checks before its first step, through the same functions:
@@ -16,9 +16,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dqsgd.train.config import ExperimentConfig, MethodEntry
+from dqsgd.dq.cli import DONE
+from dqsgd.train.config import ExperimentConfig, MethodEntry, resolve_downlink
 
-DONE = "dry run: nothing trained, nothing written"
 
 
 def _setting(exp: ExperimentConfig, data: Any, device: Any) -> str:
@@ -54,6 +54,7 @@ def train_plan(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argpa
         out = Path(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
         device = resolve_device(exp.train.device)
         lines.append(f"  transport: simulated in this process, topology {exp.train.topology or 'ps'}")
+    _check_downlink(exp, entry, "sharded" if args.transport == "torch" else "ps")
     data = load_data_for(exp)
     lines.append(_setting(exp, data, device))
     action = check_run_dir(out, bool(args.resume), bool(args.overwrite))
@@ -61,6 +62,17 @@ def train_plan(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argpa
         check_same_run(out, resolved_of_run(exp.train, entry, seed, data_fingerprint(data)))
     lines.append(f"  output: {out} ({_ACTIONS[action]})")
     return [*lines, DONE]
+
+
+def _check_downlink(exp: ExperimentConfig, entry: MethodEntry, default_topology: str) -> None:
+    """The downlink keys as the run resolves them on its topology (``default_topology`` where none is set)."""
+    from dqsgd.core.config_file import ConfigError
+
+    cfg = entry.train_config(exp.train)
+    try:
+        resolve_downlink(cfg, entry.config, cfg.topology or default_topology)
+    except ValueError as e:
+        raise ConfigError(f"methods.{entry.label}: {e}") from None
 
 
 _ACTIONS = {"new": "a new run", "resume": "continue from its newest checkpoint, same config",
@@ -75,6 +87,8 @@ def compare_plan(exp: ExperimentConfig, out: Path, resume: bool, only: list[str]
     from dqsgd.train.rundir import holds_run
     from dqsgd.train.runner import run_dir
 
+    for e in exp.methods:
+        _check_downlink(exp, e, "ps")
     p = prepare(exp, out, resume, only, overwrite)
     t = exp.train
     lines = [f"dry run: compare {t.name} (config {exp.source or 'from the command line'})",
@@ -90,20 +104,4 @@ def compare_plan(exp: ExperimentConfig, out: Path, resume: bool, only: list[str]
             else:
                 what = "replace (--overwrite)"
             lines.append(f"    {e.label:<{width}}  seed {seed}  {where}  {what}")
-    return [*lines, DONE]
-
-
-def dq_plan(exps: list, out_root: Path) -> list[str]:
-    """The plan of ``dqsgd dq run``: each experiment's problem (data loaded, model built) and runs."""
-    from dqsgd.dq.problem import Problem
-
-    lines: list[str] = []
-    for exp in exps:
-        problem = Problem(exp.problem)
-        runs = exp.runs()
-        out = out_root / exp.spec.name
-        lines += [f"dry run: dq {exp.spec.name} (config {exp.source})",
-                  f"  problem: {exp.problem.dataset} / {exp.problem.model}, n = {problem.n}, d = {problem.d}",
-                  f"  output: {out} ({'its files are replaced' if out.exists() else 'new'}); {len(runs)} runs: "
-                  + ", ".join(f"{r.label} ({r.cfg.transport})" for r in runs)]
     return [*lines, DONE]

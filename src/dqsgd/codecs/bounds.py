@@ -7,6 +7,8 @@ inputs there are).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.elias import MAX_OMEGA, omega_length
 from dqsgd.codecs.header import Coding, Header, PayloadError, header_size, layout_segments
@@ -22,8 +24,8 @@ def body_width(bits: int, coding: Coding) -> int:
         return bits
     return next(w for w in (1, 2, 4, 8, 16, 32) if w >= bits)
 
-__all__ = ["check_body_can_hold", "max_body_bytes", "max_payload_bytes", "rans_numel_bound", "ransx_numel_bound",
-           "zstd_content_bound"]
+__all__ = ["ZSTD_MAGIC", "check_body_can_hold", "check_zstd_can_hold", "max_body_bytes", "max_payload_bytes",
+           "rans_numel_bound", "ransx_numel_bound", "zstd_content_bound"]
 
 _ZSTD_BLOCK_MAX = 1 << 17  # RFC 8878 §3.1.1.2: a block decompresses to at most 128 KiB
 # After K = 1 and the symbol's varint, a one-symbol RANS body is its frequency M (varint) and the
@@ -40,6 +42,19 @@ def zstd_content_bound(frame_len: int) -> int:
     ``content ≤ 2^17 · ⌊(frame_len − 6) / 3⌋`` (about 44,000 : 1).
     """
     return _ZSTD_BLOCK_MAX * max(frame_len - 6, 0) // 3
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def check_zstd_can_hold(frame: Sequence[int], content: int, offset: int) -> None:
+    """Refuse a body at ``offset`` that must be a zstd frame decompressing to ``content`` bytes but
+    is not a zstd frame, or is too short for that (:func:`zstd_content_bound`)."""
+    if bytes(frame[:4]) != ZSTD_MAGIC:
+        raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
+    if content > zstd_content_bound(len(frame)):
+        raise PayloadError(f"ZSTD body at offset {offset}: {len(frame)} bytes cannot decompress to the "
+                           f"{content} bytes the header's numel needs")
 
 
 def rans_numel_bound(body_len: int) -> int:
@@ -67,24 +82,28 @@ def ransx_numel_bound(body_len: int) -> int:
     return 6 * (1 << 16) * max(body_len, 0)
 
 
-def _is_one_symbol_body(body: memoryview, tail: bytes) -> bool:
+def _is_one_symbol_body(body: Sequence[int], tail: bytes) -> bool:
     """``01 | varint symbol (1-3 bytes) | 80 80 04 | the states at L``: the only one-symbol RANS
     (RANSX) bodies there are."""
     g = len(body) - 1 - len(tail)
-    return (1 <= g <= 3 and all(b & 0x80 for b in body[1:g]) and body[g] < 0x80
+    return (1 <= g <= 3 and all(b & 0x80 for b in body[1:g]) and body[g : g + 1][0] < 0x80
             and bytes(body[1 + g :]) == tail)
 
 
-def check_body_can_hold(body: memoryview, h: Header, offset: int) -> None:
+def check_body_can_hold(body: Sequence[int], h: Header, offset: int) -> None:
     """Refuse, before anything of ``numel`` is allocated, a body too short for the declared numel.
 
-    FIXED's length is exact (checked by ``wire._unpack_fixed``); ZSTD is bounded by
-    :func:`zstd_content_bound` (in ``wire.unzstd``); RANS by :func:`rans_numel_bound`, and a
-    one-symbol RANS body (first byte 0x01: a constant tensor, no bits per code) must be exactly
-    its table and the state L. ELIAS codes trailing zeros in no bits at all, so an Elias body of a
-    few bytes can be a valid payload of any numel: only ``max_numel`` / ``numel`` bound those, and
-    constant RANS tensors.
+    FIXED's length is exact (``⌈numel·bits/8⌉``); ZSTD is bounded by :func:`zstd_content_bound`;
+    RANS by :func:`rans_numel_bound`, and a one-symbol RANS body (first byte 0x01: a constant
+    tensor, no bits per code) must be exactly its table and the state L. ELIAS codes trailing zeros
+    in no bits at all, so an Elias body of a few bytes can be a valid payload of any numel: only
+    ``max_numel`` / ``numel`` bound those, and constant RANS tensors. ``body`` needs only ``len``
+    and slicing (a lazily fetched device payload will do): only a RANS body's first bytes are read.
     """
+    if h.coding == Coding.FIXED and len(body) != (need := packed_size(h.numel, h.bits)):
+        raise PayloadError(f"body at offset {offset} has {len(body)} bytes, {h.numel}×{h.bits} bits need {need}")
+    if h.coding in (Coding.ZSTD, Coding.ZSTD_ALIGNED):
+        check_zstd_can_hold(body, packed_size(h.numel, body_width(h.bits, h.coding)), offset)
     if h.coding not in (Coding.RANS, Coding.RANSX) or not h.numel:
         return
     x = h.coding == Coding.RANSX

@@ -16,7 +16,7 @@ from numba import njit
 from dqsgd.codecs.header import U32_MAX
 from dqsgd.quantizers.base import RAW_SCHEMES, Scheme
 
-__all__ = ["MAX_CODE_BITS", "code_range", "histogram_range_error", "range_error", "scheme_error"]
+__all__ = ["MAX_CODE_BITS", "code_range", "histogram_range_error", "range_error", "scheme_error", "top_code"]
 
 MAX_CODE_BITS = 16
 
@@ -38,6 +38,13 @@ def code_range(scheme: Scheme, bits: int, levels: int) -> _Range:
         lo, hi = max(lo, -1), min(hi, 1)
         zero_ok = zero_ok and scheme == Scheme.TERNARY
     return _Range(lo, hi, zero_ok)
+
+
+def top_code(scheme: Scheme, bits: int, levels: int) -> int:
+    """The largest |c| a (scheme, bits, levels) allows: where the finite-output rule bounds a
+    payload's values from its scales (:func:`dqsgd.quantizers.finite.step_bound`)."""
+    rng = code_range(scheme, bits, levels)
+    return max(-rng.lo, rng.hi)
 
 
 def scheme_error(scheme: Scheme, bits: int, levels: int) -> str | None:

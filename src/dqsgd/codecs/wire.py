@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ import torch
 from dqsgd.codecs.auto import smallest_body
 from dqsgd.codecs.bodies import fixed_body, zstandard_module, zstd_compress
 from dqsgd.codecs.bitpack import packed_size, unpack_bits
-from dqsgd.codecs.bounds import body_width, check_body_can_hold, zstd_content_bound
+from dqsgd.codecs.bounds import body_width, check_body_can_hold, check_zstd_can_hold
 from dqsgd.codecs.elias import EliasError, elias_decode, elias_encode
 from dqsgd.codecs.header import (
     MAX_NUMEL, U32_MAX, Coding, Header, MAX_NDIM, PayloadError, dtype_code, header_size, layout_segments, parse_header,
@@ -69,7 +69,6 @@ from dqsgd.quantizers.base import RAW_SCHEMES, Layout, Norm, Quantized, Scheme
 
 __all__ = ["Coding", "PayloadError", "body_width", "coded_size", "decode", "encode", "header_size", "predicted_size"]
 
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # zstd clamps a frame's window to its declared content size (which must equal the expected size);
 # level-3 frames use windows ≤ 2 MiB, so this cap only refuses frames dqsgd never writes.
 _ZSTD_MAX_WINDOW = 1 << 23
@@ -215,12 +214,23 @@ def read_header(payload: bytes | bytearray | memoryview, *, max_numel: int = MAX
     """Parse a payload's header and check its crc: everything :func:`decode` checks before the body."""
     buf = memoryview(payload).cast("B")
     h = parse_header(buf, max_numel, numel)
+    check_parsed(h, buf[h.body_start : h.body_start + h.body_len], buf)
+    return h
+
+
+def check_parsed(h: Header, body: Sequence[int], whole: memoryview | None = None) -> None:
+    """What every decoder checks of a parsed header before it allocates for its numel (the host's
+    :func:`read_header`, the device decoder's header read): the scheme's bits and levels, ELIAS's
+    count, the crc of the ``whole`` payload (where it is on the host; the device checks its own),
+    and what a ``body`` of its length can carry (:func:`~dqsgd.codecs.bounds.check_body_can_hold`:
+    a FIXED body's exact length)."""
     if (err := scheme_error(h.scheme, h.bits, h.levels)) is not None:
         raise PayloadError(f"{err} (header offset 4)")
     if h.numel >= U32_MAX and h.coding == Coding.ELIAS:
         raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
-    check_crc(buf)
-    return h
+    if whole is not None:
+        check_crc(whole)
+    check_body_can_hold(body, h, h.body_start)
 
 
 def check_crc(buf: memoryview) -> None:
@@ -251,12 +261,8 @@ def _unpack_fixed(body: memoryview, h: Header, offset: int, width: int) -> np.nd
 def unzstd(body: memoryview, expected: int, offset: int) -> memoryview:
     """Decompress one zstd frame whose header must declare exactly ``expected`` bytes (so zstd
     itself bounds the output), with nothing after it."""
-    if bytes(body[:4]) != _ZSTD_MAGIC:
-        raise PayloadError(f"ZSTD body at offset {offset} is not a zstd frame")
+    check_zstd_can_hold(body, expected, offset)
     zstandard = zstandard_module()
-    if expected > zstd_content_bound(len(body)):
-        raise PayloadError(f"ZSTD body at offset {offset}: {len(body)} bytes cannot decompress to the "
-                           f"{expected} bytes the header's numel needs")
     try:
         declared = zstandard.get_frame_parameters(body).content_size
         if declared != expected:

@@ -32,7 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "ConfigSchema", "check_name", "coerce", "shipped_configs", "load_raw", "apply_overrides"]
+__all__ = ["ConfigError", "ConfigSchema", "check_name", "coerce", "shipped_configs", "load_raw", "apply_overrides",
+           "parse_toml"]
 
 SHIPPED_PACKAGE = "dqsgd.experiments"  # the shipped configs are this package's configs/*.toml
 
@@ -121,13 +122,21 @@ def load_raw(name_or_path: str, prefix: str = "", error: type[ValueError] = Conf
     if not path.is_file():
         raise error(f"no config {name_or_path!r}: not a file, and the shipped configs are {', '.join(sorted(shipped))}")
     try:
-        return tomllib.loads(path.read_text()), str(path)
-    except tomllib.TOMLDecodeError as e:
-        raise error(f"{path}: malformed TOML: {e}") from None
-    except RecursionError:
-        raise error(f"{path}: arrays or tables nested too deep to read") from None
+        text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise error(f"{path}: cannot read it ({e})") from None
+    return parse_toml(text, str(path), error), str(path)
+
+
+def parse_toml(text: str, where: str, error: type[ValueError] = ConfigError) -> dict[str, Any]:
+    """TOML ``text`` as a dict; malformed, or nested too deep to read (a ``RecursionError`` in the
+    parser): ``error`` naming ``where``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{where}: malformed TOML: {e}") from None
+    except RecursionError:
+        raise error(f"{where}: arrays or tables nested too deep to read") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str], sections: tuple[str, ...],

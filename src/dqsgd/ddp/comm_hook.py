@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from dqsgd.ddp.state import HookState, BucketState, ring_bytes
 from dqsgd.topology import payloads as codec
-from dqsgd.topology.traffic import rank_traffic
+from dqsgd.topology.registry import ALLGATHER, SHARDED, topology_of
 
 Finish = Callable[[], torch.Tensor]
 Stage2 = Any  # (future of the last collective, Finish, future: its collectives are issued, or None)
@@ -75,7 +75,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     if not _worth_it(state, b, grad.element_size()):
         return _allreduce(state, grad, world)
     payloads, flags, send = _encode_flagged(state, b, grad, rank)
-    if state.topology == "sharded":
+    if topology_of(state.topology).sharded:
         return _sharded(state, b, grad, payloads, flags, send, rank, world)
     return _allgather(state, b, grad, payloads[0], flags, send, rank, world)
 
@@ -225,7 +225,7 @@ def _allgather(state: HookState, b: BucketState, grad: torch.Tensor, payload: to
     msg = send if send is not None and send.numel() == size else torch.cat([codec.pad(payload, size - 1),
                                                                              flags.reshape(1)])
     gathered = [torch.empty_like(msg) for _ in range(world)]
-    _count(state, *rank_traffic("allgather", [[n + 1] for n in sizes], [], rank), b.numel, grad.element_size(),
+    _count(state, *ALLGATHER.rank_traffic([[n + 1] for n in sizes], [], rank), b.numel, grad.element_size(),
                 b.width(), world)
     bits, step, spent = b.bits, b.step, b.proto.spent_bits(table)
     b.step += 1
@@ -271,7 +271,7 @@ def _sharded(state: HookState, b: BucketState, grad: torch.Tensor, payloads: lis
     dbits = b.proto.down_width(b.policy)  # downlink_bits "auto": the policy's width for this step
     coded = b.proto.coded_down
     dmsg = max(b.proto.down_sizes(dbits)) + 1  # the longest downlink payload and the status byte
-    _count(state, *rank_traffic("sharded", [[n + 1 for n in row] for row in table], [0 if coded else dmsg] * world,
+    _count(state, *SHARDED.rank_traffic([[n + 1 for n in row] for row in table], [0 if coded else dmsg] * world,
                                 rank), b.numel, grad.element_size(), b.width(), world)
     bits, step, spent = b.bits, b.step, b.proto.spent_bits(table, dbits)
     b.step += 1
@@ -306,13 +306,14 @@ def _coded_down(state: HookState, b: BucketState, mine: torch.Tensor, flags: tor
     its traffic counted and the step's spend known once the lengths are."""
     from dqsgd.ddp.varlen import all_gather_varlen
     from dqsgd.topology.limits import check_sizes
-    from dqsgd.topology.traffic import wire_traffic
 
     caps, got = b.proto.down_caps(dbits), {}
 
     def on_sizes(lengths: List[int]) -> None:
-        check_sizes([n - 1 for n in lengths], caps, f"rank {rank}: the coded downlink of bucket {b.numel}: the server")
-        down = wire_traffic("sharded", [[0] * world for _ in range(world)], lengths)[1][rank]
+        for j, n in enumerate(lengths):  # rank j serves shard j
+            check_sizes([n - 1], [caps[j]], f"rank {rank}: the coded downlink of bucket {b.numel}: rank {j} (the "
+                                            f"server of shard {j})")
+        down = SHARDED.wire_traffic([[0] * world for _ in range(world)], lengths)[1][rank]
         _count(state, down, down, 0, 0, 0, world)
         got["spent"] = b.proto.spent(table, dbits, [n - 1 for n in lengths])
 

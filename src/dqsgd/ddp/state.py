@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.method.config import MethodConfig, method_config
-from dqsgd.topology.names import (
-    FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_downlink_safety, check_downlink_target, check_topology,
-    resolve_downlink_bits)
+from dqsgd.method.config import MethodConfig, check_one_message, method_config
+from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_topology
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import BucketProtocol
+    from dqsgd.topology.downspec import DownlinkSpec
 
 STATE_VERSION = 2
 
@@ -120,7 +120,8 @@ class BucketState:
 
         m = self.method
         vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        keep = avg[:: read_stride(m.policy, avg.numel())] if m.policy.needs_grad else None
+        policy = self.proto.policy
+        keep = avg[:: read_stride(policy, avg.numel())] if policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return
@@ -176,7 +177,7 @@ class BucketState:
             if bad:  # an overflow step (GradScaler skips it): no statistics to learn from
                 continue
             stats = stats_of(step, norm, l2, self.numel, spent, g)
-            self.policy = self.method.policy.update(self.policy, stats)
+            self.policy = self.proto.policy.update(self.policy, stats)
 
     def state_dict(self) -> dict[str, Any]:
         from dqsgd.policies import state_to_dict
@@ -257,29 +258,25 @@ class HookState:
         if not isinstance(method, MethodConfig):
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
-        _check_int("seed", seed, 0)
-        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
-            raise ValueError(f"timeout must be a finite number of seconds > 0 (or None), got {timeout!r}")
-        _check_int("total_steps (the policy horizon N)", total_steps, 1)
-        _check_int("start_iter", start_iter, 0)
+        check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
+        check_seed("seed", seed)
+        check_timeout("timeout", timeout)
+        check_count("total_steps (the policy horizon N)", total_steps, 1)
+        check_count("start_iter", start_iter, 0)
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
         check_topology(topology, TOPOLOGIES)
-        dbits = resolve_downlink_bits(FP32 if downlink_bits == "fp32" else downlink_bits, policy=method.policy,
-                                      topology=topology, vote=method.aggregate == "majority")
         for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
-        check_downlink_safety(dbits, downlink_feedback, allow_unsafe_downlink, topology=topology,
-                              vote=method.aggregate == "majority")
-        from dqsgd.topology.downlink import resolve_downlink_coding
+        from dqsgd.topology.downspec import resolve_downlink
 
-        self.downlink_coding = resolve_downlink_coding(downlink_coding, uplink_coding=method.coding, bits=dbits,
-                                                       vote=method.aggregate == "majority", topology=topology)
-        self.downlink_target_bits = check_downlink_target(downlink_target_bits, dbits == "auto")
-        if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
-            raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
+        spec = resolve_downlink(FP32 if downlink_bits == "fp32" else downlink_bits, downlink_coding, downlink_feedback,
+                                downlink_target_bits, allow_unsafe_downlink, policy=method.policy,
+                                uplink_coding=method.coding, vote=method.aggregate == "majority", topology=topology)
+        dbits, self.downlink_coding, self.downlink_target_bits = spec.bits, spec.coding, spec.target_bits
+        check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
         self.downlink_bits = dbits
@@ -340,7 +337,8 @@ class HookState:
         return out
 
     def agree(self) -> None:
-        """Compare :meth:`fields` across the hook's ranks once (a fixed-size all-gather on the uplink
+        """Compare :meth:`fields` and the progress (``iter``, backward passes so far: ranks resumed from
+        different states differ) across the hook's ranks once (a fixed-size all-gather on the uplink
         group): every rank raises the same RankDisagreement naming the fields that differ."""
         from dqsgd.topology.agreement import agree
 
@@ -354,7 +352,7 @@ class HookState:
             dist.all_gather(rows, mine, group=up)
             return [r.tolist() for r in rows]
 
-        agree(self.fields(), gather, dist.get_rank(up))
+        agree({**self.fields(), "progress.iter": self.iter}, gather, dist.get_rank(up))
         self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
@@ -383,7 +381,7 @@ class HookState:
                 b.sizes, b.residuals, b.down_residual = tuple(sizes), {}, None
             return b
         proto = self._protocol(index, n, sizes, world)
-        b = self._buckets[index] = BucketState(n, proto, proto.method.policy.init(),
+        b = self._buckets[index] = BucketState(n, proto, proto.policy.init(),
                                                worker_generator(self.seed, rank, index), tuple(sizes))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)
@@ -396,8 +394,14 @@ class HookState:
 
         return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
                               seed=self.seed, total_steps=self.total_steps, bucket=index,
-                              downlink_bits=self.downlink_bits, downlink_feedback=self.downlink_feedback,
-                              downlink_coding=self.downlink_coding, downlink_target_bits=self.downlink_target_bits)
+                              spec=self.downlink)
+
+    @property
+    def downlink(self) -> DownlinkSpec:
+        """The downlink as ``__init__`` resolved it, carried to every bucket's protocol."""
+        from dqsgd.topology.downspec import DownlinkSpec
+
+        return DownlinkSpec(self.downlink_bits, self.downlink_coding, self.downlink_feedback, self.downlink_target_bits)
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -409,21 +413,20 @@ class HookState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
+        from dqsgd.topology.agreement import check_state, refuse_changed
+
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
+        check_state(state, {"fields": dict, "iter": int, "counters": dict, "buckets": dict}, "HookState state_dict")
+        check_state(state["counters"], dict.fromkeys(_COUNTERS, int), "HookState state_dict counters")
         # older states: no feedback, a fixed downlink
-        theirs = {"downlink_feedback": False, "downlink_coding": "fixed", "downlink_target_bits": 0.0,
-                  **state.get("fields", {})}
-        mine = self.fields()
-        differ = sorted(k for k in set(theirs) | set(mine) if _stateful(k) and theirs.get(k) != mine.get(k))
-        if differ:
-            shown = ", ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here"
-                              for k in differ[:8])
-            raise ValueError(f"state_dict was saved under another configuration than this HookState's: {shown}")
+        refuse_changed("state_dict", state["fields"], self.fields(), _stateful,
+                       {"downlink_feedback": False, "downlink_coding": "fixed", "downlink_target_bits": 0.0})
         self.iter = int(state["iter"])
         for k in _COUNTERS:
             setattr(self, k, state["counters"][k])
         self._buckets, self._loaded = {}, dict(state["buckets"])
+        self._agreed = False  # the ranks compare their progress again at the next backward
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
@@ -438,8 +441,3 @@ class HookState:
         config = init.pop("config")
         self.__init__(config, None, **{k: init.pop(k) for k in ("seed", "timeout", "total_steps")}, **init)
         self.load_state_dict(d["state"])
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+DONE = "dry run: nothing trained, nothing written"  # the last line of every --dry-run plan
+
 __all__ = ["main", "DEFAULT_CONFIGS", "build_parser", "add_dq_arguments", "run_command"]
 
 DESCRIPTION = "Double Quantization (AsyLPG family) on an asynchronous parameter server: run the shipped experiments."
@@ -67,8 +69,6 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from dqsgd.cli.plan import dq_plan
-
         print("\n".join(dq_plan(exps, Path(args.out))))
         return 0
     from dqsgd.dq.experiment import run_experiment  # torch + data only once the configs are valid
@@ -82,3 +82,19 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def dq_plan(exps: list, out_root: Path) -> list[str]:
+    """The plan of ``dqsgd dq run``: each experiment's problem (data loaded, model built) and runs."""
+    from dqsgd.dq.problem import Problem
+
+    lines: list[str] = []
+    for exp in exps:
+        problem = Problem(exp.problem)
+        runs = exp.runs()
+        out = out_root / exp.spec.name
+        lines += [f"dry run: dq {exp.spec.name} (config {exp.source})",
+                  f"  problem: {exp.problem.dataset} / {exp.problem.model}, n = {problem.n}, d = {problem.d}",
+                  f"  output: {out} ({'its files are replaced' if out.exists() else 'new'}); {len(runs)} runs: "
+                  + ", ".join(f"{r.label} ({r.cfg.transport})" for r in runs)]
+    return [*lines, DONE]

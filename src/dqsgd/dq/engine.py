@@ -38,7 +38,7 @@ from dqsgd.dq.gradq import Fp32Grad
 from dqsgd.dq.messages import Down, DownKind, Up, UpKind, pack_down, pack_up, unpack_down, unpack_up
 from dqsgd.dq.modelq import ModelKind, decode_model, encode_model
 from dqsgd.dq.problem import Problem
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import ProtocolError
 
 __all__ = ["Master", "Worker", "MsgRecord", "EvalRecord", "shard_sizes"]

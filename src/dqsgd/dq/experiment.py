@@ -24,7 +24,7 @@ from dqsgd.dq.result import RunResult
 from dqsgd.dq.sim import run_sim
 from dqsgd.train.metrics import JsonlWriter
 from dqsgd.train.rundir import differing
-from dqsgd.train.runfiles import RunDirError, atomic_write, dir_lock
+from dqsgd.train.runfiles import RunDirError, atomic_write, dir_lock, read_json
 
 __all__ = ["run_experiment", "resolve_target"]
 
@@ -81,11 +81,11 @@ def _settings(exp: Experiment) -> dict:
 def check_same_experiment(out: Path, exp: Experiment) -> None:
     """Refuse ``out`` if it holds the results of an experiment with other settings (named)."""
     try:
-        old = json.loads((out / "config.json").read_text())
+        old = read_json(out / "config.json")  # a regular file (no FIFO, no link), bounded
     except FileNotFoundError:
         return
-    except (ValueError, RecursionError) as e:
-        raise RunDirError(f"{out}/config.json: unreadable ({e}); remove it or choose another --out") from None
+    if not isinstance(old, dict):
+        raise RunDirError(f"{out}/config.json: not a JSON object; remove it or choose another --out")
     if "settings" not in old:  # written before settings were recorded: the results file tells
         if (out / "results.json").exists():
             raise RunDirError(f"{out} holds results of an earlier experiment; use --overwrite or another --out")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dqsgd.core.extras import require
+from dqsgd.train.runfiles import atomic_write
 
 Figure = require("matplotlib.figure", "the dq report's figures").Figure  # the [plots] extra
 
@@ -192,5 +193,5 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     lines += _staleness(runs)
     lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figs if f] + [""]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines))  # never through a link planted in the output directory
     return path

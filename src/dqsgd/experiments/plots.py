@@ -9,7 +9,9 @@ are left out of it and named in :func:`notes`; skipped steps (``loss`` null) are
 
 from __future__ import annotations
 
+import io
 import math
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dqsgd.core.extras import require
-from dqsgd.experiments.summary import ordered_labels, aggregate, method_order, run_dirs, summarize_run
-from dqsgd.train.reader import read_run
+from dqsgd.experiments.summary import RunSums, ordered_labels, aggregate, method_order, run_dirs, summary_of
+from dqsgd.train.reader import read_facts, run_records
+from dqsgd.train.runfiles import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -55,21 +58,30 @@ def _num(v: Any) -> float:
 
 
 def load_run(run_dir: Path) -> Run:
-    summary = summarize_run(run_dir)
-    facts, recs = read_run(run_dir)
-    skipped = np.array([bool(r.get("skipped")) for r in recs], dtype=bool)
-    col = lambda k: np.array([_num(r.get(k)) for r in recs], dtype=float)  # noqa: E731
-    bits = col("bits")
-    bits[skipped] = np.nan
-    up = col("up_bytes")
-    up[skipped | np.isnan(up)] = 0.0
-    evals = [r for r in recs if r.get("test_acc") is not None]
+    """One run as arrays, its records streamed once (:func:`dqsgd.train.reader.run_records`: every
+    number checked), the table's sums (:class:`RunSums`) gathered in the same pass."""
+    facts = read_facts(run_dir)
+    sums = RunSums()
+    step, ev_step = array("q"), array("q")
+    loss, bits, up, ev_acc = array("d"), array("d"), array("d"), array("d")
+    times = dict.fromkeys(("compute_s", "encode_s", "decode_s"), 0.0)
+    for r in run_records(run_dir, facts):
+        sums.add(r)
+        skipped = bool(r.get("skipped"))
+        step.append(r["step"])
+        loss.append(_num(r.get("loss")))
+        bits.append(math.nan if skipped else _num(r.get("bits")))
+        up.append(0.0 if skipped else float(r["up_bytes"]))
+        for k in times:
+            times[k] += r[k]
+        if r.get("test_acc") is not None:
+            ev_step.append(r["step"])
+            ev_acc.append(float(r["test_acc"]))
     return Run(
-        method=facts["method"], seed=int(facts["seed"]), path=run_dir, facts=facts, summary=summary,
-        step=np.array([int(r["step"]) for r in recs], dtype=int), loss=col("loss"), bits=bits, up_bytes=up,
-        eval_step=np.array([int(r["step"]) for r in evals], dtype=int),
-        eval_acc=np.array([float(r["test_acc"]) for r in evals], dtype=float),
-        times={k: float(np.nansum(col(k))) if recs else 0.0 for k in ("compute_s", "encode_s", "decode_s")},
+        method=facts["method"], seed=int(facts["seed"]), path=run_dir, facts=facts, summary=summary_of(facts, sums),
+        step=np.frombuffer(step, dtype=np.int64).astype(int), loss=np.frombuffer(loss), bits=np.frombuffer(bits),
+        up_bytes=np.frombuffer(up), eval_step=np.frombuffer(ev_step, dtype=np.int64).astype(int),
+        eval_acc=np.frombuffer(ev_acc), times=times,
     )
 
 
@@ -114,18 +126,20 @@ _STYLES = ("-", "--", "-.", ":")  # methods often coincide (same width): line st
 
 
 def _by_step(runs: list[Run], values: list[np.ndarray], steps: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Seeds × steps matrix (NaN where absent) → (steps present, mean, std; std NaN below 2 seeds)."""
-    n = max((int(s.max()) + 1 for s in steps if s.size), default=0)
-    mat = np.full((len(runs), n), np.nan)
+    """Seeds × steps matrix (NaN where absent) → (steps present, mean, std; std NaN below 2 seeds).
+
+    The columns are the steps some run records (not 0..max step): the memory follows the records,
+    whatever step numbers they carry."""
+    x = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s in steps])) if steps else np.zeros(0, np.int64)
+    mat = np.full((len(runs), x.size), np.nan)
     for i, (v, s) in enumerate(zip(values, steps)):
-        mat[i, s] = v
+        mat[i, np.searchsorted(x, s)] = v
     cnt = (~np.isnan(mat)).sum(0)
     keep = cnt > 0
     tot = np.nansum(mat, 0)
     mean = np.where(keep, tot / np.maximum(cnt, 1), np.nan)
     dev = np.nansum((mat - mean) ** 2, 0)
     std = np.where(cnt > 1, np.sqrt(dev / np.maximum(cnt - 1, 1)), np.nan)
-    x = np.arange(n)
     return x[keep], mean[keep], std[keep]
 
 
@@ -401,5 +415,7 @@ def draw_figure3(runs: list[Run]) -> Figure:
 def _save(fig: Figure, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, metadata={"Software": None})
+    buf = io.BytesIO()
+    fig.savefig(buf, format=out.suffix.lstrip(".") or "png", dpi=110, metadata={"Software": None})
+    atomic_write(out, buf.getvalue())  # never through a link planted in the output directory
     return out

@@ -20,6 +20,8 @@ from dqsgd.experiments.reproduce import reproduce_commands
 from dqsgd.experiments.stats import paired_interval
 from dqsgd.experiments.summary import aggregate, ratio_or_dash, write_tables
 from dqsgd.method.config import METHODS
+from dqsgd.train.runfiles import atomic_write
+from dqsgd.topology.registry import SIMULATED_DEFAULT, topology_of
 
 CLOSE_PT = 0.5  # "within 0.5 pt of SGD" in the reading of the results
 
@@ -78,7 +80,7 @@ def build_report(root: Path) -> Path:
     for name, draw, _ in FIGURES:
         draw(runs, root / name)
     out = root / "report.md"
-    out.write_text(render_report(root, runs))
+    atomic_write(out, render_report(root, runs))  # never through a link planted in the output directory
     return out
 
 
@@ -190,11 +192,11 @@ def _legs(facts: dict[str, Any]) -> list[str]:
     a fixed width, or ``"auto"`` with the both-leg budget the run's ledger charged (``budget_bits``, per
     worker over the run), per coordinate and step, so that two rows that differ only there read apart."""
     t = facts["train_config"]
-    topology = t.get("topology") or "ps"
-    if topology == "ps":
+    topology = topology_of(t.get("topology") or SIMULATED_DEFAULT)
+    if topology is topology_of(SIMULATED_DEFAULT):
         return []
     out = [f"topology {topology}"]
-    if topology != "sharded":
+    if not topology.sharded:
         return out
     down = t.get("downlink_bits", 0)
     if down == "auto":

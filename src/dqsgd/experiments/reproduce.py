@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dqsgd.experiments.plots import Run, methods_of
+from dqsgd.train.reader import read_experiment
+from dqsgd.train.runfiles import read_text
 
 __all__ = ["reproduce_commands"]
 
@@ -45,7 +47,7 @@ def _overrides(root: Path, runs: list[Run]) -> tuple[list[str], list[str]]:
     from dqsgd.train.config import build_experiment
 
     try:
-        exp = build_experiment(tomllib.loads((root / "experiment.toml").read_text()))
+        exp = build_experiment(read_experiment(root) or {})
     except Exception as e:  # noqa: BLE001 - any failure only means we cannot derive the overrides
         return [], [f"could not compare the runs with experiment.toml ({e})"]
     args, caveats = [], []
@@ -85,7 +87,7 @@ def reproduce_commands(root: Path, runs: list[Run]) -> list[str]:
     rebuild = f"dqsgd report {shlex.quote(str(root))}   # rebuild tables, figures and this report from the JSONL files"
     if not cfg.is_file():
         return ["# no experiment.toml here: these runs were not written by `dqsgd compare`", rebuild]
-    first = next((ln for ln in cfg.read_text().splitlines() if ln.startswith("#")), "")
+    first = next((ln for ln in read_text(cfg).splitlines() if ln.startswith("#")), "")  # a regular file, bounded
     given = first.lstrip("# ").split("  ")[0].strip()
     name = re.search(r"--config\s+(\S+)", given)
     config = name.group(1) if name else shlex.quote(str(cfg))

@@ -20,19 +20,21 @@ cell in ``summary.csv``).
 
 from __future__ import annotations
 
+import collections
 import csv
+import io
 import json
 import math
 import statistics
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from dqsgd.topology.traffic import fp32_legs
+from dqsgd.topology.registry import SIMULATED_DEFAULT, topology_of
 from dqsgd.train import reader
 from dqsgd.train.config import METHOD_TRAIN_KEYS
 from dqsgd.train.rundir import differing, explain, resolved_of_facts
+from dqsgd.train.runfiles import atomic_write
 
 COLUMNS = ["method", "dataset", "stand_in_for", "model", "workers", "steps", "seeds", "test_acc_mean", "test_acc_std",
            "delta_vs_sgd_mean", "delta_vs_sgd_std", "measured_ratio", "coded_ratio", "total_ratio", "paper_ratio", "mean_bits", "up_bytes", "down_bytes", "rank_bytes",
@@ -44,22 +46,30 @@ def run_dirs(root: Path) -> list[Path]:
     return reader.run_dirs(root)
 
 
+def _experiment(root: Path) -> dict[str, Any]:
+    raw = reader.read_experiment(root)  # a regular file, bounded, nesting checked (file named on error)
+    return raw if isinstance(raw, dict) else {}
+
+
+def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    t = raw.get(name, {})
+    return t if isinstance(t, dict) else {}
+
+
 def method_order(root: Path) -> list[str]:
     """Labels of ``[methods.*]`` in ``root/experiment.toml``, in the order the user wrote them ([] if absent)."""
-    path = root / "experiment.toml"
-    if not path.is_file():
-        return []
-    return list(tomllib.loads(path.read_text()).get("methods", {}))  # tomllib keeps the file's order
+    return list(_table(_experiment(root), "methods"))  # tomllib keeps the file's order
 
 
 def missing_runs(root: Path, runs: list[dict[str, Any]]) -> list[str]:
     """``LABEL/seedK`` of every run ``root/experiment.toml`` asks for that has no run directory."""
-    path = root / "experiment.toml"
-    if not path.is_file():
+    raw = _experiment(root)
+    if not raw:
         return []
-    seeds = tomllib.loads(path.read_text()).get("train", {}).get("seeds", [0])
+    seeds = _table(raw, "train").get("seeds", [0])
     have = {(r["method"], r["seed"]) for r in runs}
-    return [f"{m}/seed{s}" for s in seeds for m in method_order(root) if (m, s) not in have]
+    return [f"{m}/seed{s}" for s in (seeds if isinstance(seeds, list) else [0]) for m in _table(raw, "methods")
+            if (m, s) not in have]
 
 
 def ordered_labels(labels: list[str], order: list[str] | None) -> list[str]:
@@ -69,37 +79,74 @@ def ordered_labels(labels: list[str], order: list[str] | None) -> list[str]:
     return first + [m for m in seen if m not in first]
 
 
+class RunSums:
+    """What the tables need of a run's records, gathered one record at a time (a run's records are never
+    all held: a 2-million-step metrics.jsonl is streamed)."""
+
+    def __init__(self) -> None:
+        self.n = self.steps = self.up = self.down = self.side = self.coded_n = self.coded_up = self.coded_side = 0
+        self.bits = self.wall = self.ranked = 0.0
+        self.n_ranked = 0
+        self.acc = float("nan")
+        self.tail: collections.deque[float] = collections.deque(maxlen=20)
+
+    def add(self, r: dict[str, Any]) -> None:
+        self.n += 1
+        self.wall += r["compute_s"] + r["encode_s"] + r["decode_s"]
+        if r.get("test_acc") is not None:
+            self.acc = r["test_acc"]
+        if r.get("skipped"):
+            return
+        self.steps += 1
+        self.up += int(r["up_bytes"])
+        self.down += int(r["down_bytes"])
+        self.side += int(r.get("side_bytes", 0))
+        self.bits += r["bits"]
+        if r.get("rank_total_bytes") is not None:
+            self.ranked += r["rank_total_bytes"]
+            self.n_ranked += 1
+        if r.get("coded_up_bytes") is not None:
+            self.coded_n += 1
+            self.coded_up += int(r["coded_up_bytes"])
+            self.coded_side += int(r.get("side_bytes", 0))
+        loss = r.get("loss")
+        self.tail.append(None if loss is None else float(loss))  # the writer's "inf" of a diverged run too
+
+
 def summarize_run(run: Path) -> dict[str, Any]:
-    facts, recs = reader.read_run(run)  # every number checked: file, line and field of a bad one
-    steps = [r for r in recs if not r.get("skipped")]
-    evals = [r for r in recs if r.get("test_acc") is not None]
-    up = sum(int(r["up_bytes"]) for r in steps)
-    side = sum(int(r.get("side_bytes", 0)) for r in steps) * facts["workers"]
-    fp32 = 4 * facts["numel"] * facts["workers"] * len(steps)
-    topology = facts["train_config"].get("topology") or "ps"
-    down = sum(int(r["down_bytes"]) for r in steps)
+    facts = reader.read_facts(run)  # every number checked: file, line and field of a bad one
+    acc = RunSums()
+    for r in reader.run_records(run, facts):
+        acc.add(r)
+    return summary_of(facts, acc)
+
+
+def summary_of(facts: dict[str, Any], acc: RunSums) -> dict[str, Any]:
+    """A run's row from its config.json and the sums of its records."""
+    w = facts["workers"]
+    side = acc.side * w
+    fp32 = 4 * facts["numel"] * w * acc.steps
+    topology = facts["train_config"].get("topology") or SIMULATED_DEFAULT
+    up, down = acc.up, acc.down
     sent = up + down + side
-    fp32_all = fp32 * fp32_legs(topology)
-    ranked = [r["rank_total_bytes"] for r in steps if r.get("rank_total_bytes") is not None]
-    mean_bits = statistics.fmean(r["bits"] for r in steps) if steps else float("nan")
-    tail = [r["loss"] for r in steps[-20:] if r.get("loss") is not None]
-    coded = [r for r in steps if r.get("coded_up_bytes") is not None]
-    coded_up = sum(int(r["coded_up_bytes"]) for r in coded)
-    coded_sent = coded_up + sum(int(r.get("side_bytes", 0)) for r in coded) * facts["workers"] // 2
-    coded_fp32 = 4 * facts["numel"] * facts["workers"] * len(coded)
+    fp32_all = fp32 * topology_of(topology).fp32_legs()
+    mean_bits = acc.bits / acc.steps if acc.steps else float("nan")
+    tail = [x for x in acc.tail if x is not None]
+    coded_sent = acc.coded_up + acc.coded_side * w // 2
+    coded_fp32 = 4 * facts["numel"] * w * acc.coded_n
     return {
         "method": facts["method"], "dataset": facts["dataset"], "stand_in_for": facts.get("stand_in_for"),
-        "model": facts["train_config"]["model"], "workers": facts["workers"], "seed": facts["seed"],
-        "steps": len(recs), "test_acc": evals[-1]["test_acc"] if evals else float("nan"),
+        "model": facts["train_config"]["model"], "workers": w, "seed": facts["seed"],
+        "steps": acc.n, "test_acc": acc.acc,
         "train_loss": statistics.fmean(tail) if tail else float("nan"),
         "up_bytes": up, "down_bytes": down, "side_bytes": side, "topology": topology,
-        "measured_ratio": fp32 / (up + side // 2) if up else (float("inf") if steps else float("nan")),
-        "coded_ratio": (coded_fp32 / coded_sent if coded_sent else float("inf")) if coded else float("nan"),
-        "coded_steps": len(coded), "coded_up_bytes": coded_up,
-        "total_ratio": fp32_all / sent if sent else (float("inf") if steps else float("nan")),
-        "rank_bytes": statistics.fmean(ranked) if ranked else float("nan"),  # busiest rank, per step
+        "measured_ratio": fp32 / (up + side // 2) if up else (float("inf") if acc.steps else float("nan")),
+        "coded_ratio": (coded_fp32 / coded_sent if coded_sent else float("inf")) if acc.coded_n else float("nan"),
+        "coded_steps": acc.coded_n, "coded_up_bytes": acc.coded_up,
+        "total_ratio": fp32_all / sent if sent else (float("inf") if acc.steps else float("nan")),
+        "rank_bytes": acc.ranked / acc.n_ranked if acc.n_ranked else float("nan"),  # busiest rank, per step
         "paper_ratio": 32.0 / mean_bits if mean_bits else float("inf"), "mean_bits": mean_bits,
-        "wall_s": sum(r["compute_s"] + r["encode_s"] + r["decode_s"] for r in recs),
+        "wall_s": acc.wall,
         "budget_bits": facts.get("budget_bits"),
     }
 
@@ -168,12 +215,13 @@ def write_tables(root: Path) -> list[dict[str, Any]]:
     if missing:
         print(f"dqsgd: warning: {root}: run(s) {', '.join(missing)} of experiment.toml missing (no config.json with "
               f"metrics.jsonl): left out of the tables", file=sys.stderr, flush=True)
-    (root / "summary.json").write_text(json.dumps({"runs": runs, "methods": rows, "missing": missing}, indent=2))
-    with open(root / "summary.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: "" if k == "coded_ratio" and math.isnan(r[k]) else r[k] for k in COLUMNS})
+    atomic_write(root / "summary.json", json.dumps({"runs": runs, "methods": rows, "missing": missing}, indent=2))
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=COLUMNS)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: "" if k == "coded_ratio" and math.isnan(r[k]) else r[k] for k in COLUMNS})
+    atomic_write(root / "summary.csv", f.getvalue())  # never through a link planted in the output directory
     return rows
 
 

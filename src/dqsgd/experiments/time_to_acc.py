@@ -21,6 +21,7 @@ from typing import Sequence
 
 from dqsgd.experiments.stats import Interval, paired_interval, t975
 from dqsgd.train import reader
+from dqsgd.train.runfiles import inside
 
 
 def time_to_accuracy(metrics: Path, target: float) -> float:
@@ -39,7 +40,7 @@ def seed_times(method_dir: Path, target: float) -> dict[int, float]:
     """seed -> time-to-accuracy of every seed of ``method_dir`` that finished or already reached the
     target (later steps cannot change when it was first reached)."""
     out = {}
-    for seed_dir in sorted(method_dir.glob("seed*")):
+    for seed_dir in sorted(inside(method_dir, d) for d in method_dir.glob("seed*")):  # no seed dir through a link
         t = time_to_accuracy(seed_dir / "metrics.jsonl", target) if (seed_dir / "metrics.jsonl").exists() else math.inf
         if (seed_dir / "summary.json").exists() or math.isfinite(t):
             out[int(seed_dir.name[4:])] = t

@@ -119,7 +119,8 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         from dqsgd.topology.agreement import SLOTS, RankDisagreement, agree
 
         fields = {**self.state.fields(), "fsdp.unit": self.index, "fsdp.unit_numel": u.numel,
-                  "fsdp.unit_pieces": list(u.pieces[: len(u.pieces) // u.world])}
+                  "fsdp.unit_pieces": list(u.pieces[: len(u.pieces) // u.world]),
+                  "progress.calls": u.calls, "progress.steps": u.n}  # ranks resumed from different states differ
         self.state.side_bytes += (u.world - 1) * (2 + SLOTS) * 8  # the fingerprint's int64 to every peer
         try:
             agree(fields, self._net(group).all_gather_ints, dist.get_rank(group))
@@ -223,7 +224,7 @@ def compress(model: torch.nn.Module, state: FSDPState) -> list[DQSGDReduceScatte
     if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter") or _base() is object:
         raise RuntimeError(f"dqsgd.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter (torch {TESTED_TORCH} "
                            f"is the version dqsgd is tested with); this torch is {torch.__version__}")
-    comms, index = [], 0
+    comms, shapes, index, group = [], {}, 0, None
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
@@ -235,10 +236,25 @@ def compress(model: torch.nn.Module, state: FSDPState) -> list[DQSGDReduceScatte
         comm = DQSGDReduceScatter(state, index, pieces)
         module.set_custom_reduce_scatter(comm)  # raises for several parameter groups (per-parameter meshes)
         comms.append(comm)
+        shapes[f"fsdp.unit{index}.shapes"] = [list(getattr(fp, "_orig_size", ())) for fp in groups[0].fsdp_params]
+        group = group or getattr(groups[0], "_reduce_scatter_process_group", None)
         index += 1
     if not comms:
         raise ValueError("compress: no FSDP unit with parameters in this model: apply fully_shard first")
+    _agree_model(state, group, {**state.fields(), "fsdp.units": index, **shapes})
     return comms
+
+
+def _agree_model(state: FSDPState, group: dist.ProcessGroup | None, fields: dict[str, Any]) -> None:
+    """The ranks' FSDPState and model (units and their parameters' full shapes), compared once, here, before
+    FSDP's first parameter all-gather (which would fail on unequal shapes without naming them)."""
+    from dqsgd.topology.agreement import RankDisagreement, agree
+
+    group = group or dist.group.WORLD
+    try:
+        agree(fields, protocol.transport(group, state.timeout).all_gather_ints, dist.get_rank(group))
+    except RankDisagreement as e:
+        raise RankDisagreement(f"dqsgd.fsdp.compress: {e}; every rank needs the same FSDPState and the same model") from e
 
 
 def _check_mesh(group: Any, index: int) -> None:

@@ -24,11 +24,8 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
-from dqsgd.method.config import MethodConfig
-from dqsgd.method.pipeline import Method, ProtocolError
+from dqsgd.method.pipeline import ProtocolError
 from dqsgd.policies import GradStats
-from dqsgd.topology import FP32
-from dqsgd.topology.bucket import BucketProtocol, shard_methods
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 
 from dqsgd.transport.torch_dist import TorchShardedTransport, TransportError, make_transport
@@ -38,28 +35,6 @@ if TYPE_CHECKING:
 
 REFUSAL_CAP = 1 << 12  # the most bytes of a refusing rank's error text that the others receive
 STATS = 2  # per rank: max |G_j| (or Σ|G_j|^p for a finite p) and Σ G_j², sent as float32 like G's sample
-
-
-class ShardedMethod(Method):
-    """A unit's method whose message is what one rank really sends: W shard payloads, each with its
-    own header. Its policy (and a budget's arithmetic) costs a width B as Σ_j message_bits_j(B), so a
-    budget counts every shard's header — with the whole vector's single header, a unit small enough for
-    headers to matter would overspend its budget."""
-
-    def __init__(self, config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int):
-        self.shard_methods = shard_methods(config, numel, total_steps, pieces, world)[1]
-        super().__init__(config, numel, total_steps, pieces)
-
-    def message_bits(self, bits: int) -> int:
-        return sum(Method.message_bits(m, bits) for m in self.shard_methods)
-
-
-def unit_protocol(config: MethodConfig, numel: int, total_steps: int, pieces: list[int], world: int,
-                  seed: int) -> BucketProtocol:
-    """The unit's sharded protocol: its W shards, its keys (``seed``), no downlink (fp32)."""
-    method = ShardedMethod(config, numel, total_steps, pieces, world)
-    return BucketProtocol(config, numel, pieces, topology="sharded", workers=world, seed=seed,
-                          total_steps=total_steps, downlink_bits=FP32, method=method)
 
 
 def transport(group: dist.ProcessGroup, timeout: float | None) -> TorchShardedTransport:
@@ -135,8 +110,8 @@ def observe(u: UnitState, group: dist.ProcessGroup, timeout: float | None, avg: 
     part = a.abs().amax() if math.isinf(p) else a.abs().pow(p).sum()
     mine = [part.reshape(1), a.square().sum().reshape(1)]
     stride, n = 0, avg.numel()
-    if m.policy.needs_grad:
-        stride = max(1, -(-u.numel // m.policy.sample))
+    if u.protocol.policy.needs_grad:
+        stride = max(1, -(-u.numel // u.protocol.policy.sample))
         mine.append(_padded_sample(avg, rank * n, stride, _sample_len(n, stride)))
     vec = torch.cat(mine).to(torch.float32)
     rows = [torch.empty_like(vec) for _ in range(world)]
@@ -149,7 +124,7 @@ def observe(u: UnitState, group: dist.ProcessGroup, timeout: float | None, avg: 
         pieces = [parts[w, STATS:STATS + _count(w * n, (w + 1) * n, stride)] for w in range(world)]
         grad = torch.cat(pieces).to(torch.float32)
     stats = GradStats(u.n, norm, rms, spent_bits, grad)
-    u.policy = m.policy.update(u.policy, stats)
+    u.policy = u.protocol.policy.update(u.policy, stats)
     return (world - 1) * vec.numel() * vec.element_size()
 
 

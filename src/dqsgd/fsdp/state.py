@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dqsgd.core.rng import QUANT, seed_for
+from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.method.config import MethodConfig, method_config
+from dqsgd.method.config import MethodConfig, check_one_message, method_config
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
@@ -97,15 +98,13 @@ class FSDPState:
         if not isinstance(method, MethodConfig):
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
-        for name, value, low in (("seed", seed, 0), ("total_steps", total_steps, 1), ("start_iter", start_iter, 0),
-                                 ("min_numel", min_numel, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
-            raise ValueError(f"timeout must be a finite number of seconds > 0 (or None), got {timeout!r}")
-        if not (isinstance(min_compression_rate, (int, float)) and 0 <= min_compression_rate < math.inf):
-            raise ValueError(f"min_compression_rate must be a finite number >= 0, got {min_compression_rate!r}")
         check_method(method)
+        check_seed("seed", seed)
+        for name, value, low in (("total_steps", total_steps, 1), ("start_iter", start_iter, 0),
+                                 ("min_numel", min_numel, 0)):
+            check_count(name, value, low)
+        check_timeout("timeout", timeout)
+        check_rate("min_compression_rate", min_compression_rate)
         self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
         self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
         self.units: dict[int, UnitState] = {}
@@ -137,12 +136,12 @@ class FSDPState:
                 raise ValueError(f"FSDP unit {index}: reduce-scatter of {numel} elements over {world} ranks, "
                                  f"earlier {u.numel} over {u.world}")
             return u
-        from dqsgd.fsdp.protocol import unit_protocol
+        from dqsgd.fsdp.unit import unit_protocol
         from dqsgd.topology.keys import worker_generator
 
         seed = unit_seed(self.seed, index)
         proto = unit_protocol(self.config, numel, self.total_steps, list(pieces), world, seed)
-        u = UnitState(numel, world, pieces, proto, proto.method.policy.init(), worker_generator(seed, rank))
+        u = UnitState(numel, world, pieces, proto, proto.policy.init(), worker_generator(seed, rank))
         self.units[index] = u
         if index in self._loaded:
             u.load(self._loaded.pop(index), index)
@@ -174,24 +173,41 @@ class FSDPState:
         """Everything a resumed job needs to continue bitwise: per-unit policy states (the budget's
         ledger), residuals, generators and step counters; the traffic counters."""
         units = {i: u.state_dict() for i, u in self.units.items()}
-        return {"version": STATE_VERSION, "method": self.config.name, "seed": self.seed,
+        return {"version": STATE_VERSION, "method": self.config.name, "seed": self.seed, "fields": self.fields(),
                 "counters": {k: getattr(self, k) for k in _COUNTERS}, "units": {**self._loaded, **units}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a unit's state applies at its next reduce-scatter."""
+        from dqsgd.topology.agreement import check_state, refuse_changed
+
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd FSDPState state_dict (version {STATE_VERSION})")
-        if state["method"] != self.config.name or state["seed"] != self.seed:
-            raise ValueError(f"state_dict is for method {state['method']!r}, seed {state['seed']}; this FSDPState "
-                             f"runs {self.config.name!r}, seed {self.seed}")
+        check_state(state, {"method": str, "seed": int, "counters": dict, "units": dict}, "FSDPState state_dict")
+        check_state(state["counters"], dict.fromkeys(_COUNTERS, int), "FSDPState state_dict counters")
+        for i, u in state["units"].items():
+            check_state(u, UNIT_KEYS, f"FSDPState state_dict unit {i}")
+        # states saved before the full configuration was recorded: their method's name and seed
+        saved = state.get("fields", {"method.name": state["method"], "seed": state["seed"]})
+        refuse_changed("FSDPState state_dict", saved, self.fields(), _stateful)
         for k in _COUNTERS:
             setattr(self, k, state["counters"][k])
         self.units, self._loaded = {}, dict(state["units"])
 
 
+UNIT_KEYS = {"numel": int, "world": int, "pieces": (tuple, list), "n": int, "calls": int, "policy": (dict, None),
+             "generator": torch.Tensor, "residual": (torch.Tensor, None), "spent": list}
+
+
+def _stateful(key: str) -> bool:
+    """What a unit's saved state depends on: the method and every option, the horizon and the seed (the
+    units' quantization keys); warm-up, min_numel and the ratio threshold may change on resume."""
+    return key.startswith("method.") or key in ("total_steps", "seed")
+
+
 def check_method(cfg: MethodConfig) -> None:
     """Refuse what a reduce-scatter cannot be: a sign vote (not a sum), a policy needing the whole
-    averaged gradient (FSDP never assembles it)."""
+    averaged gradient (FSDP never assembles it), a method sent in two rounds (Sketched SGD)."""
+    check_one_message(cfg, "FSDP's reduce-scatter")
     if cfg.aggregate == "majority":
         raise ValueError(f"method {cfg.name!r}: a majority vote is not a sum, so it cannot stand for FSDP's "
                          "reduce-scatter; use ef-signsgd (error-fed scaled signs, averaged)")

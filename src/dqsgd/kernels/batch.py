@@ -29,9 +29,11 @@ import torch
 
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused
-from dqsgd.kernels.codec import MIN_CHUNKS_PER_THREAD, FixedPlan, _max_norms, fixed_plan, inverse_norms
+from dqsgd.kernels.codec import MIN_CHUNKS_PER_THREAD, FixedPlan, max_norms, fixed_plan, inverse_norms
 from dqsgd.kernels.fused_batch import accumulate_many_range, encode_many_range
-from dqsgd.quantizers import Layout, Norm
+from dqsgd.quantizers import Layout, Norm, Scheme
+from dqsgd.codecs.ranges import top_code
+from dqsgd.quantizers.finite import step_bound
 
 __all__ = ["Batch", "decode_batch", "encode_batch"]
 
@@ -87,22 +89,18 @@ class Batch:
 
     # ------------------------------------------------------------------------------ encode
 
-    def encode(self, flat: torch.Tensor, keys: Sequence[int], triton: bool = False) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
         """Every payload of the contiguous shards of ``flat`` (shard p = ``flat[out_at[p] :][: numel_p]``)
         with HashRNG keys ``keys`` (unsigned), in one ``uint8`` buffer of :attr:`total` bytes on
-        ``flat``'s device; the bytes between payloads are 0. The numba kernels (a float32 CPU input),
-        or with ``triton`` the Triton batch (:func:`dqsgd.kernels.triton_batch.encode_batch_triton`:
-        its checks are deferred, a non-finite shard or a too small norm writes a NaN scale, which
-        every decoder refuses).
+        ``flat``'s device; the bytes between payloads are 0. The numba kernels (a float32 CPU input);
+        on a GPU, :func:`dqsgd.kernels.triton_batch.encode_batch_triton` of this batch writes the same
+        bytes (its checks are deferred: a non-finite shard or a too small norm writes a NaN scale,
+        which every decoder refuses).
 
         Raises (CPU):
           NonFiniteGradientError, ValueError: as :meth:`FixedPlan.encode_into` of the first shard that
             refuses; the exception's ``shard`` attribute is its index.
         """
-        if triton:
-            from dqsgd.kernels.triton_batch import encode_batch_triton
-
-            return encode_batch_triton(self, flat, keys)
         a = self.arrays
         x = flat.detach().reshape(-1).contiguous()
         if x.dtype != torch.float32 or x.numel() != int(a["numels"].sum()):
@@ -125,7 +123,7 @@ class Batch:
     def _scales(self, x: torch.Tensor) -> np.ndarray:
         """Every segment's norm, shards in order: one pass of the max norm over the whole vector."""
         if self.norm == Norm.MAX and x.numel():
-            return _max_norms(x, self.arrays["global_starts"])
+            return max_norms(x, self.arrays["global_starts"])
         return np.concatenate([p._scales(x[o : o + p.numel]) for p, o in zip(self.plans, self.out_at)])
 
     def _inverse(self, scales: np.ndarray) -> np.ndarray:
@@ -149,8 +147,7 @@ class Batch:
 
     # ------------------------------------------------------------------------------ decode
 
-    def accumulate(self, buf: torch.Tensor, out: torch.Tensor, weight: float = 1.0,
-                   bad: torch.Tensor | None = None, triton: bool = False) -> int | None:
+    def accumulate(self, buf: torch.Tensor, out: torch.Tensor, weight: float = 1.0) -> int | None:
         """``out[out_at[p] :][: numel_p] += weight·x̂_p`` for every payload p of ``buf`` (a 1-D
         ``uint8`` tensor of at least :attr:`total` bytes), in payload order, each validated as
         :meth:`FixedPlan.accumulate` validates it.
@@ -159,16 +156,9 @@ class Batch:
         a check; its checks but the code range are made before anything is added (the code range
         while adding: ``out`` then holds a partial sum). The caller refuses it
         (:meth:`FixedPlan.accumulate` says why).
-        With ``triton`` (the Triton batch): every failed check sets ``bad`` (a 0-dim bool on the device),
-        no sync; returns None.
+        On a GPU, :func:`dqsgd.kernels.triton_batch.accumulate_batch_triton` of this batch adds the
+        same sums; every failed check sets its ``bad`` (a 0-dim bool on the device), no sync.
         """
-        if triton:
-            from dqsgd.kernels.triton_batch import accumulate_batch_triton
-
-            if bad is None:
-                raise ValueError("the device batch defers its checks: pass bad=, a 0-dim bool tensor")
-            accumulate_batch_triton(self, buf, out, weight, bad)
-            return None
         a, arr = self.arrays, buf.numpy()
         if out.dtype != torch.float32 or out.numel() < int((a["out_at"] + a["numels"]).max()):
             raise ValueError(f"out must be a float32 tensor of {int((a['out_at'] + a['numels']).max())} elements, "
@@ -178,6 +168,9 @@ class Batch:
             return first
         scales = arr[a["scale_idx"]].view("<f4").astype(np.float32)
         steps = scales / np.float32(self.plans[0].levels)  # float32 division, FixedPlan.accumulate's floats
+        beyond = self._first_beyond(steps, weight)
+        if beyond is not None:  # the finite-output rule, before anything is added
+            return beyond
         o = out.reshape(-1).numpy()
         args = (arr, a["body_at"], a["body_len"], self.bits, 0 if self.bits == 1 else 1 << (self.bits - 1),
                 self.bits == 1, a["numels"], a["starts"], a["starts_at"], steps, a["seg_at"], np.float32(weight), o,
@@ -187,6 +180,18 @@ class Batch:
         rng = self.plans[0]._range
         wrong = np.flatnonzero(((lo < rng.lo) | (hi > rng.hi)) & (a["numels"] > 0))
         return int(wrong[0]) if wrong.size else None
+
+    def _first_beyond(self, steps: np.ndarray, weight: float) -> int | None:
+        """The first payload that breaks the finite-output rule (:mod:`dqsgd.quantizers.finite`): a
+        segment holding a coordinate whose largest |w·x̂| is not a finite float32 (None: none)."""
+        a, plan = self.arrays, self.plans[0]
+        bound = step_bound(steps, top_code(Scheme.UNIFORM, self.bits, plan.levels), weight)
+        sizes = np.concatenate([np.diff(p.starts) for p in self.plans])
+        with np.errstate(invalid="ignore"):
+            bad = (sizes > 0) & ~(bound <= np.finfo(np.float32).max)
+        if not bad.any():
+            return None
+        return int(np.searchsorted(a["seg_at"], int(np.flatnonzero(bad)[0]), side="right") - 1)
 
     def _first_bad(self, arr: np.ndarray) -> int | None:
         """The first payload whose header bytes, crc, scales or padding bits are wrong (None: none)."""

@@ -30,12 +30,14 @@ from dqsgd.codecs import Coding, PayloadError, encode as encode_payload
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import MAX_NUMEL, Header, write_header
+from dqsgd.codecs.ranges import top_code
 from dqsgd.codecs.wire import read_header
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused, recent
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers.base import RAW_SCHEMES
+from dqsgd.quantizers.finite import overflow, step_bound
 from dqsgd.quantizers.segments import check_bits, flat_float, require_finite, segment_reduce
 
 __all__ = [
@@ -74,12 +76,12 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
         scales = segment_reduce(flat, layout, "l2").numpy().astype(np.float32)
         require_finite(torch.from_numpy(scales), "fused uniform quantizer")
     elif n:
-        scales = _max_norms(flat, starts)
+        scales = max_norms(flat, starts)
     s = levels_for_bits(bits)
     return flat, starts, torch.from_numpy(scales), inverse_norms(scales, s), s
 
 
-def _max_norms(flat: torch.Tensor, starts: np.ndarray) -> np.ndarray:
+def max_norms(flat: torch.Tensor, starts: np.ndarray) -> np.ndarray:
     """max |x| per segment (float32) of a non-empty ``flat``, on one thread below
     ``2·MIN_CHUNKS_PER_THREAD`` chunks (where ``run_split`` would make one range anyway)."""
     n, xb = flat.numel(), flat.numpy().view(np.int32)
@@ -223,14 +225,18 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     ``header`` (from :func:`read_header`) skips re-parsing. Returns the header.
 
     Raises:
-      PayloadError: whatever ``decode`` refuses. Body errors (codes out of range) are found
-        while accumulating: ``out`` then holds a partial sum and must be discarded.
+      PayloadError: whatever ``decode`` refuses, and values ``w·x̂`` that would not be finite
+        (:mod:`dqsgd.quantizers.finite`: refused before anything is added). Body errors (codes out
+        of range) are found while accumulating: ``out`` then holds a partial sum and must be discarded.
       ValueError: ``out`` is not a contiguous float32 CPU buffer of the payload's numel.
     """
     h = header if header is not None else read_header(payload, max_numel=max_numel)
     arr = _out_array(out, h.numel)
     buf = memoryview(payload).cast("B")
     w = np.float32(weight)
+    if h.scheme not in RAW_SCHEMES and h.numel:
+        _refuse_beyond(step_bound(_steps(h), top_code(h.scheme, h.bits, h.levels), weight), h,
+                       segment_starts(h.layout, h.numel))
     rng = wire.code_range(h.scheme, h.bits, h.levels)
     if (h.coding in (Coding.ELIAS, Coding.RANS, Coding.RANSX) or h.numel == 0
             or (h.scheme not in RAW_SCHEMES and not rng.zero_ok and h.bits > 1)):
@@ -256,7 +262,9 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
     data = np.frombuffer(body, dtype=np.uint8)
     chunks = -(-h.numel // fused.CHUNK)
     if h.scheme in RAW_SCHEMES:
-        run_split(fused.accumulate_values, chunks, data.view("<f4"), w, arr, min_per_thread=MIN_CHUNKS_PER_THREAD)
+        values = data.view("<f4")
+        _refuse_beyond(np.abs(w * np.array([values.min(), values.max()], dtype=np.float32)), h)
+        run_split(fused.accumulate_values, chunks, values, w, arr, min_per_thread=MIN_CHUNKS_PER_THREAD)
         return h
     bits, starts = h.bits, segment_starts(h.layout, h.numel)
     offset = 0 if bits == 1 else 1 << (bits - 1)
@@ -273,6 +281,16 @@ def _check_code_spans(spans: list[tuple[int, int]], allowed: tuple[int, int], bo
     if lo < allowed[0] or hi > allowed[1]:
         raise PayloadError(
             f"body at offset {body_start}: codes span [{lo}, {hi}], the scheme allows [{allowed[0]}, {allowed[1]}]")
+
+
+def _refuse_beyond(bound: np.ndarray, h: Header, starts: np.ndarray | None = None) -> None:
+    """The finite-output rule (:mod:`dqsgd.quantizers.finite`) for a float32 accumulator, before
+    anything is added: ``bound`` holds the largest |w·x̂| (per segment of ``starts``, where a
+    segment with no coordinate decodes nothing; NaN: a NaN value)."""
+    if starts is not None and h.layout.sizes is not None:
+        bound = np.where(np.diff(starts) > 0, bound, np.float32(0))
+    if (why := overflow(float(bound.max(initial=0.0)), torch.float32, f"{h.scheme.name} payload")) is not None:
+        raise PayloadError(why)
 
 
 def _steps(h: Header) -> np.ndarray:
@@ -375,7 +393,7 @@ class FixedPlan:
             return scales
         if not self.numel:
             return np.zeros(self.starts.size - 1, dtype=np.float32)
-        return _max_norms(flat, self.starts)
+        return max_norms(flat, self.starts)
 
     # --------------------------------------------------------------------------------- decode
 
@@ -394,8 +412,9 @@ class FixedPlan:
 
         Raises:
           PayloadError: another size or header (what :func:`read_header` says of it, else the
-            difference), a crc mismatch, a non-finite scale, non-zero padding bits or codes out of
-            range (found while accumulating: ``out`` then holds a partial sum and must be discarded).
+            difference), a crc mismatch, a non-finite scale or values (:func:`decode_accumulate`),
+            non-zero padding bits or codes out of range (found while accumulating: ``out`` then
+            holds a partial sum and must be discarded).
         """
         if not self.matches(payload):
             h = read_header(payload, max_numel=max(self.numel, 1))
@@ -414,6 +433,8 @@ class FixedPlan:
         body = payload[self.head_len : self.head_len + self.body_len]
         _check_fixed_body(body, header, self.bits)
         steps = scales / np.float32(self.levels)  # float32 division, the floats of ``_steps``
+        _refuse_beyond(step_bound(steps, top_code(Scheme.UNIFORM, self.bits, self.levels), weight), header,
+                       self.starts)
         spans = self._run(fused.accumulate_range, body, self.bits, self._offset, self.bits == 1, self.starts, steps,
                           np.float32(weight), arr)
         _check_code_spans(spans, (self._range.lo, self._range.hi), self.head_len)

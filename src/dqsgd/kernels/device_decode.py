@@ -12,6 +12,7 @@ import torch
 from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
+from dqsgd.codecs.ranges import top_code
 from dqsgd.kernels.codec import decode_accumulate
 from dqsgd.kernels.device_common import (
     LazyBytes, Template, head_on, kernel, per_element, seg_ids_of, template, use_triton,
@@ -19,6 +20,7 @@ from dqsgd.kernels.device_common import (
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
 from dqsgd.quantizers import Scheme
+from dqsgd.quantizers.finite import beyond, overflow, step_bound
 
 __all__ = ["decode_accumulate_device", "decode_device"]
 
@@ -28,7 +30,8 @@ _ON_DEVICE = (Scheme.UNIFORM, Scheme.SIGN, Scheme.TERNARY)  # with FIXED coding;
 
 
 def _host_header(payload: torch.Tensor, max_numel: int) -> Header:
-    """``read_header``'s structural checks, reading only the header bytes to the host (a sync)."""
+    """``read_header``'s checks but the crc (made on the device), reading only the header bytes to the
+    host (a sync; a RANS body's first bytes too)."""
     n = payload.numel()
     first = bytes(payload[: min(n, _PREFETCH)].cpu().numpy())
 
@@ -36,10 +39,7 @@ def _host_header(payload: torch.Tensor, max_numel: int) -> Header:
         return first[lo:hi] if hi <= len(first) else bytes(payload[lo:hi].cpu().numpy())
 
     h = parse_header(LazyBytes(n, fetch), max_numel)
-    if (err := wire.scheme_error(h.scheme, h.bits, h.levels)) is not None:
-        raise PayloadError(f"{err} (header offset 4)")
-    if h.numel >= wire.U32_MAX and h.coding == Coding.ELIAS:
-        raise PayloadError(f"ELIAS payloads carry < 2^32 - 1 elements, this one declares {h.numel}")
+    wire.check_parsed(h, LazyBytes(h.body_len, lambda lo, hi: fetch(h.body_start + lo, h.body_start + hi)))
     return h
 
 
@@ -72,7 +72,7 @@ def _expected_template(h: Header) -> Template:
 _DIVISORS: dict[tuple[str, int], torch.Tensor] = {}
 
 
-def _divisor(device: torch.device, levels: int) -> torch.Tensor:
+def step_divisor(device: torch.device, levels: int) -> torch.Tensor:
     """``levels`` as a 1-element float32 tensor on ``device`` (a tensor divisor: ``r / levels`` is then
     correctly rounded everywhere), made once per device."""
     key = (str(device), levels)
@@ -94,7 +94,7 @@ def _template_flags(payload: torch.Tensor, h: Header) -> tuple[torch.Tensor, tor
 
 def _raise_first(stats: list[int], h: Header) -> None:
     """The host decoder's message for the first failed check, in its order."""
-    head_bad, scale_bad, computed, stored, pad, lo, hi, zeros = stats
+    head_bad, scale_bad, computed, stored, pad, lo, hi, zeros, over = stats
     rng = wire.code_range(h.scheme, h.bits, h.levels)
     if head_bad:
         raise PayloadError(f"header differs from the expected header {h.shape} bits={h.bits} (outside the scales)")
@@ -103,6 +103,8 @@ def _raise_first(stats: list[int], h: Header) -> None:
     if computed != stored:
         raise PayloadError(f"crc mismatch: stored {stored:#010x} at offset {h.body_start + h.body_len}, "
                            f"computed {computed:#010x}")
+    if over:
+        raise PayloadError(overflow(float("inf"), torch.float32, f"{h.scheme.name} payload") or "")
     if pad:
         raise PayloadError(f"non-zero padding bits in the last body byte (offset {h.body_start + h.body_len - 1})")
     if h.numel and (lo < rng.lo or hi > rng.hi):
@@ -116,7 +118,7 @@ def _raise_first(stats: list[int], h: Header) -> None:
 def _flagged(stats: torch.Tensor, h: Header) -> torch.Tensor:
     """Whether any check failed, as a device bool (the no-sync form of :func:`_raise_first`)."""
     rng = wire.code_range(h.scheme, h.bits, h.levels)
-    bad = (stats[0] != 0) | (stats[1] != 0) | (stats[2] != stats[3]) | (stats[4] != 0)
+    bad = (stats[0] != 0) | (stats[1] != 0) | (stats[2] != stats[3]) | (stats[4] != 0) | (stats[8] != 0)
     if h.numel:
         bad = bad | (stats[5] < rng.lo) | (stats[6] > rng.hi) | ((stats[7] > 0) & (not rng.zero_ok))
     return bad
@@ -164,7 +166,8 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
     else:
         scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
         head_flags = torch.zeros(2, dtype=torch.int64, device=dev)
-    steps = scales / _divisor(dev, h.levels)
+    steps = scales / step_divisor(dev, h.levels)
+    over = _over(steps, h, weight).to(torch.int64).reshape(1)
     payload = payload.contiguous()
     body = payload[h.body_start : h.body_start + h.body_len]
     w = torch.full((), weight, dtype=torch.float32, device=dev)
@@ -172,13 +175,23 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
     dx, code_stats = kernel(_dequantize, dev)(body, steps, seg_ids_of(h.layout, dev), w, h.bits, bucket, h.numel)
     pad = padding_bits(body, h.bits, h.numel).to(torch.int64).reshape(1)
     stats = torch.cat([head_flags, kernel(_crc_pair, dev)(payload, crc_tables(dev, payload.numel() - 4),
-                                                   crc32_length_constant(payload.numel() - 4)), pad, code_stats])
+                                                   crc32_length_constant(payload.numel() - 4)), pad, code_stats, over])
     _settle(stats, h, check, bad)
     out.view(-1).add_(dx)  # eager and separate: never contracted into an FMA (module docstring)
 
 
+def _over(steps: torch.Tensor, h: Header, weight: float) -> torch.Tensor:
+    """The finite-output rule's flag (:mod:`dqsgd.quantizers.finite`), a 0-dim device bool made where
+    the steps are (no sync): some segment's scale times the top code, times ``weight``, overflows
+    float32. It joins the other checks' flags: read in their one sync, or ORed into ``bad``."""
+    bound = step_bound(steps, top_code(h.scheme, h.bits, h.levels), weight)
+    if h.layout.sizes is not None and 0 in h.layout.sizes:  # a segment with no coordinate decodes nothing
+        bound = torch.where(torch.tensor([n > 0 for n in h.layout.sizes], device=steps.device), bound, 0.0)
+    return beyond(bound, torch.float32)
+
+
 def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None) -> None:
-    """Raise on the first failed check (``sync``: the one sync, 8 integers) or OR them into ``bad``."""
+    """Raise on the first failed check (``sync``: the one sync, 9 integers) or OR them into ``bad``."""
     if check == "sync":
         _raise_first(stats.tolist(), h)
     else:
@@ -189,7 +202,7 @@ def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float,
                        check: str, bad: torch.Tensor | None) -> None:
     """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): the same checks, made in the
     crc's last level (which starts the stats) and the decode kernel (header bytes, scales, padding,
-    codes); with ``defer`` a failed check sets ``bad`` where it is found. The same sum. With
+    codes, and the finite-output rule from each coordinate's step: no launch of its own); with ``defer`` a failed check sets ``bad`` where it is found. The same sum. With
     ``check="sync"`` the codes are scanned first and added only once every check passed (so a
     refused payload leaves ``out`` untouched): two reads of the (small) body; ``defer``: one."""
     from dqsgd.kernels.triton_codec import STATS, Checks, accumulate_triton
@@ -207,16 +220,16 @@ def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float,
         scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
         crc32_triton(payload[:-4], payload[-4:], stats, flag)
         where = (payload, 0, 0, 0)
-    steps = scales / _divisor(dev, h.levels)
+    steps = scales / step_divisor(dev, h.levels)
     checks = Checks(stats, flag, payload, *where, rng.lo, rng.hi, rng.zero_ok)
     accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, check == "defer", checks)
     if check == "sync":
-        head_bad, scale_bad, crc_bad, pad, lo, hi, zeros, _ = stats.tolist()  # the one sync
+        head_bad, scale_bad, crc_bad, pad, lo, hi, zeros, _, over_bad = stats.tolist()  # the one sync
         computed = stored = 0
         if crc_bad:  # the values, for the message
             computed = int(crc32_triton(payload[:-4])) & 0xFFFFFFFF
             stored = int.from_bytes(bytes(payload[-4:].cpu().numpy()), "little")
-        _raise_first([head_bad, scale_bad, computed, stored, pad, lo, hi, zeros], h)
+        _raise_first([head_bad, scale_bad, computed, stored, pad, lo, hi, zeros, over_bad], h)
         accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, True, None)
 
 
@@ -234,8 +247,10 @@ def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: f
     layout=)``: nothing is read; the payload's length is checked on the host (it is a tensor
     shape), its header bytes outside the scales are compared with the expected ones on the device,
     and the scales are read on the device (the returned header is the caller's, with its
-    placeholder scales). Then the crc (``device_crc``), the padding bits and the code range are
-    device flags: ``check="sync"`` reads them (8 integers) and raises on a bad payload, leaving
+    placeholder scales). Then the crc (``device_crc``), the padding bits, the code range and the
+    finite-output rule (:mod:`dqsgd.quantizers.finite`: some scale times the top code, times
+    ``weight``, overflows float32; computed on the device from the scales where they already are,
+    so it needs no sync of its own) are device flags: ``check="sync"`` reads them (8 integers) and raises on a bad payload, leaving
     ``out`` untouched; ``check="defer"`` ORs them into ``bad`` (a 0-dim bool tensor on the device)
     without a sync, and adds into ``out`` anyway: the caller must check ``bad`` before trusting
     ``out``. Payloads the device kernel does not decode (codings other than FIXED, IDENTITY and
@@ -256,9 +271,20 @@ def decode_device(payload: torch.Tensor, *, max_numel: int = MAX_NUMEL, header: 
                   check: str = "sync", bad: torch.Tensor | None = None) -> torch.Tensor:
     """``dequantize(decode(payload))`` on the payload's device, in the payload's shape and recorded
     dtype (float32 sums, rounded once to that dtype, as the host decoder does; syncs and checks as
-    in :func:`decode_accumulate_device`)."""
+    in :func:`decode_accumulate_device`).
+
+    A float16/bfloat16 payload whose values would be ±inf in its dtype (a forged scale) is refused
+    as the host decoder refuses it (:mod:`dqsgd.quantizers.finite`, narrowed form: the values' largest
+    magnitude, a device flag): ``check="sync"`` reads the flag (one more sync, narrow dtypes only),
+    ``"defer"`` ORs it into ``bad``."""
     _check_args(payload, check, bad)
     h, expected = _resolve(payload, header, max_numel)
     out = torch.zeros(h.numel, dtype=torch.float32, device=payload.device)
     _accumulate(payload, out, 1.0, h, expected, check, bad)
+    if h.dtype != torch.float32:  # float32 itself: the in-place bound of _accumulate
+        over = beyond(out.abs(), h.dtype)
+        if check == "defer":
+            bad |= over  # type: ignore[operator]
+        elif bool(over):
+            raise PayloadError(overflow(float(out.abs().amax()), h.dtype, f"{h.scheme.name} payload") or "")
     return out.reshape(h.shape).to(h.dtype)

@@ -2,7 +2,7 @@
 every payload of a batch, a grid of (blocks, payloads).
 
 Program (i, p) does block i of payload p with the one-payload kernels' own code
-(:mod:`dqsgd.kernels.triton_codec`: ``_write_head``, ``_encode_groups``, ``_decode_groups``;
+(:mod:`dqsgd.kernels.triton_codec`: ``write_head``, ``encode_groups``, ``decode_groups``;
 :mod:`dqsgd.kernels.triton_crc`: the crc's levels), reading payload p's numbers (where its input, its
 scales and its bytes lie, its header) from one int64 table (``_meta``, built once per batch and
 device): the same bytes and sums as one call per payload. A block past a shorter payload's end is
@@ -36,9 +36,9 @@ from dqsgd.codecs import wire
 from dqsgd.kernels.device_crc import crc32_length_constant
 from dqsgd.kernels.hashrng import signed64
 from dqsgd.kernels.triton_codec import (
-    BLOCK, GROUPS, HB, STATS, _decode_groups, _encode_groups, _pow2, _segment, _write_head,
+    BLOCK, GROUPS, HB, STATS, decode_groups, encode_groups, pow2, segment_span, write_head,
 )
-from dqsgd.kernels.triton_crc import FAN, ROWS, _raw, _tables_on, _verdict
+from dqsgd.kernels.triton_crc import FAN, ROWS, crc_raw, tables_on, crc_verdict
 from dqsgd.quantizers import Norm, Scheme
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def _absmax_batch(x_ptr, out_ptr, starts_ptr, meta_ptr, bucket, BLOCK: tl.conste
     ok = idx < n
     x = tl.load(x_ptr + tl.load(m) + idx, mask=ok, other=0.0).to(tl.float32)
     bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    seg = _segment(idx, ok, starts_ptr + tl.load(m + 4), nseg, bucket, MODE, STEPS)
+    seg = segment_span(idx, ok, starts_ptr + tl.load(m + 4), nseg, bucket, MODE, STEPS)
     out = out_ptr + tl.load(m + 3)
     first = tl.min(tl.where(ok, seg, nseg), axis=0)
     last = tl.max(tl.where(ok, seg, -1), axis=0)
@@ -81,16 +81,17 @@ def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys
     s = tl.program_id(1)
     m = meta_ptr + s * 12
     seg0, k, pay = tl.load(m + 3), tl.load(m + 6), out_ptr + tl.load(m + 5)
-    _write_head(head_ptr + tl.load(m + 8), scale_ptr + seg0, rec_ptr + seg0, pay, pay, k, tl.load(m + 7),
+    write_head(head_ptr + tl.load(m + 8), scale_ptr + seg0, rec_ptr + seg0, pay, pay, k, tl.load(m + 7),
                 tl.load(m + 2), LEVELS, HB, False)
-    _encode_groups(x_ptr + tl.load(m), scale_ptr + seg0, rec_ptr + seg0, starts_ptr + tl.load(m + 4), pay + k,
+    encode_groups(x_ptr + tl.load(m), scale_ptr + seg0, rec_ptr + seg0, starts_ptr + tl.load(m + 4), pay + k,
                    tl.load(keys_ptr + s).to(tl.uint64, bitcast=True), tl.load(m + 1), tl.load(m + 9), tl.load(m + 2),
                    bucket, BITS, LEVELS, WB, GROUPS, MODE, STEPS)
 
 
 @triton.jit
 def _crc_batch(src_ptr, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr, copy_ptr, meta_ptr, count, programs,
-               ROWS: tl.constexpr, LEVEL0: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr):
+               ROWS: tl.constexpr, LEVEL0: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
+               NSTATS: tl.constexpr):
     """One level of every payload's crc tree (``triton_crc._crc_level``), payload p = program_id(1):
     level 0 reads its bytes (all but the crc's 4) from the buffer, padded in front to ``programs``
     blocks; a level above reads its ``count`` raws of the level below. FINAL writes the crc into the
@@ -113,25 +114,26 @@ def _crc_batch(src_ptr, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr,
     if LEVEL0 and VERIFY:
         at, span = tl.load(m + 7), 4 * tl.load(m + 2)
         tl.store(copy_ptr + 4 * tl.load(m + 3) + (i - at), v.to(tl.uint8), mask=ok & (i >= at) & (i < at + span))
-    raw = _raw(v, q, tab_ptr, comb_ptr, ROWS, 1 if LEVEL0 else 4)
+    raw = crc_raw(v, q, tab_ptr, comb_ptr, ROWS, 1 if LEVEL0 else 4)
     if FINAL:
         raw = raw ^ tl.load(m + 11).to(tl.int32)
-        _verdict(raw, buf_ptr + tl.load(m + 5) + tl.load(m + 10) - 4, stats_ptr + p * 8, bad_ptr, 2 if VERIFY else 0)
+        crc_verdict(raw, buf_ptr + tl.load(m + 5) + tl.load(m + 10) - 4, stats_ptr + p * NSTATS, bad_ptr,
+                 2 if VERIFY else 0)
     tl.store(raw_ptr + p * programs + tl.program_id(0), raw)
 
 
 @triton.jit
 def _decode_batch(buf_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, head_ptr, meta_ptr, w, bucket, lo_ok,
                   hi_ok, zero_ok, R: tl.constexpr, BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
-                  MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr):
+                  MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, NSTATS: tl.constexpr):
     """Target t = program_id(1): payloads t·R … t·R + R − 1 in order, each as ``_decode_kernel``
     (checks into its stats and ``*bad``, then out[X:] += w·(c·step))."""
     for r in range(0, R):
         p = tl.program_id(1) * R + r
         m = meta_ptr + p * 12
         n, nseg, k, pay = tl.load(m + 1), tl.load(m + 2), tl.load(m + 6), buf_ptr + tl.load(m + 5)
-        _decode_groups(pay + k, step_ptr + tl.load(m + 3), starts_ptr + tl.load(m + 4), out_ptr + tl.load(m),
-                       stats_ptr + p * 8, bad_ptr, pay, head_ptr + tl.load(m + 8), w, n, tl.load(m + 9), nseg, bucket,
+        decode_groups(pay + k, step_ptr + tl.load(m + 3), starts_ptr + tl.load(m + 4), out_ptr + tl.load(m),
+                       stats_ptr + p * NSTATS, bad_ptr, pay, head_ptr + tl.load(m + 8), w, n, tl.load(m + 9), nseg, bucket,
                        k, tl.load(m + 7), (n * BITS) % 8, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, True,
                        True, HB, True)
 
@@ -182,11 +184,11 @@ def _crc(b: Batch, buf: torch.Tensor, meta: torch.Tensor, stats: torch.Tensor | 
     while True:
         programs = max(-(-count_ // (FAN * ROWS)), 1)
         raws = torch.empty(len(b.plans) * programs, dtype=torch.int32, device=dev)
-        tab, comb = _tables_on(dev, level)
+        tab, comb = tables_on(dev, level)
         _crc_batch[(programs, len(b.plans))](src, tab, comb, raws, buf, raws if stats is None else stats,
                                              raws if bad is None else bad, raws if copy is None else copy, meta,
                                              count_, programs, ROWS=ROWS, LEVEL0=level == 0, FINAL=programs == 1,
-                                             VERIFY=verify)
+                                             VERIFY=verify, NSTATS=STATS)
         if programs == 1:
             return
         src, count_, level = raws, programs, level + 1
@@ -196,7 +198,7 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
     """:meth:`Batch.encode` on ``flat``'s device: the norm, the headers and bodies, and the crc's
     level(s), each one launch for every shard (max norm; an l2 norm is the host's expression per
     shard)."""
-    from dqsgd.kernels.device import _scales
+    from dqsgd.kernels.device import device_scales
 
     dev, plans, levels = flat.device, b.plans, b.plans[0].levels
     meta, heads, starts = _tables(b, dev)
@@ -209,13 +211,13 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
             x, bits, starts, meta, bucket, BLOCK=BLOCK, MODE=mode, STEPS=steps)
         scales = bits.view(torch.float32)
     else:
-        scales = torch.cat([_scales(x[o : o + p.numel], b.norm, p.layout, p.starts.size - 1, False)
+        scales = torch.cat([device_scales(x[o : o + p.numel], b.norm, p.layout, p.starts.size - 1, False)
                             for p, o in zip(plans, b.out_at)])
     out = torch.zeros(b.total, dtype=torch.uint8, device=dev)
     key = torch.tensor([signed64(k) for k in keys], dtype=torch.int64).to(dev)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB)) for p in plans)
     _encode_batch[(grid, len(plans))](x, scales, scales.reciprocal(), starts, out, heads, key, meta, bucket,
-                                      BITS=b.bits, LEVELS=levels, WB=_pow2(b.bits), GROUPS=GROUPS, MODE=mode,
+                                      BITS=b.bits, LEVELS=levels, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode,
                                       STEPS=steps, HB=HB)
     _crc(b, out, meta)
     return out
@@ -224,7 +226,7 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
 def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weight: float, bad: torch.Tensor) -> None:
     """:meth:`Batch.accumulate` on ``buf``'s device, checks deferred into ``bad``: the crc check
     (one launch per level, which also copies the scales), ``r/levels``, and one decode launch."""
-    from dqsgd.kernels.device_decode import _divisor
+    from dqsgd.kernels.device_decode import step_divisor
 
     dev, plans = buf.device, b.plans
     need = max(o + p.numel for o, p in zip(b.out_at, plans))
@@ -243,10 +245,10 @@ def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weig
     stats = torch.empty(len(plans) * STATS, dtype=torch.int32, device=dev)
     scales = torch.empty(nseg, dtype=torch.float32, device=dev)
     _crc(b, buf.reshape(-1), meta, stats, bad, scales.view(torch.uint8))
-    step = scales / _divisor(dev, plans[0].levels)
+    step = scales / step_divisor(dev, plans[0].levels)
     rng = wire.code_range(Scheme.UNIFORM, b.bits, plans[0].levels)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB), 1) for p in plans)
     _decode_batch[(grid, len(plans) // per)](buf, step, starts, out.reshape(-1), stats, bad, heads, meta,
                                              float(np.float32(weight)), bucket, rng.lo, rng.hi, int(rng.zero_ok),
-                                             R=per, BITS=b.bits, WB=_pow2(b.bits), GROUPS=GROUPS, MODE=mode,
-                                             STEPS=steps_, HB=HB, enable_fp_fusion=False)
+                                             R=per, BITS=b.bits, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode,
+                                             STEPS=steps_, HB=HB, NSTATS=STATS, enable_fp_fusion=False)

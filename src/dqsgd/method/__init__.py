@@ -5,7 +5,7 @@
 * :mod:`~dqsgd.method.pipeline`: :class:`~dqsgd.method.pipeline.Method`, a configured method for one model
   (worker half: memory, quantize, encode; server half: decode, aggregate, downlink, policy);
 * :mod:`~dqsgd.method.memory`: error-feedback memory;
-* :mod:`~dqsgd.method.ledger`: the bytes that really crossed the wire, step by step.
+* :mod:`~dqsgd.topology.ledger`: the bytes that really crossed the wire, step by step.
 
 Nothing is imported here: ``import dqsgd.method.config`` does not load the codec kernels.
 """

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from dqsgd.core.ranges import check_sketch
 from dqsgd.quantizers.constants import TERNGRAD_CLIP
 
 if TYPE_CHECKING:
@@ -175,14 +176,23 @@ def _validate(c: MethodConfig) -> None:
         _fail(c, "error feedback with majority vote is not a defined method; use ef-signsgd (mean of scaled signs)")
 
 
+def check_one_message(c: MethodConfig, who: str) -> None:
+    """Refuse a method that ``who`` (the DDP hook, FSDP, the one-message pipeline) cannot run: Sketched
+    SGD sends count sketches in two rounds, which only the trainer's step runs."""
+    if c.scheme == "sketch":
+        _fail(c, f"sends count sketches in two rounds: the trainer runs it (dqsgd train, "
+                 f"dqsgd.topology.sketched.SketchedStep); {who} does not")
+
+
 def _validate_sketch(c: MethodConfig) -> None:
     if not 0 < c.topk_ratio <= 1:
         _fail(c, f"topk_ratio must be in (0, 1], got {c.topk_ratio}")
     if not 0 <= c.sketch_momentum < 1:
         _fail(c, f"sketch_momentum must be in [0, 1), got {c.sketch_momentum}")
-    if c.sketch_rows < 1 or not (0 < c.sketch_cols < math.inf) or not (1 <= c.sketch_p < math.inf):
-        _fail(c, f"a count sketch needs sketch_rows >= 1, sketch_cols > 0 and sketch_p >= 1, got "
-                 f"{c.sketch_rows}, {c.sketch_cols}, {c.sketch_p}")
+    try:
+        check_sketch(c.sketch_rows, c.sketch_cols, c.sketch_p)
+    except ValueError as e:
+        _fail(c, str(e))
     if c.error_feedback or c.aggregate != "mean" or c.downlink != "fp32" or c.coding != "fixed":
         _fail(c, "sketched SGD accumulates its own error on the workers and sends fp32 sums: leave "
                  "error_feedback, aggregate, downlink and coding at their defaults")

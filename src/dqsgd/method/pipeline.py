@@ -20,14 +20,12 @@ from dqsgd.codecs import (
 )
 from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_fast
 from dqsgd.method import memory
-from dqsgd.method.config import MethodConfig
+from dqsgd.method.config import MethodConfig, check_one_message
 from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
     Spent, grad_stats,
 )
-from dqsgd.quantizers import (
-    Layout, Norm, Quantized, Scheme, dequantize, quantize_identity, quantize_sign,
-)
+from dqsgd.quantizers import Layout, Norm, Quantized, Scheme, dequantize
 
 
 class ProtocolError(ValueError):
@@ -115,10 +113,12 @@ class Method:
             raise ValueError(f"unknown policy {self.config.policy!r}: use one of {', '.join(POLICIES)}")
         return factory(self)
 
-    def init_state(self, workers: int) -> MethodState:
+    def init_state(self, workers: int, policy: Any = None) -> MethodState:
+        """The state before step 0 for ``workers`` workers; ``policy``: the policy that runs (None: the
+        method's own; a bucket protocol may run another over it, :attr:`BucketProtocol.policy`)."""
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
-        return MethodState(self.policy.init(), [None] * workers)
+        return MethodState((self.policy if policy is None else policy).init(), [None] * workers)
 
     # --- worker side ----------------------------------------------------------------------------
     @property
@@ -140,8 +140,7 @@ class Method:
         if grad.numel() != self.numel:
             raise ValueError(f"gradient has {grad.numel()} elements, the method was built for {self.numel}")
         if self.quantizer.scheme == Scheme.SKETCH:
-            raise ValueError(f"method {c.name!r} sends count sketches in two rounds: the trainer runs it "
-                             "(dqsgd.topology.sketched.SketchedStep); the one-message pipeline and the DDP hook do not")
+            check_one_message(c, "the one-message pipeline")
         if self.fused:
             return quantize_uniform_fast(grad, bits, self._need_rng(hash_rng), norm=self.norm, layout=self.layout)
         return self.quantizer.quantize(grad, bits, generator, layout=self.layout, norm=self.norm,
@@ -206,37 +205,16 @@ class Method:
                 f"got {scheme.name} with {numel} values at {got_bits} bits"
             )
 
-    def aggregate(self, payloads: Sequence[bytes], bits: int) -> torch.Tensor:
-        """G = Σ_w (1/W)·decode(payload_w) (each payload scaled before it is added: a mean of finite
-        values stays finite), or the majority vote of the signs; worker order fixed. The one
-        aggregation of :class:`dqsgd.topology.bucket.BucketProtocol`."""
-        from dqsgd.topology.payloads import accumulate, bytes_tensor, vote
-
-        received = [bytes_tensor(p) for p in payloads]
-        if self.config.aggregate == "majority":
-            return vote(self, received, bits)
-        total = torch.zeros(self.numel, dtype=torch.float32)
-        accumulate(self, received, bits, total, weight=1.0 / len(received))
-        return total
-
-    def encode_downlink(self, update: torch.Tensor) -> bytes:
-        if self.config.downlink == "sign":
-            return encode_payload(quantize_sign(update), Coding.FIXED)
-        return encode_payload(quantize_identity(update), Coding.FIXED)
-
-    def decode_downlink(self, payload: bytes) -> torch.Tensor:
-        q = decode_payload(payload, max_numel=max(self.numel, 1))
-        if q.numel != self.numel:
-            raise ProtocolError(f"downlink message has {q.numel} values, expected {self.numel}")
-        return dequantize(q).reshape(-1)
-
-    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: Spent) -> MethodState:
+    def observe(self, state: MethodState, aggregated: torch.Tensor, step: int, spent_bits: Spent,
+                policy: Any = None) -> MethodState:
         """Server: the policy sees step n's aggregate and picks B_{n+1} (Algorithm 2, line 12).
-        ``spent_bits``: the step's bits, or (bits, a coded downlink's real bits among them)."""
+        ``spent_bits``: the step's bits, or (bits, a coded downlink's real bits among them); ``policy``:
+        the policy that runs (None: the method's own)."""
+        policy = self.policy if policy is None else policy
         if state.policy is None:
             raise ValueError("observe: this method state holds no policy state (a rank that only receives the width)")
-        stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=self.policy.needs_grad)
-        return MethodState(self.policy.update(state.policy, stats), state.residuals, down_residuals=state.down_residuals)
+        stats: GradStats = grad_stats(aggregated, step, spent_bits, self.p, keep=policy.needs_grad)
+        return MethodState(policy.update(state.policy, stats), state.residuals, down_residuals=state.down_residuals)
 
 
 def _dqsgd_error(m: Method) -> DQSGDRule:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dqsgd.quantizers.finite import overflow
+
 
 class Scheme(enum.IntEnum):
     """Quantization scheme id, as written in the wire header (one byte)."""
@@ -118,12 +120,6 @@ class Quantized:
         return n
 
 
-def dtype_limit(dtype: torch.dtype) -> float:
-    """The largest magnitude a decoded value may have: it must fit float32 (the arithmetic) and the
-    payload's own dtype (float16: 65504; bfloat16: 3.39e38), else it would round to ±inf."""
-    return min(torch.finfo(torch.float32).max, torch.finfo(dtype).max)
-
-
 def dequantize(q: Quantized) -> torch.Tensor:
     """``x̂_i = codes_i · scales[seg(i)] / levels`` (raw values for IDENTITY), in q.shape and q.dtype
     (computed in float32, then rounded once to q.dtype)."""
@@ -141,16 +137,13 @@ def _dequantize32(q: Quantized) -> torch.Tensor:
         except RuntimeError as e:  # forged dims such as (0, 2^32-1, 2^32-1, 2^32-1): torch's strides overflow
             raise ValueError(f"shape {tuple(q.shape)} cannot be represented ({e})") from None
     step = q.scales.to(torch.float32) / float(q.levels)
-    peak = float(step.abs().amax()) * float(q.codes.abs().amax()) if q.codes.numel() else 0.0
-    if not peak <= dtype_limit(q.dtype):  # finite scales, but code × step overflows (a forged scale)
-        name = str(q.dtype).removeprefix("torch.")
-        raise ValueError(f"{q.scheme.name} payload decodes to values beyond {name} (scale step "
-                         f"{float(step.abs().amax()):.3e} × code {int(q.codes.abs().amax())}); refusing it")
     sizes = q.layout.segment_sizes(numel)
     if len(sizes) == 1:
         out = q.codes.to(torch.float32) * step[0]
     else:
         out = q.codes.to(torch.float32) * torch.repeat_interleave(step, torch.tensor(sizes))
+    if (why := overflow(float(out.abs().amax()), q.dtype, f"{q.scheme.name} payload")) is not None:
+        raise ValueError(why)  # finite scales, but code × step overflows the dtype (a forged scale)
     return out.reshape(q.shape)
 
 

@@ -27,9 +27,11 @@ topology=..., workers=W, seed=..., bucket=i, total_steps=N, downlink_bits=b)``):
 * sizes (:mod:`dqsgd.topology.limits`): one bound per payload, checked before any allocation.
 * rank agreement (:mod:`dqsgd.topology.agreement`): a fixed-size fingerprint of the configuration
   compared across ranks with a fixed-size collective; every rank raises the same error.
-* traffic (:mod:`dqsgd.topology.traffic`): bytes per rank and link phase of each topology.
+* topologies (:mod:`dqsgd.topology.registry`): one object per topology — its shard count, collectives,
+  who aggregates, whether a downlink crosses the links, its traffic formulas (bytes per rank and phase).
 
-Topology names: :data:`TOPOLOGIES` (``dqsgd.topology.names``), the one list.
+Topology names: :data:`TOPOLOGIES` (``dqsgd.topology.registry``), the one list; no other module
+compares a topology's name.
 """
 
 from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES, TOPOLOGIES, check_downlink_bits, check_topology

@@ -6,8 +6,15 @@ fixed-size vector of :data:`SLOTS` integers: field ``k`` goes to slot ``crc32(k)
 the 56-bit hashes of ``(k, value)`` are combined by XOR, so a field that differs, or that one rank
 has and another lacks, changes its slot. Every rank sends the same number of integers whatever its
 configuration — the check itself cannot crash an unequal collective — and receives every rank's
-vector, so every rank finds the same differing slots and raises the same :class:`RankDisagreement`
-naming the fields in them.
+vector, so every rank finds the same differing slots. Where slots differ, a second exchange sends
+a (name hash, value hash) pair for each field in those slots (its size first agreed by a one-integer
+all-gather), so every rank raises the same :class:`RankDisagreement` naming exactly the fields that
+differ — never an innocent field that only shares a slot with one.
+
+A saved state (a hook's, FSDP's, Local SGD's, a trainer checkpoint) records the same kind of
+mapping; :func:`refuse_changed` compares it with the configuration it is loaded into and names every
+differing key ("method.bits: 8 saved, 2 here"), and :func:`check_state` refuses a malformed state
+(missing keys, wrong types) before anything of it is loaded.
 """
 
 from __future__ import annotations
@@ -59,13 +66,75 @@ def agree(fields: Mapping[str, Any], gather: Callable[[list[int]], Sequence[Sequ
     stopped = [r for r, v in enumerate(rows) if v[0]]
     if stopped:
         raise RankDisagreement(f"rank {rank}: rank(s) {stopped} refused {what} (see their message)")
-    slots = {s: [r for r, v in enumerate(rows) if v[_HEAD + s] != rows[0][_HEAD + s]] for s in range(SLOTS)}
-    slots = {s: ranks for s, ranks in slots.items() if ranks}
+    slots = {s for s in range(SLOTS) if any(v[_HEAD + s] != rows[0][_HEAD + s] for v in rows)}
     if not slots and all(v[1] == rows[0][1] for v in rows):
         return
     named = sorted(k for k in fields if slot_of(k) in slots)
-    shown = "; ".join(f"{k} (rank(s) {slots[slot_of(k)]} differ from rank 0; here {fields[k]!r})" for k in named[:8])
-    missing = sorted(set(slots) - {slot_of(k) for k in fields})
-    if missing or not named:
+    # Second exchange: (name hash, value hash) of every field in a differing slot, padded to the most any
+    # rank has (that count agreed first), so the message names exactly the fields that differ.
+    most = max(r[0] for r in gather([len(named)]))
+    pairs = [x for k in named for x in (digest(k), digest([k, fields[k]]))] + [-1] * (2 * (most - len(named)))
+    tables = [dict(zip(r[0::2], r[1::2])) for r in gather(pairs)] if most else [{}]
+    differ = {k: [r for r, t in enumerate(tables) if t.get(digest(k)) != tables[0].get(digest(k))] for k in named}
+    shown = "; ".join(f"{k} (rank(s) {ranks} differ from rank 0; here {fields[k]!r})"
+                      for k, ranks in differ.items() if ranks)
+    mine = {digest(k) for k in named}
+    if any(h != -1 and h not in mine for t in tables for h in t) or not shown:
         shown += ("; " if shown else "") + "and field(s) this rank does not have (the ranks' key sets differ)"
     raise RankDisagreement(f"rank {rank}: the ranks run different configurations: {shown}")
+
+
+def tensor_digest(t: Any) -> str:
+    """A hex sha256 of a tensor's dtype, shape and bytes (equal tensors, equal digest; a field value
+    for :func:`agree`, e.g. the initial parameters)."""
+    import torch  # here: the command line reads this module before it imports torch
+
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    h = hashlib.sha256(f"{flat.dtype}{tuple(t.shape)}".encode())
+    h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return h.hexdigest()[:32]
+
+
+def changed(saved: Mapping[str, Any], mine: Mapping[str, Any], compared: Callable[[str], bool] = lambda k: True,
+            defaults: Mapping[str, Any] | None = None) -> str:
+    """The keys ``compared`` keeps whose values differ between a saved state's configuration and this
+    one, as ``"method.bits: 8 saved, 2 here; ..."`` ("" when none). ``defaults``: what a key an older
+    state lacks stood for (a key absent from both sides and from ``defaults`` is not compared)."""
+    theirs = {**(defaults or {}), **saved}
+    keys = sorted(k for k in set(theirs) | set(mine) if compared(k) and k not in NOT_SAVED
+                  and theirs.get(k, _ABSENT) != mine.get(k, _ABSENT))
+    return "; ".join(f"{k}: {theirs.get(k, '(absent)')!r} saved, {mine.get(k, '(absent)')!r} here" for k in keys)
+
+
+def refuse_changed(what: str, saved: Mapping[str, Any], mine: Mapping[str, Any],
+                   compared: Callable[[str], bool] = lambda k: True, defaults: Mapping[str, Any] | None = None,
+                   error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming every differing key (:func:`changed`) when ``what`` was saved under
+    another configuration than ``mine``."""
+    diff = changed(saved, mine, compared, defaults)
+    if diff:
+        raise error(f"{what} was saved under another configuration: {diff}")
+
+
+_ABSENT = object()
+NOT_SAVED = ("method.description",)  # words about a method, not what it sends
+
+
+def check_state(state: Any, spec: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``state`` if it is a dict holding every key of ``spec`` with a value of its type(s) (``None``
+    in a tuple of types: may be None); else a ValueError naming the missing or mistyped keys, raised
+    before anything of the state is loaded."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{what}: not a state dict (got {type(state).__name__})")
+    missing = sorted(k for k in spec if k not in state)
+    if missing:
+        raise ValueError(f"{what}: malformed state, missing key(s) {missing}")
+    for key, types in spec.items():
+        kinds = types if isinstance(types, tuple) else (types,)
+        value = state[key]
+        ok = any(value is None if t is None else isinstance(value, t) and not (t is int and isinstance(value, bool))
+                 for t in kinds)
+        if not ok:
+            names = " or ".join("None" if t is None else t.__name__ for t in kinds)
+            raise ValueError(f"{what}: malformed state, {key!r} must be {names}, got {type(value).__name__}")
+    return state

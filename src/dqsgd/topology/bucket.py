@@ -39,8 +39,8 @@ from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.topology import downlink, keys, payloads
 from dqsgd.topology.limits import check_table
 from dqsgd.topology.names import (
-    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_downlink_target,
-    check_topology)
+    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_downlink_target)
+from dqsgd.topology.registry import topology_of
 
 if TYPE_CHECKING:
     from dqsgd.kernels import HashRNG
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
     from dqsgd.policies.base import Spent
     from dqsgd.policies.split import SplitBudget
+    from dqsgd.topology.downspec import DownlinkSpec
 
 SIGN = payloads.SIGN
 
@@ -65,22 +66,29 @@ def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_size
 
 class BucketProtocol:
     """One bucket of ``numel`` coordinates (tensors of ``param_sizes``) under ``topology`` for ``workers``
-    ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method` (its policy picks every
-    shard's width), built from ``config`` when not given. ``downlink_coding``: the downlink's coding
+    ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method`, built from ``config``
+    when not given; :attr:`policy` picks every shard's width (the method's policy, or under
+    ``downlink_bits = "auto"`` its both-leg split, :meth:`_split`). ``downlink_coding``: the downlink's coding
     (:func:`dqsgd.topology.downlink.resolve_downlink_coding`; None: the uplink's where the downlink is
     quantized). ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the
-    both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost."""
+    both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost. ``spec``: all four
+    at once, as a run resolved them (:class:`~dqsgd.topology.downspec.DownlinkSpec`), instead of the keywords."""
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
                  workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int | str = 8,
                  method: Method | None = None, downlink_feedback: bool = False, downlink_coding: str | None = None,
-                 downlink_target_bits: float = 0.0):
+                 downlink_target_bits: float = 0.0, spec: DownlinkSpec | None = None):
         from dqsgd.method.pipeline import Method
 
-        self.topology, self.workers, self.bucket = check_topology(topology), workers, bucket
+        if spec is not None:  # the run's downlink, resolved once (dqsgd.topology.downspec)
+            downlink_bits, downlink_feedback = spec.bits, spec.feedback
+            downlink_coding, downlink_target_bits = spec.coding, spec.target_bits
+
+        self.kind = topology_of(topology)  # what the topology does (dqsgd.topology.registry)
+        self.topology, self.workers, self.bucket = self.kind.name, workers, bucket
         self.method = method if method is not None else Method(config, numel, total_steps, param_sizes)
-        count = workers if topology == "sharded" else 1
-        if topology == "sharded" and numel < workers:
+        count = self.kind.shards(workers)
+        if numel < count:
             raise ValueError(f"topology sharded needs at least one coordinate per shard: {numel} coordinates "
                              f"for {workers} workers")
         if count == 1:  # the bucket is its one shard
@@ -92,7 +100,7 @@ class BucketProtocol:
         if self.auto:
             check_auto_downlink(topology, self.vote, config.policy)
             downlink_bits = DOWNLINK_PARITY_BITS
-        self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if topology == "sharded" else FP32)
+        self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if self.kind.sharded else FP32)
         self.down_coding = downlink.resolve_downlink_coding(downlink_coding, uplink_coding=config.coding,
                                                             bits=self.down_bits, vote=self.vote, topology=topology)
         self.coded_down = self.down_coding != downlink.FIXED
@@ -103,8 +111,9 @@ class BucketProtocol:
                              "not a majority vote")
         self.feedback = bool(downlink_feedback)
         self.down_target = check_downlink_target(downlink_target_bits, self.auto)
-        if self.auto:
-            self.method.policy = self._split(total_steps)
+        # the bucket's bit policy: the method's, or under "auto" the split of one both-leg budget over it
+        # (the method keeps its own: whoever runs this bucket asks the protocol)
+        self.policy = self._split(total_steps) if self.auto else self.method.policy
 
     def _split(self, total_steps: int) -> SplitBudget:
         """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is
@@ -337,9 +346,15 @@ class BucketProtocol:
         from dqsgd.method.pipeline import ProtocolError
         from dqsgd.quantizers import Norm
 
+        from dqsgd.codecs import PayloadError
+
         dbits = self._width(dbits)
-        if self.coded_down:
-            downlink.decode_coded(p, out, dbits, self.shards[j], lambda text: ProtocolError(f"shard {j}: {text}"))
+        if self.coded_down:  # a refusal names the shard and the rank that serves it (rank j)
+            where = f"the coded downlink of shard {j} from rank {j} (its server)"
+            try:
+                downlink.decode_coded(p, out, dbits, self.shards[j], lambda text: ProtocolError(f"{where}: {text}"))
+            except PayloadError as e:
+                raise PayloadError(f"{where}: {e}") from None
             return
         n, numel = self.down_sizes(dbits)[j], out.numel()
         uniform = dbits not in (FP32, SIGN)
@@ -363,6 +378,6 @@ def run_in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: i
     gens = generators if generators is not None else [None] * len(flats)
     sent = [proto.encode(w, g, bits, step, gens[w])[0] for w, g in enumerate(flats)]
     avg = [proto.reduce(j, [row[j] for row in sent], bits) for j in range(len(proto.shards))]
-    if proto.topology == "allgather":
+    if not proto.kind.downlink:  # every rank aggregated for itself
         return avg[0]
     return proto.decode_down([proto.encode_down(j, a, step, dbits=dbits) for j, a in enumerate(avg)], dbits=dbits)

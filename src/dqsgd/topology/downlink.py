@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, get_args
 import torch
 
 from dqsgd.topology.names import FP32
+from dqsgd.topology.registry import topology_of
 
 if TYPE_CHECKING:
     from dqsgd.codecs import Coding
@@ -54,7 +55,7 @@ def resolve_downlink_coding(coding: object, *, uplink_coding: str, bits: int | s
     or ``""`` (not given) the uplink's coding for a quantized sharded downlink, else ``"fixed"``.
     A coding other than fixed where the downlink is not quantized (fp32, a vote's signs, no sharded
     downlink) is refused."""
-    quantized = topology == "sharded" and not vote and bits != FP32
+    quantized = topology_of(topology).sharded and not vote and bits != FP32
     if coding is None or coding == "":
         return uplink_coding if quantized else FIXED
     if not isinstance(coding, str) or coding not in CODINGS:

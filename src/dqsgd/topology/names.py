@@ -1,20 +1,13 @@
-"""The topologies and the downlink widths, written once."""
+"""The downlink widths, written once (the topologies: :mod:`dqsgd.topology.registry`)."""
 
 from __future__ import annotations
 
-TOPOLOGIES = ("ps", "allgather", "sharded")  # every topology of the trainer
-HOOK_TOPOLOGIES = ("sharded", "allgather")    # those of the DDP hook (no parameter server in DDP)
+from dqsgd.topology.registry import HOOK_TOPOLOGIES, TOPOLOGIES, check_topology, topology_of  # noqa: F401
+
 FP32 = 32                                     # downlink width meaning "send the averaged shard in fp32"
 AUTO = "auto"                                 # downlink width chosen with the uplink's from one budget
 DOWNLINK_PARITY_BITS = 8                      # the explicit default width; an "auto" budget adds its cost
 BUDGETED_POLICIES = ("dqsgd-budget", "dqsgd-coded")  # the policies "auto" splits the budget of
-
-
-def check_topology(topology: object, allowed: tuple[str, ...] = TOPOLOGIES) -> str:
-    """``topology`` if it is one of ``allowed``, else a ValueError naming them."""
-    if not isinstance(topology, str) or topology not in allowed:
-        raise ValueError(f"unknown topology {topology!r}: use one of {', '.join(allowed)}")
-    return topology
 
 
 def check_downlink_bits(bits: object) -> int:
@@ -31,7 +24,8 @@ def resolve_downlink_bits(bits: object, *, policy: str, topology: str, vote: boo
     ``sharded`` (not a vote), else :data:`DOWNLINK_PARITY_BITS`. ``"auto"`` where it means nothing
     is refused (:func:`check_auto_downlink`)."""
     if bits is None or (bits == 0 and not isinstance(bits, bool)):
-        return AUTO if policy in BUDGETED_POLICIES and topology == "sharded" and not vote else DOWNLINK_PARITY_BITS
+        sharded = topology_of(topology).sharded
+        return AUTO if policy in BUDGETED_POLICIES and sharded and not vote else DOWNLINK_PARITY_BITS
     if bits == AUTO:
         check_auto_downlink(topology, vote, policy)
         return AUTO
@@ -40,7 +34,7 @@ def resolve_downlink_bits(bits: object, *, policy: str, topology: str, vote: boo
 
 def check_auto_downlink(topology: str, vote: bool, policy: str | None = None) -> None:
     """Refuse ``downlink_bits = "auto"`` where there is no downlink width to choose or no budget to split."""
-    if topology != "sharded" or vote:
+    if not topology_of(topology).sharded or vote:
         what = "a majority vote sends its signs" if vote else f"topology {topology!r} sends no quantized downlink"
         raise ValueError(f"downlink_bits = 'auto' chooses the sharded downlink's width: {what}; use topology "
                          f"'sharded' or leave downlink_bits unset")
@@ -78,7 +72,7 @@ def check_downlink_safety(bits: int | str, feedback: bool, force: bool, *, topol
     """
     if bits == AUTO:  # the policy picks widths >= SAFE_DOWNLINK_BITS unless feedback is on
         return
-    quantized = topology == "sharded" and not vote and bits != FP32
+    quantized = topology_of(topology).sharded and not vote and bits != FP32
     if feedback and not quantized:
         what = ("a majority vote sends its exact signs" if vote else "an fp32 downlink" if bits == FP32
                 else f"topology {topology!r} sends no quantized downlink")

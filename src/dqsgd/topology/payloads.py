@@ -217,7 +217,11 @@ def accumulate_batch(spec: Sequence[tuple[int, Layout]], bits: int, norm: Norm, 
         return False
     buf, at = packed(payloads)
     b = decode_batch(tuple(spec), bits, norm, tuple(at), tuple(out_at))
-    if b.accumulate(buf, out, weight, bad, triton=tri) is not None:
+    if tri:  # the Triton batch: its checks set ``bad``, no sync
+        from dqsgd.kernels.triton_batch import accumulate_batch_triton
+
+        accumulate_batch_triton(b, buf, out, weight, bad)
+    elif b.accumulate(buf, out, weight) is not None:
         refuse(torch.zeros_like(out))
         raise RuntimeError("the batched decoder refused a payload that the one-by-one decoder accepts")
     return True
@@ -253,7 +257,12 @@ def encode_batched(shards: list[Method], bounds: list[tuple[int, int]], flat: to
     if [lo for lo, _ in bounds] != [0] + [hi for _, hi in bounds[:-1]]:
         raise ValueError(f"shard bounds {bounds} are not the contiguous pieces of one vector")
     b = encode_batch(tuple((hi - lo, m.layout) for m, (lo, hi) in zip(shards, bounds)), bits, shards[0].norm, gap)
-    return b.encode(flat, [r.key for r in rngs], triton=tri), list(b.offsets), b.sizes
+    keys = [r.key for r in rngs]
+    if tri:
+        from dqsgd.kernels.triton_batch import encode_batch_triton
+
+        return encode_batch_triton(b, flat, keys), list(b.offsets), b.sizes
+    return b.encode(flat, keys), list(b.offsets), b.sizes
 
 
 def encode_messages(shards: list[Method], bounds: list[tuple[int, int]], flat: torch.Tensor, bits: int,

@@ -18,11 +18,12 @@ k = max(1, round(topk_ratio·d)), c = ⌈sketch_cols·k⌉, r = sketch_rows, m =
 (:class:`dqsgd.method.config.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``). A worker's
 memory (``MethodState.residuals[w]``, checkpointed) is the (2, d) tensor [u_w; e_w].
 
-Topologies, each over its usual transport calls (:mod:`dqsgd.transport.base`):
+Topologies, each over its usual transport calls (:mod:`dqsgd.topology.links`):
 
 * ``ps``: the server gathers the sketches, sends the candidates (an INDICES message of
   :mod:`dqsgd.codecs.sketch_wire`) with the downlink broadcast, gathers the values and broadcasts the
-  sparse update (a SPARSE message: T and G_T) with B_{n+1};
+  sparse update (a SPARSE message: T and G_T) with B_{n+1}; a worker refuses an announced downlink
+  longer than m (then k) coordinates take before it allocates (:mod:`dqsgd.topology.limits`);
 * ``allgather``: every rank receives every payload and computes C, T and G itself; the broadcasts only
   check that the ranks agree (nothing crosses a link downward);
 * ``sharded``: the sketch is sharded by columns — rank j sums column block j of every worker's table and
@@ -43,17 +44,18 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import torch
 
 from dqsgd.codecs import Coding, PayloadError, encode as encode_payload, predicted_size
-from dqsgd.codecs.sketch_wire import IndexKind, decode_indices, encode_indices
+from dqsgd.codecs.sketch_wire import IndexKind, decode_indices, encode_indices, index_message_size
 from dqsgd.core.rng import SKETCH, generator
 from dqsgd.core.sharding import shard_bounds
 from dqsgd.kernels import decode_accumulate, read_header
 from dqsgd.method.pipeline import Method, MethodState, ProtocolError
 from dqsgd.quantizers import Layout, Scheme, quantize_identity
 from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
+from dqsgd.topology.registry import topology_of
 from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
-    from dqsgd.transport.base import ShardedTransport, Transport
+    from dqsgd.topology.links import ShardedTransport, Transport
 
 
 class SketchedStep:
@@ -66,12 +68,13 @@ class SketchedStep:
             raise ValueError(f"SketchedStep runs the sketch scheme, not {method.config.scheme!r}")
         c, d = method.config, method.numel
         self.method, self.topology, self.workers = method, topology, workers
+        self.policy = method.policy  # a fixed width
         self.k = min(d, max(1, round(c.topk_ratio * d)))
         self.cols = max(1, math.ceil(c.sketch_cols * self.k))
         self.m = min(d, math.ceil(c.sketch_p * self.k))
         self.rho = c.sketch_momentum
         self.cs = CountSketch.draw(d, c.sketch_rows, self.cols, generator(seed, SKETCH))
-        if topology == "sharded":
+        if topology_of(topology).sharded:
             if self.cols < workers:
                 raise ValueError(f"topology sharded cuts the sketch's {self.cols} columns among {workers} workers: "
                                  f"raise sketch_cols or topk_ratio")
@@ -148,7 +151,7 @@ class SketchedStep:
         acc = {w: a for w, (_, a) in mom_acc.items()}
         tables = {w: self.cs.sketch(a) for w, a in acc.items()}
         encode_s = time.perf_counter() - t0
-        if self.topology == "sharded":
+        if topology_of(self.topology).sharded:
             chosen, values, up, down, sent = self._sharded(t, acc, tables)  # type: ignore[arg-type]
         else:
             chosen, values, up, down, sent = self._server(t, acc, tables, state.bits)  # type: ignore[arg-type]
@@ -172,7 +175,7 @@ class SketchedStep:
         ask = None
         if t.is_server and gathered is not None:
             ask = encode_indices(self.candidates(self.sum_payloads(gathered, Scheme.SKETCH, shape)), d)
-        ask, _ = t.broadcast(ask, [bits])
+        ask, _ = t.broadcast(ask, [bits], index_message_size(d, self.m, IndexKind.INDICES))
         cand, _ = decode_indices(ask, d, self.m, IndexKind.INDICES)
         values = [encode_payload(quantize_identity(acc[w][cand])) for w in acc]
         answers = t.gather(values, self.values_bytes(cand.numel()))
@@ -182,9 +185,9 @@ class SketchedStep:
             reply = encode_indices(chosen, d, vals)
             assert gathered is not None
             up = [[len(s) + len(v)] for s, v in zip(gathered, answers)]
-        reply, _ = t.broadcast(reply, [bits])
+        reply, _ = t.broadcast(reply, [bits], index_message_size(d, self.k, IndexKind.SPARSE))
         chosen, vals = decode_indices(reply, d, self.k, IndexKind.SPARSE)
-        down = [] if self.topology == "allgather" else [len(ask) + len(reply)]
+        down = [len(ask) + len(reply)] if topology_of(self.topology).downlink else []
         sent = {w: len(s) + len(v) for w, s, v in zip(acc, sketches, values)}
         assert vals is not None
         return chosen, vals, up, down, sent

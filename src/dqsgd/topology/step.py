@@ -53,12 +53,13 @@ import torch
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
-from dqsgd.topology.names import AUTO, FP32, check_downlink_bits
+from dqsgd.topology.downspec import DownlinkSpec
+from dqsgd.topology.names import FP32, check_downlink_bits
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
-from dqsgd.topology.traffic import wire_traffic
+from dqsgd.topology.registry import SHARDED, SIMULATED_DEFAULT, topology_of, wire_traffic
 
 if TYPE_CHECKING:
-    from dqsgd.transport.base import ShardedTransport, Transport
+    from dqsgd.topology.links import ShardedTransport, Transport
 
 __all__ = ["FP32", "StepOutcome", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
            "shard_methods", "step_for"]
@@ -78,7 +79,7 @@ class StepOutcome:
     encode_s: float = 0.0             # seconds spent quantizing and encoding the local uplinks
     coded: dict[int, int] | None = None  # local worker -> its uplink's size with the best coding (if measured)
     coded_s: float = 0.0              # seconds spent measuring them
-    topology: str = "sharded"
+    topology: str = SHARDED.name     # the topology's name (dqsgd.topology.registry)
     state: MethodState | None = None  # the method state after the step: residuals and B_{n+1}
 
     def uplink(self) -> list[int]:
@@ -86,7 +87,7 @@ class StepOutcome:
         return [sum(row) for row in self.up]
 
     def wire(self) -> tuple[list[int], list[int]]:
-        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.method.ledger.wire_traffic`)."""
+        """Bytes per rank on the links, uplink and downlink phase (:func:`dqsgd.topology.ledger.wire_traffic`)."""
         return wire_traffic(self.topology, self.up, self.down)
 
 
@@ -130,12 +131,14 @@ def with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) -
 class ServerStep:
     """Topologies ``ps`` and ``allgather``: the whole vector, one aggregation, one downlink."""
 
-    def __init__(self, method: Method, seed: int, topology: str = "ps", param_sizes: Sequence[int] | None = None):
-        if topology not in ("ps", "allgather"):
-            raise ValueError(f"ServerStep runs topology 'ps' or 'allgather', not {topology!r}")
+    def __init__(self, method: Method, seed: int, topology: str = SIMULATED_DEFAULT,
+                 param_sizes: Sequence[int] | None = None):
+        if topology_of(topology).sharded:
+            raise ValueError(f"ServerStep runs a topology of one shard, not {topology!r}")
         self.method, self.topology, self.seed = method, topology, seed
         self.param_sizes = tuple(param_sizes) if param_sizes is not None else (method.numel,)
         self._protocols: dict[int, BucketProtocol] = {}
+        self.policy = method.policy  # one width for the whole vector, the method's policy
 
     def protocol(self, workers: int) -> BucketProtocol:
         """The bucket protocol of the whole vector for ``workers`` workers."""
@@ -173,14 +176,14 @@ class ServerStep:
             agg = P.reduce(0, [bytes_tensor(p) for p in gathered], bits)
             down = tensor_bytes(P.encode_down(0, agg, step))
             up = [[len(p)] for p in gathered]
-            after = m.observe(MethodState(state.policy, residuals), agg, step, P.spent_bits(up))
+            after = m.observe(MethodState(state.policy, residuals), agg, step, P.spent_bits(up), self.policy)
         down, (next_bits,) = t.broadcast(down, [bits if after is None else after.bits], P.down_sizes()[0])
         if after is None:
             after = MethodState(None, residuals, next_bits)
         update = P.decode_down([bytes_tensor(down)])
         t1 = time.perf_counter()
         coded = {w: m.coded_size(p) for w, p in zip(grads, payloads)} if measure_coded else None
-        return StepOutcome(update, up, [] if self.topology == "allgather" else [len(down)], side, new_res, encode_s,
+        return StepOutcome(update, up, [len(down)] if P.kind.downlink else [], side, new_res, encode_s,
                         coded, time.perf_counter() - t1, self.topology, after)
 
 
@@ -188,15 +191,13 @@ class ShardedStep:
     """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
-                 downlink_bits: int | str = 8, downlink_feedback: bool = False, downlink_coding: str | None = None,
-                 downlink_target_bits: float = 0.0):
-        self.method, self.workers = method, workers
-        self.downlink_bits = downlink_bits if downlink_bits == AUTO else check_downlink_bits(downlink_bits)
-        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology="sharded", workers=workers,
-                                       seed=seed, total_steps=method.total_steps, downlink_bits=downlink_bits,
-                                       method=method, downlink_feedback=downlink_feedback,
-                                       downlink_coding=downlink_coding, downlink_target_bits=downlink_target_bits)
+                 downlink: DownlinkSpec = DownlinkSpec()):
+        self.method, self.workers, self.downlink = method, workers, downlink
+        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology=SHARDED.name,
+                                       workers=workers, seed=seed, total_steps=method.total_steps, method=method,
+                                       spec=downlink)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
+        self.policy = self.protocol.policy  # "auto": the both-leg split over the method's policy
 
     def coded_size(self, row: Sequence[bytes]) -> int:
         """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
@@ -240,19 +241,18 @@ class ShardedStep:
         shared = t.share(down, max(P.down_caps(dbits)))
         update = P.decode_down([bytes_tensor(p) for p in shared], dbits=dbits)
         after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res), down_residuals=fed),
-                                    update, step, P.spent(up, dbits, [len(p) for p in shared]))
+                                    update, step, P.spent(up, dbits, [len(p) for p in shared]), self.policy)
         # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
         t1 = time.perf_counter()
         coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
         coded_s = time.perf_counter() - t1
-        return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, "sharded", after)
+        return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, P.topology, after)
 
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
-             downlink_bits: int | str = 8, downlink_feedback: bool = False,
-             downlink_coding: str | None = None, downlink_target_bits: float = 0.0) -> ServerStep | ShardedStep:
-    """The step object of ``topology``: :class:`ShardedStep` for sharded, :class:`ServerStep` for ps and allgather."""
-    if topology == "sharded":
-        return ShardedStep(method, param_sizes, workers, seed, downlink_bits, downlink_feedback, downlink_coding,
-                           downlink_target_bits)
+             downlink: DownlinkSpec = DownlinkSpec()) -> ServerStep | ShardedStep:
+    """The step object of ``topology``: :class:`ShardedStep` where it cuts the vector into W shards,
+    else :class:`ServerStep`."""
+    if topology_of(topology).sharded:
+        return ShardedStep(method, param_sizes, workers, seed, downlink)
     return ServerStep(method, seed, topology)

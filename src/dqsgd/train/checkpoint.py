@@ -28,7 +28,9 @@ from typing import Any, Protocol
 
 import torch
 
+from dqsgd.topology.agreement import refuse_changed
 from dqsgd.train.rundir import atomic_write, update_hash
+from dqsgd.train.runfiles import RunDirError, open_regular
 from dqsgd.train.trainer import STATE_FORMAT
 from dqsgd.transport import Transport
 
@@ -99,7 +101,12 @@ def save_checkpoint(tr: Checkpointable, path: Path, keep_previous: bool = True) 
 def read_checkpoint(tr: Checkpointable, path: Path) -> dict[str, Any]:
     """The checkpoint at ``path``, checked to belong to ``tr``'s run and rank (never unpickles objects)."""
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        f = open_regular(path)  # never through a link; a FIFO or a device is refused, never waited on
+    except RunDirError as e:
+        raise CorruptCheckpoint(f"{path}: cannot load checkpoint safely ({e})") from None
+    try:
+        with f:
+            ck = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for unsafe or corrupt files
         raise CorruptCheckpoint(f"{path}: cannot load checkpoint safely ({type(e).__name__}: {e})") from None
     if isinstance(ck, dict) and "sha256" in ck and ck["sha256"] != digest(ck):
@@ -107,9 +114,9 @@ def read_checkpoint(tr: Checkpointable, path: Path) -> dict[str, Any]:
                                 f"loaded contents): the file is damaged")
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a dqsgd checkpoint of format {FORMAT}")
-    meta, want = ck.get("meta"), tr.run_meta()
-    if meta != want:
-        raise CheckpointError(f"{path}: checkpoint is for {meta}, this run is {want}")
+    if not isinstance(ck.get("meta"), dict) or not isinstance(ck.get("next_step"), int):
+        raise CheckpointError(f"{path}: malformed checkpoint (no 'meta' table or 'next_step')")
+    refuse_changed(f"{path}: the checkpoint", ck["meta"], tr.run_meta(), error=CheckpointError)
     return ck
 
 

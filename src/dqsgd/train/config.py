@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any, get_args
 if TYPE_CHECKING:
     import torch
 
+    from dqsgd.topology.downspec import DownlinkSpec
+
 from dqsgd.core.config_file import (  # ConfigError, load_raw, shipped_configs: also public names of this module
     ConfigError, ConfigSchema, apply_overrides as _apply_overrides, check_name, coerce, load_raw, shipped_configs)
+from dqsgd.core.ranges import LR_MAX, check_outer, check_seed
 from dqsgd.method.config import FIELDS as METHOD_FIELDS, CodingName, MethodConfig, method_config
-from dqsgd.topology.names import TOPOLOGIES
+from dqsgd.topology.names import TOPOLOGIES, check_downlink_target
 
 DEVICES = ("auto", "cpu", "cuda")
-LR_MAX = 1e30         # the optimizer works in float32 (max 3.4e38): lr = 1e308 is inf there
 THREADS_MAX = 1024    # torch.set_num_threads(100000) crashes the process
 PAD_TO_MAX = 1024     # pad_to = 100000 asked for a 40 TB tensor
 
@@ -50,8 +52,9 @@ class TrainConfig:
     checkpoint_every: int = 0         # 0 = no checkpoints
     on_nonfinite: str = "raise"       # "raise" | "skip" a step whose gradient has NaN/Inf
     max_len: int = 200                # text datasets: tokens per document
-    threads: int = 0                  # torch intra-op threads; 0 = PyTorch's default. 1 is much faster
-                                      # for small models when other processes share the cores (measured)
+    threads: int = 1                  # torch intra-op threads; 0 = PyTorch's default (one per core). 1: the
+                                      # simulation's tensors are small, and 2+ threads lose much when other
+                                      # processes share the cores (docs/devices.md, dqsgd bench step --contention)
     tensorboard: bool = False         # also log to TensorBoard, in RUN_DIR/tensorboard (JSONL stays the record)
     tensorboard_dir: str = ""         # ... or under this folder, as DIR/LABEL/seedK (--tensorboard DIR)
     vmap_workers: bool = False        # the local workers' gradients in one torch.func.vmap call: 1.1-1.2x
@@ -131,6 +134,13 @@ class TrainConfig:
         for ok, msg in checks + self._local_checks():
             if not ok:
                 raise ConfigError(f"train: {msg}")
+        try:  # the ranges shared with the hook, FSDP and the Local SGD wrapper (dqsgd.core.ranges)
+            for seed in self.seeds:
+                check_seed("seeds", seed)
+            check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum)
+            check_downlink_target(self.downlink_target_bits, auto=True)
+        except ValueError as e:
+            raise ConfigError(f"train: {e}") from None
         check_name("train.name", self.name)
 
     def _local_checks(self) -> list[tuple[bool, str]]:
@@ -139,10 +149,6 @@ class TrainConfig:
             (self.local_period in ("fixed", "adaptive"), "local_period must be 'fixed' or 'adaptive'"),
             (1 <= self.local_steps_min <= self.local_steps, "local_steps_min must be in [1, local_steps]"),
             (self.inner_optimizer in ("sgd", "adamw"), "inner_optimizer must be 'sgd' or 'adamw'"),
-            (self.outer_optimizer in ("sgd", "nesterov"), "outer_optimizer must be 'sgd' or 'nesterov'"),
-            (0 < self.outer_lr < math.inf, "outer_lr must be finite and > 0"),
-            (0 <= self.outer_momentum < 1, "outer_momentum must be in [0, 1)"),
-            (self.outer_optimizer != "nesterov" or self.outer_momentum > 0, "outer_optimizer 'nesterov' needs outer_momentum > 0"),
             (self.partition in ("iid", "dirichlet"), "partition must be 'iid' or 'dirichlet'"),
             (0 < self.dirichlet_alpha < math.inf, "dirichlet_alpha must be finite and > 0"),
             (not (self.local and self.vmap_workers), "vmap_workers needs one model for all workers: not with Local SGD"),
@@ -182,6 +188,22 @@ def resolve_device(name: str) -> "torch.device":
         raise ConfigError("train.device = 'cuda', but CUDA is not available here (torch.cuda.is_available() is "
                           "False); use 'auto' or 'cpu'")
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_downlink(cfg: TrainConfig, method: MethodConfig, topology: str) -> DownlinkSpec:
+    """The downlink a run of ``method`` on ``topology`` uses (:func:`dqsgd.topology.downspec.resolve_downlink`
+    with the ``[train]`` keys), every downlink key checked against them (a ``downlink_target_bits``
+    without ``downlink_bits = "auto"``, e.g. on ``ps``, is refused): the trainer and ``--dry-run`` both
+    call this."""
+    from dqsgd.topology.downspec import resolve_downlink as resolve
+
+    try:
+        return resolve(cfg.downlink_bits, cfg.downlink_coding, cfg.downlink_feedback, cfg.downlink_target_bits,
+                       cfg.allow_unsafe_downlink, policy=method.policy, uplink_coding=method.coding,
+                       vote=method.aggregate == "majority", topology=topology, where="train.",
+                       spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
+    except ValueError as e:
+        raise ValueError(f"{e} (topology {topology!r}, method {method.name!r})") from None
 
 
 # [train] keys a [methods.LABEL] table may set for its own runs (a comparison of Local SGD periods,

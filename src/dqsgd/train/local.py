@@ -30,26 +30,47 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from dqsgd.core.ranges import check_outer
+from dqsgd.method.pipeline import MethodState
+from dqsgd.topology.links import Transport
 from dqsgd.train.config import TrainConfig
 from dqsgd.train.metrics import StepResult
+from dqsgd.train.slownodes import StepTimer
 
-if TYPE_CHECKING:
-    from dqsgd.train.trainer import Trainer
+__all__ = ["LocalRounds", "RoundHost", "inner_optimizer", "outer_optimizer"]
 
-__all__ = ["LocalRounds", "inner_optimizer", "outer_optimizer"]
+
+class RoundHost(Protocol):
+    """What the rounds use of the trainer that runs them (:class:`dqsgd.train.trainer.Trainer`)."""
+
+    cfg: TrainConfig
+    model: torch.nn.Module
+    params: list[torch.Tensor]
+    device: torch.device
+    lr: float
+    next_step: int
+    state: MethodState
+    timer: StepTimer
+    transport: Transport
+
+    def flat_params(self) -> torch.Tensor: ...
+
+    def lr_at(self, step: int) -> float: ...
+
+    def worker_gradient(self, worker: int, step: int, l2: bool = True) -> tuple[torch.Tensor, float]: ...
+
+    def communicate(self, vectors: dict[int, torch.Tensor], n: int, index: int, lr: float, losses: list[float],
+                    compute_s: float, compute_steps: int = 1) -> StepResult: ...
 
 
 def outer_optimizer(params: list[torch.Tensor], kind: str, lr: float, momentum: float) -> torch.optim.Optimizer:
     """The optimizer that applies the averaged pseudo-gradient to the synchronized model: ``kind``
     "sgd" (lr 1, no momentum: plain averaging) or "nesterov" (DiLoCo's outer step)."""
-    if kind not in ("sgd", "nesterov"):
-        raise ValueError(f"outer optimizer must be 'sgd' or 'nesterov', got {kind!r}")
-    if kind == "nesterov" and not momentum > 0:
-        raise ValueError("outer optimizer 'nesterov' needs a momentum > 0")
+    kind, lr, momentum = check_outer(kind, lr, momentum)
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=kind == "nesterov")
 
 
@@ -92,7 +113,7 @@ class Period:
 class LocalRounds:
     """The trainer's step in rounds: :meth:`step` is one inner step, and the exchange at a round's end."""
 
-    def __init__(self, tr: Trainer, momentum: float):
+    def __init__(self, tr: RoundHost, momentum: float):
         buffers = [n for n, _ in tr.model.named_buffers()][:3]
         if buffers:  # one process runs several workers on one module: their statistics would mix
             raise ValueError(f"Local SGD: model {tr.cfg.model!r} has buffers ({', '.join(buffers)}, ...: BatchNorm "

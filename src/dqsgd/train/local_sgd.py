@@ -19,8 +19,13 @@ new θ_start; your optimizer keeps its state. See docs/local-sgd.md.
         opt.step()                                        # every 16th call also exchanges Δ
 
 Do not wrap the model in DistributedDataParallel: it would all-reduce every step's gradients.
-At the first exchange the ranks all-gather a fingerprint of (H, method, model size, topology, outer
-step, seed) and every rank refuses a difference with :class:`~dqsgd.transport.torch_dist.RankDisagreement`.
+At the first exchange of a process (and the first after :meth:`~LocalSGDOptimizer.load_state_dict`)
+the ranks compare, with the project's one rank agreement (:func:`dqsgd.topology.agreement.agree`),
+every setting of :meth:`~LocalSGDOptimizer.fields`, their progress (steps and rounds done) and a hash
+of the parameters the round started from; every rank refuses a difference with
+:class:`~dqsgd.transport.torch_dist.RankDisagreement` naming the fields and the ranks. Initial
+parameters that differ are refused, not reconciled: build the model under the same seed on every
+rank (or load the same state) — an exchange only averages Δ, so it would never make them equal.
 """
 
 from __future__ import annotations
@@ -30,19 +35,21 @@ from typing import Any, Callable
 
 import torch
 
+from dqsgd.core.ranges import check_count, check_outer, check_seed, check_timeout
 from dqsgd.core.rng import QUANT, generator
 from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.topology.agreement import digest
+from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
+from dqsgd.topology.downlink import resolve_downlink_coding
+from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import all_finite, step_for
 from dqsgd.train.local import copy_into, outer_optimizer
-from dqsgd.transport.torch_dist import RankDisagreement, make_transport
+from dqsgd.transport.torch_dist import make_transport
 
 __all__ = ["LocalSGDOptimizer"]
 
-FORMAT = 1
-FINGERPRINT = ("local_steps", "method", "numel", "exchange")  # what the ranks must agree on
+FORMAT = 2  # 2: the settings as named fields (format 1 held a list of hashes)
 NO_HORIZON = ("fixed", "adaptive", "adaqs")  # bit policies that do not plan over the number of rounds
 
 
@@ -64,8 +71,12 @@ class LocalSGDOptimizer:
                  outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = "sharded",
                  downlink_bits: int = 8, seed: int = 0, group: Any = None, timeout: float | None = None,
                  downlink_coding: str | None = None, **method_options: Any):
-        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
-            raise ValueError(f"local_steps must be an integer >= 1, got {local_steps!r}")
+        check_count("local_steps", local_steps, 1)
+        check_outer(outer, outer_lr, outer_momentum)
+        check_seed("seed", seed)
+        check_timeout("timeout", timeout)
+        if rounds is not None:
+            check_count("rounds", rounds, 1)
         config = method if isinstance(method, MethodConfig) else method_config(method, **method_options)
         if rounds is None and config.policy not in NO_HORIZON:
             raise ValueError(f"method {config.name!r} (policy {config.policy!r}) plans over the run: pass rounds=, "
@@ -76,14 +87,18 @@ class LocalSGDOptimizer:
         self.method = Method(config, sum(sizes), rounds or 1, sizes)
         self.transport = make_transport(topology, group, timeout=timeout)
         self.rank, self.workers = self.transport.rank, self.transport.workers
-        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink_bits,
-                                    downlink_coding=downlink_coding)
+        downlink = DownlinkSpec(downlink_bits, resolve_downlink_coding(
+            downlink_coding, uplink_coding=config.coding, bits=downlink_bits, vote=config.aggregate == "majority",
+            topology=topology))
+        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
-        self.state = self.method.init_state(self.workers)
+        self.state = self.method.init_state(self.workers, self.step_runner.policy)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
-        self.fingerprint = [local_steps, digest(dataclasses.asdict(config)), sum(sizes),
-                            digest([topology, downlink_bits, outer, outer_lr, outer_momentum, seed, rounds]
-                                   + ([] if downlink_coding is None else [downlink_coding]))]
+        self._fields = {**{f"method.{k}": v for k, v in dataclasses.asdict(config).items()},
+                        "local_steps": local_steps, "numel": sum(sizes), "topology": topology,
+                        "downlink_bits": downlink_bits, "downlink_coding": downlink_coding, "outer": outer,
+                        "outer_lr": float(outer_lr), "outer_momentum": float(outer_momentum), "seed": seed,
+                        "rounds": rounds}
         self.start = self._flat()
         self.steps, self.rounds_done, self.checked = 0, 0, False
         self.link_bytes = 0  # bytes this rank sent and received in the exchanges (uplink and downlink phases)
@@ -108,16 +123,19 @@ class LocalSGDOptimizer:
     def _flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params]).clone()
 
+    def fields(self) -> dict[str, Any]:
+        """Every setting that changes what is sent or computed, by name: the method and every option,
+        H, the model size, the exchange (topology, downlink), the outer optimizer, the seed, the rounds."""
+        return dict(self._fields)
+
     def check_agreement(self) -> None:
-        """All-gather the fingerprint; every rank raises at once, naming what differs, if any does."""
-        rows = self.transport.all_gather_ints(self.fingerprint)
-        bad = [name for i, name in enumerate(FINGERPRINT) if any(r[i] != rows[0][i] for r in rows)]
-        if bad:
-            shown = "; ".join(f"{name}: " + ", ".join(f"rank {r} {row[i] if name in ('local_steps', 'numel') else '#%x' % row[i]}"
-                                                       for r, row in enumerate(rows))
-                              for i, name in enumerate(FINGERPRINT) if name in bad)
-            raise RankDisagreement(f"rank {self.rank}: the ranks' LocalSGDOptimizer settings differ in "
-                                   f"{', '.join(bad)} ({shown}); every rank must use the same")
+        """Compare :meth:`fields`, the progress (steps, rounds done) and a hash of θ_start across the
+        ranks; every rank raises at once, naming exactly the fields that differ, if any does."""
+        from dqsgd import __version__
+
+        mine = {**self.fields(), "progress.steps": self.steps, "progress.rounds_done": self.rounds_done,
+                "params.start": tensor_digest(self.start), "dqsgd_version": __version__}
+        agree(mine, self.transport.all_gather_ints, self.rank, what="this exchange")
         self.checked = True
 
     def sync(self) -> None:
@@ -149,7 +167,7 @@ class LocalSGDOptimizer:
         """Everything to continue exactly, the model's current parameters included."""
         policy = self.state.policy
         return {
-            "format": FORMAT, "fingerprint": list(self.fingerprint), "rank": self.rank,
+            "format": FORMAT, "fields": self.fields(), "rank": self.rank,
             "optimizer": self.optimizer.state_dict(), "outer": self.outer.state_dict(),
             "params": self._flat().cpu(), "start": self.start.cpu(),
             "steps": self.steps, "rounds_done": self.rounds_done,
@@ -159,19 +177,34 @@ class LocalSGDOptimizer:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if sd.get("format") != FORMAT:
-            raise ValueError(f"not a LocalSGDOptimizer state of format {FORMAT} (format {sd.get('format')!r})")
-        if list(sd["fingerprint"]) != self.fingerprint or sd["rank"] != self.rank:
-            raise ValueError(f"the state is of another setting or rank (fingerprint {sd['fingerprint']}, rank "
-                             f"{sd['rank']}); this is {self.fingerprint}, rank {self.rank}")
+        """Continue from :meth:`state_dict` (of this rank, under the same :meth:`fields`). Everything is
+        checked before anything is loaded; the ranks agree again at the next exchange."""
+        what = "LocalSGDOptimizer state"
+        if not isinstance(sd, dict) or sd.get("format") != FORMAT:
+            got = sd.get("format") if isinstance(sd, dict) else type(sd).__name__
+            raise ValueError(f"not a LocalSGDOptimizer state of format {FORMAT} (format {got!r})")
+        check_state(sd, _STATE_KEYS, what)
+        refuse_changed(what, sd["fields"], self.fields())
+        if sd["rank"] != self.rank:
+            raise ValueError(f"{what} is rank {sd['rank']}'s; this is rank {self.rank} (each rank loads its own)")
+        n = self.start.numel()
+        for key in ("params", "start", "residual"):
+            t = sd[key]
+            if t is not None and tuple(t.shape) != (n,):
+                raise ValueError(f"{what}: malformed state, {key!r} has shape {tuple(t.shape)}, the model {n} elements")
+        policy = None if sd["policy"] is None else state_from_dict(type(self.step_runner.policy.init()), sd["policy"])
         self.optimizer.load_state_dict(sd["optimizer"])
         self.outer.load_state_dict(sd["outer"])
         copy_into(self.params, sd["params"].to(self.params[0].device))
         self.start = sd["start"].to(self.params[0].device).clone()
-        self.steps, self.rounds_done = int(sd["steps"]), int(sd["rounds_done"])  # the ranks agree again at the next exchange
+        self.steps, self.rounds_done, self.checked = sd["steps"], sd["rounds_done"], False
         residuals = [None] * self.workers
         residuals[self.rank] = sd["residual"]
-        policy = None if sd["policy"] is None else state_from_dict(type(self.method.policy.init()), sd["policy"])
         self.state = MethodState(policy, residuals, -1 if policy is not None else int(sd["bits"]))
         self.qgen[self.rank].set_state(sd["qgen"])
         self.link_bytes = int(sd["link_bytes"])
+
+
+_STATE_KEYS = {"fields": dict, "rank": int, "optimizer": dict, "outer": dict, "params": torch.Tensor,
+               "start": torch.Tensor, "steps": int, "rounds_done": int, "policy": (dict, None), "bits": int,
+               "residual": (torch.Tensor, None), "qgen": torch.Tensor, "link_bytes": int}

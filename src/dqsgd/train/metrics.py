@@ -9,7 +9,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from dqsgd.train.runfiles import atomic_write, open_text
+from dqsgd.train.runfiles import RunDataError, atomic_write, open_text, read_lines
 
 
 @dataclass
@@ -53,37 +53,46 @@ class JsonlWriter:
         self._f.close()
 
 
-def _parsed(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
-    """(line number, line, record or None when the line is not a JSON object) for every non-blank line."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            text = line.strip().strip("\x00")
-            if not text:
-                continue
-            try:
-                rec = json.loads(text)
-            except (json.JSONDecodeError, RecursionError):
-                rec = None
-            yield n, line, rec if isinstance(rec, dict) else None
+def _parsed(path: Path, max_line: int | None = None) -> Iterator[tuple[int, str, dict[str, Any] | None]]:
+    """(line number, line, record or None when the line is not a JSON object) for every non-blank line,
+    read one bounded line at a time (:func:`dqsgd.train.runfiles.read_lines`). A number Python
+    refuses (an integer of more than 4300 digits) is :class:`RunDataError` naming the file and line."""
+    for n, raw in read_lines(path, max_line=max_line):
+        line = raw.decode("utf-8", errors="replace")
+        text = line.strip().strip("\x00")
+        if not text:
+            continue
+        try:
+            rec = json.loads(text)
+        except (json.JSONDecodeError, RecursionError):
+            rec = None
+        except ValueError as e:
+            raise RunDataError(f"{path}:{n}: unreadable number ({e})") from None
+        yield n, line, rec if isinstance(rec, dict) else None
 
 
-def _warn_skipped(path: Path, skipped: list[int], why: str) -> None:
+def _warn_skipped(path: Path, skipped: list[int], why: str, total: int | None = None) -> None:
+    """One stderr line naming the first skipped lines (``total``: how many in all, when only the first are kept)."""
+    total = len(skipped) if total is None else total
     if skipped:
-        shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        shown = ", ".join(map(str, skipped[:10])) + (f" and {total - 10} more" if total > 10 else "")
         print(f"dqsgd: warning: {path}: skipped line(s) {shown}: not a JSON record ({why})", file=sys.stderr, flush=True)
 
 
-def read_jsonl(path: Path, numbered: bool = False) -> Iterator[Any]:
+def read_jsonl(path: Path, numbered: bool = False, max_line: int | None = None) -> Iterator[Any]:
     """Every valid record of ``path`` (``numbered``: as (line number, record)). A line that is not
     a JSON object (a torn last line after a crash, a damaged line) is skipped and named on stderr:
     the valid records around it are kept."""
-    skipped: list[int] = []
-    for n, _, rec in _parsed(path):
+    skipped: list[int] = []  # the first 10 only: the file is streamed, whatever its length
+    total = 0
+    for n, _, rec in _parsed(path, max_line):
         if rec is None:
-            skipped.append(n)
+            total += 1
+            if total <= 10:
+                skipped.append(n)
         else:
             yield (n, rec) if numbered else rec
-    _warn_skipped(path, skipped, "a torn or damaged line")
+    _warn_skipped(path, skipped, "a torn or damaged line", total)
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:

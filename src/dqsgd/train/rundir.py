@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import torch
 
-from dqsgd.train.runfiles import RunDirError, atomic_write, dir_lock  # RunDirError, atomic_write: also public here
+from dqsgd.train.runfiles import RunDirError, atomic_write, dir_lock, read_json  # RunDirError, atomic_write: also public here
 
 # Train keys that do not change the trained model or its measured bytes, so resume ignores them:
 NOT_COMPARED = {
@@ -133,9 +133,9 @@ def _check_contents(out: Path, resume: bool, overwrite: bool) -> str:
 
 def describe(out: Path) -> str:
     try:
-        facts = json.loads((out / "config.json").read_text())
+        facts = read_json(out / "config.json")
         return f"method {facts.get('method')}, seed {facts.get('seed')}"
-    except (OSError, ValueError, RecursionError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return "files " + ", ".join(sorted(p.name for p in out.iterdir() if p.name != ".lock"))
 
 
@@ -216,11 +216,11 @@ def explain(keys: list[str], ours: dict[str, Any], theirs: dict[str, Any], limit
 def check_same_run(out: Path, mine: dict[str, Any]) -> None:
     """Refuse to continue the run in ``out`` with a config that differs in any compared key."""
     try:
-        facts = json.loads((out / "config.json").read_text())
+        facts = read_json(out / "config.json")
     except FileNotFoundError:
         return  # nothing recorded yet (a run stopped before its first write): the checkpoint meta still guards
-    except (ValueError, RecursionError) as e:
-        raise RunDirError(f"{out}/config.json: unreadable ({e}); cannot check that the resumed run is the same") from None
+    if not isinstance(facts, dict):
+        raise RunDirError(f"{out}/config.json: not a JSON object; cannot check that the resumed run is the same")
     theirs = resolved_of_facts(facts)
     keys = differing(mine, theirs)
     if keys:
@@ -270,12 +270,14 @@ def experiment_of_run(out: Path) -> tuple[dict[str, Any], str, int]:
     """(raw config, method label, seed) of the run in ``out``, rebuilt from its ``config.json``, so
     ``dqsgd train --resume RUN_DIR`` needs neither --config nor the original --set options."""
     try:
-        facts = json.loads((out / "config.json").read_text())
+        facts = read_json(out / "config.json")
     except FileNotFoundError:
         kind = "no such run directory" if not out.exists() else "no config.json (not a dqsgd run directory)"
         raise RunDirError(f"--resume {out}: {kind}") from None
-    except (ValueError, RecursionError) as e:
-        raise RunDirError(f"{out}/config.json: unreadable ({e})") from None
+    if not isinstance(facts, dict) or not all(isinstance(facts.get(k), t) for k, t in (
+            ("method_config", dict), ("train_config", dict), ("method", str), ("seed", int))):
+        raise RunDirError(f"{out}/config.json: not a dqsgd run's config.json (method, seed, method_config, "
+                          f"train_config missing or of the wrong type)")
     mc, train = dict(facts["method_config"]), dict(facts["train_config"])
     mc.pop("lr", None)  # a config's methods.LABEL.lr is the optimizer's lr (method_lr below), never this field
     table = {"method": mc.pop("name"), **mc}

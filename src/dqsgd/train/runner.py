@@ -24,6 +24,7 @@ from dqsgd.train.progress import eval_line, on_terminal, step_bar, write
 from dqsgd.train.reader import RunDataError, finished
 from dqsgd.train.rundir import (RunDirError, RunFinished, atomic_write, check_same_run, clear_run, data_fingerprint,
                                 environment, holds_run, open_run, resolved_of_run, staged)
+from dqsgd.train.runfiles import inside
 from dqsgd.train.tensorboard import open_logger
 from dqsgd.train.trainer import Trainer, record_of
 from dqsgd.transport import Transport
@@ -45,13 +46,19 @@ class RunSummary(dict):
 
 
 def run_dir(root: Path, label: str, seed: int) -> Path:
-    return root / label / f"seed{seed}"
+    """``root/label/seed<k>``, refused (:func:`dqsgd.train.runfiles.inside`) when ``label`` or
+    ``seed<k>`` is a link: a run is never written outside its output directory ``root``."""
+    return inside(root, root / label / f"seed{seed}")
+
+
+TRAIN_ROOT = Path("runs") / "train"
 
 
 def default_train_dir(exp_name: str, label: str, seed: int) -> Path:
     """``dqsgd train``'s default ``--out``: ``runs/train/<config>/<method>/seed<k>``, apart from the
-    ``runs/<config>/...`` tree of ``dqsgd compare`` (a quick train never replaces a compared run)."""
-    return run_dir(Path("runs") / "train" / exp_name, label, seed)
+    ``runs/<config>/...`` tree of ``dqsgd compare`` (a quick train never replaces a compared run);
+    no component below ``runs/train`` may be a link."""
+    return inside(TRAIN_ROOT, run_dir(TRAIN_ROOT / exp_name, label, seed))
 
 
 def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out: Path | None,
@@ -92,7 +99,7 @@ def run_one(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, out:
                 return RunSummary(e.summary, tr.flat_params(), already_finished=True)
         except (RunDirError, OSError) as e:
             error = e
-        agree_across_ranks(tr.transport, mine, error)
+        agree_across_ranks(tr.transport, {**mine, **ranks_share(cfg, tr)}, error)
         return _train(cfg, entry, data, seed, work, tr, resume and not restart, progress, writes, mine)
 
 
@@ -118,6 +125,15 @@ def check_resumable(out: Path, steps: int, label: str, seed: int, overwrite: boo
                           f"= 0); restart it with --resume {out} --overwrite (its files are replaced only when the "
                           f"new run finishes)")
     return overwrite and (done is not None or not any(out.glob("checkpoint*.pt")))
+
+
+def ranks_share(cfg: TrainConfig, tr: Trainer) -> dict[str, Any]:
+    """What the ranks must share beyond the resolved config: ``train.checkpoint_every`` (which resume
+    does not compare, but ranks that checkpoint at other steps hold no step in common) and a hash of the
+    initial parameters (every rank builds the model from the seed; a difference would never be reconciled)."""
+    from dqsgd.topology.agreement import tensor_digest
+
+    return {"train.checkpoint_every": cfg.checkpoint_every, "params.initial": tensor_digest(tr.flat_params())}
 
 
 def agree_across_ranks(transport: Transport, mine: dict[str, Any], error: Exception | None = None) -> None:

@@ -14,7 +14,7 @@ The step's simulated wall-clock time:
 
 where A_n is when the server stops waiting: the last arrival (synchronous SGD) or, with
 ``backup_workers = b``, the (W − b)-th arrival — the b slowest workers' gradients are dropped. The
-busiest rank's bytes are the ledger's (:func:`dqsgd.method.ledger.wire_traffic`: max over ranks of its uplink
+busiest rank's bytes are the ledger's (:func:`dqsgd.topology.ledger.wire_traffic`: max over ranks of its uplink
 plus downlink phase bytes); ``rounds`` is the number of message exchanges (2; Sketched SGD: 4). A
 method's time-to-accuracy is the sum of t_n up to the first evaluation that reaches the accuracy.
 
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dqsgd.core.rng import COMPUTE_TIME, seed_for
-from dqsgd.method.ledger import wire_traffic
+from dqsgd.topology.registry import SIMULATED_DEFAULT, topology_of, wire_traffic
 
 
 class SlowNodes:
@@ -73,7 +73,7 @@ class BackupGather:
     def __init__(self, inner: Any, backup: int):
         if not 1 <= backup < inner.workers:
             raise ValueError(f"backup_workers must be in [1, W - 1] = [1, {inner.workers - 1}], got {backup}")
-        if getattr(inner, "topology", "ps") != "ps" or len(inner.local_workers) != inner.workers:
+        if not topology_of(getattr(inner, "topology", SIMULATED_DEFAULT)).server or len(inner.local_workers) != inner.workers:
             raise ValueError("backup workers run in the simulation with topology 'ps' (the server waits for the "
                              "first W - b arrivals)")
         self.inner, self.backup = inner, backup
@@ -106,7 +106,7 @@ class BackupGather:
         self.used, self.dropped, wait = arrivals(times, keep)
         return wait
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
         every = self.inner.gather(payloads, max_bytes)
         self.sizes = [len(p) for p in every]
         return [every[w] for w in self.used]
@@ -167,7 +167,7 @@ def check_backup_keys(cfg: Any) -> None:
     to skip, the adaptive Local SGD period needs every worker's loss — and any topology but ``ps``."""
     from dqsgd.core.config_file import ConfigError
 
-    if (cfg.topology or "ps") != "ps":
+    if not topology_of(cfg.topology or SIMULATED_DEFAULT).server:
         raise ConfigError(f"backup workers over processes need topology 'ps' (the server waits for the first "
                           f"W - b arrivals), not {cfg.topology!r}")
     for bad, key in [(cfg.checkpoint_every > 0, "train.checkpoint_every = 0"), (cfg.coded_every > 0, "train.coded_every = 0"),

@@ -31,15 +31,14 @@ import torch
 import torch.nn.functional as F
 
 from dqsgd.data import Dataset
-from dqsgd.method.ledger import Ledger
+from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.topology.downlink import resolve_downlink_coding
-from dqsgd.topology.names import AUTO, check_downlink_safety, resolve_downlink_bits
+from dqsgd.topology.agreement import check_state, refuse_changed
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
-from dqsgd.train.config import MethodEntry, TrainConfig
+from dqsgd.train.config import MethodEntry, TrainConfig, resolve_downlink
 from dqsgd.train.local import LocalRounds, outer_optimizer
 from dqsgd.train.metrics import StepResult
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, partition_shards, seed_for
@@ -48,6 +47,9 @@ from dqsgd.transport import SimTransport, Transport
 
 
 STATE_FORMAT = 2  # the layout of Trainer.state_dict (and of checkpoint files)
+
+_STATE_KEYS = {"meta": dict, "next_step": int, "skipped": int, "model": dict, "optimizer": dict, "policy": (dict, None),
+               "residuals": dict, "qgen": dict, "bits": int, "ledger": (dict, None)}
 
 __all__ = ["STATE_FORMAT", "StepResult", "Trainer", "codec_input", "record_of"]
 
@@ -91,28 +93,16 @@ class Trainer:
         self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
         # kernel "fused": uniforms are a pure function of (seed, step, worker) — no state to checkpoint.
         self.quant_seed = seed_for(seed, QUANT)
-        vote = entry.config.aggregate == "majority"
-        try:
-            self.downlink_bits = resolve_downlink_bits(cfg.downlink_bits, policy=entry.config.policy,
-                                                       topology=self.topology, vote=vote)
-        except ValueError as e:
-            raise ValueError(f"train.downlink_bits: {e}") from None
-        check_downlink_safety(self.downlink_bits, cfg.downlink_feedback, cfg.allow_unsafe_downlink,
-                              topology=self.topology, vote=vote,
-                              spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
-        try:
-            self.downlink_coding = resolve_downlink_coding(cfg.downlink_coding, uplink_coding=entry.config.coding,
-                                                           bits=self.downlink_bits, vote=vote, topology=self.topology)
-        except ValueError as e:
-            raise ValueError(f"train.downlink_coding: {e}") from None
+        # the downlink, resolved once from the config (dqsgd.topology.downspec) and carried as it is
+        self.downlink = resolve_downlink(cfg, entry.config, self.topology)
+        self.downlink_bits, self.downlink_coding = self.downlink.bits, self.downlink.coding
         self.step_runner: ServerStep | ShardedStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
-            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink_bits,
-                          cfg.downlink_feedback, self.downlink_coding, cfg.downlink_target_bits))
-        # "auto": the sharded step's protocol gave the method its both-leg policy (and budget) just now
-        self.state: MethodState = self.method.init_state(cfg.workers)
+            else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink))
+        self.policy = self.step_runner.policy  # "auto": the sharded protocol's both-leg split of the budget
+        self.state: MethodState = self.method.init_state(cfg.workers, self.policy)
         self.ledger = Ledger(self.numel, cfg.workers, self.budget_bits(), topology=self.topology,
-                             both_legs=self.downlink_bits == AUTO)
+                             both_legs=self.downlink.auto)
         self._vmapped = self._vmap_gradients() if cfg.vmap_workers else None
         if cfg.backup_workers:
             check_backup(entry.config)
@@ -126,7 +116,7 @@ class Trainer:
     def budget_bits(self) -> int | None:
         """The budget the ledger charges: the method's uplink budget, or under ``downlink_bits = "auto"``
         the both-leg budget of its split policy (:mod:`dqsgd.policies.split`)."""
-        return int(self.method.policy.budget_bits) if self.downlink_bits == AUTO else self.method.budget_bits()
+        return int(self.policy.budget_bits) if self.downlink.auto else self.method.budget_bits()
 
     # --- pieces of a step -----------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -301,15 +291,13 @@ class Trainer:
         """Continue from ``sd`` (a :meth:`state_dict` of this run and rank)."""
         if sd.get("format") != STATE_FORMAT:
             raise ValueError(f"not a trainer state of format {STATE_FORMAT} (format {sd.get('format')!r})")
-        saved, mine = sd["meta"], self.run_meta()
+        check_state(sd, _STATE_KEYS, "trainer state")
+        saved = sd["meta"]
         # Keys an older state lacks are not compared (its method config, downlink feedback and coding were not
         # recorded; its downlink was fixed, which a coded one equals in every decoded value).
-        later = lambda k: k.startswith("method.") or k in ("downlink_feedback", "downlink_coding",  # noqa: E731
-                                                           "downlink_target_bits")
-        differ = [k for k in mine if (k in saved or not later(k)) and saved.get(k) != mine[k]]
-        if differ:
-            shown = ", ".join(f"{k}: {saved.get(k, '(absent)')!r} saved, {mine[k]!r} here" for k in differ[:8])
-            raise ValueError(f"the state was saved by another run or configuration: {shown}")
+        later = ("downlink_feedback", "downlink_coding", "downlink_target_bits")
+        refuse_changed("the trainer state", saved, self.run_meta(),
+                       lambda k: k in saved or not (k.startswith("method.") or k in later))
         self.model.load_state_dict(sd["model"])
         self.optimizer.load_state_dict(sd["optimizer"])
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers
@@ -317,7 +305,7 @@ class Trainer:
             residuals[int(w)] = r
         fed = {int(j): r for j, r in sd.get("down_residuals", {}).items()}  # absent: a run without them
         if sd["policy"] is not None:
-            self.state = MethodState(state_from_dict(type(self.method.policy.init()), sd["policy"]), residuals,
+            self.state = MethodState(state_from_dict(type(self.policy.init()), sd["policy"]), residuals,
                                      down_residuals=fed)
         else:
             self.state = MethodState(None, residuals, int(sd["bits"]), fed)

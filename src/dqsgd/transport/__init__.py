@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from dqsgd.transport.base import Transport
+from dqsgd.topology.links import Transport
 from dqsgd.transport.sim import SimTransport
 
 __all__ = ["Transport", "SimTransport", "TorchPSTransport", "TorchAllGatherTransport", "TorchShardedTransport", "TransportError",

@@ -90,7 +90,7 @@ class BackupPSTransport(TorchPSTransport):
         self.late: list[tuple[int, int, int]] = []   # (exchange, worker, bytes) read and discarded
         self.received = [0] * self.workers           # payloads read per worker (used or late)
         self.dead: set[int] = set()
-        self._cap: int | None = None                 # the last exchange's payload cap (late payloads too)
+        self._cap = 0                                # the last exchange's payload cap (late payloads too; none owed before)
         self._heads: dict[int, tuple[_Waiting, torch.Tensor]] = {}  # server: the posted header receive per rank
         self._orphans: list[tuple[_Waiting, torch.Tensor]] = []
         self._pending: list[tuple[int, _Waiting, list[torch.Tensor]]] = []  # downlinks not yet delivered
@@ -133,7 +133,7 @@ class BackupPSTransport(TorchPSTransport):
         self._pending = [p for p in self._pending if not p[1].done.is_set()]
 
     # --- uplink ---------------------------------------------------------------------------------
-    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes] | None:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes] | None:
         payload = self._one_payload(payloads)
         deadline = time.monotonic() + self.wait_s
         if not self.is_server:
@@ -158,7 +158,7 @@ class BackupPSTransport(TorchPSTransport):
         self._owes_downlink = True
         return [got[w] for w in self.used]
 
-    def _receive(self, max_bytes: int | None, deadline: float, give_up: Any = None) -> tuple[int, int, bytes]:
+    def _receive(self, max_bytes: int, deadline: float, give_up: Any = None) -> tuple[int, int, bytes]:
         """The next uplink to arrive: (rank, exchange, payload); an earlier exchange's also goes to
         :attr:`late`. Every live worker has one header receive posted (a receive from *any* rank fails
         as a whole when one peer dies); the first to complete is the next arrival. A receive that fails
@@ -196,7 +196,7 @@ class BackupPSTransport(TorchPSTransport):
                     continue
                 self._heads[src] = (_Waiting([work], self.wait_s), head)
 
-    def _body(self, src: int, head: torch.Tensor, max_bytes: int | None, deadline: float) -> bytes | None:
+    def _body(self, src: int, head: torch.Tensor, max_bytes: int, deadline: float) -> bytes | None:
         """The payload announced by ``head`` (exchange, size) from ``src``; None if ``src`` died meanwhile."""
         seq, size = (int(v) for v in head.tolist())
         if not 0 <= seq <= self.steps or self.received[src] != seq:
@@ -220,7 +220,7 @@ class BackupPSTransport(TorchPSTransport):
 
     # --- downlink -------------------------------------------------------------------------------
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
+                  max_bytes: int) -> tuple[bytes, list[int]]:
         if self.is_server:  # the parent's, whose _send_downlink is this class's point-to-point one
             out = super().broadcast(payload, ints, max_bytes)
             if self.exchanges is not None and self.steps >= self.exchanges:

@@ -47,7 +47,7 @@ class SimTransport:
     def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(list(local)).amax(dim=0)
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
         if len(payloads) != self.workers:
             raise ValueError(f"sim transport: {len(payloads)} payloads for {self.workers} workers")
         for w, p in enumerate(payloads):
@@ -55,7 +55,7 @@ class SimTransport:
         return list(payloads)
 
     def exchange(self, rows: Sequence[Sequence[bytes]],
-                 max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
+                 max_bytes: Sequence[int]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
         if len(rows) != self.workers or any(len(r) != self.workers for r in rows):
             raise ValueError(f"sim transport: need {self.workers} rows of {self.workers} shard payloads")
         sizes = [[len(p) for p in r] for r in rows]
@@ -63,7 +63,7 @@ class SimTransport:
             check_sizes(r, max_bytes, f"sim: worker {w}")
         return {j: [r[j] for r in rows] for j in range(self.workers)}, sizes
 
-    def share(self, shards: dict[int, bytes], max_bytes: int | None = None) -> list[bytes]:
+    def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
         if set(shards) != set(range(self.workers)):
             raise ValueError(f"sim transport: need the downlink of all {self.workers} shards, got {sorted(shards)}")
         for j in range(self.workers):
@@ -72,7 +72,7 @@ class SimTransport:
         return [shards[j] for j in range(self.workers)]
 
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
+                  max_bytes: int) -> tuple[bytes, list[int]]:
         if payload is None:
             raise ValueError("sim transport: the server must provide the downlink payload")
         check_sizes([len(payload)], [max_bytes], "sim: the server")

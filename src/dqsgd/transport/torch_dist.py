@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.codecs import PayloadError
+from dqsgd.core.ranges import check_timeout
 from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.agreement import RankDisagreement
 from dqsgd.topology.limits import check_sizes
@@ -79,8 +80,7 @@ class _TorchTransport:
 
     def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
                  timeout: float | None = None):
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds (or None: the process group's), got {timeout}")
+        check_timeout("timeout", timeout)  # None: the process group's
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first "
                                "(dqsgd.cli.launch does it for `dqsgd train --transport torch`)")
@@ -126,22 +126,23 @@ class _TorchTransport:
             raise ValueError(f"{self.topology} transport: rank {self.rank} sends one payload, got {len(payloads)}")
         return payloads[0]
 
-    def _size_rows(self, row: Sequence[int], op: str, caps: Sequence[int | None]) -> list[list[int]]:
-        """Every rank's ``row`` of sizes (an int64 all-gather), each entry checked against ``caps``."""
+    def _size_rows(self, row: Sequence[int], op: str, caps: Sequence[int], sender: str = "rank {w}") -> list[list[int]]:
+        """Every rank's ``row`` of sizes (an int64 all-gather), each entry checked against ``caps``;
+        ``sender`` names rank w in a refusal."""
         mine = torch.tensor([int(v) for v in row], dtype=torch.int64, device=self.device)
         rows = [torch.zeros_like(mine) for _ in range(self.workers)]
         self._collective(f"{op} (size exchange)", dist.all_gather, rows, mine)
         out = [[int(v) for v in r.tolist()] for r in rows]
         for w, r in enumerate(out):
-            check_sizes(r, caps, f"rank {self.rank}: {op}: rank {w}")
+            check_sizes(r, caps, f"rank {self.rank}: {op}: " + sender.format(w=w))
         return out
 
-    def _all_sizes(self, n: int, op: str, max_bytes: int | None = None) -> list[int]:
-        return [r[0] for r in self._size_rows([n], op, [max_bytes])]
+    def _all_sizes(self, n: int, op: str, max_bytes: int, sender: str = "rank {w}") -> list[int]:
+        return [r[0] for r in self._size_rows([n], op, [max_bytes], sender)]
 
-    def all_gather_bytes(self, payload: bytes, op: str = "all_gather", max_bytes: int | None = None) -> list[bytes]:
+    def all_gather_bytes(self, payload: bytes, op: str, max_bytes: int, sender: str = "rank {w}") -> list[bytes]:
         """Every rank's payload, in rank order, on every rank."""
-        sizes = self._all_sizes(len(payload), op, max_bytes)
+        sizes = self._all_sizes(len(payload), op, max_bytes, sender)
         width = max(sizes)
         mine = bytes_tensor(payload, self.device, width)
         bufs = [torch.empty_like(mine) for _ in range(self.workers)]
@@ -228,7 +229,7 @@ class TorchPSTransport(_TorchTransport):
     def is_server(self) -> bool:
         return self.rank == 0
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes] | None:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes] | None:
         payload = self._one_payload(payloads)
         sizes = self._all_sizes(len(payload), "gather", max_bytes)
         width = max(sizes)
@@ -241,7 +242,7 @@ class TorchPSTransport(_TorchTransport):
         return [tensor_bytes(b, n) for b, n in zip(bufs, sizes)]
 
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
+                  max_bytes: int) -> tuple[bytes, list[int]]:
         """A header (status, payload size, number of integers), then the payload followed by the
         integers (int64). A non-server rank's ``ints`` are placeholders: it receives the server's.
         ``max_bytes`` caps the announced payload (an error message: 64 KiB), refused before allocating."""
@@ -298,11 +299,11 @@ class TorchAllGatherTransport(_TorchTransport):
     def is_server(self) -> bool:
         return True
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes]:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
         return self.all_gather_bytes(self._one_payload(payloads), "gather", max_bytes)
 
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
+                  max_bytes: int) -> tuple[bytes, list[int]]:
         if payload is None:
             raise ValueError("allgather transport: every rank must provide its downlink payload")
         if self.check_agreement:
@@ -340,7 +341,7 @@ class TorchShardedTransport(_TorchTransport):
         return True
 
     def exchange(self, rows: Sequence[Sequence[bytes]],
-                 max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
+                 max_bytes: Sequence[int]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
         if len(rows) != 1 or len(rows[0]) != self.workers:
             raise ValueError(f"sharded transport: rank {self.rank} sends one row of {self.workers} shard payloads")
         row = rows[0]
@@ -356,10 +357,10 @@ class TorchShardedTransport(_TorchTransport):
             at += n
         return {self.rank: out}, sizes
 
-    def share(self, shards: dict[int, bytes], max_bytes: int | None = None) -> list[bytes]:
+    def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
         if set(shards) != {self.rank}:
             raise ValueError(f"sharded transport: rank {self.rank} shares shard {self.rank} only, got {sorted(shards)}")
-        out = self.all_gather_bytes(shards[self.rank], "share", max_bytes)
+        out = self.all_gather_bytes(shards[self.rank], "share", max_bytes, "rank {w} (the server of shard {w})")
         self.steps += 1
         return out
 

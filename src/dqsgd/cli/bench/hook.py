@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from dqsgd.cli.bench.choices import HOOKS, MODELS  # the parser's choices (torch-free module)
+from dqsgd.topology.registry import HOOK_TOPOLOGIES
 
 CIFAR = (3, 32, 32)
 
@@ -118,7 +119,7 @@ def summarize(times: dict[str, list[float]], pairs: list[tuple[str, str]] = ()) 
         ratios = [t / base for t, base in zip(ts, times["none"])]
         rows.append({"hook": h, "ms": 1e3 * statistics.median(ts), "ratio": statistics.median(ratios),
                      "min": min(ratios), "max": max(ratios)})
-    pairs = [*pairs, *((f"qsgd-4bit {topo}", "fp16") for topo in ("sharded", "allgather"))]
+    pairs = [*pairs, *((f"qsgd-4bit {topo}", "fp16") for topo in HOOK_TOPOLOGIES)]
     for num, den in dict.fromkeys(pairs):  # each pair once, where both of its hooks ran
         if num in times and den in times:
             r = [a / b for a, b in zip(times[num], times[den])]
@@ -138,7 +139,7 @@ def known_hook(hook: str) -> bool:
         method_config(method)
     except ValueError:
         return False
-    return topology in ("sharded", "allgather")
+    return topology in HOOK_TOPOLOGIES
 
 
 def parse_pairs(text: str) -> list[tuple[str, str]]:

@@ -102,16 +102,23 @@ def add_bench_parser(sub: Any) -> None:
                         "and width of 2..16 bits")
     _common(c, 5, 2, "runs/bench/codec.json")
     c.set_defaults(func=_checkout_command("codec", "bench_codec.py", lambda m, a: m.bench_codec(a)))
-    s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD",
+    s = bsub.add_parser("step", help="simulated Trainer.step() of dqsgd vs plain SGD; --contention: a training "
+                        "job's CPU and wall time quiet and beside busy loops",
                         description="One simulated training step (all W workers) of dqsgd, torch and fused "
-                                    "kernels, against plain SGD on the same config.")
+                                    "kernels, against plain SGD on the same config. With --contention instead: a "
+                                    "short `dqsgd train` job in a child process, quiet and then beside --busy busy "
+                                    "loops; its CPU time (user + sys) and wall time, and their ratios.")
     s.add_argument("--config", default="table1-mnist",
                    help="shipped config name or TOML path: model, data and W (default: table1-mnist)")
-    s.add_argument("--steps", type=int, default=20, help="timed steps per method (default: 20)")
+    s.add_argument("--steps", type=int, default=20, help="timed steps per method; with --contention the job's "
+                   "training steps (default: 20)")
     s.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, caches) (default: 3)")
-    s.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
-    s.add_argument("--out", default="runs/bench/step.json", help="JSON file for the results (default: runs/bench/step.json)")
-    s.set_defaults(func=_command("bench_step"))
+    s.add_argument("--threads", type=int, default=1, help="torch intra-op threads; with --contention the job's "
+                   "train.threads, 0 = PyTorch's default (default: 1)")
+    s.add_argument("--out", help="JSON file for the results (default: runs/bench/step.json; with --contention "
+                   "runs/bench/contention.json)")
+    _add_contention(s)
+    s.set_defaults(func=_bench_step)
     k = bsub.add_parser("compressors", help="dqsgd's methods vs PyTorch's DDP compression hooks",
                         description="Compress one real gradient with dqsgd's methods and PyTorch's DDP "
                                     "compression hooks: time, bytes and relative error.")
@@ -130,6 +137,33 @@ def add_bench_parser(sub: Any) -> None:
                         prefix_chars="+")  # no options of its own: every "-..." word goes to the script
     n.add_argument("rest", nargs=argparse.REMAINDER, help="options of benchmarks/network/bench_network.py")
     n.set_defaults(func=_checkout_command("network", "network/bench_network.py", lambda m, a: int(m.main(a.rest) or 0)))
+
+
+def _add_contention(s: argparse.ArgumentParser) -> None:
+    """``bench step``'s ``--contention`` options (:mod:`dqsgd.cli.bench.contention`)."""
+    s.add_argument("--contention", action="store_true", help="measure a training job quiet and beside busy loops")
+    s.add_argument("--method", default="sgd", help="--contention: the method the job trains (default: sgd)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="--contention: a dotted override for the "
+                   "job, as `dqsgd train --set` (repeatable)")
+    s.add_argument("--busy", type=int, default=2, help="--contention: busy loops beside the loaded run (default: 2)")
+    s.add_argument("--repeats", type=int, default=1, help="--contention: quiet/loaded pairs, alternating; the "
+                   "medians are compared (default: 1)")
+    s.add_argument("--wait-policy", choices=["passive", "openmp-default"], default="passive",
+                   help="--contention: the job's OMP_WAIT_POLICY: passive (what the dqsgd command sets) or "
+                        "openmp-default (unset: idle OpenMP threads spin first; the old behaviour) (default: passive)")
+    s.add_argument("--deadline", type=float, default=1800.0, help="--contention: seconds one job may take")
+
+
+def _bench_step(args: argparse.Namespace) -> int:
+    """``bench step``: the step benchmark, or with ``--contention`` the contention one."""
+    if args.contention:
+        from dqsgd.cli.bench.contention import bench_contention
+
+        args.out = "runs/bench/contention.json" if args.out is None else args.out
+        bench_contention(args)
+        return 0
+    args.out = "runs/bench/step.json" if args.out is None else args.out
+    return _command("bench_step")(args)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -28,8 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from dqsgd.topology.names import TOPOLOGIES  # noqa: F401  (re-exported)
-from dqsgd.topology.traffic import fp32_legs, wire_traffic  # noqa: F401  (wire_traffic: re-exported)
+from dqsgd.topology.registry import SIMULATED_DEFAULT, topology_of, wire_traffic  # noqa: F401  (wire_traffic: re-exported)
 
 
 @dataclass
@@ -53,7 +52,7 @@ class Ledger:
     workers: int
     budget_bits: int | None = None   # per-worker uplink budget C, if the method has one
     records: list[StepRecord] = field(default_factory=list)
-    topology: str = "ps"
+    topology: str = SIMULATED_DEFAULT
     both_legs: bool = False          # the budget counts the downlink too (sharded, downlink_bits = "auto")
 
     def record(self, step: int, bits: int, up_bytes: list[int], down_bytes: int, side_bytes: int = 0,
@@ -138,7 +137,7 @@ class Ledger:
 
     def fp32_total_bytes(self) -> int:
         """Every message in fp32: the uplink, and as much again downlink unless the topology has none."""
-        return self.fp32_up_bytes() * fp32_legs(self.topology)
+        return self.fp32_up_bytes() * topology_of(self.topology).fp32_legs()
 
     def total_ratio(self) -> float:
         """Measured over all traffic: fp32 bytes of every message / bytes of every message sent."""
@@ -220,7 +219,7 @@ class Ledger:
     @classmethod
     def from_state_dict(cls, d: dict[str, object]) -> "Ledger":
         led = cls(int(d["numel"]), int(d["workers"]), d["budget_bits"],  # type: ignore[arg-type]
-                  topology=str(d.get("topology", "ps")), both_legs=bool(d.get("both_legs", False)))
+                  topology=str(d.get("topology", SIMULATED_DEFAULT)), both_legs=bool(d.get("both_legs", False)))
         for step, bits, up, down, side, *rest in d["records"]:  # type: ignore[union-attr]
             # older checkpoints: no per-rank accounting (5 fields), no coded sizes (7), no dropped workers (8)
             ru, rd, coded, dropped = [*rest, *[[], [], None, []][len(rest):]]

@@ -17,7 +17,6 @@ from typing import Protocol, Sequence
 
 import torch
 
-from dqsgd.topology.limits import check_sizes  # noqa: F401  (re-exported: its earlier home)
 
 
 class Transport(Protocol):
@@ -51,13 +50,13 @@ class Transport(Protocol):
         """Element-wise max over all workers' tensors (TernGrad scaler sharing)."""
         ...
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int | None = None) -> list[bytes] | None:
+    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes] | None:
         """All W uplink payloads in worker order on the aggregating process(es), else None.
         ``max_bytes`` caps an announced payload size (refused before anything is allocated)."""
         ...
 
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int | None = None) -> tuple[bytes, list[int]]:
+                  max_bytes: int) -> tuple[bytes, list[int]]:
         """The server's downlink payload and a few integers sent beside it, delivered to every process.
 
         Every process passes the same number of ``ints``; a process that does not aggregate passes
@@ -80,13 +79,13 @@ class ShardedTransport(Protocol):
         ...
 
     def exchange(self, rows: Sequence[Sequence[bytes]],
-                 max_bytes: Sequence[int | None]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
+                 max_bytes: Sequence[int]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
         """Uplink all-to-all. ``rows[i][j]``: local worker i's payload for shard j. Returns, for each
         served shard j, the W workers' payloads for j in worker order, and the W×W size matrix
         ``sizes[w][j]`` (known to every process). ``max_bytes[j]`` caps a shard-j payload."""
         ...
 
-    def share(self, shards: dict[int, bytes], max_bytes: int | None = None) -> list[bytes]:
+    def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
         """Downlink all-gather: the W shards' payloads, in shard order, on every process."""
         ...
 

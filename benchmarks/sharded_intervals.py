@@ -1,6 +1,6 @@
 """table1-fashion, sharded rows: 95% intervals from the summary.json that `dqsgd report` writes.
 
-    python results/table1-fashion/sharded/intervals.py RUN_DIR --sgd 88.81,88.11,88.74,88.53,88.56
+    python benchmarks/sharded_intervals.py RUN_DIR --sgd 88.81,88.11,88.74,88.53,88.56
 
 RUN_DIR holds the sharded runs (no SGD runs: SGD's per-seed test accuracies, in percent, seeds 0, 1, ...,
 come from ``--sgd``). Prints two Markdown tables: every method with its accuracy (Student-t 95% interval

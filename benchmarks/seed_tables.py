@@ -1,10 +1,11 @@
-"""local-fashion: accuracy with 95% intervals, total bytes and their ratio to synchronous fp32 SGD, and a
-figure of accuracy against total bytes (log scale), from the summary.json `dqsgd report` writes per tree.
+"""Seed tables of a comparison (local-fashion, sketch-fashion): accuracy with 95% intervals, total bytes and
+their ratio to synchronous fp32 SGD, and a figure of accuracy against total bytes (log scale), from the summary.json `dqsgd report` writes per tree.
 
-    python results/local-fashion/summarize.py runs/local-fashion runs/local-fashion-dirichlet
+    python benchmarks/seed_tables.py runs/local-fashion runs/local-fashion-dirichlet
 
-prints the Markdown tables and writes results/local-fashion/acc_vs_bytes.png. With ``--no-figure`` first it
-only prints the tables (results/sketch-fashion uses it for its compare/ tree).
+prints the Markdown tables and writes results/local-fashion/acc_vs_bytes.png (from the repository root of
+this checkout). With ``--no-figure`` first it only prints the tables (results/sketch-fashion uses it for its
+compare/ tree).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from dqsgd.experiments.stats import paired_interval  # noqa: E402
 
-HERE = Path(__file__).parent
+FIGURE = Path(__file__).resolve().parents[1] / "results" / "local-fashion" / "acc_vs_bytes.png"
 
 
 def table(root: Path) -> list[dict]:
@@ -74,7 +75,7 @@ def main(roots: list[str]) -> None:
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("local-fashion: LeNet-5, W = 8, 300 steps (o: IID, s: Dirichlet α = 0.1)")
     fig.tight_layout()
-    fig.savefig(HERE / "acc_vs_bytes.png", dpi=120)
+    fig.savefig(FIGURE, dpi=120)
 
 
 if __name__ == "__main__":

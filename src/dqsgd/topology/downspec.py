@@ -1,0 +1,66 @@
+"""The downlink of a run, resolved once from its configuration and carried as one frozen object.
+
+The trainer (``train.downlink_*`` keys), the DDP hook (``HookState(downlink_*=...)``) and
+``LocalSGDOptimizer`` each call :func:`resolve_downlink` once; the step objects and the bucket protocol
+take the resulting :class:`DownlinkSpec` as it is. Adding a downlink option is a field here and its check
+in :func:`resolve_downlink`, then the protocol's use of it (:mod:`dqsgd.topology.bucket`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dqsgd.topology.downlink import resolve_downlink_coding
+from dqsgd.topology.names import (
+    AUTO, DOWNLINK_PARITY_BITS, FP32, check_downlink_bits, check_downlink_safety, check_downlink_target,
+    resolve_downlink_bits)
+
+SPELL = ("downlink_feedback=True", "allow_unsafe_downlink=True")  # how an option is written in an error
+
+
+@dataclass(frozen=True)
+class DownlinkSpec:
+    """A resolved downlink: ``bits`` (2..16, :data:`FP32` or ``"auto"``: the policy picks each step's
+    width), ``coding`` (a coding name; ``"fixed"`` wherever the downlink is not quantized), ``feedback``
+    (the shard servers keep their rounding residual) and ``target_bits`` (under ``"auto"``: the
+    downlink's share of the both-leg budget per coordinate and step; 0: an 8-bit fixed downlink's cost)."""
+
+    bits: int | str = DOWNLINK_PARITY_BITS
+    coding: str = "fixed"
+    feedback: bool = False
+    target_bits: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.bits != AUTO:
+            check_downlink_bits(self.bits)
+        check_downlink_target(self.target_bits, self.bits == AUTO)
+
+    @property
+    def auto(self) -> bool:
+        return self.bits == AUTO
+
+
+def resolve_downlink(bits: object = None, coding: object = None, feedback: bool = False, target_bits: float = 0.0,
+                     allow_unsafe: bool = False, *, policy: str, uplink_coding: str, vote: bool, topology: str,
+                     spell: tuple[str, str] = SPELL, where: str = "") -> DownlinkSpec:
+    """The run's :class:`DownlinkSpec`: the width (None or 0: the method's default), its safety (a
+    width below 4 bits needs ``feedback`` or ``allow_unsafe``), the coding (None: the uplink's for a
+    quantized downlink) and the both-leg target, each checked once (ValueError naming the option;
+    ``where``: the options' prefix in the caller's interface, e.g. ``"train."``)."""
+    try:
+        width = resolve_downlink_bits(bits, policy=policy, topology=topology, vote=vote)
+    except ValueError as e:
+        raise ValueError(f"{where}downlink_bits: {e}" if where else str(e)) from None
+    check_downlink_safety(width, feedback, allow_unsafe, topology=topology, vote=vote, spell=spell)
+    try:
+        chosen = resolve_downlink_coding(coding, uplink_coding=uplink_coding, bits=width, vote=vote, topology=topology)
+    except ValueError as e:
+        raise ValueError(f"{where}downlink_coding: {e}" if where else str(e)) from None
+    try:
+        target = check_downlink_target(target_bits, width == AUTO)
+    except ValueError as e:
+        raise ValueError(f"{where}downlink_target_bits: {e}" if where else str(e)) from None
+    return DownlinkSpec(width, chosen, bool(feedback), target)
+
+
+FP32_DOWNLINK = DownlinkSpec(FP32)  # the fp32 downlink (FSDP's reduce-scatter has no downlink of its own)
