@@ -24,6 +24,7 @@ the host issues, whatever the device. Times are not measured there (the interpre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -42,18 +43,13 @@ _NO_KERNEL = re.compile(r"aten::(_?(empty|view|reshape|as_strided|slice|select|a
 _LAUNCH = "triton launch"
 
 
-def count_pair(n: int, bits: int = 4, repeat: int = 2) -> dict:
-    """Triton launches, aten ops and kernel-launching aten ops per no-sync pair, on CPU tensors through
-    Triton's interpreter (needs ``TRITON_INTERPRET=1`` before Triton is first imported)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+@contextlib.contextmanager
+def _counting(launches: dict[str, int]):
+    """Count every Triton launch by kernel name into ``launches`` and mark it for the profiler (the
+    interpreter's own torch ops inside a launch are not the host's)."""
+    from torch.profiler import record_function
     from triton.runtime.jit import KernelInterface
 
-    from dqsgd.kernels import HashRNG, device_common
-    from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header
-
-    x, out = torch.randn(n, generator=torch.Generator().manual_seed(0)), torch.zeros(n)
-    rng, hdr, bad = HashRNG(3, 1, 0), expected_header((n,), bits), torch.zeros((), dtype=torch.bool)
-    launches: dict[str, int] = {}
     original = KernelInterface.__getitem__
 
     def counting(self, grid):  # noqa: ANN001, ANN202 - Triton's own signature
@@ -66,19 +62,82 @@ def count_pair(n: int, bits: int = 4, repeat: int = 2) -> dict:
                 return launch(*args, **kwargs)
         return run
 
+    KernelInterface.__getitem__ = counting
+    try:
+        yield
+    finally:
+        KernelInterface.__getitem__ = original
+
+
+def count_pair(n: int, bits: int = 4, repeat: int = 2) -> dict:
+    """Triton launches, aten ops and kernel-launching aten ops per no-sync pair, on CPU tensors through
+    Triton's interpreter (needs ``TRITON_INTERPRET=1`` before Triton is first imported)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dqsgd.kernels import HashRNG, device_common
+    from dqsgd.kernels.device import decode_accumulate_device, encode_uniform_device, expected_header
+
+    x, out = torch.randn(n, generator=torch.Generator().manual_seed(0)), torch.zeros(n)
+    rng, hdr, bad = HashRNG(3, 1, 0), expected_header((n,), bits), torch.zeros((), dtype=torch.bool)
+    launches: dict[str, int] = {}
     device_common.set_triton(True)
     try:
         p = encode_uniform_device(x, bits, rng, check="defer")  # warm: templates, tables, caches
         decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)
-        KernelInterface.__getitem__ = counting
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with _counting(launches), profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(repeat):
                 p = encode_uniform_device(x, bits, rng, check="defer")
                 decode_accumulate_device(p, out, header=hdr, check="defer", bad=bad)
     finally:
-        KernelInterface.__getitem__ = original
         device_common.set_triton(None)
     return {"n": n, "bits": bits, **_tally(prof.events(), launches, repeat)}
+
+
+def count_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, repeat: int = 2) -> dict:
+    """Triton launches and aten ops of one sharded bucket's codec calls on one rank, the ones the hook
+    and the trainer make (device path, no sync): the rank's W shard payloads encoded into one buffer
+    (uplink), the W payloads of its shard decoded and averaged, its shard's downlink encoded, and the
+    W shards' downlink payloads decoded. The payloads the other ranks would send are made beforehand
+    (this rank's, the same sizes): what is counted is the calls. CPU tensors through Triton's
+    interpreter (``TRITON_INTERPRET=1`` before Triton is first imported)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dqsgd.kernels import HashRNG, device_common
+    from dqsgd.method.config import method_config
+    from dqsgd.topology import payloads
+    from dqsgd.topology.bucket import BucketProtocol
+
+    proto = BucketProtocol(method_config("qsgd", bits=bits), n, [n], topology="sharded", workers=workers, seed=0,
+                           total_steps=10, downlink_bits=dbits)
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    bad = torch.zeros((), dtype=torch.bool)
+    size = max(proto.down_sizes()) + 1
+    launches: dict[str, int] = {}
+    device_common.set_triton(True)
+    payloads.route_cpu_through_device_codec(True)
+    try:
+        rngs = [HashRNG(1, 1, j) for j in range(workers)]
+        send, at, sizes = payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
+        received = [send[at[0] : at[0] + sizes[0]]] * workers  # what the all-to-all delivers for shard 0
+        recv = torch.cat([send[at[0] : at[0] + sizes[0] + 1]] * workers)
+        received = [recv[w * (sizes[0] + 1) : w * (sizes[0] + 1) + sizes[0]] for w in range(workers)]
+        gathered = [proto.encode_down(j, flat[lo:hi].contiguous(), 1, size) for j, (lo, hi) in enumerate(proto.bounds)]
+        m0 = proto.shards[0].numel
+
+        def bucket() -> None:
+            payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
+            avg = proto.reduce(0, received, bits, out=torch.zeros(m0), bad=bad)
+            proto.encode_down(0, avg, 1, size)
+            proto.decode_down(gathered, torch.zeros(n), bad)
+
+        bucket()  # warm: plans, templates, tables
+        with _counting(launches), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(repeat):
+                bucket()
+    finally:
+        payloads.route_cpu_through_device_codec(False)
+        device_common.set_triton(None)
+    return {"n": n, "workers": workers, "bits": bits, "bad": bool(bad), **_tally(prof.events(), launches, repeat)}
 
 
 def _tally(events: list, launches: dict[str, int], repeat: int) -> dict:

@@ -76,12 +76,12 @@ def _prepare(x: torch.Tensor, bits: int, norm: Norm, layout: Layout):
         scales = segment_reduce(flat, layout, "l2").numpy().astype(np.float32)
         require_finite(torch.from_numpy(scales), "fused uniform quantizer")
     elif n:
-        scales = _max_norms(flat, starts)
+        scales = max_norms(flat, starts)
     s = levels_for_bits(bits)
     return flat, starts, torch.from_numpy(scales), inverse_norms(scales, s), s
 
 
-def _max_norms(flat: torch.Tensor, starts: np.ndarray) -> np.ndarray:
+def max_norms(flat: torch.Tensor, starts: np.ndarray) -> np.ndarray:
     """max |x| per segment (float32) of a non-empty ``flat``, on one thread below
     ``2·MIN_CHUNKS_PER_THREAD`` chunks (where ``run_split`` would make one range anyway)."""
     n, xb = flat.numel(), flat.numpy().view(np.int32)
@@ -393,7 +393,7 @@ class FixedPlan:
             return scales
         if not self.numel:
             return np.zeros(self.starts.size - 1, dtype=np.float32)
-        return _max_norms(flat, self.starts)
+        return max_norms(flat, self.starts)
 
     # --------------------------------------------------------------------------------- decode
 

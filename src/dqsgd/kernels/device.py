@@ -107,7 +107,7 @@ def _crc_bytes(data: torch.Tensor, tabs: torch.Tensor, constant: int) -> torch.T
     return ((crc >> torch.arange(0, 32, 8, device=data.device)) & 0xFF).to(torch.uint8)
 
 
-def _scales(x: torch.Tensor, norm: Norm, layout: Layout, nseg: int, tri: bool) -> torch.Tensor:
+def device_scales(x: torch.Tensor, norm: Norm, layout: Layout, nseg: int, tri: bool) -> torch.Tensor:
     """Per-segment norms of the flat input ``x`` (any float dtype; float32 on the torch-ops path)."""
     if norm == Norm.L2:  # the host kernel's own expression (summation order matters for the bits)
         return segment_reduce(x.to(torch.float32), layout, "l2").to(torch.float32)
@@ -180,7 +180,7 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
         raise ValueError(f"shape {shape}: need ndim ≤ {wire.MAX_NDIM}, every dim < 2^32 and < 2^32 elements")
     tpl = template(shape, bits, Norm(norm), layout, x.dtype)
     dev, levels = flat.device, levels_for_bits(bits)
-    scales = _scales(flat, norm, layout, tpl.nseg, tri)
+    scales = device_scales(flat, norm, layout, tpl.nseg, tri)
     if tri:
         return _encode_triton(flat, scales, tpl, layout, rng.key, bits, levels, check)
     inv = _inverse(scales, levels)

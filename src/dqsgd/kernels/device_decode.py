@@ -72,7 +72,7 @@ def _expected_template(h: Header) -> Template:
 _DIVISORS: dict[tuple[str, int], torch.Tensor] = {}
 
 
-def _divisor(device: torch.device, levels: int) -> torch.Tensor:
+def step_divisor(device: torch.device, levels: int) -> torch.Tensor:
     """``levels`` as a 1-element float32 tensor on ``device`` (a tensor divisor: ``r / levels`` is then
     correctly rounded everywhere), made once per device."""
     key = (str(device), levels)
@@ -166,7 +166,7 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
     else:
         scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
         head_flags = torch.zeros(2, dtype=torch.int64, device=dev)
-    steps = scales / _divisor(dev, h.levels)
+    steps = scales / step_divisor(dev, h.levels)
     over = _over(steps, h, weight).to(torch.int64).reshape(1)
     payload = payload.contiguous()
     body = payload[h.body_start : h.body_start + h.body_len]
@@ -220,7 +220,7 @@ def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float,
         scales = torch.from_numpy(h.scales.astype(np.float32)).to(dev)
         crc32_triton(payload[:-4], payload[-4:], stats, flag)
         where = (payload, 0, 0, 0)
-    steps = scales / _divisor(dev, h.levels)
+    steps = scales / step_divisor(dev, h.levels)
     checks = Checks(stats, flag, payload, *where, rng.lo, rng.hi, rng.zero_ok)
     accumulate_triton(body, steps, h.layout, weight, h.bits, h.numel, flat, check == "defer", checks)
     if check == "sync":

@@ -59,7 +59,7 @@ _GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
 @triton.jit
-def _segment(idx, ok, starts_ptr, nseg, bucket, MODE: tl.constexpr, STEPS: tl.constexpr):
+def segment_span(idx, ok, starts_ptr, nseg, bucket, MODE: tl.constexpr, STEPS: tl.constexpr):
     """The segment of each coordinate: 0 (MODE 0), idx // bucket (MODE 1), or the last k with
     starts[k] ≤ idx (MODE 2, STEPS halvings of [0, nseg − 1]: empty segments are skipped)."""
     if MODE == 0:
@@ -86,7 +86,7 @@ def _absmax_kernel(x_ptr, out_ptr, starts_ptr, n, nseg, bucket, BLOCK: tl.conste
     ok = idx < n
     x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
     bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    seg = _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
+    seg = segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
     first = tl.min(tl.where(ok, seg, nseg), axis=0)
     last = tl.max(tl.where(ok, seg, -1), axis=0)
     if first == last:  # the whole block in one segment: one atomic
@@ -131,7 +131,7 @@ def _inverse(r, rec, LEVELS: tl.constexpr):
 
 
 @triton.jit
-def _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS: tl.constexpr,
+def write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS: tl.constexpr,
                 HB: tl.constexpr, FLAGS: tl.constexpr):
     """This program's HB bytes of the header (bytes 0..k): the template's bytes, and in the scales'
     place the float32 scales r (torch's NaN where inv is not finite). FLAGS: flags |= [r non-finite,
@@ -157,18 +157,28 @@ def _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, ns
 def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, key, n, nbytes, nseg, bucket,
                    k, scale_at, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
                    MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, FLAGS: tl.constexpr):
-    """The header's bytes of this program (:func:`_write_head`), then stochastic rounding of GROUPS·8
+    """The header's bytes of this program (:func:`write_head`), then stochastic rounding of GROUPS·8
     coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``)."""
-    _write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
+    write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
+    encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr + k, key.to(tl.uint64), n, nbytes, nseg, bucket,
+                   BITS, LEVELS, WB, GROUPS, MODE, STEPS)
+
+
+@triton.jit
+def encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, body_ptr, key, n, nbytes, nseg, bucket, BITS: tl.constexpr,
+                   LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
+                   STEPS: tl.constexpr):
+    """Stochastic rounding of this program's GROUPS·8 coordinates (``key``: uint64) and their FIXED
+    packing into the body at ``body_ptr`` (nbytes)."""
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     t = tl.arange(0, 8)
     idx = g[:, None] * 8 + t[None, :]
     ok = idx < n
     x = tl.load(x_ptr + idx, mask=ok, other=0.0).to(tl.float32)
-    seg = _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
+    seg = segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
     inv = _inverse(tl.load(scale_ptr + seg, mask=ok, other=0.0), tl.load(rec_ptr + seg, mask=ok, other=0.0), LEVELS)
     j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
-    h = _mix64(key.to(tl.uint64) + j * 0x9E3779B97F4A7C15)
+    h = _mix64(key + j * 0x9E3779B97F4A7C15)
     k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
     field = tl.reshape((h[:, :, None] >> k16[None, None, :]) & 0xFFFF, (GROUPS, 8))
     u = (field.to(tl.float32) + 0.5) * 1.52587890625e-05  # 2^-16
@@ -191,7 +201,7 @@ def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, fla
     straddle = ((d > -8) & (d < 0))[None, :]
     byte = tl.where((d < 0)[None, :], from_lo | tl.where(straddle, hi_l, 0), hi_r) & 0xFF
     at = g[:, None] * BITS + b[None, :]
-    tl.store(out_ptr + k + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
+    tl.store(body_ptr + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
 
 
 @triton.jit
@@ -228,6 +238,17 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, 
     zero, w·(top·step) not finite for a coordinate's step (the finite-output rule,
     :mod:`dqsgd.quantizers.finite`; top = max(-lo_ok, hi_ok))] (atomics; the header's k bytes are
     checked by the first ⌈k/HB⌉ programs); BAD: a failed check also sets *bad."""
+    decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
+                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, WRITE, CHECK, HB,
+                   BAD)
+
+
+@triton.jit
+def decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
+                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
+                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
+                   CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
+    """The work of one :func:`_decode_kernel` program on one payload."""
     if CHECK:
         _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB, BAD)
         if tl.program_id(0) == 0:
@@ -258,7 +279,7 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, 
         outside = ok & ((c < lo_ok) | (c > hi_ok) | ((c == 0) & (zero_ok == 0)))
         _flag(stats_ptr + 7, bad_ptr, tl.max(outside.to(tl.int32)), BAD)
     if CHECK or WRITE:
-        st = tl.load(step_ptr + _segment(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
+        st = tl.load(step_ptr + segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
     if CHECK:
         top = tl.maximum(-lo_ok, hi_ok).to(tl.float32)
         over = ok & (tl.abs(w * (top * st)) > 3.4028234663852886e38)
@@ -328,7 +349,7 @@ class Checks:
     zero_ok: bool
 
 
-def _pow2(w: int) -> int:
+def pow2(w: int) -> int:
     return 1 << (w - 1).bit_length()
 
 
@@ -340,7 +361,7 @@ def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor
         return bits.view(torch.float32)
     seg = _Segments(layout, n, flat.device)
     if seg.mode == 1:
-        sb = min(BLOCK, _pow2(seg.bucket))
+        sb = min(BLOCK, pow2(seg.bucket))
         chunks = triton.cdiv(seg.bucket, sb)
         _absmax_bucket_kernel[(seg.nseg * chunks,)](flat, bits, n, seg.bucket, chunks, SB=sb)
     else:
@@ -363,7 +384,7 @@ def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key:
     grid = (max(triton.cdiv(triton.cdiv(n, 8), GROUPS), triton.cdiv(k, HB)),)
     _encode_kernel[grid](flat, scales, scales.reciprocal(), seg.starts, payload, head, fl, key, n,
                          payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, BITS=bits, LEVELS=levels,
-                         WB=_pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, **seg.meta())
+                         WB=pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, **seg.meta())
     return fl if flags else None
 
 
@@ -381,6 +402,6 @@ def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, w
     seg = _Segments(layout, n, dev)
     _decode_kernel[(grid,)](body, steps, seg.starts, out, c.stats, c.stats if c.bad is None else c.bad, c.payload,
                             c.head, float(np.float32(weight)), n, body.numel(), seg.nseg, seg.bucket, c.k, c.scale_at,
-                            (n * bits) % 8, c.lo, c.hi, int(c.zero_ok), BITS=bits, WB=_pow2(bits), GROUPS=GROUPS,
+                            (n * bits) % 8, c.lo, c.hi, int(c.zero_ok), BITS=bits, WB=pow2(bits), GROUPS=GROUPS,
                             WRITE=write, CHECK=checks is not None, HB=HB, BAD=c.bad is not None,
                             enable_fp_fusion=False, **seg.meta())

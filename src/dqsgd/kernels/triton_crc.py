@@ -81,26 +81,39 @@ def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr,
     v = tl.load(src_ptr + i, mask=ok, other=0).to(tl.int32)
     if COPY:
         tl.store(copy_ptr + (i - copy_at), v.to(tl.uint8), mask=ok & (i >= copy_at) & (i < copy_at + copy_len))
+    raw = crc_raw(v, q, tab_ptr, comb_ptr, ROWS, LOOKUPS)
+    if FINAL:
+        raw = raw ^ k_const
+        crc_verdict(raw, dst_ptr, stats_ptr, bad_ptr, VERIFY)
+    tl.store(raw_ptr + tl.program_id(0), raw)
+
+
+@triton.jit
+def crc_raw(v, q, tab_ptr, comb_ptr, ROWS: tl.constexpr, LOOKUPS: tl.constexpr):
+    """The raw of a program's (ROWS, 256) elements ``v`` (bytes: LOOKUPS 1, raws: 4) at positions q."""
     if LOOKUPS == 1:
         c = tl.load(tab_ptr + q[None, :] * 256 + (v & 0xFF))
     else:
         c = _shift(tab_ptr + q[None, :] * 1024, v)
     rows = _shift(comb_ptr + tl.arange(0, ROWS) * 1024, _xor_rows(c, ROWS))
-    raw = tl.xor_sum(rows, axis=0)
-    if FINAL:
-        raw = raw ^ k_const
-        crc = raw
-        k = tl.arange(0, 4)
-        if VERIFY == 0:
-            tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
-        else:
-            wrong = crc != tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
-            j = tl.arange(0, 16)  # triton_codec.STATS = 9 of them
-            init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
-            tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init), mask=j < 9)
-            if VERIFY == 2:
-                tl.store(bad_ptr, wrong, mask=wrong)
-    tl.store(raw_ptr + tl.program_id(0), raw)
+    return tl.xor_sum(rows, axis=0)
+
+
+@triton.jit
+def crc_verdict(crc, dst_ptr, stats_ptr, bad_ptr, VERIFY: tl.constexpr):
+    """VERIFY 0: write ``crc`` as 4 little-endian bytes at dst_ptr; else compare it with the 4 bytes
+    there and start the decode kernel's stats (stats[2] = mismatch); VERIFY 2 also sets ``*bad`` on
+    a mismatch."""
+    k = tl.arange(0, 4)
+    if VERIFY == 0:
+        tl.store(dst_ptr + k, ((crc >> (8 * k)) & 0xFF).to(tl.uint8))
+    else:
+        wrong = crc != tl.sum(tl.load(dst_ptr + k).to(tl.int32) << (8 * k), axis=0)
+        j = tl.arange(0, 16)  # triton_codec.STATS = 9 of them
+        init = tl.where(j == 4, 0x7FFFFFFF, tl.where(j == 5, -0x7FFFFFFF, 0))
+        tl.store(stats_ptr + j, tl.where(j == 2, wrong.to(tl.int32), init), mask=j < 9)
+        if VERIFY == 2:
+            tl.store(bad_ptr, wrong, mask=wrong)
 
 
 def _int32(tab: np.ndarray) -> np.ndarray:
@@ -150,7 +163,7 @@ def _level_table(level: int) -> np.ndarray:
 _DEVICE_TABLES: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _tables_on(device: torch.device, level: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tables_on(device: torch.device, level: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(element tables, combine tables) of a level on ``device``, copied once."""
     key = (str(device), level)
     if key not in _DEVICE_TABLES:
@@ -180,7 +193,7 @@ def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: tor
         programs = max(-(-count // (FAN * ROWS)), 1)  # n = 0: one program of zero bytes (raw 0)
         raws = torch.empty(programs, dtype=torch.int32, device=dev)
         final = programs == 1
-        tab, comb = _tables_on(dev, level)
+        tab, comb = tables_on(dev, level)
         to, at = copy if copy is not None and level == 0 else (raws, 0)
         _crc_level[(programs,)](src, tab, comb, raws, dst, raws if stats is None else stats,
                                 raws if bad is None else bad, to, at, to.numel() if to is not raws else 0, count,

@@ -221,6 +221,16 @@ class BucketProtocol:
         from dqsgd.quantizers import NonFiniteGradientError
 
         res_in = residuals if residuals is not None else [None] * len(self.shards)
+        if scalers is None and all(r is None for r in res_in):  # every shard in one batched call
+            try:
+                got = payloads.encode_batched(self.shards, self.bounds, flat, bits,
+                                              [self.uplink_rng(step, worker, j) for j in range(len(self.shards))])
+            except NonFiniteGradientError as e:
+                where = f", shard {getattr(e, 'shard', 0)}" if len(self.shards) > 1 else ""
+                raise NonFiniteGradientError(f"step {step}, worker {worker}{where}: {e}") from None
+            if got is not None:
+                buf, at, sizes = got
+                return [buf[a : a + n] for a, n in zip(at, sizes)], [None] * len(self.shards)
         out, res = [], []
         for j, (m, (lo, hi), sc) in enumerate(zip(self.shards, self.bounds, self.split_scalers(scalers))):
             try:
@@ -305,9 +315,21 @@ class BucketProtocol:
             raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
         if out is None:
             out = torch.zeros(self.numel, dtype=torch.float32, device=received[0].device)
-        for j, ((lo, hi), p) in enumerate(zip(self.bounds, received)):
-            self._decode_shard(j, p, out[lo:hi], bad, self._width(dbits))
+        d = self._width(dbits)
+        if not self.coded_down and d not in (FP32, SIGN):  # every shard in one batched call
+            from dqsgd.quantizers import Norm
+
+            spec = [(m.numel, m.layout) for m in self.shards]
+            if payloads.accumulate_batch(spec, d, Norm.MAX, received, out, [lo for lo, _ in self.bounds], 1.0, bad,
+                                         lambda o: self._decode_each(received, o, None, d), padded=True):
+                return out
+        self._decode_each(received, out, bad, d)
         return out
+
+    def _decode_each(self, received: Sequence[torch.Tensor], out: torch.Tensor, bad: torch.Tensor | None,
+                     dbits: int) -> None:
+        for j, ((lo, hi), p) in enumerate(zip(self.bounds, received)):
+            self._decode_shard(j, p, out[lo:hi], bad, dbits)
 
     def _width(self, dbits: int | None) -> int:
         if dbits is None:

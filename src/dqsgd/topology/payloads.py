@@ -19,7 +19,7 @@ collective that carries the gradient: no extra collective, no host synchronizati
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -30,10 +30,10 @@ if TYPE_CHECKING:  # the codec modules load numba: imported on first use only
     from dqsgd.method.pipeline import Method
     from dqsgd.quantizers import Layout, Norm
 
-__all__ = ["FLAG_NONFINITE", "FLAG_ZERO", "FP32", "SIGN", "accumulate", "bytes_tensor", "decode_accumulate_payload",
-           "device_path", "downlink_size", "encode_downlink", "encode_downlink_padded", "encode_messages",
-           "encode_shard", "encode_uniform_payload", "fast_path", "messages", "pad", "route_cpu_through_device_codec",
-           "set_flags", "tensor_bytes", "vote"]
+__all__ = ["FLAG_NONFINITE", "FLAG_ZERO", "FP32", "SIGN", "accumulate", "accumulate_batch", "batched", "bytes_tensor",
+           "decode_accumulate_payload", "device_path", "downlink_size", "encode_batched", "encode_downlink",
+           "encode_downlink_padded", "encode_messages", "encode_shard", "encode_uniform_payload", "fast_path",
+           "messages", "packed", "pad", "route_cpu_through_device_codec", "set_flags", "tensor_bytes", "vote"]
 
 FLAG_NONFINITE = 1  # this rank's bucket had NaN or Inf (AMP overflow): every rank returns NaN
 FLAG_ZERO = 2       # this rank's bucket is all zeros: it abstains from a majority vote
@@ -147,10 +147,19 @@ def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Te
                bad: torch.Tensor | None = None, *, weight: float = 1.0) -> None:
     """``out += Σ_w weight·x̂_w`` in rank order, each payload scaled before it is added (a mean of
     finite values stays finite); ``bad``: deferred validation on the device path
-    (:func:`decode_accumulate_payload`)."""
+    (:func:`decode_accumulate_payload`). Uniform FIXED payloads are added in one batched call
+    (:func:`accumulate_batch`), the others one by one."""
+    expect = (bits, m.norm, m.layout) if fast_path(m) else None
+    if expect is None or not accumulate_batch([(m.numel, m.layout)] * len(payloads), bits, m.norm, payloads, out,
+                                              [0] * len(payloads), weight, bad,
+                                              lambda o: _accumulate_each(m, payloads, bits, o, None, weight, expect)):
+        _accumulate_each(m, payloads, bits, out, bad, weight, expect)
+
+
+def _accumulate_each(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor, bad: torch.Tensor | None,
+                     weight: float, expect: tuple[int, Norm, Layout] | None) -> None:
     from dqsgd.codecs import PayloadError
 
-    expect = (bits, m.norm, m.layout) if fast_path(m) else None
     for w, p in enumerate(payloads):
         def check(h: Header, w: int = w) -> None:
             m.check_uplink(h.scheme, h.numel, h.bits, bits, w)
@@ -163,6 +172,61 @@ def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Te
         check(h)
 
 
+def batched(t: torch.Tensor) -> bool | None:
+    """How the batched codec (:mod:`dqsgd.kernels.batch`) runs on ``t``'s codec: False: the numba
+    kernels (CPU), True: the Triton kernels, None: not batched (the torch-ops device codec codes one
+    payload per call)."""
+    if not device_path(t):
+        return False
+    from dqsgd.kernels.device_common import use_triton
+
+    return True if use_triton(t.device) else None
+
+
+def packed(payloads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """One ``uint8`` buffer holding every payload and each one's offset in it: without a copy where
+    they are views of one contiguous buffer (a collective's receive buffer), else concatenated."""
+    st = payloads[0].untyped_storage()
+    if all(p.dtype == torch.uint8 and p.dim() == 1 and p.stride(0) == 1
+           and p.untyped_storage().data_ptr() == st.data_ptr() for p in payloads):
+        base = torch.empty(0, dtype=torch.uint8, device=payloads[0].device).set_(st, 0, (st.nbytes(),))
+        return base, [p.storage_offset() for p in payloads]
+    at = [0]
+    for p in payloads[:-1]:
+        at.append(at[-1] + p.numel())
+    return torch.cat(list(payloads)), at
+
+
+def accumulate_batch(spec: Sequence[tuple[int, Layout]], bits: int, norm: Norm, payloads: Sequence[torch.Tensor],
+                     out: torch.Tensor, out_at: Sequence[int], weight: float, bad: torch.Tensor | None,
+                     refuse: Callable[[torch.Tensor], None], padded: bool = False) -> bool:
+    """``out[out_at[p] :][: numel_p] += weight·x̂_p`` for the uniform FIXED payloads ``payloads``
+    (``spec[p]`` = (numel, layout); ``padded``: a payload may be followed by more bytes, which are
+    not read) in one batched call; False where the batch does not apply (then
+    nothing was added). The Triton batch defers its checks: it applies only with ``bad``. A payload
+    the CPU batch finds wrong is refused by ``refuse(scratch)``, the one-by-one decoder that says
+    why, run on a zeroed copy of ``out`` (``out`` is then to be discarded)."""
+    tri = batched(out)
+    if tri is None or (tri and bad is None) or not payloads:
+        return False
+    from dqsgd.kernels.batch import decode_batch
+    from dqsgd.kernels.codec import fixed_plan
+
+    sizes = [fixed_plan(n, bits, norm, lay).size for n, lay in spec]
+    if any(p.numel() != n and not (padded and p.numel() > n) for p, n in zip(payloads, sizes)):
+        return False
+    buf, at = packed(payloads)
+    b = decode_batch(tuple(spec), bits, norm, tuple(at), tuple(out_at))
+    if tri:  # the Triton batch: its checks set ``bad``, no sync
+        from dqsgd.kernels.triton_batch import accumulate_batch_triton
+
+        accumulate_batch_triton(b, buf, out, weight, bad)
+    elif b.accumulate(buf, out, weight) is not None:
+        refuse(torch.zeros_like(out))
+        raise RuntimeError("the batched decoder refused a payload that the one-by-one decoder accepts")
+    return True
+
+
 def _cpu_plan(numel: int, bits: int, norm: Norm, layout: Layout, t: torch.Tensor) -> FixedPlan | None:
     """The :class:`FixedPlan` of a uniform FIXED payload when ``t``'s codec is the numba one
     (a CPU tensor, not routed through the device codec), else None."""
@@ -173,28 +237,46 @@ def _cpu_plan(numel: int, bits: int, norm: Norm, layout: Layout, t: torch.Tensor
     return fixed_plan(numel, bits, norm, layout)
 
 
-def encode_messages(shards: list[Method], bounds: list[tuple[int, int]], flat: torch.Tensor, bits: int,
-                    rngs: list[HashRNG]) -> tuple[torch.Tensor, list[int]] | None:
-    """Every shard's payload followed by one (zero) flag byte, written by the shards' :class:`FixedPlan`
-    straight into one ``uint8`` tensor (the collective's send buffer): the bytes of
-    :func:`messages` of the :func:`encode_shard` payloads; returned with the payloads' sizes.
-    None where that path does not apply (not :func:`fast_path`, or not the CPU codec).
+def encode_batched(shards: list[Method], bounds: list[tuple[int, int]], flat: torch.Tensor, bits: int,
+                   rngs: list[HashRNG], gap: int = 0) -> tuple[torch.Tensor, list[int], list[int]] | None:
+    """Every shard's uplink payload in one batched call (:mod:`dqsgd.kernels.batch`): one ``uint8``
+    buffer on ``flat``'s device, payload j at ``offsets[j]`` (``sizes[j]`` bytes) and ``gap`` zero
+    bytes after each; returned with the offsets and the sizes. The payloads of :func:`encode_shard`,
+    byte for byte. None where the batch does not apply (not :func:`fast_path`, or the torch-ops
+    device codec).
 
     Raises:
-      NonFiniteGradientError: ``flat`` has NaN or Inf.
+      NonFiniteGradientError: ``flat`` has NaN or Inf (CPU; its ``shard`` attribute names the shard).
     """
-    if not all(fast_path(m) for m in shards):
+    tri = batched(flat)
+    if (tri is None or (not tri and flat.dtype != torch.float32) or not all(fast_path(m) for m in shards)
+            or len({m.norm for m in shards}) != 1):
         return None
-    plans = [_cpu_plan(hi - lo, bits, m.norm, m.layout, flat) for m, (lo, hi) in zip(shards, bounds)]
-    if any(p is None for p in plans):
-        return None
-    send = torch.empty(sum(p.size + 1 for p in plans), dtype=torch.uint8)
-    buf, at = send.numpy(), 0
-    for plan, (lo, hi), rng in zip(plans, bounds, rngs):
-        plan.encode_into(flat[lo:hi], rng, buf[at : at + plan.size])
-        buf[at + plan.size] = 0
-        at += plan.size + 1
-    return send, [p.size for p in plans]
+    from dqsgd.kernels.batch import encode_batch
+
+    if [lo for lo, _ in bounds] != [0] + [hi for _, hi in bounds[:-1]]:
+        raise ValueError(f"shard bounds {bounds} are not the contiguous pieces of one vector")
+    b = encode_batch(tuple((hi - lo, m.layout) for m, (lo, hi) in zip(shards, bounds)), bits, shards[0].norm, gap)
+    keys = [r.key for r in rngs]
+    if tri:
+        from dqsgd.kernels.triton_batch import encode_batch_triton
+
+        return encode_batch_triton(b, flat, keys), list(b.offsets), b.sizes
+    return b.encode(flat, keys), list(b.offsets), b.sizes
+
+
+def encode_messages(shards: list[Method], bounds: list[tuple[int, int]], flat: torch.Tensor, bits: int,
+                    rngs: list[HashRNG]) -> tuple[torch.Tensor, list[int]] | None:
+    """Every shard's payload followed by one (zero) flag byte in one ``uint8`` tensor (the
+    collective's send buffer): the bytes of :func:`messages` of the :func:`encode_shard` payloads,
+    written by one batched call (:func:`encode_batched`); returned with the payloads' sizes. None
+    where that path does not apply.
+
+    Raises:
+      NonFiniteGradientError: ``flat`` has NaN or Inf (CPU).
+    """
+    got = encode_batched(shards, bounds, flat, bits, rngs, gap=1)
+    return None if got is None else (got[0], got[2])
 
 
 def messages(payloads: list[torch.Tensor], flags: torch.Tensor) -> torch.Tensor:
