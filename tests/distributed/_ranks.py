@@ -89,6 +89,19 @@ def train_with_fault(rank: int, world: int, topology: str, cfg: TrainConfig, ent
 
         garbage_encode.calls = 0
         payloads.encode_shard = counted  # type: ignore[assignment]
+        batched = payloads.encode_batched  # the bucket's shards in one call: the same count, payload by payload
+
+        def garbage_batched(*args: Any, **kw: Any):
+            got = batched(*args, **kw)
+            if got is not None:
+                buf, at, sizes = got
+                for a, n in zip(at, sizes):
+                    if garbage_encode.calls >= at_step:
+                        buf[a : a + n] = 0
+                    garbage_encode.calls += 1
+            return got
+
+        payloads.encode_batched = garbage_batched  # type: ignore[assignment]
     t = make_transport(topology)
     with t.guard():
         return train(cfg, entry, 0, t)
