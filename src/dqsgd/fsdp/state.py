@@ -88,11 +88,19 @@ class FSDPState:
     FSDP's exact reduce-scatter first (PowerSGD's ``start_powerSGD_iter``); ``min_numel``: a unit with
     fewer gradient elements (W·n) is reduced exactly; ``min_compression_rate``: a unit whose predicted
     ratio (bytes in the reduce dtype / payload bytes) is below this is reduced exactly.
+
+    The parameter all-gather (:mod:`dqsgd.fsdp.gather`): ``param_bits`` None (FSDP's own, exact),
+    8 or 4 (block-wise max-norm quantization, ``param_block`` coordinates per scale) or 32 (float32
+    through dqsgd, lossless); ``param_rounding`` ``"nearest"`` or ``"stochastic"`` (seeded from the
+    seed, the unit, the rank and the call).
     """
 
     def __init__(self, method: str | MethodConfig = "dqsgd", seed: int = 0, total_steps: int = 1000, *,
                  timeout: float | None = HOOK_COLLECTIVE_S, start_iter: int = 0, min_numel: int = 0,
-                 min_compression_rate: float = 1.0):
+                 min_compression_rate: float = 1.0, param_bits: int | None = None,
+                 param_rounding: str = "nearest", param_block: int = 2048):
+        from dqsgd.fsdp.gather import check_param_options
+
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
         if not isinstance(method, MethodConfig):
@@ -105,6 +113,9 @@ class FSDPState:
             check_count(name, value, low)
         check_timeout("timeout", timeout)
         check_rate("min_compression_rate", min_compression_rate)
+        check_param_options(param_bits, param_rounding, param_block)
+        self.param_bits, self.param_rounding, self.param_block = param_bits, param_rounding, param_block
+        self.param_sent = self.param_side = self.param_fp32 = self.param_calls = 0
         self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
         self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
         self.units: dict[int, UnitState] = {}
@@ -124,6 +135,8 @@ class FSDPState:
         out: dict[str, Any] = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
         out.update({"seed": self.seed, "total_steps": self.total_steps, "start_iter": self.start_iter,
                     "min_numel": self.min_numel, "min_compression_rate": self.min_compression_rate,
+                    "param_bits": self.param_bits, "param_rounding": self.param_rounding,
+                    "param_block": self.param_block,
                     "state_version": STATE_VERSION, "dqsgd_version": __version__})
         return out
 
@@ -159,14 +172,25 @@ class FSDPState:
         self.coords += numel
         self.calls += 1
 
+    def count_params(self, sent: int, side: int, fp32: int) -> None:
+        """One parameter all-gather: the payload bytes this rank handed to the group, the size
+        exchange's and the status bytes, and what FSDP's fp32 all-gather sends per rank, (W−1)·4·n."""
+        self.param_sent += sent
+        self.param_side += side
+        self.param_fp32 += fp32
+        self.param_calls += 1
+
     def stats(self) -> dict[str, float]:
         """Bytes this rank sent (compressed payloads, side traffic, exact reduce-scatters), the fp32
-        reduce-scatter's bytes for the same calls ((W−1)/W·4·numel), and their ratio."""
+        reduce-scatter's bytes for the same calls ((W−1)/W·4·numel), and their ratio; the parameter
+        all-gathers' bytes (``param_*``) and FSDP's fp32 all-gather's for the same calls."""
         sent = self.bytes_sent + self.side_bytes + self.exact_bytes
         return {"bytes_sent": self.bytes_sent, "side_bytes": self.side_bytes, "exact_bytes": self.exact_bytes,
                 "total_sent": sent, "bytes_received": self.bytes_received, "fp32_rs_bytes": self.fp32_bytes,
                 "ratio": self.fp32_bytes / sent if sent else math.nan, "calls": self.calls,
-                "mean_bits": self.bit_coords / self.coords if self.coords else math.nan, "seconds": self.seconds}
+                "mean_bits": self.bit_coords / self.coords if self.coords else math.nan, "seconds": self.seconds,
+                "param_bytes_sent": self.param_sent, "param_side_bytes": self.param_side,
+                "fp32_ag_bytes": self.param_fp32, "param_calls": self.param_calls}
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
