@@ -215,7 +215,7 @@ def compress(model: torch.nn.Module, state: FSDPState, *, gradients: bool = True
                          "param_bits (8, 4 or 32) to quantize the parameter all-gather")
     if (FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter") or _base() is object
             or not hasattr(FSDPModule, "set_custom_all_gather")):
-        raise RuntimeError(f"dqsgd.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter/_all_gather (torch {TESTED_TORCH} "
+        raise RuntimeError(f"dqsgd.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter (torch {TESTED_TORCH} "
                            f"is the version dqsgd is tested with); this torch is {torch.__version__}")
     comms, shapes, index, group = [], {}, 0, None
     for module in model.modules():

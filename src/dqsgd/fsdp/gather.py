@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from dqsgd.fsdp.state import FSDPState
     from dqsgd.transport.torch_dist import TorchShardedTransport
 
-PARAM_BITS = (None, 4, 8, 32)
-ROUNDINGS = ("nearest", "stochastic")
 PARAM_STREAM = 0x5041  # the parameter leg's randomness, apart from the gradient keys of the same unit
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -55,16 +53,6 @@ class _Nearest:
 
     def uniform(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
         return torch.full((n,), 0.5, dtype=torch.float32, device=device)
-
-
-def check_param_options(bits: int | None, rounding: str, block: int) -> None:
-    if bits not in PARAM_BITS or isinstance(bits, bool):
-        raise ValueError(f"param_bits must be one of {PARAM_BITS} (None: FSDP's own all-gather; 32: float32 "
-                         f"through dqsgd, lossless), got {bits!r}")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"param_rounding must be one of {ROUNDINGS}, got {rounding!r}")
-    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 1 << 20:
-        raise ValueError(f"param_block must be an int in [1, 2^20] (coordinates per scale), got {block!r}")
 
 
 def param_bound(scale: torch.Tensor | float, bits: int, rounding: str) -> torch.Tensor | float:

@@ -99,7 +99,6 @@ class FSDPState:
                  timeout: float | None = HOOK_COLLECTIVE_S, start_iter: int = 0, min_numel: int = 0,
                  min_compression_rate: float = 1.0, param_bits: int | None = None,
                  param_rounding: str = "nearest", param_block: int = 2048):
-        from dqsgd.fsdp.gather import check_param_options
 
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
@@ -226,6 +225,20 @@ def _stateful(key: str) -> bool:
     """What a unit's saved state depends on: the method and every option, the horizon and the seed (the
     units' quantization keys); warm-up, min_numel and the ratio threshold may change on resume."""
     return key.startswith("method.") or key in ("total_steps", "seed")
+
+
+PARAM_BITS = (None, 4, 8, 32)
+ROUNDINGS = ("nearest", "stochastic")
+
+
+def check_param_options(bits: int | None, rounding: str, block: int) -> None:
+    if bits not in PARAM_BITS or isinstance(bits, bool):
+        raise ValueError(f"param_bits must be one of {PARAM_BITS} (None: FSDP's own all-gather; 32: float32 "
+                         f"through dqsgd, lossless), got {bits!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"param_rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 1 << 20:
+        raise ValueError(f"param_block must be an int in [1, 2^20] (coordinates per scale), got {block!r}")
 
 
 def check_method(cfg: MethodConfig) -> None:
