@@ -8,11 +8,16 @@
 
 What is compressed: the gradient reduce-scatter of every FSDP unit — the uplink leg of dqsgd's
 ``sharded`` protocol (rank w quantizes chunk j of its flat gradient for rank j; one all-to-all moves
-the coded bytes; rank j decodes and averages its chunk). What is not: the parameter all-gather of
-the forward and backward passes stays FSDP's own, exact. See docs/fsdp.md.
+the coded bytes; rank j decodes and averages its chunk) — and, with ``FSDPState(param_bits=8)``
+(or 4), the parameter all-gather of the forward and backward passes: every rank quantizes its own
+shard block-wise, the forward and backward compute on the dequantized weights, the optimizer keeps
+updating the full-precision shard. Without ``param_bits`` the all-gather stays FSDP's own, exact.
+See docs/fsdp.md.
 """
 
 from dqsgd.fsdp.comm import DQSGDReduceScatter, compress, reduce_scale
+from dqsgd.fsdp.gather import DQSGDAllGather
 from dqsgd.fsdp.state import CompressionStats, FSDPState, UnitState, unit_seed
 
-__all__ = ["CompressionStats", "DQSGDReduceScatter", "FSDPState", "UnitState", "compress", "reduce_scale", "unit_seed"]
+__all__ = ["CompressionStats", "DQSGDAllGather", "DQSGDReduceScatter", "FSDPState", "UnitState", "compress",
+           "reduce_scale", "unit_seed"]

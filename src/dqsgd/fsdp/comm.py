@@ -36,21 +36,6 @@ def _base() -> type:
     return ReduceScatter
 
 
-class _Done(dist.Work):
-    """A finished collective (``async_op=True``): the reduction ran before the call returned."""
-
-    def wait(self, timeout: Any = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(None)
-        return fut
-
-
 def _kind(op: Any) -> tuple[Any, Any]:
     """(the op's RedOpType, its PREMUL_SUM factor or None), from a RedOpType or a ReduceOp."""
     if isinstance(op, dist.ReduceOp.RedOpType):
@@ -103,7 +88,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
             self._compressed(u, output_tensor, input_tensor, group, scale, rank)
         u.calls += 1
         st.seconds += time.perf_counter() - t0
-        return _Done() if async_op else None
+        return protocol.Done() if async_op else None
 
     # --- pieces ---------------------------------------------------------------------------------
     def _layout(self, numel: int, world: int) -> tuple[int, ...]:
@@ -214,15 +199,23 @@ def _check_tensors(out: torch.Tensor, x: torch.Tensor, world: int) -> None:
                          f"over {world} ranks (need input = W · output)")
 
 
-def compress(model: torch.nn.Module, state: FSDPState) -> list[DQSGDReduceScatter]:
-    """Install a :class:`DQSGDReduceScatter` on every FSDP unit of ``model`` (every module that
-    ``fully_shard`` was applied to and that owns parameters), numbered in ``model.modules()`` order —
-    the same on every rank. Returns them. Call after ``fully_shard`` and before the first backward."""
+def compress(model: torch.nn.Module, state: FSDPState, *, gradients: bool = True) -> list[Any]:
+    """Install a :class:`DQSGDReduceScatter` (``gradients=False``: none, FSDP's own reduce-scatter
+    stays) and, when ``state.param_bits`` is set, a :class:`~dqsgd.fsdp.gather.DQSGDAllGather` on
+    every FSDP unit of ``model`` (every module that ``fully_shard`` was applied to and that owns
+    parameters), numbered in ``model.modules()`` order — the same on every rank. Returns the
+    installed comms. Call after ``fully_shard`` and before the first forward."""
+    from dqsgd.fsdp.gather import DQSGDAllGather
+
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         FSDPModule = None
-    if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter") or _base() is object:
+    if not gradients and state.param_bits is None:
+        raise ValueError("compress(gradients=False) with FSDPState(param_bits=None) would change nothing: set "
+                         "param_bits (8, 4 or 32) to quantize the parameter all-gather")
+    if (FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter") or _base() is object
+            or not hasattr(FSDPModule, "set_custom_all_gather")):
         raise RuntimeError(f"dqsgd.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter (torch {TESTED_TORCH} "
                            f"is the version dqsgd is tested with); this torch is {torch.__version__}")
     comms, shapes, index, group = [], {}, 0, None
@@ -234,15 +227,20 @@ def compress(model: torch.nn.Module, state: FSDPState) -> list[DQSGDReduceScatte
             continue  # a unit without parameters of its own issues no reduce-scatter
         _check_mesh(groups[0], index)
         pieces = _pieces(groups[0])
-        comm = DQSGDReduceScatter(state, index, pieces)
-        module.set_custom_reduce_scatter(comm)  # raises for several parameter groups (per-parameter meshes)
-        comms.append(comm)
+        if gradients:
+            comm = DQSGDReduceScatter(state, index, pieces)
+            module.set_custom_reduce_scatter(comm)  # raises for several parameter groups (per-parameter meshes)
+            comms.append(comm)
+        if state.param_bits is not None:
+            gather = DQSGDAllGather(state, index)
+            module.set_custom_all_gather(gather)
+            comms.append(gather)
         shapes[f"fsdp.unit{index}.shapes"] = [list(getattr(fp, "_orig_size", ())) for fp in groups[0].fsdp_params]
         group = group or getattr(groups[0], "_reduce_scatter_process_group", None)
         index += 1
-    if not comms:
+    if not index:
         raise ValueError("compress: no FSDP unit with parameters in this model: apply fully_shard first")
-    _agree_model(state, group, {**state.fields(), "fsdp.units": index, **shapes})
+    _agree_model(state, group, {**state.fields(), "fsdp.units": index, "fsdp.gradients": gradients, **shapes})
     return comms
 
 

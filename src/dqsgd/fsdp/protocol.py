@@ -37,6 +37,21 @@ REFUSAL_CAP = 1 << 12  # the most bytes of a refusing rank's error text that the
 STATS = 2  # per rank: max |G_j| (or Σ|G_j|^p for a finite p) and Σ G_j², sent as float32 like G's sample
 
 
+class Done(dist.Work):
+    """A finished collective (``async_op=True``): it ran before the call returned."""
+
+    def wait(self, timeout=None) -> bool:  # type: ignore[no-untyped-def]
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
 def transport(group: dist.ProcessGroup, timeout: float | None) -> TorchShardedTransport:
     return make_transport("sharded", group, torch.device("cpu"), timeout)  # type: ignore[return-value]
 

@@ -89,11 +89,18 @@ class FSDPState:
     FSDP's exact reduce-scatter first (PowerSGD's ``start_powerSGD_iter``); ``min_numel``: a unit with
     fewer gradient elements (W·n) is reduced exactly; ``min_compression_rate``: a unit whose predicted
     ratio (bytes in the reduce dtype / payload bytes) is below this is reduced exactly.
+
+    The parameter all-gather (:mod:`dqsgd.fsdp.gather`): ``param_bits`` None (FSDP's own, exact),
+    8 or 4 (block-wise max-norm quantization, ``param_block`` coordinates per scale) or 32 (float32
+    through dqsgd, lossless); ``param_rounding`` ``"nearest"`` or ``"stochastic"`` (seeded from the
+    seed, the unit, the rank and the call).
     """
 
     def __init__(self, method: str | MethodConfig = "dqsgd", seed: int = 0, total_steps: int = 1000, *,
                  timeout: float | None = HOOK_COLLECTIVE_S, start_iter: int = 0, min_numel: int = 0,
-                 min_compression_rate: float = 1.0):
+                 min_compression_rate: float = 1.0, param_bits: int | None = None,
+                 param_rounding: str = "nearest", param_block: int = 2048):
+
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
         if not isinstance(method, MethodConfig):
@@ -106,6 +113,9 @@ class FSDPState:
             check_count(name, value, low)
         check_timeout("timeout", timeout)
         check_rate("min_compression_rate", min_compression_rate)
+        check_param_options(param_bits, param_rounding, param_block)
+        self.param_bits, self.param_rounding, self.param_block = param_bits, param_rounding, param_block
+        self.param_sent = self.param_side = self.param_fp32 = self.param_calls = 0
         self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
         self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
         self.units: dict[int, UnitState] = {}
@@ -125,6 +135,8 @@ class FSDPState:
         out: dict[str, Any] = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
         out.update({"seed": self.seed, "total_steps": self.total_steps, "start_iter": self.start_iter,
                     "min_numel": self.min_numel, "min_compression_rate": self.min_compression_rate,
+                    "param_bits": self.param_bits, "param_rounding": self.param_rounding,
+                    "param_block": self.param_block,
                     "state_version": STATE_VERSION, "dqsgd_version": __version__})
         return out
 
@@ -165,14 +177,25 @@ class FSDPState:
         self.coords += numel
         self.calls += 1
 
+    def count_params(self, sent: int, side: int, fp32: int) -> None:
+        """One parameter all-gather: the payload bytes this rank handed to the group, the size
+        exchange's and the status bytes, and what FSDP's fp32 all-gather sends per rank, (W−1)·4·n."""
+        self.param_sent += sent
+        self.param_side += side
+        self.param_fp32 += fp32
+        self.param_calls += 1
+
     def compression_stats(self) -> CompressionStats:
         """This rank's traffic since the state was made (docs/api.md, "Statistics"): the reduce-scatter is
-        the uplink (FSDP's parameter all-gather is not compressed: no downlink); a round is a backward pass."""
+        the uplink; the parameter all-gather, when dqsgd quantizes it (``param_bits``), the downlink (else
+        FSDP's own, not counted); a round is a backward pass."""
         both = self.side_bytes + self.exact_bytes  # symmetric: what it sends, it receives
+        down = self.param_sent + self.param_side  # an all-gather: it receives as much as it sends
         steps = max([u.calls for u in self.units.values()] + [int(d["calls"]) for d in self._loaded.values()],
                     default=0)
         return CompressionStats(uplink_sent=self.bytes_sent + both, uplink_received=self.bytes_received + both,
-                                fp32_bytes=4 * self.coords, dense_bytes=self.dense_bytes,
+                                downlink_sent=down, downlink_received=down, fp32_bytes=4 * self.coords,
+                                dense_bytes=self.dense_bytes + 2 * self.param_fp32,
                                 mean_bits=self.bit_coords / self.coords if self.coords else math.nan,
                                 steps=steps, rounds=steps, refusals=self.refusals)
 
@@ -184,7 +207,7 @@ class FSDPState:
     def stats(self) -> dict[str, float]:
         """Deprecated: :meth:`compression_stats`. Bytes this rank sent (compressed payloads, side traffic,
         exact reduce-scatters), the fp32 reduce-scatter's bytes for the same calls ((W−1)/W·4·numel), and
-        their ratio."""
+        their ratio; the parameter all-gathers' bytes (``param_*``) and FSDP's fp32 all-gather's."""
         import warnings
 
         warnings.warn("FSDPState.stats() is deprecated: use compression_stats(), the DDP hook's and Local SGD's "
@@ -193,7 +216,9 @@ class FSDPState:
         return {"bytes_sent": self.bytes_sent, "side_bytes": self.side_bytes, "exact_bytes": self.exact_bytes,
                 "total_sent": sent, "bytes_received": self.bytes_received, "fp32_rs_bytes": self.fp32_bytes,
                 "ratio": self.fp32_bytes / sent if sent else math.nan, "calls": self.calls,
-                "mean_bits": self.bit_coords / self.coords if self.coords else math.nan, "seconds": self.seconds}
+                "mean_bits": self.bit_coords / self.coords if self.coords else math.nan, "seconds": self.seconds,
+                "param_bytes_sent": self.param_sent, "param_side_bytes": self.param_side,
+                "fp32_ag_bytes": self.param_fp32, "param_calls": self.param_calls}
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -229,6 +254,20 @@ def _stateful(key: str) -> bool:
     """What a unit's saved state depends on: the method and every option, the horizon and the seed (the
     units' quantization keys); warm-up, min_numel and the ratio threshold may change on resume."""
     return key.startswith("method.") or key in ("total_steps", "seed")
+
+
+PARAM_BITS = (None, 4, 8, 32)
+ROUNDINGS = ("nearest", "stochastic")
+
+
+def check_param_options(bits: int | None, rounding: str, block: int) -> None:
+    if bits not in PARAM_BITS or isinstance(bits, bool):
+        raise ValueError(f"param_bits must be one of {PARAM_BITS} (None: FSDP's own all-gather; 32: float32 "
+                         f"through dqsgd, lossless), got {bits!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"param_rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 1 << 20:
+        raise ValueError(f"param_block must be an int in [1, 2^20] (coordinates per scale), got {block!r}")
 
 
 def check_method(cfg: MethodConfig) -> None:

@@ -1,0 +1,168 @@
+"""The quantized parameter all-gather of FSDP2 (``FSDPModule.set_custom_all_gather``): Double
+Quantization's model quantizer on the leg that carries the weights to every rank.
+
+FSDP (torch 2.13, ``_fsdp_collectives.foreach_all_gather``) copies a unit's parameter shards —
+in ``MixedPrecisionPolicy.param_dtype`` when one is set — into this rank's chunk of one flat
+output of W·n elements, calls ``comm(output_tensor=out, input_tensor=chunk, group=shard_group,
+async_op=...)`` (``chunk`` is a view of ``out``) and, after the returned work, copies ``out`` into
+the unsharded parameters that the forward and backward compute with. The sharded parameters the
+optimizer updates are not touched.
+
+Here every rank quantizes its chunk block-wise (``param_block`` coordinates per max-norm scale,
+``param_bits`` bits: s = 2^(b−1) − 1 levels, codes through the project codec, FIXED coding), the
+ranks all-gather the payloads (sizes first, each checked against the bound of a payload of n
+elements), and every rank writes the W dequantized chunks — its own too, so all ranks compute
+with the same weights — into ``out``. ``param_bits = 32`` sends the float32 values (lossless).
+
+Per coordinate x_i of a block with r = max|x|: round-to-nearest gives |Q(x)_i − x_i| ≤ r/(2s),
+stochastic rounding |Q(x)_i − x_i| < r/s with E[Q(x)_i] = x_i (float32 arithmetic adds at most a
+few units of r·2^-24). The optimizer's full-precision shard is quantized afresh every gather, so
+the error never enters the weights.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+import torch.distributed as dist
+
+import dqsgd.fsdp.protocol as protocol
+from dqsgd.core.rng import QUANT, seed_for
+
+if TYPE_CHECKING:
+    from dqsgd.fsdp.state import FSDPState
+    from dqsgd.transport.torch_dist import TorchShardedTransport
+
+PARAM_STREAM = 0x5041  # the parameter leg's randomness, apart from the gradient keys of the same unit
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _all_gather_base() -> type:
+    try:  # the interface class lives in a private torch module; compress() reports its absence
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+    except ImportError:
+        return object
+    return AllGather
+
+
+class _Nearest:
+    """The uniform source of round-to-nearest: with u = ½ the stochastic quantizer rounds a level
+    fraction f up exactly when f > ½."""
+
+    def uniform(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
+        return torch.full((n,), 0.5, dtype=torch.float32, device=device)
+
+
+def param_bound(scale: torch.Tensor | float, bits: int, rounding: str) -> torch.Tensor | float:
+    """The most |Q(x)_i − x_i| of a block of max-norm ``scale`` in exact arithmetic: r/(2s) for
+    round-to-nearest, r/s for stochastic rounding (0 for 32 bits)."""
+    if bits == 32:
+        return scale * 0.0
+    from dqsgd.quantizers import levels_for_bits
+
+    s = levels_for_bits(bits)
+    return scale / (2 * s) if rounding == "nearest" else scale / s
+
+
+def encode_shard(x: torch.Tensor, bits: int, rounding: str, block: int, seed: int) -> bytes:
+    """One rank's payload of its parameter chunk ``x`` (float32, finite)."""
+    from dqsgd.codecs import Coding, encode
+    from dqsgd.quantizers import Layout, quantize_identity, quantize_uniform
+
+    if bits == 32:
+        return encode(quantize_identity(x), Coding.FIXED)
+    if rounding == "nearest":
+        q = quantize_uniform(x, bits, layout=Layout(bucket=block), rng=_Nearest())
+    else:
+        q = quantize_uniform(x, bits, torch.Generator().manual_seed(seed), layout=Layout(bucket=block))
+    return encode(q, Coding.FIXED)
+
+
+def payload_cap(numel: int, bits: int, block: int) -> int:
+    """The most bytes a payload of ``numel`` parameters can take (sizes above it are refused)."""
+    from dqsgd.codecs import Coding
+    from dqsgd.codecs.bounds import max_payload_bytes
+    from dqsgd.quantizers import Layout
+
+    return max_payload_bytes(numel, bits, layout=Layout(bucket=block if bits != 32 else 0), coding=Coding.FIXED)
+
+
+def decode_shard(payload: bytes, numel: int, bits: int, block: int) -> torch.Tensor:
+    """The dequantized chunk of one rank; PayloadError for anything that is not a finite payload of
+    ``numel`` parameters at this width and block."""
+    from dqsgd.codecs import PayloadError, decode
+    from dqsgd.quantizers import Layout, Scheme, dequantize
+
+    q = decode(payload, max_numel=numel)
+    scheme, layout = (Scheme.IDENTITY, Layout()) if bits == 32 else (Scheme.UNIFORM, Layout(bucket=block))
+    if q.numel != numel or q.scheme != scheme or (bits != 32 and (q.bits != bits or q.layout != layout)):
+        raise PayloadError(f"parameter payload: {q.scheme.name} of {q.numel} elements at {q.bits} bits, "
+                           f"expected {scheme.name} of {numel} at {bits} bits, blocks of {block}")
+    v = dequantize(q).reshape(-1).to(torch.float32)
+    if not bool(torch.isfinite(v).all()):
+        raise PayloadError("parameter payload decodes to NaN or Inf")
+    return v
+
+
+class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
+    """FSDP2's parameter all-gather for one unit, quantized (see the module docstring). Synchronous:
+    the output holds every rank's dequantized chunk when the call returns."""
+
+    def __init__(self, state: FSDPState, unit: int):
+        self.state, self.index, self.calls = state, unit, 0
+        self._transport: TorchShardedTransport | None = None
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def seed(self, rank: int, call: int) -> int:
+        """The stochastic rounding's seed of this unit, rank and call (the same on a rerun)."""
+        return seed_for(self.state.seed, QUANT, PARAM_STREAM, self.index, rank, call)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> dist.Work | None:
+        t0 = time.perf_counter()
+        st = self.state
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        n = input_tensor.numel()
+        if input_tensor.dtype not in _DTYPES or output_tensor.dtype != input_tensor.dtype:
+            raise TypeError(f"dqsgd's FSDP all-gather moves float32, bfloat16 or float16 parameters "
+                            f"(MixedPrecisionPolicy.param_dtype); got input {input_tensor.dtype}, output "
+                            f"{output_tensor.dtype}")
+        if output_tensor.numel() != world * n:
+            raise ValueError(f"all-gather output of {output_tensor.numel()} elements for an input of {n} over "
+                             f"{world} ranks (need output = W · input)")
+        bits, block = int(st.param_bits), st.param_block  # type: ignore[arg-type]
+        x = input_tensor.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
+        finite = bool(torch.isfinite(x).all())
+        mine = encode_shard(x, bits, st.param_rounding, block, self.seed(rank, self.calls)) if finite else b""
+        t = self._net(group)
+        what = f"FSDP unit {self.index} parameter all-gather"
+        payloads = t.all_gather_bytes(mine, what, payload_cap(n, bits, block))
+        empty = [w for w, p in enumerate(payloads) if not p]
+        if empty:  # every rank sees the same sizes, so every rank raises this
+            raise ValueError(f"rank {rank}: {what} {self.calls}: the parameter shard of rank(s) {empty} holds NaN "
+                             "or Inf; nothing was gathered")
+        chunks, error = [], None
+        from dqsgd.codecs import PayloadError
+
+        try:
+            chunks = [decode_shard(p, n, bits, block) for p in payloads]
+        except PayloadError as e:
+            error = e
+        side = protocol.settle(t, error, self.index, self.calls)
+        out = output_tensor.view(world, n)
+        for w, v in enumerate(chunks):
+            out[w].copy_(v.to(device=out.device, dtype=out.dtype))
+        wide = max(len(p) for p in payloads)  # the all-gather moves every payload padded to the longest
+        st.count_params((world - 1) * wide, side + (world - 1) * 8, (world - 1) * 4 * n)
+        self.calls += 1
+        st.seconds += time.perf_counter() - t0
+        return protocol.Done() if async_op else None
+
+    def _net(self, group: dist.ProcessGroup) -> TorchShardedTransport:
+        if self._transport is None or self._transport.group is not group:
+            self._transport = protocol.transport(group, self.state.timeout)
+        return self._transport
