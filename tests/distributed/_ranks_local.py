@@ -37,23 +37,25 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def resume(rank: int, world: int, local_steps: int, steps: int, cut: int, method: str) -> dict[str, Any]:
-    """A run of ``steps`` steps straight, and one stopped at ``cut`` and continued from its state dict."""
-    model, opt = make(rank, local_steps, method, steps // local_steps, outer="nesterov", outer_lr=0.7,
-                      outer_momentum=0.9)
+def resume(rank: int, world: int, local_steps: int, steps: int, cut: int, method: str,
+           options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run of ``steps`` steps straight, and one stopped at ``cut`` and continued from its state dict
+    (``options``: method options, e.g. error_feedback=True)."""
+    kw = {"outer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9, **(options or {})}
+    model, opt = make(rank, local_steps, method, steps // local_steps, **kw)
     train(rank, model, opt, 0, steps)
     full, bits, link = flat(model), opt.state.bits, opt.link_bytes
-    model, opt = make(rank, local_steps, method, steps // local_steps, outer="nesterov", outer_lr=0.7,
-                      outer_momentum=0.9)
+    model, opt = make(rank, local_steps, method, steps // local_steps, **kw)
     train(rank, model, opt, 0, cut)
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
     buf.seek(0)
-    model, opt = make(rank, local_steps, method, steps // local_steps, outer="nesterov", outer_lr=0.7,
-                      outer_momentum=0.9)
+    model, opt = make(rank, local_steps, method, steps // local_steps, **kw)
     opt.load_state_dict(torch.load(buf, weights_only=True))
     train(rank, model, opt, cut, steps)
-    return {"full": full, "resumed": flat(model), "bits": (bits, opt.state.bits), "link": (link, opt.link_bytes)}
+    residual = opt.state.residuals[opt.rank]
+    return {"full": full, "resumed": flat(model), "bits": (bits, opt.state.bits), "link": (link, opt.link_bytes),
+            "residual": residual}
 
 
 def mismatch(rank: int, world: int, what: str) -> dict[str, Any]:
