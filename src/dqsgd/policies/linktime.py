@@ -1,0 +1,180 @@
+"""A time model of one step and the widths that reach the full-precision accuracy soonest [OC].
+
+The objective (docs/algorithms.md §11.5b): a step that sends uplink width B_u and downlink width B_d
+with coding c costs ρ(B_u, B_d) more steps than full precision to reach the same accuracy, and each
+step takes T(B_u, B_d, c) seconds, so the predicted time to the full-precision run's accuracy is,
+up to the constant N_0 (the full-precision run's steps),
+
+    J(B_u, B_d, c) = ρ(B_u, B_d) · T(B_u, B_d, c)
+    ρ = 1 + (q(B_u)/W + q(B_d)) / σ²,           q(B) = d·‖g‖_p² / (6·s_B²),  s_B = 2^(B−1) − 1
+    T = t_compute + d·(κ(B_u, c) + κ(B_d, c))·1e−9 + 2·m·latency + 8·m·(bytes_u + bytes_d)/rate
+
+with κ(B, c) the codec's encode + decode nanoseconds per coordinate, m the messages that cross the
+bottleneck link per direction, bytes = header + d·β(B, c)/8 (β: wire bits per coordinate). Sending
+the bucket in its dtype ("uncompressed", width 0 here) has ρ = 1, κ = 0 and β = 8·dtype bytes.
+
+Every figure is *stated* (a :class:`TimeModel` value): the simulation builds it from the config only;
+a distributed caller that measures the link or the codec must agree on one model on every rank
+before deciding (:func:`agree`: the elementwise maximum of the ranks' figures), so that every rank
+and the simulation take the same decision from the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from dqsgd.quantizers.constants import levels_for_bits
+
+__all__ = ["UNCOMPRESSED", "Choice", "LinkEstimate", "TimeModel", "agree", "choose", "objective", "time_codec"]
+
+UNCOMPRESSED = 0  # the width that stands for "the bucket in its dtype"
+
+
+@dataclass(frozen=True)
+class Choice:
+    up: int         # uplink width (UNCOMPRESSED: the dtype)
+    down: int       # downlink width (UNCOMPRESSED: the dtype)
+    coding: str     # a key of TimeModel.codec_ns ("" when both directions are uncompressed)
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Seconds per step as a function of the widths and the coding: all figures stated.
+
+    ``mbit``: the link's throughput (Mbit/s); ``latency_s``: per message; ``compute_s``: forward and
+    backward per step; ``codec_ns[coding]``: encode + decode ns per coordinate at each width
+    (a tuple indexed by width − 1); ``wire_bits[coding]``: bits per coordinate on the wire at each
+    width (FIXED: the width itself; a coded row: the measured or predicted entropy); ``messages``:
+    messages per direction over the bottleneck link; ``header_bits``: per message.
+    """
+
+    mbit: float
+    latency_s: float = 0.0
+    compute_s: float = 0.0
+    codec_ns: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    wire_bits: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    messages: int = 1
+    header_bits: int = 0
+    dtype_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.mbit) and self.mbit > 0):
+            raise ValueError(f"link throughput must be a finite rate > 0 Mbit/s, got {self.mbit!r}")
+        for name in ("latency_s", "compute_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if set(self.codec_ns) != set(self.wire_bits):
+            raise ValueError(f"codec_ns and wire_bits must name the same codings: {sorted(self.codec_ns)} "
+                             f"vs {sorted(self.wire_bits)}")
+        for c in self.codec_ns:
+            if len(self.codec_ns[c]) != len(self.wire_bits[c]) or not self.codec_ns[c]:
+                raise ValueError(f"coding {c!r}: one cost and one wire size per width, from width 1")
+            if not all(math.isfinite(v) and v >= 0 for v in (*self.codec_ns[c], *self.wire_bits[c])):
+                raise ValueError(f"coding {c!r}: costs and sizes must be finite and >= 0")
+        if self.messages < 1 or self.header_bits < 0 or self.dtype_bytes < 1:
+            raise ValueError("messages >= 1, header_bits >= 0 and dtype_bytes >= 1 are required")
+
+    def direction_s(self, d: int, width: int, coding: str) -> float:
+        """Codec, latency and wire seconds of one direction at ``width`` (UNCOMPRESSED: the dtype)."""
+        if width == UNCOMPRESSED:
+            cpu, bits = 0.0, 8.0 * self.dtype_bytes * d
+        else:
+            cpu, bits = self.codec_ns[coding][width - 1] * d * 1e-9, self.header_bits + self.wire_bits[coding][width - 1] * d
+        return cpu + self.messages * (self.latency_s + bits / (self.mbit * 1e6))
+
+
+def quant_noise(d: int, norm: float, width: int) -> float:
+    """q(B) = d·‖g‖²/(6 s_B²): the quantization term of Theorems 1–3 for one message (0 uncompressed)."""
+    return 0.0 if width == UNCOMPRESSED else d * norm * norm / (6.0 * levels_for_bits(width) ** 2)
+
+
+def objective(model: TimeModel, choice: Choice, *, d: int, norm: float, sigma2: float, workers: int) -> float:
+    """J = ρ·T of the module docstring: predicted seconds to the full-precision accuracy / N_0."""
+    rho = 1.0 + (quant_noise(d, norm, choice.up) / workers + quant_noise(d, norm, choice.down)) / sigma2
+    t = model.compute_s + model.direction_s(d, choice.up, choice.coding) + model.direction_s(d, choice.down, choice.coding)
+    return rho * t
+
+
+def candidates(model: TimeModel, min_bits: int = 2, max_bits: int = 16, uncompressed: bool = True) -> list[Choice]:
+    """Every (B_u, B_d, coding) the model can price, and "uncompressed" both ways when allowed."""
+    out = [Choice(UNCOMPRESSED, UNCOMPRESSED, "")] if uncompressed else []
+    for c in sorted(model.codec_ns):
+        top = min(max_bits, len(model.codec_ns[c]))
+        out += [Choice(u, w, c) for u in range(min_bits, top + 1) for w in (UNCOMPRESSED, *range(min_bits, top + 1))]
+    return out
+
+
+def choose(model: TimeModel, *, d: int, norm: float, sigma2: float, workers: int, min_bits: int = 2,
+           max_bits: int = 16, uncompressed: bool = True) -> Choice:
+    """The candidate of least J (all of them are priced: a few hundred); ties go to the earliest in :func:`candidates`
+    (uncompressed first, then codings by name, narrower first), so every rank picks the same one."""
+    if not (d > 0 and workers > 0 and math.isfinite(norm) and norm >= 0 and math.isfinite(sigma2) and sigma2 > 0):
+        raise ValueError(f"choose needs d > 0, workers > 0, a finite norm >= 0 and sigma2 > 0 "
+                         f"(got d={d}, workers={workers}, norm={norm}, sigma2={sigma2})")
+    cands = candidates(model, min_bits, max_bits, uncompressed)
+    if not cands:
+        raise ValueError("no candidate: state at least one coding or allow uncompressed")
+    j = [objective(model, c, d=d, norm=norm, sigma2=sigma2, workers=workers) for c in cands]
+    return cands[min(range(len(cands)), key=j.__getitem__)]  # the first of least J
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """Throughput and latency smoothed from timed collectives: each observation (bytes, seconds) of a
+    message updates an exponential average of the seconds per byte (for messages of at least
+    ``large`` bytes) or of the latency (smaller ones), weight ``smoothing``."""
+
+    s_per_byte: float = 0.0
+    latency_s: float = 0.0
+    smoothing: float = 0.3
+    large: int = 1 << 16
+
+    def observe(self, nbytes: int, seconds: float) -> LinkEstimate:
+        if nbytes <= 0 or not (math.isfinite(seconds) and seconds >= 0):
+            return self
+        a = self.smoothing
+        if nbytes >= self.large:
+            per = max(seconds - self.latency_s, 0.0) / nbytes
+            return replace(self, s_per_byte=per if self.s_per_byte == 0 else (1 - a) * self.s_per_byte + a * per)
+        return replace(self, latency_s=seconds if self.latency_s == 0 else (1 - a) * self.latency_s + a * seconds)
+
+    def mbit(self) -> float:
+        """Throughput in Mbit/s (0 until a large message was observed)."""
+        return 8e-6 / self.s_per_byte if self.s_per_byte > 0 else 0.0
+
+
+def agree(figures: Sequence[float], reduce_max: Callable[[list[float]], list[float]]) -> list[float]:
+    """One set of figures on every rank: ``reduce_max`` is the elementwise max over ranks (an
+    all-reduce MAX the caller already performs; the identity in a single process). The slowest rank's
+    figures govern, and every rank then decides from the same numbers."""
+    out = [float(v) for v in reduce_max([float(v) for v in figures])]
+    if len(out) != len(figures):
+        raise ValueError(f"reduce_max returned {len(out)} figures for {len(figures)}")
+    return out
+
+
+def time_codec(roundtrip: Callable[[int, str], object], widths: Sequence[int], codings: Sequence[str], n: int,
+               repeats: int = 3, cache: dict[tuple[int, int, str], float] | None = None) -> dict[str, list[float]]:
+    """ns per coordinate of ``roundtrip(width, coding)`` (encode + decode of an n-coordinate bucket),
+    the least of ``repeats`` runs, cached per (n, width, coding) in ``cache``: measured once at warm-up.
+    The result is one rank's figures: pass them through :func:`agree` before deciding."""
+    cache = {} if cache is None else cache
+    out: dict[str, list[float]] = {}
+    for c in codings:
+        row = []
+        for w in widths:
+            key = (n, w, c)
+            if key not in cache:
+                best = math.inf
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    roundtrip(w, c)
+                    best = min(best, time.perf_counter() - t0)
+                cache[key] = best * 1e9 / n
+            row.append(cache[key])
+        out[c] = row
+    return out
