@@ -212,3 +212,11 @@ def test_a_policy_that_reads_all_of_g_keeps_the_bucket() -> None:
     g = torch.randn(N)
     b.record(g, 0, 1000, torch.tensor(False))
     assert torch.equal(b.pending[0][3], g)
+
+
+def test_repr_names_method_budget_topology_and_downlink() -> None:
+    """A state printed in a training log says what it runs (the default object repr said nothing)."""
+    assert repr(HookState("qsgd-4bit", topology="sharded", downlink_bits=8)) == (
+        "<HookState method='qsgd-4bit' (4 bits), topology=sharded, downlink=8, total_steps=1000, steps=0>")
+    assert "topology=allgather, downlink=none" in repr(HookState("qsgd-4bit", topology="allgather"))
+    assert "target 4.5 bits/coordinate" in repr(HookState("dqsgd", total_steps=10))

@@ -90,3 +90,20 @@ def test_hsdp_meshes_are_refused() -> None:
         sharded_param=types.SimpleNamespace(device_mesh=types.SimpleNamespace(ndim=2)))])
     with pytest.raises(ValueError, match="2-D mesh \\(HSDP\\)"):
         comm._check_mesh(fake, 0)
+
+
+def test_stats_are_the_hooks_object_and_the_old_dict_warns() -> None:
+    """compression_stats() is the DDP hook's and Local SGD's CompressionStats; stats() still answers, warning."""
+    from dqsgd.core.comm_stats import CompressionStats
+    from dqsgd.ddp import HookState
+
+    st = dfsdp.FSDPState("qsgd-4bit", seed=0, total_steps=10)
+    st.count(sent=100, received=90, side=8, numel=64, world=2, width=4)
+    s = st.compression_stats()
+    assert type(s) is type(HookState("qsgd-4bit").compression_stats()) is CompressionStats
+    assert (s.uplink_sent, s.uplink_received, s.downlink_sent, s.downlink_received) == (108, 98, 0, 0)
+    assert (s.bytes_sent, s.mean_bits, s.refusals) == (108, 4.0, 0)
+    with pytest.warns(DeprecationWarning, match="compression_stats"):
+        old = st.stats()
+    assert old["total_sent"] == s.bytes_sent and old["mean_bits"] == s.mean_bits
+    assert "method='qsgd-4bit'" in repr(st)
