@@ -5,6 +5,6 @@ The public home of the optimizer (``from dqsgd.local import LocalSGDOptimizer``)
 See docs/local-sgd.md.
 """
 
-from dqsgd.train.local_sgd import LocalSGDOptimizer
+from dqsgd.train.local_sgd import CompressionStats, LocalSGDOptimizer
 
-__all__ = ["LocalSGDOptimizer"]
+__all__ = ["CompressionStats", "LocalSGDOptimizer"]
