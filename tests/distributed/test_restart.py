@@ -61,9 +61,11 @@ def _is_rank(pid: int) -> bool:
 
 
 def _kill_a_rank_mid_run(proc: subprocess.Popen, run: Path, after: int) -> int:
-    """SIGKILL one rank (chosen at random) once ``run`` has checkpoints and ``after`` metric lines."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 120:
+    """SIGKILL one rank (chosen at random) once ``run`` has checkpoints and ``after`` metric lines.
+
+    No wall-clock cap of its own: on a loaded machine the run may take long to get there; the test's
+    timeout bounds the wait, and a run that ends first fails the assertion below."""
+    while True:
         ck = run / "checkpoint-rank0.pt"
         lines = sum(1 for _ in open(run / "metrics.jsonl")) if (run / "metrics.jsonl").exists() else 0
         ranks = [p for p in _children(proc.pid) if _is_rank(p)]
@@ -72,7 +74,6 @@ def _kill_a_rank_mid_run(proc: subprocess.Popen, run: Path, after: int) -> int:
             return lines
         assert proc.poll() is None, "the run ended before a rank could be killed"
         time.sleep(0.02)
-    raise AssertionError("no checkpoint within 120 s")
 
 
 def _same_run(full: Path, run: Path, ref_checkpoint: str) -> None:
@@ -96,7 +97,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_torchrun_max_restarts_resumes_exactly_after_a_rank_is_killed(reference: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
@@ -130,7 +131,7 @@ def local_restarted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int
     return run, proc.returncode, err
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_local_max_restarts_resumes_exactly_after_a_rank_is_killed(reference: Path,
                                                                     local_restarted: tuple[Path, int, str]) -> None:
     run, code, err = local_restarted
@@ -139,7 +140,7 @@ def test_local_max_restarts_resumes_exactly_after_a_rank_is_killed(reference: Pa
     _same_run(reference, run, "checkpoint.pt")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_resume_picks_the_newest_step_every_rank_holds(reference: Path, local_restarted: tuple[Path, int, str],
                                                        tmp_path: Path) -> None:
     """A crash between two ranks' saves: rank 0 holds steps (160, 150), rank 1 only (150, 140).
