@@ -245,7 +245,7 @@ def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool
                                  "replicate leg needs one")
             group, replicas = replica_groups(groups[0], replicate, index)
             empty_native_all_reduce(groups[0])
-            leg = ReplicateLeg(replicate, index, pieces, groups[0], last=index == 0)
+            leg = ReplicateLeg(replicate, index, pieces, groups[0], last=index == 0, shard=group)
             module.set_all_reduce_hook(leg)
             comms.append(leg)
             if state is not None:

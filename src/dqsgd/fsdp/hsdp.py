@@ -82,10 +82,11 @@ class ReplicateLeg:
     complete when the call returns. ``last``: the unit FSDP reduces last in a backward (the hook
     counts a step there)."""
 
-    def __init__(self, state: HookState, unit: int, pieces: Sequence[int] | None, param_group: Any, last: bool):
-        self.state, self.index, self.last = state, unit, last
+    def __init__(self, state: HookState, unit: int, pieces: Sequence[int] | None, param_group: Any, last: bool,
+                 shard: dist.ProcessGroup | None = None):
+        self.state, self.index, self.last, self.calls = state, unit, last, 0
         self.pieces = None if pieces is None else tuple(int(p) for p in pieces)
-        self._group = param_group
+        self._group, self._shard, self._net = param_group, shard, None
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         from dqsgd.ddp import hook
@@ -96,8 +97,23 @@ class ReplicateLeg:
         out = hook(self.state, ShardBucket(self.index, flat, pieces, self.last)).wait()
         if getattr(self._group, "gradient_divide_factor", None) is not None:  # FSDP sums across replicas
             out = out * dist.get_world_size(self.state.process_group)
+        self._settle()
+        self.calls += 1
         if out.data_ptr() != flat.data_ptr():  # warm-up's plain all-reduce works in place
             flat.copy_(out.reshape(-1))
+
+    def _settle(self) -> None:
+        """A payload refused in one replica group stops the whole grid: the hook keeps the error of a
+        refused payload for the end of backward() (its replica group's ranks raise it there); one
+        status all-reduce over the shard group (S bytes, inside the node) then makes every rank of the
+        node raise it now, naming the refusing rank (:func:`dqsgd.fsdp.protocol.settle`)."""
+        from dqsgd.fsdp import protocol
+
+        if self._shard is None or dist.get_world_size(self._shard) == 1:
+            return
+        if self._net is None:
+            self._net = protocol.transport(self._shard, self.state.timeout)
+        protocol.settle(self._net, getattr(self.state, "_error", None), self.index, self.calls)
 
 
 def _self_group() -> dist.ProcessGroup:
@@ -110,11 +126,9 @@ def replica_groups(param_group: Any, state: HookState, index: int) -> tuple[dist
     """(shard group, replica group) of one unit, after checking that ``state``'s process group is
     the unit's replica group: on a 2-D mesh the mesh's replicate group (then emptied for FSDP,
     see the module's text); on a 1-D mesh a group that meets the shard group in this rank only."""
-    from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo, FSDPMeshInfo
-
-    info = param_group.mesh_info
+    info = _mesh_info(param_group)
     pg = state.process_group
-    if not isinstance(info, FSDPMeshInfo):
+    if not hasattr(info, "shard_process_group"):
         raise ValueError(f"FSDP unit {index} is replicated only (no shard dimension): use dqsgd.ddp's hook for DDP")
     shard = info.shard_process_group
     if pg is None:
@@ -122,7 +136,7 @@ def replica_groups(param_group: Any, state: HookState, index: int) -> tuple[dist
                          "replica group (2-D mesh: mesh.get_group('replicate'); 1-D mesh: the group of the ranks "
                          "holding this rank's shard on every node)")
     mine = dist.get_process_group_ranks(pg)
-    if isinstance(info, DDPMeshInfo):  # HSDP on a 2-D mesh
+    if hasattr(info, "replicate_process_group"):  # HSDP on a 2-D mesh (FSDP's HSDPMeshInfo)
         theirs = getattr(info, "_dqsgd_replicate_ranks", None) or dist.get_process_group_ranks(
             info.replicate_process_group)
         if list(mine) != list(theirs):
@@ -143,12 +157,19 @@ def empty_native_all_reduce(param_group: Any) -> None:
     (the replicate leg is the hook's). Nothing to do on a 1-D mesh."""
     import copy
 
-    from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo
-
-    info = param_group.mesh_info
-    if not isinstance(info, DDPMeshInfo) or getattr(info, "_dqsgd_replicate_ranks", None) is not None:
+    info = _mesh_info(param_group)
+    if not hasattr(info, "replicate_process_group") or getattr(info, "_dqsgd_replicate_ranks", None) is not None:
         return
     mine = copy.copy(info)
     mine._dqsgd_replicate_ranks = dist.get_process_group_ranks(info.replicate_process_group)
     mine.replicate_process_group = _self_group()
     param_group.mesh_info = mine
+
+
+def _mesh_info(param_group: Any) -> Any:
+    """The unit's mesh information (FSDP2's FSDPMeshInfo / HSDPMeshInfo, read by its attributes)."""
+    info = getattr(param_group, "mesh_info", None)
+    if info is None:
+        raise RuntimeError(f"dqsgd.fsdp's replicate leg reads FSDP2's parameter group mesh_info (torch 2.13); this "
+                           f"torch is {torch.__version__}")
+    return info
