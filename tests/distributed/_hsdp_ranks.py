@@ -75,11 +75,13 @@ def run(rank: int, R: int, S: int, kind: str, hook: dict | None, fsdp: dict | No
     HookState(**hook) (and FSDPState(**fsdp) on the intra-node legs when given)."""
     mesh = grid(R, S)
     m = model(mesh, kind)
-    rep = None
+    rep = state = None
     if hook is not None:
         rep = HookState(**{"seed": SEED, "timeout": timeout, "total_steps": STEPS, **hook},
                         process_group=mesh.get_group("replicate"))
-        state = None if fsdp is None else dfsdp.FSDPState(**{"seed": SEED, "timeout": timeout, **fsdp})
+    if fsdp is not None:
+        state = dfsdp.FSDPState(**{"seed": SEED, "timeout": timeout, **fsdp})
+    if rep is not None or state is not None:
         dfsdp.compress(m, state, replicate=rep)
     rec = Recorder()
     try:
@@ -87,7 +89,7 @@ def run(rank: int, R: int, S: int, kind: str, hook: dict | None, fsdp: dict | No
     finally:
         rec.close()
     return {"params": params(m), "calls": rec.calls, "stats": None if rep is None else rep.compression_stats(),
-            "replica": dist.get_rank(mesh.get_group("replicate"))}
+            "replica": dist.get_rank(mesh.get_group("replicate")), "state_replica": None if state is None else state.replica}
 
 
 LOSSLESS = {"method": "sgd", "downlink_bits": "fp32", "min_compression_rate": 0.0}
@@ -99,7 +101,8 @@ def cases(rank: int, world: int, R: int, S: int) -> dict[str, Any]:
             "lossless_2d": run(rank, R, S, "2d", LOSSLESS), "lossless_1d": run(rank, R, S, "1d", LOSSLESS),
             "q4_2d": run(rank, R, S, "2d", Q4), "q4_1d": run(rank, R, S, "1d", Q4),
             "q4_fp32down": run(rank, R, S, "1d", {**Q4, "downlink_bits": "fp32"}),
-            "both": run(rank, R, S, "2d", Q4, {"method": "qsgd-4bit", "param_bits": 8})}
+            "both": run(rank, R, S, "2d", Q4, {"method": "qsgd-4bit", "param_bits": 8}),
+            "rs_lossless_2d": run(rank, R, S, "2d", None, {"method": "sgd", "min_compression_rate": 0.0})}
 
 
 def forged(rank: int, world: int, R: int, S: int, timeout: float) -> dict[str, tuple[str, float]]:

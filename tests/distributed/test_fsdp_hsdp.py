@@ -88,6 +88,18 @@ def test_both_legs_compressed(grid) -> None:
         group = [ranks[node * S + pos]["both"]["params"] for node in range(R)]
         assert all(_same(p, group[0]) for p in group)
         assert not _same(group[0], ranks[pos]["native"]["params"])
+    for r in ranks:  # each node's reduce-scatter draws its own roundings (unit_seed of its replica index)
+        assert r["both"]["state_replica"] == r["both"]["replica"] == r["rs_lossless_2d"]["state_replica"]
+
+
+@pytest.mark.timeout(900)
+def test_compressed_reduce_scatter_beside_fsdps_own_all_reduce(grid) -> None:
+    """A 2-D mesh with dqsgd's reduce-scatter inside the node and FSDP's own all-reduce across nodes
+    (no replicate leg): lossless (sgd through the protocol), it is FSDP's HSDP bit for bit for S ≤ 2
+    (the protocol's g_0/2 + g_1/2 against gloo's (g_0 + g_1)/2, both the exact sum halved)."""
+    (R, S), ranks = grid
+    for r in ranks:
+        assert _same(r["rs_lossless_2d"]["params"], r["native"]["params"])
 
 
 @pytest.mark.timeout(400)

@@ -238,7 +238,9 @@ def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool
             continue  # a unit without parameters of its own issues no reduce-scatter
         pieces = _pieces(groups[0])
         if replicate is None:
-            _check_mesh(groups[0], index)
+            replica = _check_mesh(groups[0], index)
+            if state is not None:
+                state.replica = replica  # HSDP with FSDP's own all-reduce: the nodes draw their own roundings
         else:
             if len(groups) > 1:
                 raise ValueError(f"FSDP unit {index} has {len(groups)} parameter groups (per-parameter meshes): the "
@@ -303,13 +305,15 @@ def _agree_model(state: Any, groups: list[dist.ProcessGroup | None], fields: dic
                                "model") from error
 
 
-def _check_mesh(group: Any, index: int) -> None:
+def _check_mesh(group: Any, index: int) -> int:
+    """The unit's replica index under HSDP's 2-D mesh (FSDP's own all-reduce across nodes), else 0."""
     params = [fp.sharded_param for fp in getattr(group, "fsdp_params", [])]
     mesh = getattr(params[0], "device_mesh", None) if params else None
-    if mesh is not None and mesh.ndim != 1:
-        raise ValueError(f"FSDP unit {index} is sharded on a {mesh.ndim}-D mesh (HSDP): pass "
-                         "replicate=dqsgd.ddp.HookState(..., process_group=mesh.get_group('replicate')) to compress "
-                         "its replicate leg (docs/fsdp.md, HSDP); without it dqsgd compresses 1-D FSDP meshes only")
+    if mesh is not None and mesh.ndim > 2:
+        raise ValueError(f"FSDP unit {index} is sharded on a {mesh.ndim}-D mesh: dqsgd.fsdp compresses FSDP (1-D) "
+                         "and HSDP (2-D: replicate × shard) meshes")
+    replicas = getattr(getattr(group, "mesh_info", None), "replicate_process_group", None)
+    return 0 if mesh is None or mesh.ndim == 1 or replicas is None else dist.get_rank(replicas)
 
 
 def _pieces(group: Any) -> list[int] | None:
