@@ -70,11 +70,16 @@ def train(m: nn.Module, rank: int, steps: range) -> None:
 
 
 def run(rank: int, R: int, S: int, kind: str, hook: dict | None, fsdp: dict | None = None,
-        timeout: float = 60.0) -> dict[str, Any]:
+        timeout: float = 60.0, factor: float | None = None) -> dict[str, Any]:
     """STEPS SGD steps: ``hook`` None: FSDP's own HSDP (2-D mesh), else the replicate leg with
-    HookState(**hook) (and FSDPState(**fsdp) on the intra-node legs when given)."""
+    HookState(**hook) (and FSDPState(**fsdp) on the intra-node legs when given); ``factor``: FSDP's
+    gradient divide factor on every unit (with sum-only collectives: gloo has no PREMUL_SUM)."""
     mesh = grid(R, S)
     m = model(mesh, kind)
+    if factor is not None:
+        for unit in (m[0], m[2], m):
+            unit.set_gradient_divide_factor(factor)
+            unit.set_force_sum_reduction_for_comms(True)
     rep = state = None
     if hook is not None:
         rep = HookState(**{"seed": SEED, "timeout": timeout, "total_steps": STEPS, **hook},
@@ -102,7 +107,9 @@ def cases(rank: int, world: int, R: int, S: int) -> dict[str, Any]:
             "q4_2d": run(rank, R, S, "2d", Q4), "q4_1d": run(rank, R, S, "1d", Q4),
             "q4_fp32down": run(rank, R, S, "1d", {**Q4, "downlink_bits": "fp32"}),
             "both": run(rank, R, S, "2d", Q4, {"method": "qsgd-4bit", "param_bits": 8}),
-            "rs_lossless_2d": run(rank, R, S, "2d", None, {"method": "sgd", "min_compression_rate": 0.0})}
+            "rs_lossless_2d": run(rank, R, S, "2d", None, {"method": "sgd", "min_compression_rate": 0.0}),
+            "native_factor": run(rank, R, S, "2d", None, factor=3.0),
+            "lossless_factor": run(rank, R, S, "2d", LOSSLESS, factor=3.0)}
 
 
 def forged(rank: int, world: int, R: int, S: int, timeout: float) -> dict[str, tuple[str, float]]:

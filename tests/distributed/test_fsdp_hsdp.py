@@ -47,6 +47,9 @@ def test_lossless_replicate_leg_equals_fsdp_hsdp_bitwise(grid) -> None:
             assert s.refusals == 0 and s.steps == hr.STEPS and s.mean_bits == 32, case  # through the protocol
             assert len(r[case]["calls"]) == 2 * hr.STEPS  # both units, every step
         assert not _same(r["q4_2d"]["params"], r["native"]["params"])  # the compressed leg changes them
+        # set_gradient_divide_factor(f): FSDP sums across the replicas (the leg's mean times R), divides by f once
+        assert _same(r["lossless_factor"]["params"], r["native_factor"]["params"])
+        assert not _same(r["native_factor"]["params"], r["native"]["params"])
 
 
 def _reference(calls: list[list[dict]], s: int, R: int, down: object) -> torch.Tensor:
