@@ -2,7 +2,8 @@
 
 Both run an MLP whose every ``Linear`` is its own FSDP unit, once with FSDP's own reduce-scatter
 (fp32, or bf16 through ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``) and once per dqsgd
-method. Bytes are what each rank hands to the process group for gradients per step: FSDP's own
+variant (:func:`variant`: a method on the reduce-scatter, ``ag8``/``ag4`` for the quantized parameter
+all-gather, ``rep:<method>`` for HSDP's cross-node leg when the ranks form nodes, joined by ``+``). Bytes are what each rank hands to the process group for gradients per step: FSDP's own
 reduce-scatter sends (W−1)/W of its input; dqsgd's are counted by :class:`~dqsgd.fsdp.FSDPState`
 (payloads, size exchange, policy statistics, exact warm-up calls).
 
@@ -133,12 +134,14 @@ def _bench_rank(rank: int, world: int, args: argparse.Namespace,
                 wire: Callable[[], int] | None = None) -> dict[str, Any]:
     """Every variant's median step time, gradient bytes per step and time inside dqsgd's calls (and,
     given ``wire``, the bytes this rank's interface sent per timed step)."""
+    from dqsgd.fsdp import FSDPState
+
     sizes = [int(s) for s in args.sizes.split(",")]
     out: dict[str, Any] = {}
     for name in [*DEFAULTS, *args.methods.split(",")]:
         nodes = getattr(args, "nodes", 1)  # HSDP: the ranks as nodes × world/nodes (2-D mesh)
         model, states = mlp(sizes, world, name, args.warmup + args.steps, 0, nodes)
-        fsdp = [st for st in states if hasattr(st, "seconds")]
+        fsdp = [st for st in states if isinstance(st, FSDPState)]
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(rank)
         times = []
@@ -153,13 +156,20 @@ def _bench_rank(rank: int, world: int, args: argparse.Namespace,
             if s == args.warmup - 1:
                 before = gradient_bytes(model, name, states, world, s + 1, nodes)
                 rs_before = fsdp[0].seconds if fsdp else 0.0
+                ag_before = _param_bytes(fsdp)
                 tx = wire() if wire is not None else 0
         per_step = (gradient_bytes(model, name, states, world, args.warmup + args.steps, nodes) - before) / args.steps
         rs_ms = 1000 * (fsdp[0].seconds - rs_before) / args.steps if fsdp else float("nan")
         out[name] = {"ms": 1000 * statistics.median(times), "bytes": per_step, "rs_ms": rs_ms}
+        if variant(name).param_bits is not None:  # dqsgd's parameter all-gather: payloads, sizes and status
+            out[name]["param_bytes"] = (_param_bytes(fsdp) - ag_before) / args.steps
         if wire is not None:
             out[name]["wire"] = (wire() - tx) / args.steps
     return out
+
+
+def _param_bytes(states: list[Any]) -> int:
+    return sum(st.param_sent + st.param_side for st in states)
 
 
 def bench_fsdp(args: argparse.Namespace, netns: Any = None) -> None:
