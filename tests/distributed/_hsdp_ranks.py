@@ -28,13 +28,16 @@ def grid(R: int, S: int) -> Any:
 
 
 def model(mesh: Any, kind: str) -> nn.Module:
+    """Two units and the root ("2d", "1d"), or the root alone, reduced in FSDP's end-of-backward
+    callback ("2d-root")."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(12, 37), nn.Tanh(), nn.Linear(37, 5))
-    on = mesh if kind == "2d" else mesh["shard"]
-    for layer in (m[0], m[2]):
-        fully_shard(layer, mesh=on)
+    on = mesh if kind.startswith("2d") else mesh["shard"]
+    if kind != "2d-root":
+        for layer in (m[0], m[2]):
+            fully_shard(layer, mesh=on)
     fully_shard(m, mesh=on)
     return m
 
@@ -77,7 +80,7 @@ def run(rank: int, R: int, S: int, kind: str, hook: dict | None, fsdp: dict | No
     mesh = grid(R, S)
     m = model(mesh, kind)
     if factor is not None:
-        for unit in (m[0], m[2], m):
+        for unit in (m[0], m[2], m) if kind != "2d-root" else (m,):
             unit.set_gradient_divide_factor(factor)
             unit.set_force_sum_reduction_for_comms(True)
     rep = state = None
@@ -109,6 +112,7 @@ def cases(rank: int, world: int, R: int, S: int) -> dict[str, Any]:
             "both": run(rank, R, S, "2d", Q4, {"method": "qsgd-4bit", "param_bits": 8}),
             "rs_lossless_2d": run(rank, R, S, "2d", None, {"method": "sgd", "min_compression_rate": 0.0}),
             "native_factor": run(rank, R, S, "2d", None, factor=3.0),
+            "native_root": run(rank, R, S, "2d-root", None), "lossless_root": run(rank, R, S, "2d-root", LOSSLESS),
             "lossless_factor": run(rank, R, S, "2d", LOSSLESS, factor=3.0)}
 
 

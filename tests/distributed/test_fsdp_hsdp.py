@@ -50,6 +50,9 @@ def test_lossless_replicate_leg_equals_fsdp_hsdp_bitwise(grid) -> None:
         # set_gradient_divide_factor(f): FSDP sums across the replicas (the leg's mean times R), divides by f once
         assert _same(r["lossless_factor"]["params"], r["native_factor"]["params"])
         assert not _same(r["native_factor"]["params"], r["native"]["params"])
+        # a model whose one unit is the root, reduced in FSDP's end-of-backward callback
+        assert _same(r["lossless_root"]["params"], r["native_root"]["params"])
+        assert len(r["lossless_root"]["calls"]) == hr.STEPS and r["lossless_root"]["stats"].steps == hr.STEPS
 
 
 def _reference(calls: list[list[dict]], s: int, R: int, down: object) -> torch.Tensor:
