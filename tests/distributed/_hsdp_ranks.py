@@ -158,6 +158,10 @@ def disagree(rank: int, world: int, R: int, S: int) -> dict[str, str]:
         rep = HookState(**mine, process_group=mesh.get_group("replicate"), timeout=60)
         out[name] = _error(lambda: dfsdp.compress(m, None, replicate=rep))
     mesh = grid(R, S)
+    m = model(mesh, "2d")  # dqsgd's reduce-scatter beside FSDP's own all-reduce: the FSDPStates compared too
+    st = dfsdp.FSDPState("qsgd-4bit", seed=SEED + (rank == world - 1), timeout=60)
+    out["fsdp_seed"] = _error(lambda: dfsdp.compress(m, st))
+    mesh = grid(R, S)
     m = model(mesh, "1d")
     wrong = HookState("qsgd-4bit", mesh.get_group("shard"), timeout=60)
     out["group"] = _error(lambda: dfsdp.compress(m, None, replicate=wrong))

@@ -130,7 +130,7 @@ def test_disagreeing_configurations_are_refused_on_every_rank() -> None:
     assert all(r.ok for r in results), [r.describe() for r in results]
     last_node = range((R - 1) * S, R * S)
     for rank, r in enumerate(results):
-        for name, field in (("method", "replicate.method.name"), ("seed", "replicate.seed")):
+        for name, field in (("method", "replicate.method.name"), ("seed", "replicate.seed"), ("fsdp_seed", "seed")):
             err = r.value[name]
             assert err.startswith("RankDisagreement: dqsgd.fsdp.compress: "), (name, err)
             if rank in last_node:  # its node compared the fields and names them

@@ -238,9 +238,9 @@ def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool
             continue  # a unit without parameters of its own issues no reduce-scatter
         pieces = _pieces(groups[0])
         if replicate is None:
-            replica = _check_mesh(groups[0], index)
-            if state is not None:
-                state.replica = replica  # HSDP with FSDP's own all-reduce: the nodes draw their own roundings
+            replicas = _check_mesh(groups[0], index)
+            if state is not None and replicas is not None:
+                state.replica = dist.get_rank(replicas)  # HSDP, FSDP's own all-reduce: each node its own roundings
         else:
             if len(groups) > 1:
                 raise ValueError(f"FSDP unit {index} has {len(groups)} parameter groups (per-parameter meshes): the "
@@ -270,9 +270,9 @@ def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool
               "fsdp.gradients": gradients, **shapes}
     if replicate is not None:
         fields.update({f"replicate.{k}": v for k, v in replicate.fields().items()})
-        fields["replicate.world"] = dist.get_world_size(replicas)
-        fields["shard.world"] = dist.get_world_size(group)
-    _agree_model(state or replicate, [group, replicas] if replicate is not None else [group], fields)
+    if replicas is not None:  # HSDP: inside the node, then across the nodes
+        fields.update({"replicate.world": dist.get_world_size(replicas), "shard.world": dist.get_world_size(group)})
+    _agree_model(state or replicate, [group] if replicas is None else [group, replicas], fields)
     return comms
 
 
@@ -305,15 +305,15 @@ def _agree_model(state: Any, groups: list[dist.ProcessGroup | None], fields: dic
                                "model") from error
 
 
-def _check_mesh(group: Any, index: int) -> int:
-    """The unit's replica index under HSDP's 2-D mesh (FSDP's own all-reduce across nodes), else 0."""
+def _check_mesh(group: Any, index: int) -> dist.ProcessGroup | None:
+    """The unit's replicate group under HSDP's 2-D mesh (FSDP's own all-reduce across nodes), else None."""
     params = [fp.sharded_param for fp in getattr(group, "fsdp_params", [])]
     mesh = getattr(params[0], "device_mesh", None) if params else None
     if mesh is not None and mesh.ndim > 2:
         raise ValueError(f"FSDP unit {index} is sharded on a {mesh.ndim}-D mesh: dqsgd.fsdp compresses FSDP (1-D) "
                          "and HSDP (2-D: replicate × shard) meshes")
     replicas = getattr(getattr(group, "mesh_info", None), "replicate_process_group", None)
-    return 0 if mesh is None or mesh.ndim == 1 or replicas is None else dist.get_rank(replicas)
+    return None if mesh is None or mesh.ndim == 1 else replicas
 
 
 def _pieces(group: Any) -> list[int] | None:
