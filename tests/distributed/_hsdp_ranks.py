@@ -112,6 +112,7 @@ def cases(rank: int, world: int, R: int, S: int) -> dict[str, Any]:
             "both": run(rank, R, S, "2d", Q4, {"method": "qsgd-4bit", "param_bits": 8}),
             "rs_lossless_2d": run(rank, R, S, "2d", None, {"method": "sgd", "min_compression_rate": 0.0}),
             "native_factor": run(rank, R, S, "2d", None, factor=3.0),
+            "warmup": run(rank, R, S, "1d", {**Q4, "start_iter": STEPS}),
             "native_root": run(rank, R, S, "2d-root", None), "lossless_root": run(rank, R, S, "2d-root", LOSSLESS),
             "lossless_factor": run(rank, R, S, "2d", LOSSLESS, factor=3.0)}
 

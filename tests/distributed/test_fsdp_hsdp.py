@@ -50,6 +50,8 @@ def test_lossless_replicate_leg_equals_fsdp_hsdp_bitwise(grid) -> None:
         # set_gradient_divide_factor(f): FSDP sums across the replicas (the leg's mean times R), divides by f once
         assert _same(r["lossless_factor"]["params"], r["native_factor"]["params"])
         assert not _same(r["native_factor"]["params"], r["native"]["params"])
+        # warm-up (start_iter): the hook's plain all-reduce, in place in FSDP's shard, is FSDP's own all-reduce
+        assert _same(r["warmup"]["params"], r["native"]["params"]) and r["warmup"]["stats"].refusals == 2 * hr.STEPS
         # a model whose one unit is the root, reduced in FSDP's end-of-backward callback
         assert _same(r["lossless_root"]["params"], r["native_root"]["params"])
         assert len(r["lossless_root"]["calls"]) == hr.STEPS and r["lossless_root"]["stats"].steps == hr.STEPS
