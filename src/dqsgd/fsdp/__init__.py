@@ -12,12 +12,18 @@ the coded bytes; rank j decodes and averages its chunk) — and, with ``FSDPStat
 (or 4), the parameter all-gather of the forward and backward passes: every rank quantizes its own
 shard block-wise, the forward and backward compute on the dequantized weights, the optimizer keeps
 updating the full-precision shard. Without ``param_bits`` the all-gather stays FSDP's own, exact.
-See docs/fsdp.md.
+
+HSDP (shard inside a node, replicate across nodes): ``compress(model, state, replicate=hook_state)``
+with a :class:`dqsgd.ddp.HookState` over the replica group sends the cross-node gradient reduction
+through the DDP hook's protocol (any method, budgets, error feedback, the quantized downlink), on a
+2-D mesh or on a 1-D shard mesh with a replica group beside it (:mod:`dqsgd.fsdp.hsdp`);
+``state=None`` leaves the intra-node legs FSDP's own. See docs/fsdp.md.
 """
 
 from dqsgd.fsdp.comm import DQSGDReduceScatter, compress, reduce_scale
 from dqsgd.fsdp.gather import DQSGDAllGather
+from dqsgd.fsdp.hsdp import ReplicateLeg
 from dqsgd.fsdp.state import CompressionStats, FSDPState, UnitState, unit_seed
 
-__all__ = ["CompressionStats", "DQSGDAllGather", "DQSGDReduceScatter", "FSDPState", "UnitState", "compress",
+__all__ = ["CompressionStats", "DQSGDAllGather", "DQSGDReduceScatter", "FSDPState", "ReplicateLeg", "UnitState", "compress",
            "reduce_scale", "unit_seed"]

@@ -22,6 +22,7 @@ import dqsgd.fsdp.protocol as protocol
 from dqsgd.fsdp.state import FSDPState, UnitState
 
 if TYPE_CHECKING:
+    from dqsgd.ddp.state import HookState
     from dqsgd.transport.torch_dist import TorchShardedTransport
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -199,39 +200,64 @@ def _check_tensors(out: torch.Tensor, x: torch.Tensor, world: int) -> None:
                          f"over {world} ranks (need input = W · output)")
 
 
-def compress(model: torch.nn.Module, state: FSDPState, *, gradients: bool = True) -> list[Any]:
-    """Install a :class:`DQSGDReduceScatter` (``gradients=False``: none, FSDP's own reduce-scatter
-    stays) and, when ``state.param_bits`` is set, a :class:`~dqsgd.fsdp.gather.DQSGDAllGather` on
-    every FSDP unit of ``model`` (every module that ``fully_shard`` was applied to and that owns
-    parameters), numbered in ``model.modules()`` order — the same on every rank. Returns the
-    installed comms. Call after ``fully_shard`` and before the first forward."""
+def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool = True,
+             replicate: HookState | None = None) -> list[Any]:
+    """Install a :class:`DQSGDReduceScatter` (``gradients=False`` or ``state=None``: none, FSDP's own
+    reduce-scatter stays) and, when ``state.param_bits`` is set, a
+    :class:`~dqsgd.fsdp.gather.DQSGDAllGather` on every FSDP unit of ``model`` (every module that
+    ``fully_shard`` was applied to and that owns parameters), numbered in ``model.modules()`` order —
+    the same on every rank. ``replicate``: HSDP, a :class:`dqsgd.ddp.HookState` over the replica
+    group (:mod:`dqsgd.fsdp.hsdp`): each unit's reduced shard is averaged across the replicas by the
+    DDP hook (a 2-D mesh's own all-reduce is emptied). Returns the installed comms and replicate
+    legs. Call after ``fully_shard`` and before the first forward."""
     from dqsgd.fsdp.gather import DQSGDAllGather
+    from dqsgd.fsdp.hsdp import ReplicateLeg, empty_native_all_reduce, replica_groups
 
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         FSDPModule = None
-    if not gradients and state.param_bits is None:
+    if state is None and replicate is None:
+        raise ValueError("compress(model, None) needs replicate=HookState(...) (HSDP's replicate leg): else nothing "
+                         "would change")
+    gradients = gradients and state is not None
+    if not gradients and replicate is None and (state is None or state.param_bits is None):
         raise ValueError("compress(gradients=False) with FSDPState(param_bits=None) would change nothing: set "
                          "param_bits (8, 4 or 32) to quantize the parameter all-gather")
     if (FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter") or _base() is object
-            or not hasattr(FSDPModule, "set_custom_all_gather")):
+            or not hasattr(FSDPModule, "set_custom_all_gather") or not hasattr(FSDPModule, "set_all_reduce_hook")):
         raise RuntimeError(f"dqsgd.fsdp needs FSDP2's FSDPModule.set_custom_reduce_scatter (torch {TESTED_TORCH} "
                            f"is the version dqsgd is tested with); this torch is {torch.__version__}")
-    comms, shapes, index, group = [], {}, 0, None
+    _check_options(state, replicate)
+    comms, shapes, index, group, replicas = [], {}, 0, None, None
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
         groups = list(getattr(module._get_fsdp_state(), "_fsdp_param_groups", []))
         if not groups:
             continue  # a unit without parameters of its own issues no reduce-scatter
-        _check_mesh(groups[0], index)
         pieces = _pieces(groups[0])
+        if replicate is None:
+            replicas = _check_mesh(groups[0], index)
+            if state is not None and replicas is not None:
+                state.replica = dist.get_rank(replicas)  # HSDP, FSDP's own all-reduce: each node its own roundings
+        else:
+            if len(groups) > 1:
+                raise ValueError(f"FSDP unit {index} has {len(groups)} parameter groups (per-parameter meshes): the "
+                                 "replicate leg needs one")
+            group, replicas = replica_groups(groups[0], replicate, index)
+            empty_native_all_reduce(groups[0])
+            leg = ReplicateLeg(replicate, index, pieces, groups[0], last=index == 0, shard=group)
+            module.set_all_reduce_hook(leg)
+            comms.append(leg)
+            if state is not None:
+                state.replica = dist.get_rank(replicas)  # the nodes' reduce-scatters draw their own roundings
         if gradients:
+            assert state is not None
             comm = DQSGDReduceScatter(state, index, pieces)
             module.set_custom_reduce_scatter(comm)  # raises for several parameter groups (per-parameter meshes)
             comms.append(comm)
-        if state.param_bits is not None:
+        if state is not None and state.param_bits is not None:
             gather = DQSGDAllGather(state, index)
             module.set_custom_all_gather(gather)
             comms.append(gather)
@@ -240,28 +266,54 @@ def compress(model: torch.nn.Module, state: FSDPState, *, gradients: bool = True
         index += 1
     if not index:
         raise ValueError("compress: no FSDP unit with parameters in this model: apply fully_shard first")
-    _agree_model(state, group, {**state.fields(), "fsdp.units": index, "fsdp.gradients": gradients, **shapes})
+    fields = {**(state.fields() if state is not None else {"fsdp.state": None}), "fsdp.units": index,
+              "fsdp.gradients": gradients, **shapes}
+    if replicate is not None:
+        fields.update({f"replicate.{k}": v for k, v in replicate.fields().items()})
+    if replicas is not None:  # HSDP: inside the node, then across the nodes
+        fields.update({"replicate.world": dist.get_world_size(replicas), "shard.world": dist.get_world_size(group)})
+    _agree_model(state or replicate, [group] if replicas is None else [group, replicas], fields)
     return comms
 
 
-def _agree_model(state: FSDPState, group: dist.ProcessGroup | None, fields: dict[str, Any]) -> None:
+def _check_options(state: FSDPState | None, replicate: Any) -> None:
+    from dqsgd.ddp import HookState
+
+    if state is not None and not isinstance(state, FSDPState):
+        raise TypeError(f"state must be a dqsgd.fsdp.FSDPState or None, got {type(state).__name__}")
+    if replicate is not None and not isinstance(replicate, HookState):
+        raise TypeError(f"replicate must be a dqsgd.ddp.HookState over the replica group, got {type(replicate).__name__}")
+
+
+def _agree_model(state: Any, groups: list[dist.ProcessGroup | None], fields: dict[str, Any]) -> None:
     """The ranks' FSDPState and model (units and their parameters' full shapes), compared once, here, before
-    FSDP's first parameter all-gather (which would fail on unequal shapes without naming them)."""
+    FSDP's first parameter all-gather (which would fail on unequal shapes without naming them). HSDP: inside
+    the shard group, then across the replica group, where a node whose ranks disagreed refuses, so that
+    every rank of the grid raises."""
     from dqsgd.topology.agreement import RankDisagreement, agree
 
-    group = group or dist.group.WORLD
-    try:
-        agree(fields, protocol.transport(group, state.timeout).all_gather_ints, dist.get_rank(group))
-    except RankDisagreement as e:
-        raise RankDisagreement(f"dqsgd.fsdp.compress: {e}; every rank needs the same FSDPState and the same model") from e
+    error: RankDisagreement | None = None
+    for group in groups:
+        group = group or dist.group.WORLD
+        try:
+            agree(fields, protocol.transport(group, state.timeout).all_gather_ints, dist.get_rank(group),
+                  refused=error is not None)
+        except RankDisagreement as e:
+            error = e
+    if error is not None:
+        raise RankDisagreement(f"dqsgd.fsdp.compress: {error}; every rank needs the same FSDPState, HookState and "
+                               "model") from error
 
 
-def _check_mesh(group: Any, index: int) -> None:
+def _check_mesh(group: Any, index: int) -> dist.ProcessGroup | None:
+    """The unit's replicate group under HSDP's 2-D mesh (FSDP's own all-reduce across nodes), else None."""
     params = [fp.sharded_param for fp in getattr(group, "fsdp_params", [])]
     mesh = getattr(params[0], "device_mesh", None) if params else None
-    if mesh is not None and mesh.ndim != 1:
-        raise ValueError(f"FSDP unit {index} is sharded on a {mesh.ndim}-D mesh (HSDP): dqsgd compresses the "
-                         "reduce-scatter of 1-D FSDP meshes only (init_device_mesh(device, (W,)))")
+    if mesh is not None and mesh.ndim > 2:
+        raise ValueError(f"FSDP unit {index} is sharded on a {mesh.ndim}-D mesh: dqsgd.fsdp compresses FSDP (1-D) "
+                         "and HSDP (2-D: replicate × shard) meshes")
+    replicas = getattr(getattr(group, "mesh_info", None), "replicate_process_group", None)
+    return None if mesh is None or mesh.ndim == 1 else replicas
 
 
 def _pieces(group: Any) -> list[int] | None:

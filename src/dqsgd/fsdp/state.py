@@ -29,9 +29,10 @@ _COUNTERS = ("bytes_sent", "bytes_received", "exact_bytes", "side_bytes", "fp32_
              "calls", "dense_bytes", "refusals")
 
 
-def unit_seed(seed: int, unit: int) -> int:
-    """The seed of unit ``unit``'s sharded protocol (its quantization keys derive from it)."""
-    return seed_for(seed, QUANT, unit)
+def unit_seed(seed: int, unit: int, replica: int = 0) -> int:
+    """The seed of unit ``unit``'s sharded protocol (its quantization keys derive from it); under HSDP
+    each replica (node) ``replica`` > 0 draws its own, so the nodes' roundings are independent."""
+    return seed_for(seed, QUANT, unit) if replica == 0 else seed_for(seed, QUANT, unit, replica)
 
 
 @dataclass
@@ -119,6 +120,7 @@ class FSDPState:
         self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
         self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
         self.units: dict[int, UnitState] = {}
+        self.replica = 0  # HSDP: this rank's index in its replica group (compress(replicate=...) sets it)
         self.seconds = 0.0  # wall time spent inside the reduce-scatter calls (encode, exchange, decode)
         self._loaded: dict[int, dict[str, Any]] = {}
         for name in _COUNTERS:
@@ -152,7 +154,7 @@ class FSDPState:
         from dqsgd.fsdp.unit import unit_protocol
         from dqsgd.topology.keys import worker_generator
 
-        seed = unit_seed(self.seed, index)
+        seed = unit_seed(self.seed, index, self.replica)
         proto = unit_protocol(self.config, numel, self.total_steps, list(pieces), world, seed)
         u = UnitState(numel, world, pieces, proto, proto.policy.init(), worker_generator(seed, rank))
         self.units[index] = u

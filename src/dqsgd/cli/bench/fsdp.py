@@ -2,7 +2,8 @@
 
 Both run an MLP whose every ``Linear`` is its own FSDP unit, once with FSDP's own reduce-scatter
 (fp32, or bf16 through ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``) and once per dqsgd
-method. Bytes are what each rank hands to the process group for gradients per step: FSDP's own
+variant (:func:`variant`: a method on the reduce-scatter, ``ag8``/``ag4`` for the quantized parameter
+all-gather, ``rep:<method>`` for HSDP's cross-node leg when the ranks form nodes, joined by ``+``). Bytes are what each rank hands to the process group for gradients per step: FSDP's own
 reduce-scatter sends (W−1)/W of its input; dqsgd's are counted by :class:`~dqsgd.fsdp.FSDPState`
 (payloads, size exchange, policy statistics, exact warm-up calls).
 
@@ -21,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,50 +32,116 @@ from torch import nn
 DEFAULTS = ("fsdp fp32", "fsdp bf16")
 
 
-def mlp(sizes: list[int], world: int, variant: str, total_steps: int, seed: int) -> tuple[nn.Module, Any]:
-    """An MLP of ``sizes`` with each Linear (and the root) fully_shard-ed on a 1-D CPU mesh; ``variant``:
-    ``"fsdp fp32"``, ``"fsdp bf16"`` (reduce dtype) or a dqsgd method name. Returns (model, FSDPState or None)."""
+@dataclass(frozen=True)
+class Variant:
+    """What a variant name asks for: ``+``-joined parts, each FSDP's default (``fsdp fp32``, ``fsdp bf16``),
+    a method for the intra-node reduce-scatter (``qsgd-4bit``), the parameter all-gather's width
+    (``ag8``, ``ag4``, ``ag32``) or, with nodes > 1, HSDP's replicate-leg method (``rep:qsgd-4bit``).
+    ``qsgd-4bit+ag8``: both intra-node legs; ``ag8``: the all-gather only; ``rep:dqsgd``: the
+    cross-node leg only."""
+
+    name: str
+    bf16: bool = False
+    method: str | None = None
+    param_bits: int | None = None
+    replicate: str | None = None
+
+
+def variant(name: str) -> Variant:
+    fields: dict[str, Any] = {}
+    for part in name.split("+"):
+        part = part.strip()
+        if part in DEFAULTS:
+            fields["bf16"] = part == "fsdp bf16"
+        elif part in ("ag4", "ag8", "ag32"):
+            fields["param_bits"] = int(part[2:])
+        elif part.startswith("rep:"):
+            fields["replicate"] = part[4:]
+        elif part:
+            fields["method"] = part
+        else:
+            raise ValueError(f"variant {name!r}: an empty part")
+    return Variant(name, **fields)
+
+
+def mlp(sizes: list[int], world: int, name: str, total_steps: int, seed: int,
+        nodes: int = 1) -> tuple[nn.Module, list[Any]]:
+    """An MLP of ``sizes`` with each Linear (and the root) fully_shard-ed on a CPU mesh: 1-D over the
+    ``world`` ranks, or with ``nodes`` > 1 HSDP's 2-D mesh (nodes × world/nodes); ``name``: a
+    :func:`variant`. Returns (model, its dqsgd states: the FSDPState and the replicate leg's HookState
+    where the variant has them)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from dqsgd.ddp import HookState
     from dqsgd.fsdp import FSDPState, compress
 
+    v = variant(name)
+    if world % nodes:
+        raise ValueError(f"{world} ranks do not split into {nodes} nodes")
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     for a, b in zip(sizes[:-1], sizes[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
     model = nn.Sequential(*layers[:-1])
-    mesh = init_device_mesh("cpu", (world,))
-    mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if variant == "fsdp bf16" else MixedPrecisionPolicy()
+    mesh = init_device_mesh("cpu", (world,)) if nodes == 1 else init_device_mesh(
+        "cpu", (nodes, world // nodes), mesh_dim_names=("replicate", "shard"))
+    mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if v.bf16 else MixedPrecisionPolicy()
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    if variant in DEFAULTS:
-        return model, None
-    state = FSDPState(variant, seed=seed, total_steps=total_steps, timeout=120)
-    compress(model, state)
-    return model, state
+    state = None
+    if v.method is not None or v.param_bits is not None:
+        state = FSDPState(v.method or "sgd", seed=seed, total_steps=total_steps, timeout=120, param_bits=v.param_bits)
+    rep = None
+    if v.replicate is not None:
+        if nodes == 1:
+            raise ValueError(f"variant {name!r}: a replicate leg needs nodes > 1 (HSDP)")
+        rep = HookState(v.replicate, mesh.get_group("replicate"), seed=seed, total_steps=total_steps, timeout=120)
+    if state is not None or rep is not None:
+        compress(model, state, gradients=v.method is not None, replicate=rep)
+    return model, [s for s in (state, rep) if s is not None]
 
 
-def gradient_bytes(model: nn.Module, variant: str, state: Any, world: int) -> int:
-    """Bytes this rank has handed to the group for gradients so far (per step for FSDP's own: computed)."""
-    if state is not None:
-        return state.compression_stats().bytes_sent
-    itemsize = 2 if variant == "fsdp bf16" else 4
-    padded = sum(-(-p.shape[0] // world) * world * p[0].numel() if p.dim() > 1 else -(-p.shape[0] // world) * world
+def gradient_bytes(model: nn.Module, name: str, states: list[Any], world: int, steps: int, nodes: int = 1) -> int:
+    """Bytes this rank has handed to its groups for gradients in ``steps`` steps: dqsgd's legs as their
+    states count them (payloads, sizes, statistics, downlink), FSDP's own computed — the reduce-scatter
+    sends (S−1)/S of its input (S = world/nodes), HSDP's all-reduce a ring's 2·(R−1)/R of the shard."""
+    from dqsgd.ddp import HookState
+    from dqsgd.fsdp import FSDPState
+
+    v = variant(name)
+    itemsize = 2 if v.bf16 else 4
+    S, R = world // nodes, nodes
+    padded = sum(-(-p.shape[0] // S) * S * p[0].numel() if p.dim() > 1 else -(-p.shape[0] // S) * S
                  for p in model.parameters())
-    return (world - 1) * padded * itemsize // world
+    total = 0
+    fsdp = [s for s in states if isinstance(s, FSDPState)]
+    hook = [s for s in states if isinstance(s, HookState)]
+    if v.method is not None:
+        total += fsdp[0].compression_stats().uplink_sent
+    else:
+        total += steps * ((S - 1) * padded * itemsize // S)
+    if hook:
+        total += hook[0].compression_stats().bytes_sent
+    elif R > 1:
+        total += steps * (2 * (R - 1) * (padded // S) * itemsize // R)
+    return total
 
 
 def _bench_rank(rank: int, world: int, args: argparse.Namespace,
                 wire: Callable[[], int] | None = None) -> dict[str, Any]:
     """Every variant's median step time, gradient bytes per step and time inside dqsgd's calls (and,
     given ``wire``, the bytes this rank's interface sent per timed step)."""
+    from dqsgd.fsdp import FSDPState
+
     sizes = [int(s) for s in args.sizes.split(",")]
     out: dict[str, Any] = {}
-    for variant in [*DEFAULTS, *args.methods.split(",")]:
-        model, state = mlp(sizes, world, variant, args.warmup + args.steps, 0)
+    for name in [*DEFAULTS, *args.methods.split(",")]:
+        nodes = getattr(args, "nodes", 1)  # HSDP: the ranks as nodes × world/nodes (2-D mesh)
+        model, states = mlp(sizes, world, name, args.warmup + args.steps, 0, nodes)
+        fsdp = [st for st in states if isinstance(st, FSDPState)]
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(rank)
         times = []
@@ -86,16 +154,22 @@ def _bench_rank(rank: int, world: int, args: argparse.Namespace,
             if s >= args.warmup:
                 times.append(time.perf_counter() - t0)
             if s == args.warmup - 1:
-                before = gradient_bytes(model, variant, state, world)
-                rs_before = state.seconds if state is not None else 0.0
+                before = gradient_bytes(model, name, states, world, s + 1, nodes)
+                rs_before = fsdp[0].seconds if fsdp else 0.0
+                ag_before = _param_bytes(fsdp)
                 tx = wire() if wire is not None else 0
-        total = gradient_bytes(model, variant, state, world)
-        per_step = total if state is None else (total - before) / args.steps
-        rs_ms = 1000 * (state.seconds - rs_before) / args.steps if state is not None else float("nan")
-        out[variant] = {"ms": 1000 * statistics.median(times), "bytes": per_step, "rs_ms": rs_ms}
+        per_step = (gradient_bytes(model, name, states, world, args.warmup + args.steps, nodes) - before) / args.steps
+        rs_ms = 1000 * (fsdp[0].seconds - rs_before) / args.steps if fsdp else float("nan")
+        out[name] = {"ms": 1000 * statistics.median(times), "bytes": per_step, "rs_ms": rs_ms}
+        if variant(name).param_bits is not None:  # dqsgd's parameter all-gather: payloads, sizes and status
+            out[name]["param_bytes"] = (_param_bytes(fsdp) - ag_before) / args.steps
         if wire is not None:
-            out[variant]["wire"] = (wire() - tx) / args.steps
+            out[name]["wire"] = (wire() - tx) / args.steps
     return out
+
+
+def _param_bytes(states: list[Any]) -> int:
+    return sum(st.param_sent + st.param_side for st in states)
 
 
 def bench_fsdp(args: argparse.Namespace, netns: Any = None) -> None:

@@ -1,0 +1,175 @@
+"""HSDP's replicate leg through the DDP hook: shard inside a node, replicate across nodes, and the
+cross-node gradient reduction sent compressed.
+
+FSDP2 (torch 2.13, ``_fsdp_collectives.foreach_reduce``) reduces a unit's gradients in two legs: the
+reduce-scatter over the shard group (inside a node), then, for HSDP, an all-reduce of the shard it
+produced over the replicate group (across nodes), then ``FSDPModule.set_all_reduce_hook``'s hook on
+the result. The hook is the seam:
+
+* **1-D shard mesh + a replica group** (``fully_shard(..., mesh=init_device_mesh(dev, (S,)))``, one
+  such mesh per node, and a process group joining the ranks that hold the same shard on every node):
+  FSDP runs no all-reduce, and the hook receives the reduce-scatter output; here it all-reduces it
+  across the replica group itself (as torchft does).
+* **2-D mesh** (``init_device_mesh(dev, (R, S), mesh_dim_names=("replicate", "shard"))``): FSDP runs
+  its own all-reduce over the replicate dimension before the hook, and 2.13 has no custom all-reduce.
+  :func:`install` gives each unit's parameter group a copy of its mesh information whose replicate
+  group is this rank alone, so FSDP's all-reduce moves nothing (and FSDP's divide factors count the
+  shard group only, exactly as for a 1-D mesh); the hook then does the cross-node reduction. The
+  parameters stay DTensors on the 2-D mesh (``Replicate(), Shard(0)``): state dicts are unchanged.
+
+The cross-node reduction is :func:`dqsgd.ddp.hook` run with the user's
+:class:`~dqsgd.ddp.HookState` (built over the replica group) on a bucket holding the unit's reduced
+shard: unit u is the hook's bucket u, its parameters the unit's padded shard pieces. Whatever the
+hook does over a replica group — any registered method, budgets and policies, error feedback, the
+sharded topology with its quantized (or fp32, or error-fed) downlink, warm-up, refusals and the rank
+agreement — is what HSDP's replicate leg does, by construction.
+
+The leg computes the mean over the R replicas, as FSDP's ``AVG`` all-reduce does; with
+``set_gradient_divide_factor(f)`` FSDP sums across replicas and divides by f once, so the mean is
+multiplied by R. The leg runs every backward: under gradient accumulation
+(``set_requires_all_reduce(False)``) a 1-D mesh's hook still runs each micro-batch (FSDP's own
+behaviour for an all-reduce hook), while on a 2-D mesh FSDP skips it until the step that reduces.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from dqsgd.ddp.state import HookState
+
+_SELF_GROUP: list[dist.ProcessGroup] = []  # this rank alone: the 2-D mesh's replicate group, emptied
+
+
+class _Piece:
+    """A parameter as the hook reads it: its element count (the unit's padded shard piece)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def numel(self) -> int:
+        return self.n
+
+
+class ShardBucket:
+    """The part of ``torch.distributed.GradBucket`` that :func:`dqsgd.ddp.hook` reads: the flat
+    gradient (``buffer``), the bucket index, whether it is the backward's last, and the parameters'
+    element counts."""
+
+    def __init__(self, index: int, grad: torch.Tensor, pieces: Sequence[int], last: bool):
+        self._index, self._grad, self._last = index, grad, last
+        self._pieces = [_Piece(int(n)) for n in pieces]
+
+    def buffer(self) -> torch.Tensor:
+        return self._grad
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return self._last
+
+    def parameters(self) -> list[_Piece]:
+        return self._pieces
+
+
+class ReplicateLeg:
+    """FSDP's all-reduce hook for one unit: its reduced shard averaged across the replica group by
+    :func:`dqsgd.ddp.hook` (bucket ``unit``), written back in place. Synchronous: the shard is
+    complete when the call returns. ``last``: the unit FSDP reduces last in a backward (the hook
+    counts a step there)."""
+
+    def __init__(self, state: HookState, unit: int, pieces: Sequence[int] | None, param_group: Any, last: bool,
+                 shard: dist.ProcessGroup | None = None):
+        self.state, self.index, self.last, self.calls = state, unit, last, 0
+        self.pieces = None if pieces is None else tuple(int(p) for p in pieces)
+        self._group, self._shard, self._net = param_group, shard, None
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        from dqsgd.ddp import hook
+
+        n = reduce_output.numel()
+        pieces = self.pieces if self.pieces is not None and sum(self.pieces) == n else (n,)
+        flat = reduce_output.reshape(-1)
+        out = hook(self.state, ShardBucket(self.index, flat, pieces, self.last)).wait()
+        if getattr(self._group, "gradient_divide_factor", None) is not None:  # FSDP sums across replicas
+            out = out * dist.get_world_size(self.state.process_group)
+        self._settle()
+        self.calls += 1
+        if out.data_ptr() != flat.data_ptr():  # warm-up's plain all-reduce works in place
+            flat.copy_(out.reshape(-1))
+
+    def _settle(self) -> None:
+        """A payload refused in one replica group stops the whole grid: the hook keeps the error of a
+        refused payload for the end of backward() (its replica group's ranks raise it there); one
+        status all-reduce over the shard group (S bytes, inside the node) then makes every rank of the
+        node raise it now, naming the refusing rank (:func:`dqsgd.fsdp.protocol.settle`)."""
+        from dqsgd.fsdp import protocol
+
+        if self._shard is None or dist.get_world_size(self._shard) == 1:
+            return
+        if self._net is None:
+            self._net = protocol.transport(self._shard, self.state.timeout)
+        protocol.settle(self._net, getattr(self.state, "_error", None), self.index, self.calls)
+
+
+def _self_group() -> dist.ProcessGroup:
+    if not _SELF_GROUP:
+        _SELF_GROUP.append(dist.new_group([dist.get_rank()], use_local_synchronization=True))
+    return _SELF_GROUP[0]
+
+
+def replica_groups(param_group: Any, state: HookState, index: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """(shard group, replica group) of one unit, after checking that ``state``'s process group is
+    the unit's replica group: on a 2-D mesh the mesh's replicate group (then emptied for FSDP,
+    see the module's text); on a 1-D mesh a group that meets the shard group in this rank only."""
+    info = _mesh_info(param_group)
+    pg = state.process_group
+    if not hasattr(info, "shard_process_group"):
+        raise ValueError(f"FSDP unit {index} is replicated only (no shard dimension): use dqsgd.ddp's hook for DDP")
+    shard = info.shard_process_group
+    if pg is None:
+        raise ValueError("dqsgd.fsdp.compress(replicate=HookState(...)): the HookState needs process_group= the "
+                         "replica group (2-D mesh: mesh.get_group('replicate'); 1-D mesh: the group of the ranks "
+                         "holding this rank's shard on every node)")
+    mine = dist.get_process_group_ranks(pg)
+    if hasattr(info, "replicate_process_group"):  # HSDP on a 2-D mesh (FSDP's HSDPMeshInfo)
+        theirs = getattr(info, "_dqsgd_replicate_ranks", None) or dist.get_process_group_ranks(
+            info.replicate_process_group)
+        if list(mine) != list(theirs):
+            raise ValueError(f"FSDP unit {index}: the HookState's process group holds ranks {mine}, the mesh's "
+                             f"replicate dimension {theirs}: pass process_group=mesh.get_group('replicate')")
+        return shard, pg
+    together = set(mine) & set(dist.get_process_group_ranks(shard))
+    if together != {dist.get_rank()}:
+        raise ValueError(f"FSDP unit {index}: the replica group {mine} shares ranks {sorted(together)} with the shard "
+                         f"group {dist.get_process_group_ranks(shard)}: it must join, across nodes, the ranks that "
+                         "hold this rank's shard (the same position in each node's shard group)")
+    return shard, pg
+
+
+def empty_native_all_reduce(param_group: Any) -> None:
+    """A 2-D mesh: give the unit a copy of its mesh information whose replicate group is this rank
+    alone, so that FSDP's own all-reduce moves nothing and its divide factors count the shard group
+    (the replicate leg is the hook's). Nothing to do on a 1-D mesh."""
+    import copy
+
+    info = _mesh_info(param_group)
+    if not hasattr(info, "replicate_process_group") or getattr(info, "_dqsgd_replicate_ranks", None) is not None:
+        return
+    mine = copy.copy(info)
+    mine._dqsgd_replicate_ranks = dist.get_process_group_ranks(info.replicate_process_group)
+    mine.replicate_process_group = _self_group()
+    param_group.mesh_info = mine
+
+
+def _mesh_info(param_group: Any) -> Any:
+    """The unit's mesh information (FSDP2's FSDPMeshInfo / HSDPMeshInfo, read by its attributes)."""
+    info = getattr(param_group, "mesh_info", None)
+    if info is None:
+        raise RuntimeError(f"dqsgd.fsdp's replicate leg reads FSDP2's parameter group mesh_info (torch 2.13); this "
+                           f"torch is {torch.__version__}")
+    return info
