@@ -24,3 +24,11 @@ def test_variant_names_the_legs(name: str, want: Variant) -> None:
 def test_an_empty_part_is_refused() -> None:
     with pytest.raises(ValueError, match="an empty part"):
         variant("qsgd-4bit++ag8")
+
+
+@pytest.mark.parametrize("nodes", ["0", "3"])
+def test_bench_fsdp_refuses_nodes_that_do_not_divide_the_ranks(nodes: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from dqsgd.cli import main
+
+    assert main(["bench", "fsdp", "--world", "4", "--nodes", nodes, "--out", ""]) == 2
+    assert f"--nodes {nodes} does not divide --world 4" in capsys.readouterr().err

@@ -218,6 +218,8 @@ def add_fsdp_parser(bsub: Any) -> None:
                    "network namespaces on tc-shaped links (root, a source checkout; as `dqsgd bench network`); "
                    "default: loopback")
     f.add_argument("--repeats", type=int, default=2, help="runs per rate with --rates (median and range reported)")
+    f.add_argument("--nodes", type=int, default=1, help="HSDP: the ranks as NODES x world/NODES (a 2-D mesh; the "
+                   "variant rep:<method> compresses the cross-node leg)")
     _process_options(f, 2, "untimed steps per variant first (at least 1)", 1800.0, "runs/bench/fsdp.json")
     f.set_defaults(func=_bench_fsdp)
 
@@ -226,6 +228,10 @@ def _bench_fsdp(args: argparse.Namespace) -> int:
     """``bench fsdp``; with ``--rates``, given the checkout's ``benchmarks/network/netns.py``."""
     from dqsgd.cli.bench.fsdp import bench_fsdp
 
+    if args.nodes < 1 or args.world % args.nodes:
+        print(f"dqsgd bench fsdp: --nodes {args.nodes} does not divide --world {args.world} ranks into nodes",
+              file=sys.stderr)
+        return 2
     if not args.rates:
         bench_fsdp(args)
         return 0
