@@ -86,12 +86,32 @@ def run(rank: int, world: int, bits: int | None, rounding: str = "nearest",
             "stats": None if state is None else state.stats()}
 
 
+def resumed(rank: int, world: int) -> dict[str, Any]:
+    """The stochastic 8-bit run of :func:`run`, stopped after one step and resumed in a fresh model and
+    state from the first's sharded parameters and ``state_dict`` (SGD without momentum has no state)."""
+    def make() -> tuple[dfsdp.FSDPState, nn.Module]:
+        st = dfsdp.FSDPState("sgd", seed=SEED, param_bits=8, param_rounding="stochastic", param_block=16, timeout=60)
+        return st, model(world, st)
+
+    first, m1 = make()
+    train(m1, rank, range(1))
+    saved = first.state_dict()
+    second, m2 = make()
+    with torch.no_grad():
+        for p1, p2 in zip(m1.parameters(), m2.parameters()):
+            p2.to_local().copy_(p1.to_local())
+    second.load_state_dict(saved)
+    train(m2, rank, range(1, STEPS))
+    return {"params": params(m2), "saved": saved["gather_calls"]}
+
+
 def cases(rank: int, world: int, extras: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"default": run(rank, world, None), "lossless": run(rank, world, 32),
                            "q8": run(rank, world, 8), "q4": run(rank, world, 4)}
     if extras:
         out["q8s"] = run(rank, world, 8, "stochastic")
         out["q8s_again"] = run(rank, world, 8, "stochastic")
+        out["q8s_resumed"] = resumed(rank, world)
         out["bf16_default"] = run(rank, world, None, param_dtype=torch.bfloat16)
         out["bf16_lossless"] = run(rank, world, 32, param_dtype=torch.bfloat16)
         out["bf16_q8"] = run(rank, world, 8, param_dtype=torch.bfloat16)

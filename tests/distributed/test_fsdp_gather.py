@@ -136,3 +136,14 @@ def test_a_forged_parameter_payload_stops_every_rank_promptly(world: int) -> Non
             assert err.startswith(f"PayloadError: rank {rank}: FSDP unit 0, "), (name, err)
             assert "refused a payload it received" in err and seconds < 20.0, (name, err, seconds)
         assert "expected UNIFORM of" in r.value["width"][0], r.value["width"][0]
+
+
+@pytest.mark.timeout(900)
+def test_a_resumed_stochastic_run_draws_the_same_roundings(w2) -> None:
+    """The all-gathers' count is in FSDPState.state_dict: resumed after step 0, the stochastic 8-bit
+    run ends with the uninterrupted run's parameters, bitwise (on the old code the counter restarted at 0)."""
+    for r in w2:
+        saved = r["q8s_resumed"]["saved"]
+        assert saved and set(saved.values()) == {2}, saved  # each unit's gathers of step 0: forward and backward
+        for a, b in zip(r["q8s_resumed"]["params"], r["q8s"]["params"]):
+            assert torch.equal(a, b)

@@ -85,11 +85,17 @@ def test_compress_names_the_torch_it_needs(monkeypatch: pytest.MonkeyPatch) -> N
         dfsdp.compress(nn.Linear(2, 2), dfsdp.FSDPState("qsgd-4bit"))
 
 
-def test_hsdp_meshes_are_refused() -> None:
-    fake = types.SimpleNamespace(fsdp_params=[types.SimpleNamespace(
-        sharded_param=types.SimpleNamespace(device_mesh=types.SimpleNamespace(ndim=2)))])
-    with pytest.raises(ValueError, match="2-D mesh \\(HSDP\\)"):
-        comm._check_mesh(fake, 0)
+def _unit_on(ndim: int, replicas: object = None) -> types.SimpleNamespace:
+    return types.SimpleNamespace(fsdp_params=[types.SimpleNamespace(
+        sharded_param=types.SimpleNamespace(device_mesh=types.SimpleNamespace(ndim=ndim)))],
+        mesh_info=types.SimpleNamespace(replicate_process_group=replicas))
+
+
+def test_meshes_above_2d_are_refused_and_hsdp_names_its_replicate_group() -> None:
+    with pytest.raises(ValueError, match="3-D mesh"):
+        comm._check_mesh(_unit_on(3), 0)
+    assert comm._check_mesh(_unit_on(2, "replicas"), 0) == "replicas"  # HSDP: FSDP's all-reduce across nodes
+    assert comm._check_mesh(_unit_on(1, "replicas"), 0) is None         # FSDP: no replicate leg of FSDP's own
 
 
 def test_stats_are_the_hooks_object_and_the_old_dict_warns() -> None:

@@ -111,11 +111,17 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
     the output holds every rank's dequantized chunk when the call returns."""
 
     def __init__(self, state: FSDPState, unit: int):
-        self.state, self.index, self.calls = state, unit, 0
+        self.state, self.index = state, unit
         self._transport: TorchShardedTransport | None = None
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
+
+    @property
+    def calls(self) -> int:
+        """This unit's parameter all-gathers so far (kept in the state, so ``state_dict`` carries it and a
+        resumed run draws the same stochastic roundings)."""
+        return self.state.gather_calls.get(self.index, 0)
 
     def seed(self, rank: int, call: int) -> int:
         """The stochastic rounding's seed of this unit, rank and call (the same on a rerun)."""
@@ -158,7 +164,7 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
             out[w].copy_(v.to(device=out.device, dtype=out.dtype))
         wide = max(len(p) for p in payloads)  # the all-gather moves every payload padded to the longest
         st.count_params((world - 1) * wide, side + (world - 1) * 8, (world - 1) * 4 * n)
-        self.calls += 1
+        st.gather_calls[self.index] = self.calls + 1
         st.seconds += time.perf_counter() - t0
         return protocol.Done() if async_op else None
 

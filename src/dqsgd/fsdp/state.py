@@ -117,6 +117,7 @@ class FSDPState:
         check_param_options(param_bits, param_rounding, param_block)
         self.param_bits, self.param_rounding, self.param_block = param_bits, param_rounding, param_block
         self.param_sent = self.param_side = self.param_fp32 = self.param_calls = 0
+        self.gather_calls: dict[int, int] = {}  # unit -> its parameter all-gathers so far (the rounding keys)
         self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
         self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
         self.units: dict[int, UnitState] = {}
@@ -228,7 +229,8 @@ class FSDPState:
         ledger), residuals, generators and step counters; the traffic counters."""
         units = {i: u.state_dict() for i, u in self.units.items()}
         return {"version": STATE_VERSION, "method": self.config.name, "seed": self.seed, "fields": self.fields(),
-                "counters": {k: getattr(self, k) for k in _COUNTERS}, "units": {**self._loaded, **units}}
+                "counters": {k: getattr(self, k) for k in _COUNTERS}, "units": {**self._loaded, **units},
+                "gather_calls": dict(self.gather_calls)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; a unit's state applies at its next reduce-scatter."""
@@ -240,12 +242,17 @@ class FSDPState:
         check_state(state["counters"], dict.fromkeys(_COUNTERS, int), "FSDPState state_dict counters")
         for i, u in state["units"].items():
             check_state(u, UNIT_KEYS, f"FSDPState state_dict unit {i}")
+        gathers = state.get("gather_calls", {})  # older states: the all-gathers start again at 0
+        if not isinstance(gathers, dict) or not all(type(k) is int and k >= 0 and type(v) is int and v >= 0
+                                                    for k, v in gathers.items()):
+            raise ValueError("FSDPState state_dict gather_calls: a dict of unit index -> count (ints >= 0)")
         # states saved before the full configuration was recorded: their method's name and seed
         saved = state.get("fields", {"method.name": state["method"], "seed": state["seed"]})
         refuse_changed("FSDPState state_dict", saved, self.fields(), _stateful)
         for k in _COUNTERS:
             setattr(self, k, state["counters"].get(k, 0))  # older states: no dense bytes, no refusals
         self.units, self._loaded = {}, dict(state["units"])
+        self.gather_calls = dict(gathers)
 
 
 UNIT_KEYS = {"numel": int, "world": int, "pieces": (tuple, list), "n": int, "calls": int, "policy": (dict, None),
