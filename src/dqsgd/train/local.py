@@ -56,6 +56,19 @@ class RoundHost(Protocol):
     state: MethodState
     timer: StepTimer
     transport: Transport
+    # what the streaming rounds (dqsgd.train.streaming) also use
+    entry: Any
+    seed: int
+    topology: str
+    downlink: Any
+    ledger: Any
+    skipped: int
+    optimizer: torch.optim.Optimizer
+    qgen: dict[int, torch.Generator]
+
+    def measures_coded(self, step: int) -> bool: ...
+
+    def gather_coded(self, local: dict[int, int]) -> list[int]: ...
 
     def flat_params(self) -> torch.Tensor: ...
 
