@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import _ranks
+import _ranks_streaming
 from dqsgd.cli.launch import spawn_local
 from dqsgd.method.config import method_config
 from dqsgd.train.config import MethodEntry, TrainConfig
@@ -40,3 +41,21 @@ def test_streaming_rounds_on_two_processes_match_the_simulation_bitwise() -> Non
                 assert (run["up"], run["down"], run["wire"], run["coded"]) == \
                     (sim["up"], sim["down"], sim["wire"], sim["coded"]), where
             assert run["loss"] == pytest.approx(sim["loss"], rel=1e-12, abs=0), where
+
+
+@pytest.mark.timeout(200)
+def test_local_sgd_optimizer_streams_fragments_and_resumes_exactly() -> None:
+    results = spawn_local(_ranks_streaming.optimizer_runs, 2, (), timeout=30, threads=1, deadline=160)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    for r in results:
+        v = r.value
+        assert torch.equal(v["plain"][0], v["forced"][0]) and v["plain"][1:] == v["forced"][1:]  # F = 1, τ = 0: bitwise
+        (one, _, rounds1, _), (four, numels, rounds4, _) = v["per_step"][1], v["per_step"][4]
+        assert [n for n, b in enumerate(one) if b] == [3, 7, 11, 15] and rounds1 == 4
+        assert [n for n, b in enumerate(four) if b] == list(range(2, 16))  # issued from c = 1, applied 2 steps later
+        assert rounds4 == 4 * 4 + 3  # each fragment once per H = 4 steps, the three offset ones flushed at the end
+        assert numels == [640, 32, 128, 4] and max(four[:-1]) < max(one)  # an exchange carries a part of the model
+        assert four[-1] > max(one)  # the last step: the exchange in flight and the three flushes
+        res = v["resume"]
+        assert torch.equal(res["full"], res["resumed"]) and res["link"][0] == res["link"][1]
+        assert res["residual"] is None  # the fragments' states hold the error feedback (the whole-model one is unused)
