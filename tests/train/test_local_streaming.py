@@ -127,6 +127,9 @@ def test_an_exchange_carries_exactly_its_fragments_bytes_and_the_peak_falls_with
         totals[f] = sum(sum(r.rank_up) + sum(r.rank_down) for r in tr.ledger.records)
         per = {g: sum(a + b for a, b in zip(*next(iter(v))[1:])) for g, v in by_fragment.items()}
         assert totals[f] == sum(exchanges(32, 8, fr.offset) * per[fr.index] for fr in frags)  # each exchange counted
+        # the fp32 reference counts the coordinates each exchange carried, not the whole model each time
+        assert tr.ledger.fp32_up_bytes() == 4 * 4 * sum(exchanges(32, 8, fr.offset) * (fr.b - fr.a) for fr in frags)
+        assert tr.ledger.mean_bits() == 4.0
         if f > 1:
             assert [fr.b - fr.a for fr in frags] == [2048, 2048, 1024, 2208]  # cuts nearest k·d/F
     # Every coordinate is sent once per H steps either way: F x lower peak per exchange, up to the headers.

@@ -18,18 +18,50 @@ so a run resumed anywhere equals the run that was not stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from typing import Any, Callable
 
 import torch
 
+from dqsgd.topology.ledger import Ledger
 from dqsgd.topology.step import StepOutcome, all_finite
 from dqsgd.train.fragments import Exchanger, Fragment, Pending, Streaming, build_fragments, check_streaming
 from dqsgd.train.local import LocalRounds, RoundHost
 from dqsgd.train.metrics import StepResult
 
-__all__ = ["StreamingRounds", "rounds_for"]
+__all__ = ["FragmentLedger", "StreamingRounds", "rounds_for"]
+
+
+@dataclasses.dataclass
+class FragmentLedger(Ledger):
+    """The run's ledger where an exchange carries one fragment: ``coords[i]``, the coordinates of record i,
+    so that the fp32 reference of an exchange (4 bytes per coordinate it carries, per worker) and the
+    mean width count what each exchange carried, not the whole model every time."""
+
+    coords: list[int] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, led: Ledger, coords: list[int]) -> FragmentLedger:
+        if len(coords) != len(led.records):
+            raise ValueError(f"the Local SGD state counts {len(coords)} exchanges, the ledger {len(led.records)}")
+        return cls(led.numel, led.workers, led.budget_bits, list(led.records), led.topology, led.both_legs,
+                   [int(c) for c in coords])
+
+    def fp32_up_bytes(self) -> int:
+        return 4 * self.workers * sum(self.coords)
+
+    def _ratio_on_coded_steps(self, sizes: Any) -> float | None:
+        recs = [(r, c) for r, c in zip(self.records, self.coords) if r.coded_up is not None]
+        if not recs:
+            return None
+        sent = sum(sizes) + sum(r.side_bytes for r, _ in recs) * self.workers // 2
+        return 4 * self.workers * sum(c for _, c in recs) / sent if sent else float("inf")
+
+    def mean_bits(self) -> float:
+        total = sum(self.coords)
+        return sum(r.bits * c for r, c in zip(self.records, self.coords)) / total if total else 0.0
 
 
 class StreamingRounds(LocalRounds, Streaming):
@@ -51,6 +83,7 @@ class StreamingRounds(LocalRounds, Streaming):
         self.frags: list[Fragment] = build_fragments(tr.entry.config, sizes, fragments, cfg.local_steps, cfg.steps,
                                                      tr.topology, cfg.workers, tr.seed, tr.downlink)
         budgets = [fr.budget_bits(tr.downlink.auto) for fr in self.frags]
+        tr.ledger = FragmentLedger.of(tr.ledger, [])
         tr.ledger.budget_bits = None if budgets[0] is None else sum(b or 0 for b in budgets)
         self.local_steps, self.overlap = cfg.local_steps, overlap
         self.exchanger = Exchanger(tr.transport, overlap)
@@ -126,6 +159,7 @@ class StreamingRounds(LocalRounds, Streaming):
         bits = fr.state.bits
         if up:  # the aggregating process
             tr.ledger.record(n, bits, up, sum(out.down), out.side, *wire, coded_up=coded)
+            tr.ledger.coords.append(fr.b - fr.a)
         assert out.state is not None
         fr.state = tr.state = out.state  # the trainer's state: the last exchange's (its width is reported)
         self.apply(p, out.update.to(tr.device), tr.optimizer, tr.params, self.cfg.outer_lr)
@@ -134,8 +168,9 @@ class StreamingRounds(LocalRounds, Streaming):
 
     # --- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        coords = getattr(self.tr.ledger, "coords", [])
         return {**super().state_dict(), "streaming": self.streaming_state(), "clock": list(self.clock),
-                "link_free": self.link_free}
+                "link_free": self.link_free, "coords": list(coords) if self.tr.transport.is_server else None}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         super().load_state_dict(sd)
@@ -144,6 +179,8 @@ class StreamingRounds(LocalRounds, Streaming):
                              "train.overlap_steps")
         self.load_streaming_state(sd["streaming"])
         self.clock, self.link_free = [float(c) for c in sd["clock"]], float(sd["link_free"])
+        if sd["coords"] is not None:  # the trainer loaded the ledger's records (the aggregating process)
+            self.tr.ledger = FragmentLedger.of(self.tr.ledger, sd["coords"])
 
 
 def rounds_for(tr: RoundHost, momentum: float) -> LocalRounds:
