@@ -52,18 +52,22 @@ def train(rank: int, world: int) -> list[str]:
     return [run(rank, f, tau) for f, tau in ((1, 0), (4, 4))]
 
 
-if __name__ == "__main__":
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-        lines = train(dist.get_rank(), dist.get_world_size())
-        if dist.get_rank() == 0:
-            print("\n".join(lines))
-        dist.destroy_process_group()
-    else:
+def main() -> None:
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # not under torchrun: start 2 processes here
         from dqsgd.cli.launch import spawn_local
 
         results = spawn_local(train, 2, timeout=60)
-        for r in results:
-            if not r.ok:
-                raise SystemExit(r.describe())
+        failed = [r.describe() for r in results if not r.ok]
+        if failed:
+            raise SystemExit("\n".join(failed))
         print("\n".join(results[0].value))
+        return
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    lines = train(dist.get_rank(), dist.get_world_size())
+    if dist.get_rank() == 0:
+        print("\n".join(lines))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

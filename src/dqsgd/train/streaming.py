@@ -104,11 +104,8 @@ class StreamingRounds(LocalRounds, Streaming):
 
     # --- a step ---------------------------------------------------------------------------------
     def step(self) -> StepResult:
-        tr, n = self.tr, self.tr.next_step
-        lr = tr.lr_at(n)
-        t0 = time.perf_counter()
-        losses = self.inner_step(n, lr)
-        compute_s = time.perf_counter() - t0
+        tr = self.tr
+        n, lr, losses, compute_s = self.timed_inner_step()
         times = tr.timer.model.compute_times(tr.timer.seed, n, self.cfg.workers)
         self.clock = [c + float(t) for c, t in zip(self.clock, times)]
         t1 = time.perf_counter()
