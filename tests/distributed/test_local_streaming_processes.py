@@ -21,14 +21,27 @@ DILOCO = TrainConfig(**{**CFG.__dict__, "topology": "ps", "fragments": 2, "overl
                         "outer_optimizer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9})
 CASES = [("sharded", CFG, MethodEntry("qsgd-2bit-ef", method_config("qsgd-2bit", error_feedback=True)), 0),
          ("ps", DILOCO, MethodEntry("dqsgd", method_config("dqsgd")), 1)]
+# four ranks: F = 4 with one step of overlap, budgeted coded DQSGD with AdamW inside
+CASES_4 = [("sharded", TrainConfig(**{**CFG.__dict__, "workers": 4, "fragments": 4, "overlap_steps": 1,
+                                      "inner_optimizer": "adamw", "lr": 0.003}),
+            MethodEntry("dqsgd-coded", method_config("dqsgd-coded")), 0)]
 
 
 @pytest.mark.timeout(240)
 def test_streaming_rounds_on_two_processes_match_the_simulation_bitwise() -> None:
-    results = spawn_local(_ranks.train_cases, 2, (CASES,), timeout=30, threads=1, deadline=200)
+    check(CASES, 2)
+
+
+@pytest.mark.timeout(300)
+def test_streaming_rounds_on_four_processes_match_the_simulation_bitwise() -> None:
+    check(CASES_4, 4)
+
+
+def check(cases: list, world: int) -> None:
+    results = spawn_local(_ranks.train_cases, world, (cases,), timeout=30, threads=1, deadline=260)
     assert all(r.ok for r in results), [r.describe() for r in results]
     assert torch.get_num_threads() == 1
-    for topology, cfg, entry, seed in CASES:
+    for topology, cfg, entry, seed in cases:
         sim = _ranks.train(cfg, entry, seed, SimTransport(cfg.workers, topology))
         exchanged = [n for n, up in enumerate(sim["up"]) if up]
         assert len(exchanged) > cfg.steps // cfg.local_steps + 1  # the fragments' staggered exchanges
