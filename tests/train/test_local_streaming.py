@@ -254,3 +254,33 @@ def test_budget_of_the_fragments_is_never_overspent() -> None:
         assert tr.ledger.spent_bits() <= tr.ledger.budget_bits
     assert len({r.bits for r in tr.ledger.records}) > 1
     assert tr.ledger.spent_bits() >= 0.9 * tr.ledger.budget_bits  # and nearly spent
+
+
+def test_a_non_finite_fragment_exchange_is_skipped_and_its_workers_restart_from_the_model() -> None:
+    tr = trainer("sharded", "qsgd-4bit", local_steps=8, steps=24, fragments=2, overlap_steps=2, on_nonfinite="skip")
+    gradient = tr.worker_gradient
+
+    def poisoned(worker, step, l2=True):  # type: ignore[no-untyped-def]
+        g, loss = gradient(worker, step, l2)
+        return (g * float("nan"), loss) if (worker, step) == (1, 9) else (g, loss)
+
+    tr.worker_gradient = poisoned  # type: ignore[method-assign]
+    seen = spy(tr)
+    with pytest.warns(RuntimeWarning, match="fragment .* is NaN or Inf"):
+        run(tr)
+    assert tr.skipped >= 1 and torch.isfinite(tr.flat_params()).all()
+    assert len(tr.ledger.records) == len(seen) - tr.skipped  # a skipped exchange is not recorded
+    for v in tr.local.local.values():
+        assert torch.isfinite(v).all()  # every fragment's workers restarted from θ or were merged finitely
+
+
+def test_local_sgd_optimizer_refuses_bad_streaming_settings_before_any_collective() -> None:
+    from dqsgd.local import LocalSGDOptimizer
+
+    model = torch.nn.Linear(4, 2)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    for kw, msg in [(dict(fragments=5), "fragments = 5 > local_steps = 4"),
+                    (dict(overlap=4), "overlap = 4 must be < local_steps = 4"),
+                    (dict(fragments=True), "fragments must be an int >= 1")]:
+        with pytest.raises(ValueError, match=msg):
+            LocalSGDOptimizer(inner, model, 4, "qsgd-4bit", **kw)
