@@ -69,7 +69,12 @@ class LocalSGDOptimizer:
     with ``outer_lr`` and ``outer_momentum``; ``topology``: "sharded" (default), "allgather" or "ps";
     ``downlink_bits``: the sharded downlink's width (32 = fp32); ``downlink_coding``: its coding
     (None: the method's uplink coding, :mod:`dqsgd.topology.downlink`); ``seed``: the quantization streams'
-    seed; ``group``/``timeout``: the process group and the per-collective timeout in seconds.
+    seed; ``group``/``timeout``: the process group and the per-collective timeout in seconds;
+    ``fragments`` = F and ``overlap`` = τ: streaming rounds (:mod:`dqsgd.train.fragments`) — the parameters
+    in F fragments of whole tensors, fragment f exchanged every ``local_steps`` steps at offset ⌊f·H/F⌋, its
+    exchange running (on a second process group, one background thread) while the next τ < H steps compute
+    and its result merged with the progress made since; with ``rounds`` the last exchanges complete at step
+    ``rounds``·H, else at :meth:`finish`.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, local_steps: int,
