@@ -166,7 +166,8 @@ class Exchanger:
             from dqsgd.transport.torch_dist import make_transport
 
             ranks = None if transport.group is None else dist.get_process_group_ranks(transport.group)
-            group = dist.new_group(ranks=ranks, backend=transport.backend)
+            # only the group's ranks take part (a subgroup's peers need not construct anything)
+            group = dist.new_group(ranks=ranks, backend=transport.backend, use_local_synchronization=ranks is not None)
             timeout = None if transport.timeout is None else transport.timeout.total_seconds()
             self.transport = make_transport(transport.topology, group, transport.device, timeout)
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="dqsgd-exchange")
