@@ -3,6 +3,7 @@ unpickle them): LocalSGDOptimizer with fragments and overlap."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import _ranks_local
@@ -26,6 +27,11 @@ def optimizer_runs(rank: int, world: int) -> dict[str, Any]:
     per_step = {}
     for f, tau in ((1, 0), (4, 2)):
         model, opt = make(rank, 4, "qsgd-4bit", 4, fragments=f, overlap=tau)
+        threads: list[str] = []
+        for fr in opt.stream.frags if opt.stream else []:  # where each exchange runs
+            run = fr.runner.run
+            fr.runner.run = lambda *a, _run=run, **k: (threads.append(threading.current_thread().name), _run(*a, **k))[1]
+        out[f"threads{f}"] = threads
         steps = []
         for n in range(16):
             before = opt.link_bytes

@@ -69,6 +69,8 @@ def test_local_sgd_optimizer_streams_fragments_and_resumes_exactly() -> None:
         assert rounds4 == 4 * 4 + 3  # each fragment once per H = 4 steps, the three offset ones flushed at the end
         assert numels == [640, 32, 128, 4] and max(four[:-1]) < max(one)  # an exchange carries a part of the model
         assert four[-1] > max(one)  # the last step: the exchange in flight and the three flushes
+        # every exchange ran on the background thread (over the second process group), not in the training loop
+        assert len(v["threads4"]) == rounds4 and all(n.startswith("dqsgd-exchange") for n in v["threads4"])
         res = v["resume"]
         assert torch.equal(res["full"], res["resumed"]) and res["link"][0] == res["link"][1]
         assert res["residual"] is None  # the fragments' states hold the error feedback (the whole-model one is unused)
