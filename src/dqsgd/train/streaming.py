@@ -84,6 +84,7 @@ class StreamingRounds(LocalRounds, Streaming):
                                                      tr.topology, cfg.workers, tr.seed, tr.downlink)
         budgets = [fr.budget_bits(tr.downlink.auto) for fr in self.frags]
         tr.ledger = FragmentLedger.of(tr.ledger, [])
+        tr.state = self.frags[0].state  # what a step reports (its width) until the first exchange completes
         tr.ledger.budget_bits = None if budgets[0] is None else sum(b or 0 for b in budgets)
         self.local_steps, self.overlap = cfg.local_steps, overlap
         self.exchanger = Exchanger(tr.transport, overlap)
