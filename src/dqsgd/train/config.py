@@ -25,6 +25,7 @@ from dqsgd.core.config_file import (  # ConfigError, load_raw, shipped_configs: 
 from dqsgd.core.ranges import LR_MAX, check_outer, check_seed
 from dqsgd.method.config import FIELDS as METHOD_FIELDS, CodingName, MethodConfig, method_config
 from dqsgd.topology.names import TOPOLOGIES, check_downlink_target
+from dqsgd.train.schedule import check_streaming
 
 DEVICES = ("auto", "cpu", "cuda")
 THREADS_MAX = 1024    # torch.set_num_threads(100000) crashes the process
@@ -96,6 +97,10 @@ class TrainConfig:
     outer_optimizer: str = "sgd"      # on the averaged Δ: "sgd" | "nesterov" (DiLoCo)
     outer_lr: float = 1.0             # outer SGD with lr 1 and no momentum = plain model averaging
     outer_momentum: float = 0.0
+    fragments: int = 1                # streaming rounds: the parameters in F fragments (whole tensors), fragment f
+                                      # exchanged every H steps at offset f*H/F (docs/local-sgd.md); F <= H
+    overlap_steps: int = 0            # streaming rounds: an exchange's result is applied tau < H inner steps after
+                                      # it is issued (the exchange overlaps them); 0 = blocking
     partition: str = "iid"            # the workers' shards: "iid" | "dirichlet" (label-skewed)
     dirichlet_alpha: float = 0.5      # dirichlet: concentration α of each class's split over the workers
 
@@ -138,6 +143,8 @@ class TrainConfig:
             for seed in self.seeds:
                 check_seed("seeds", seed)
             check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum)
+            if self.streaming:
+                check_streaming(self.fragments, self.overlap_steps, self.local_steps, overlap_name="overlap_steps")
             check_downlink_target(self.downlink_target_bits, auto=True)
         except ValueError as e:
             raise ConfigError(f"train: {e}") from None
@@ -152,6 +159,8 @@ class TrainConfig:
             (self.partition in ("iid", "dirichlet"), "partition must be 'iid' or 'dirichlet'"),
             (0 < self.dirichlet_alpha < math.inf, "dirichlet_alpha must be finite and > 0"),
             (not (self.local and self.vmap_workers), "vmap_workers needs one model for all workers: not with Local SGD"),
+            (not (self.streaming and self.local_period != "fixed"),
+             "fragments / overlap_steps need local_period = 'fixed'"),
         ]
 
     @property
@@ -159,7 +168,12 @@ class TrainConfig:
         """Whether the run trains in rounds (Local SGD) rather than exchanging every step's gradient:
         any H > 1, an adaptive period, AdamW inside, or an outer optimizer other than plain averaging."""
         return (self.local_steps > 1 or self.local_period == "adaptive" or self.inner_optimizer != "sgd"
-                or self.outer_optimizer != "sgd" or self.outer_lr != 1.0 or self.outer_momentum != 0.0)
+                or self.outer_optimizer != "sgd" or self.outer_lr != 1.0 or self.outer_momentum != 0.0 or self.streaming)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the rounds run in fragments or overlap their exchanges (dqsgd.train.streaming)."""
+        return self.fragments != 1 or self.overlap_steps != 0
 
     @property
     def rounds(self) -> int:
@@ -210,7 +224,7 @@ def resolve_downlink(cfg: TrainConfig, method: MethodConfig, topology: str) -> D
 # outer optimizers, topologies and downlink widths in one config file; a simulated comparison: the torch
 # transport's topology is the run's).
 METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
-                     "outer_lr", "outer_momentum", "downlink_bits", "downlink_coding", "downlink_target_bits", "topology")
+                     "outer_lr", "outer_momentum", "fragments", "overlap_steps", "downlink_bits", "downlink_coding", "downlink_target_bits", "topology")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,19 @@ class RoundHost(Protocol):
     state: MethodState
     timer: StepTimer
     transport: Transport
+    # what the streaming rounds (dqsgd.train.streaming) also use
+    entry: Any
+    seed: int
+    topology: str
+    downlink: Any
+    ledger: Any
+    skipped: int
+    optimizer: torch.optim.Optimizer
+    qgen: dict[int, torch.Generator]
+
+    def measures_coded(self, step: int) -> bool: ...
+
+    def gather_coded(self, local: dict[int, int]) -> list[int]: ...
 
     def flat_params(self) -> torch.Tensor: ...
 
@@ -141,12 +154,17 @@ class LocalRounds:
         copy_into(tr.params, self.start)
         return losses
 
-    def step(self) -> StepResult:
-        tr, n = self.tr, self.tr.next_step
-        lr = tr.lr_at(n)
+    def timed_inner_step(self) -> tuple[int, float, list[float], float]:
+        """The next inner step: (its index n, its lr, the local workers' losses, the seconds it took)."""
+        n = self.tr.next_step
+        lr = self.tr.lr_at(n)
         t0 = time.perf_counter()
         losses = self.inner_step(n, lr)
-        compute_s = time.perf_counter() - t0
+        return n, lr, losses, time.perf_counter() - t0
+
+    def step(self) -> StepResult:
+        tr = self.tr
+        n, lr, losses, compute_s = self.timed_inner_step()
         if n + 1 < self.round_end:
             loss = tr.transport.mean_loss(losses)
             self.note_loss(loss)

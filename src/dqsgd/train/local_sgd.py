@@ -47,7 +47,9 @@ from dqsgd.topology.downlink import resolve_downlink_coding
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import all_finite, step_for
 from dqsgd.topology.registry import ring_bytes, topology_of
+from dqsgd.train.fragments import Exchanger, Fragment, Pending, Streaming, build_fragments
 from dqsgd.train.local import copy_into, outer_optimizer
+from dqsgd.train.schedule import check_streaming
 from dqsgd.transport.torch_dist import make_transport
 
 __all__ = ["CompressionStats", "LocalSGDOptimizer"]
@@ -67,15 +69,21 @@ class LocalSGDOptimizer:
     with ``outer_lr`` and ``outer_momentum``; ``topology``: "sharded" (default), "allgather" or "ps";
     ``downlink_bits``: the sharded downlink's width (32 = fp32); ``downlink_coding``: its coding
     (None: the method's uplink coding, :mod:`dqsgd.topology.downlink`); ``seed``: the quantization streams'
-    seed; ``group``/``timeout``: the process group and the per-collective timeout in seconds.
+    seed; ``group``/``timeout``: the process group and the per-collective timeout in seconds;
+    ``fragments`` = F and ``overlap`` = τ: streaming rounds (:mod:`dqsgd.train.fragments`) — the parameters
+    in F fragments of whole tensors, fragment f exchanged every ``local_steps`` steps at offset ⌊f·H/F⌋, its
+    exchange running (on a second process group, one background thread) while the next τ < H steps compute
+    and its result merged with the progress made since; with ``rounds`` the last exchanges complete at step
+    ``rounds``·H, else at :meth:`finish`.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, local_steps: int,
                  method: str | MethodConfig = "qsgd-4bit", *, rounds: int | None = None, outer: str = "sgd",
                  outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = "sharded",
                  downlink_bits: int = 8, seed: int = 0, group: Any = None, timeout: float | None = None,
-                 downlink_coding: str | None = None, **method_options: Any):
+                 downlink_coding: str | None = None, fragments: int = 1, overlap: int = 0, **method_options: Any):
         check_count("local_steps", local_steps, 1)
+        check_streaming(fragments, overlap, local_steps)
         check_outer(outer, outer_lr, outer_momentum)
         check_seed("seed", seed)
         check_timeout("timeout", timeout)
@@ -102,12 +110,16 @@ class LocalSGDOptimizer:
                         "local_steps": local_steps, "numel": sum(sizes), "topology": topology,
                         "downlink_bits": downlink_bits, "downlink_coding": downlink_coding, "outer": outer,
                         "outer_lr": float(outer_lr), "outer_momentum": float(outer_momentum), "seed": seed,
-                        "rounds": rounds}
+                        "rounds": rounds, **({"fragments": fragments, "overlap": overlap}
+                                             if fragments != 1 or overlap else {})}
         self.start = self._flat()
         self.steps, self.rounds_done, self.checked = 0, 0, False
         self.link_bytes = 0  # bytes this rank sent and received in the exchanges (uplink and downlink phases)
         self.topology, self.downlink_bits = topology, downlink_bits
         self.traffic = dict.fromkeys(TRAFFIC, 0)  # compression_stats()'s counters, this rank's
+        self.downlink = downlink
+        self.stream = None if fragments == 1 and not overlap else _Stream(
+            self, config, sizes, fragments, overlap, rounds, seed, downlink)
 
     # --- the optimizer interface ----------------------------------------------------------------
     @property
@@ -121,9 +133,19 @@ class LocalSGDOptimizer:
         """Your optimizer's step; after every ``local_steps``-th, the exchange and the outer step."""
         loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         self.steps += 1
-        if self.steps % self.local_steps == 0:
+        if self.stream is not None:
+            self.stream.step()
+        elif self.steps % self.local_steps == 0:
             self.sync()
         return loss
+
+    def finish(self) -> None:
+        """Streaming (``fragments`` > 1 or ``overlap`` > 0): complete the exchanges in flight and exchange every
+        fragment that progressed since its last one, so that every rank holds the same model with every step
+        in it. Done by itself at step ``rounds``·``local_steps``; call it to stop elsewhere. Unfragmented:
+        nothing to do (the model is the synchronized one after every H-th step)."""
+        if self.stream is not None and self.steps:
+            self.stream.step(last=True)
 
     # --- the exchange ---------------------------------------------------------------------------
     def _flat(self) -> torch.Tensor:
@@ -155,9 +177,7 @@ class LocalSGDOptimizer:
             ex = self.step_runner.run(t, delta, self.state, self.rounds_done, self.qgen)  # type: ignore[arg-type]
         assert ex.state is not None
         before, self.state = self.state, ex.state
-        up, down = ex.wire() if ex.up else ([0] * self.workers, [0] * self.workers)
-        self.link_bytes += up[self.rank] + down[self.rank]
-        self._count(ex, delta[self.rank], before.bits)
+        self._count(ex, delta[self.rank].numel(), before.bits)
         copy_into(self.params, self.start)
         offset = 0
         for p in self.params:
@@ -169,17 +189,20 @@ class LocalSGDOptimizer:
         self.start = self._flat()
         self.rounds_done += 1
 
-    def _count(self, ex: Any, delta: torch.Tensor, bits: int) -> None:
+    def _count(self, ex: Any, numel: int, bits: int, method: Method | None = None) -> None:
         """One exchange into :meth:`compression_stats`'s counters (a ps worker sees no sizes: nothing counted)."""
+        up, down = ex.wire() if ex.up else ([0] * self.workers, [0] * self.workers)
+        self.link_bytes += up[self.rank] + down[self.rank]
         if not ex.up:
             return
         legs = topology_of(ex.topology).legs(ex.up, ex.down, self.rank)
         for key, n in zip(TRAFFIC, legs):
             self.traffic[key] += n
-        numel, itemsize = delta.numel(), self.params[0].element_size()
+        method = method or self.method
+        itemsize = self.params[0].element_size()
         self.traffic["fp32_bytes"] += 4 * numel
         self.traffic["dense_bytes"] += 2 * ring_bytes(numel * itemsize, self.workers)
-        self.traffic["bit_coords"] += self.method.width(bits) * numel
+        self.traffic["bit_coords"] += method.width(bits) * numel
         self.traffic["coords"] += numel
 
     def compression_stats(self) -> CompressionStats:
@@ -210,6 +233,7 @@ class LocalSGDOptimizer:
             "policy": None if policy is None else state_to_dict(policy), "bits": self.state.bits,
             "residual": self.state.residuals[self.rank], "qgen": self.qgen[self.rank].get_state(),
             "link_bytes": self.link_bytes, "traffic": dict(self.traffic),
+            **({} if self.stream is None else {"streaming": self.stream.streaming_state()}),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -234,6 +258,8 @@ class LocalSGDOptimizer:
         if bad:
             raise ValueError(f"{what}: malformed state, traffic counter(s) {bad} (known: {', '.join(TRAFFIC)})")
         policy = None if sd["policy"] is None else state_from_dict(type(self.step_runner.policy.init()), sd["policy"])
+        if (self.stream is None) != ("streaming" not in sd):
+            raise ValueError(f"{what}: malformed state, 'streaming' {'absent' if self.stream else 'present'}")
         self.optimizer.load_state_dict(sd["optimizer"])
         self.outer.load_state_dict(sd["outer"])
         copy_into(self.params, sd["params"].to(self.params[0].device))
@@ -245,8 +271,55 @@ class LocalSGDOptimizer:
         self.qgen[self.rank].set_state(sd["qgen"])
         self.link_bytes = int(sd["link_bytes"])
         self.traffic = {**dict.fromkeys(TRAFFIC, 0), **traffic}
+        if self.stream is not None:
+            self.stream.start = self.start
+            self.stream.load_streaming_state(sd["streaming"])
 
 
 _STATE_KEYS = {"fields": dict, "rank": int, "optimizer": dict, "outer": dict, "params": torch.Tensor,
                "start": torch.Tensor, "steps": int, "rounds_done": int, "policy": (dict, None), "bits": int,
                "residual": (torch.Tensor, None), "qgen": torch.Tensor, "link_bytes": int}
+
+
+class _Stream(Streaming):
+    """:class:`LocalSGDOptimizer`'s streaming rounds (:mod:`dqsgd.train.fragments`): this process's one worker
+    is the model itself; its fragments are exchanged on the schedule, each applied ``overlap`` steps later."""
+
+    def __init__(self, opt: LocalSGDOptimizer, config: MethodConfig, sizes: list[int], fragments: int, overlap: int,
+                 rounds: int | None, seed: int, downlink: DownlinkSpec):
+        check_streaming(fragments, overlap, opt.local_steps, len(sizes))
+        h = opt.local_steps
+        self.opt, self.local_steps, self.overlap = opt, h, overlap
+        self.steps = None if rounds is None else rounds * h  # the run's last step, if known
+        self.frags: list[Fragment] = build_fragments(config, sizes, fragments, h, (rounds or 1) * h, opt.topology,
+                                                     opt.workers, seed, downlink)
+        self.start, self.serial, self.pending = opt.start, 0, []
+        self.exchanger = Exchanger(opt.transport, overlap)
+
+    def step(self, last: bool = False) -> None:
+        o = self.opt
+        with o.transport.guard():
+            if not o.checked:
+                o.check_agreement()
+            self.advance(o.steps, last or o.steps == self.steps)
+
+    def locals_of(self, frag: Fragment) -> dict[int, torch.Tensor]:
+        return {self.opt.rank: torch.cat([p.detach().reshape(-1) for p in self.opt.params[frag.lo: frag.hi]]).clone()}
+
+    def set_local(self, frag: Fragment, worker: int, value: torch.Tensor) -> None:
+        copy_into(self.opt.params[frag.lo: frag.hi], value)
+
+    def job(self, frag: Fragment, vectors: dict[int, torch.Tensor], index: int, serial: int) -> Callable[[Any], Any]:
+        qgen, state, delta = self.opt.qgen, frag.state, {w: v.cpu() for w, v in vectors.items()}
+
+        def run(t: Any) -> Any:
+            all_finite(t, delta, index, "raise")
+            return frag.runner.run(t, delta, state, index, qgen)
+        return run
+
+    def finish(self, p: Pending, out: Any) -> None:
+        o, fr = self.opt, p.frag
+        o._count(out, fr.b - fr.a, fr.state.bits, fr.method)
+        fr.state = out.state
+        self.apply(p, out.update, o.outer, o.params)
+        o.rounds_done += 1

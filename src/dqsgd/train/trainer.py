@@ -39,10 +39,11 @@ from dqsgd.topology.agreement import check_state, refuse_changed
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig, resolve_downlink
-from dqsgd.train.local import LocalRounds, outer_optimizer
+from dqsgd.train.local import outer_optimizer
 from dqsgd.train.metrics import StepResult
 from dqsgd.train.sampling import MODEL_INIT, QUANT, WorkerBatches, generator, partition_shards, seed_for
 from dqsgd.train.slownodes import SlowNodes, StepTimer, check_backup, check_backup_processes
+from dqsgd.train.streaming import rounds_for
 from dqsgd.transport import SimTransport, Transport
 
 
@@ -111,7 +112,7 @@ class Trainer:
                                getattr(self.step_runner, "rounds", 2))
         self.next_step = 0
         self.skipped = 0
-        self.local = LocalRounds(self, momentum) if cfg.local else None
+        self.local = rounds_for(self, momentum) if cfg.local else None
 
     def budget_bits(self) -> int | None:
         """The budget the ledger charges: the method's uplink budget, or under ``downlink_bits = "auto"``
@@ -261,7 +262,10 @@ class Trainer:
                 "downlink_bits": self.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
                 "downlink_coding": self.downlink_coding, "downlink_target_bits": self.cfg.downlink_target_bits,
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
-        return meta if self.local is None else {**meta, "local_steps": self.cfg.local_steps}
+        if self.local is None:
+            return meta
+        streaming = {"fragments": self.cfg.fragments, "overlap_steps": self.cfg.overlap_steps} if self.cfg.streaming else {}
+        return {**meta, "local_steps": self.cfg.local_steps, **streaming}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything that decides the rest of the run, as plain containers, numbers and tensors
