@@ -9,7 +9,8 @@ from codec_strategies import SETTINGS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_encode_int, omega_length
+from dqsgd.codecs.elias import (EliasError, elias_bit_length, elias_decode, elias_encode, omega_encode_int, omega_length,
+                                valid_codes_bit_length)
 
 
 def reference_stream(codes: np.ndarray) -> str:
@@ -91,12 +92,33 @@ def test_bit_length_can_stop_early(n: int, density: float, stop: int, seed: int)
     assert bounded == exact if exact <= stop else bounded > stop
 
 
+@SETTINGS
+@given(
+    n=st.integers(0, 400),
+    density=st.sampled_from([0.0, 0.003, 0.3, 0.7, 1.0]),
+    threads=st.integers(1, 5),
+    wide=st.booleans(),
+    seed=st.integers(0, 99),
+)
+def test_valid_codes_bit_length_is_elias_bit_length(n: int, density: float, threads: int, wide: bool,
+                                                    seed: int) -> None:
+    """The branch-free count, split into up to 5 ranges, is the formula's length: also where a gap or a
+    magnitude is past the length table (4096: then its range is counted again exactly)."""
+    rng = np.random.default_rng(seed)
+    codes = np.where(rng.random(n) < density, rng.integers(-9, 10, n), 0).astype(np.int32)
+    if wide and n:
+        codes[rng.integers(0, n)] = -5000
+        codes = np.concatenate([codes, np.zeros(4100, np.int32), codes[:3] + 1])
+    assert valid_codes_bit_length(codes, threads=threads, min_per_thread=1) == formula_bits(codes)
+
+
 def test_large_gaps_and_magnitudes() -> None:
     codes = np.zeros(3_000_000, dtype=np.int32)
     codes[[0, 70_000, 2_999_999]] = [2**31 - 1, -(2**31), 1]
     body = elias_encode(codes)
     assert body.tobytes() == to_bytes(reference_stream(codes))
     assert np.array_equal(elias_decode(body, codes.size, min_code=-(2**31), max_code=2**31 - 1)[0], codes)
+    assert valid_codes_bit_length(codes, threads=3, min_per_thread=1) == elias_bit_length(codes)
 
 
 def test_sparse_codes_are_much_smaller_than_fixed_width() -> None:

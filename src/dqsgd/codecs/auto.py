@@ -39,7 +39,8 @@ from numba import njit
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.bodies import fixed_body, zstd_compress
 from dqsgd.codecs.bounds import body_width
-from dqsgd.codecs.elias import OMEGA_LENGTHS, MAX_OMEGA, elias_bit_length, omega_word, elias_encode
+from dqsgd.codecs.elias import (OMEGA_LENGTHS, MAX_OMEGA, elias_bit_length, elias_encode, omega_word,
+                                valid_codes_bit_length)
 from dqsgd.codecs.header import Coding
 from dqsgd.codecs.rans import level_histogram, rans_encode, rans_size_bounds
 from dqsgd.codecs.ransx import ransx_encode, ransx_size_bounds
@@ -120,6 +121,25 @@ def _elias_lower_bound(hist: np.ndarray, bits: int) -> int:
     return (length + 7) // 8
 
 
+def _elias_stop(costs: _Costs, best: tuple[int, Coding], rans_hi: int) -> int:
+    """Bits past which ELIAS cannot be AUTO's choice: it loses to ``best``, or (by size) to rANS,
+    whose body has at most ``rans_hi`` bytes (rANS then wins whatever else ELIAS would have displaced:
+    every other candidate is compared with the same best either way)."""
+    top = costs.max_bytes(Coding.ELIAS, best)
+    return 8 * (top if costs.link_mbit else min(top, rans_hi))
+
+
+def _elias_bits(data: np.ndarray, hist: np.ndarray, bits: int, stop: int) -> int:
+    """ELIAS's exact stream bits of valid codes, or some number > ``stop`` once it is sure to pass it.
+    Between 10 % and 90 % non-zero codes the zero/non-zero pattern defeats a branch on it: there the
+    branch-free count on several threads (:func:`~dqsgd.codecs.elias.valid_codes_bit_length`),
+    elsewhere the early-stopping scan."""
+    zeros = int(hist[0 if bits == 1 else 1 << (bits - 1)]) if bits > 1 else 0
+    if 0.1 < 1 - zeros / data.size < 0.9:
+        return valid_codes_bit_length(data)
+    return elias_bit_length(data, stop_above=stop)
+
+
 # Modelled CPU cost, ns per code, of encoding and decoding with each coding (the fused kernels for
 # FIXED): thread CPU time on a 1M-coordinate Gaussian at 2-6 bits, 2-core AMD EPYC shared with other
 # jobs, 2026-11-25 (RANSX: 2026-11-26, `benchmarks/bench_codec.py --rans`; the script is in the docs).
@@ -167,9 +187,10 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool, link_mbit: float =
         # ELIAS's exact length takes a second pass: only where its lower bound beats both the best so far
         # and what rANS is sure to reach (then rANS, not ELIAS, would be the smallest).
         elias_lo = costs.key(_elias_lower_bound(hist, bits), Coding.ELIAS)
-        if (data.size < MAX_OMEGA and elias_lo < costs.key(*best) and not elias_lo > costs.key(rans_hi, rans)
-                and costs.key(elias := (elias_bit_length(data) + 7) // 8, Coding.ELIAS) < costs.key(*best)):
-            best = (elias, Coding.ELIAS)
+        if data.size < MAX_OMEGA and elias_lo < costs.key(*best) and not elias_lo > costs.key(rans_hi, rans):
+            elias = (_elias_bits(data, hist, bits, _elias_stop(costs, best, rans_hi)) + 7) // 8
+            if costs.key(elias, Coding.ELIAS) < costs.key(*best):
+                best = (elias, Coding.ELIAS)
     else:
         hist, rans_lo, rans_hi = None, 0, 0
     cap = costs.max_bytes(Coding.ZSTD_ALIGNED, best)

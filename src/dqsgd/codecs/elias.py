@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from dqsgd.codecs.threads import run_split
+
 __all__ = [
     "EliasError",
     "elias_bit_length",
@@ -33,6 +35,7 @@ __all__ = [
     "elias_encode",
     "omega_encode_int",
     "omega_length",
+    "valid_codes_bit_length",
 ]
 
 # Largest integer the kernels code: ω(k) for k < 2^32 is at most 32+5+3+2+1 = 43 bits, so one
@@ -206,6 +209,56 @@ def _encode(codes, nnz, out, words, lengths):  # pragma: no cover - compiled
         shifted = acc >> np.uint64(nbits) if nbits >= 0 else acc << np.uint64(-nbits)
         out[pos] = np.uint8(shifted & np.uint64(0xFF))
         pos += 1
+
+
+@njit(cache=True, nogil=True)
+def _length_range(codes, lengths, lo, hi):  # pragma: no cover - compiled
+    """Elias bits of the non-zero codes in ``[lo, hi)`` but for the first one's gap word (which depends
+    on the range before): (bits, index of the first non-zero, of the last, count, flag, lo, hi); the
+    indices −1 if there is none.
+
+    Branch-free on the codes (the zero/non-zero pattern of a gradient is random: a branch on it is
+    mispredicted every other code, 3-4x slower): the table of ``2^k`` lengths is indexed by the gap
+    and magnitude modulo ``2^k``, which is their length unless one of them is ``≥ 2^k``; ``flag`` is
+    the OR of the non-zero codes' gaps and magnitudes, so ``flag ≥ 2^k`` says the bits are not exact."""
+    mask = lengths.size - 1
+    first = lo
+    while first < hi and codes[first] == 0:
+        first += 1
+    if first == hi:
+        return np.int64(0), np.int64(-1), np.int64(-1), np.int64(0), np.int64(0), lo, hi
+    m0 = abs(np.int64(codes[first]))
+    bits = np.int64(1) + (lengths[m0] if m0 <= mask else omega_word(m0)[1])
+    nnz = np.int64(1)
+    prev = np.int64(first + 1)
+    flag = np.int64(0)
+    for i in range(first + 1, hi):
+        m = abs(np.int64(codes[i]))
+        nz = -np.int64(m != 0)  # all ones for a non-zero code
+        g = i + 1 - prev
+        bits += (lengths[g & mask] + 1 + lengths[m & mask]) & nz
+        flag |= (g | m) & nz
+        nnz -= nz
+        prev += g & nz
+    return bits, first, prev - 1, nnz, flag, lo, hi
+
+
+def valid_codes_bit_length(codes: np.ndarray, *, threads: int | None = None, min_per_thread: int = 1 << 18) -> int:
+    """:func:`elias_bit_length` of codes already known valid (int32: the wire's integer codes), in
+    contiguous ranges on several threads (:func:`~dqsgd.codecs.threads.run_split`): the same number.
+    A range whose gaps or magnitudes reach past the table (``flag``) is counted again exactly, by
+    :func:`_scan`."""
+    bits, nnz, prev = 0, 0, 0
+    for b, first, last, k, flag, lo, hi in run_split(_length_range, codes.size, codes, OMEGA_LENGTHS,
+                                                     min_per_thread=min_per_thread, threads=threads):
+        if k and flag >= OMEGA_LENGTHS.size:
+            nz = np.flatnonzero(codes[lo:hi])
+            scan = int(_scan(codes[lo:hi], OMEGA_LENGTHS, 1 << 62)[0])
+            b = scan - omega_length(int(k) + 1) - omega_length(int(nz[0]) + 1)
+        if k:
+            bits += int(b) + omega_length(int(first) + 1 - prev)
+            nnz, prev = nnz + int(k), int(last) + 1
+    return bits + omega_length(nnz + 1)
 
 
 def _scan_checked(codes: np.ndarray, stop_above: int = 1 << 62) -> tuple[np.ndarray, int, int]:
