@@ -109,7 +109,11 @@ def test_valid_codes_bit_length_is_elias_bit_length(n: int, density: float, thre
     if wide and n:
         codes[rng.integers(0, n)] = -5000
         codes = np.concatenate([codes, np.zeros(4100, np.int32), codes[:3] + 1])
-    assert valid_codes_bit_length(codes, threads=threads, min_per_thread=1) == formula_bits(codes)
+    exact = formula_bits(codes)
+    assert valid_codes_bit_length(codes, threads=threads, min_per_thread=1) == exact
+    for stop in (exact - 10, exact // 2, exact, exact + 1):  # one range after the other, stopping past ``stop``
+        bounded = valid_codes_bit_length(codes, stop_above=stop, min_per_thread=max(1, codes.size // threads))
+        assert bounded == exact if exact <= stop else bounded > stop
 
 
 def test_large_gaps_and_magnitudes() -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from dqsgd.codecs.threads import run_split
+from dqsgd.codecs.threads import run_split, split
 
 __all__ = [
     "EliasError",
@@ -243,14 +243,22 @@ def _length_range(codes, lengths, lo, hi):  # pragma: no cover - compiled
     return bits, first, prev - 1, nnz, flag, lo, hi
 
 
-def valid_codes_bit_length(codes: np.ndarray, *, threads: int | None = None, min_per_thread: int = 1 << 18) -> int:
-    """:func:`elias_bit_length` of codes already known valid (int32: the wire's integer codes), in
-    contiguous ranges on several threads (:func:`~dqsgd.codecs.threads.run_split`): the same number.
-    A range whose gaps or magnitudes reach past the table (``flag``) is counted again exactly, by
-    :func:`_scan`."""
+def valid_codes_bit_length(codes: np.ndarray, *, stop_above: int | None = None, threads: int | None = None,
+                           min_per_thread: int = 1 << 18) -> int:
+    """:func:`elias_bit_length` of codes already known valid (int32: the wire's integer codes), counted
+    branch-free in contiguous ranges (:func:`_length_range`): the same number. A range whose gaps or
+    magnitudes reach past the table (``flag``) is counted again exactly, by :func:`_scan`.
+
+    Without ``stop_above`` the ranges run on several threads (:func:`~dqsgd.codecs.threads.run_split`);
+    with it, one after the other (ranges of ``min_per_thread`` codes) until the length passes
+    ``stop_above``: then some value greater than it is returned, as :func:`elias_bit_length` does."""
+    n = codes.size
+    if stop_above is None:
+        parts = run_split(_length_range, n, codes, OMEGA_LENGTHS, min_per_thread=min_per_thread, threads=threads)
+    else:
+        parts = (_length_range(codes, OMEGA_LENGTHS, lo, hi) for lo, hi in split(n, -(-n // min_per_thread)))
     bits, nnz, prev = 0, 0, 0
-    for b, first, last, k, flag, lo, hi in run_split(_length_range, codes.size, codes, OMEGA_LENGTHS,
-                                                     min_per_thread=min_per_thread, threads=threads):
+    for b, first, last, k, flag, lo, hi in parts:
         if k and flag >= OMEGA_LENGTHS.size:
             nz = np.flatnonzero(codes[lo:hi])
             scan = int(_scan(codes[lo:hi], OMEGA_LENGTHS, 1 << 62)[0])
@@ -258,6 +266,8 @@ def valid_codes_bit_length(codes: np.ndarray, *, threads: int | None = None, min
         if k:
             bits += int(b) + omega_length(int(first) + 1 - prev)
             nnz, prev = nnz + int(k), int(last) + 1
+        if stop_above is not None and bits > stop_above:
+            return bits
     return bits + omega_length(nnz + 1)
 
 
