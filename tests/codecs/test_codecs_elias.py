@@ -9,8 +9,8 @@ from codec_strategies import SETTINGS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dqsgd.codecs.elias import (EliasError, elias_bit_length, elias_decode, elias_encode, omega_encode_int, omega_length,
-                                valid_codes_bit_length)
+from dqsgd.codecs.elias import (EliasError, elias_bit_length, elias_decode, elias_encode, gap_bits_floor, omega_encode_int,
+                                omega_length, valid_codes_bit_length)
 
 
 def reference_stream(codes: np.ndarray) -> str:
@@ -114,6 +114,18 @@ def test_valid_codes_bit_length_is_elias_bit_length(n: int, density: float, thre
     for stop in (exact - 10, exact // 2, exact, exact + 1):  # one range after the other, stopping past ``stop``
         bounded = valid_codes_bit_length(codes, stop_above=stop, min_per_thread=max(1, codes.size // threads))
         assert bounded == exact if exact <= stop else bounded > stop
+
+
+@SETTINGS
+@given(n=st.integers(0, 300), density=st.sampled_from([0.0, 0.02, 0.3, 0.7, 1.0]), seed=st.integers(0, 99))
+def test_gap_bits_floor_is_its_formula_and_a_lower_bound(n: int, density: float, seed: int) -> None:
+    """Σ_(c≠0) 2[g≥2] + 3[g≥4] + [g≥8] exactly (also across the first 7 codes), and ≤ Σ_(c≠0) (L(g) − 1)."""
+    rng = np.random.default_rng(seed)
+    codes = np.where(rng.random(n) < density, rng.integers(-9, 10, n), 0).astype(np.int32)
+    gaps = np.diff(np.concatenate([[0], np.flatnonzero(codes) + 1]))
+    assert gap_bits_floor(codes) == int((2 * (gaps >= 2) + 3 * (gaps >= 4) + (gaps >= 8)).sum())
+    assert gap_bits_floor(codes) <= sum(omega_length(int(g)) - 1 for g in gaps)
+    assert all(omega_length(g) - 1 == 2 * (g >= 2) + 3 * (g >= 4) + (g >= 8) for g in (1, 2, 4, 8))  # tight there
 
 
 def test_large_gaps_and_magnitudes() -> None:

