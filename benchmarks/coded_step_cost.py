@@ -41,7 +41,8 @@ def best_ms(fns: dict[str, Callable[[], Any]], repeats: int, clock: Callable[[],
     return {k: 1e3 * v for k, v in best.items()}
 
 
-def rows(numel: int, widths: list[int], repeats: int, clock: Callable[[], float]) -> list[tuple[str, float, float, float]]:
+def rows(numel: int, widths: list[int], repeats: int,
+         clock: Callable[[], float]) -> list[tuple[str, float, float, float]]:
     g = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
     rng, out = HashRNG(1, 2, 3), torch.zeros(numel)
     ref = encode_uniform_fast(g, 2, rng)

@@ -9,8 +9,8 @@ from codec_strategies import SETTINGS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dqsgd.codecs.elias import (EliasError, elias_bit_length, elias_decode, elias_encode, gap_bits_floor, omega_encode_int,
-                                omega_length, valid_codes_bit_length)
+from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_encode_int, omega_length
+from dqsgd.codecs.elias_length import gap_bits_floor, valid_codes_bit_length
 
 
 def reference_stream(codes: np.ndarray) -> str:
@@ -119,7 +119,7 @@ def test_valid_codes_bit_length_is_elias_bit_length(n: int, density: float, thre
 @SETTINGS
 @given(n=st.integers(0, 300), density=st.sampled_from([0.0, 0.02, 0.3, 0.7, 1.0]), seed=st.integers(0, 99))
 def test_gap_bits_floor_is_its_formula_and_a_lower_bound(n: int, density: float, seed: int) -> None:
-    """Σ_(c≠0) 2[g≥2] + 3[g≥4] + [g≥8] exactly (also across the first 7 codes), and ≤ Σ_(c≠0) (L(g) − 1)."""
+    """Σ_(c≠0) 2[g≥2] + 3[g≥4] + [g≥8] exactly (also over the first 7 codes), and ≤ Σ_(c≠0) (L(g) − 1)."""
     rng = np.random.default_rng(seed)
     codes = np.where(rng.random(n) < density, rng.integers(-9, 10, n), 0).astype(np.int32)
     gaps = np.diff(np.concatenate([[0], np.flatnonzero(codes) + 1]))

@@ -26,7 +26,7 @@ NORM = float(G.abs().max())
 
 def policy(mbit=100.0, rans_ns=11.0, **kw):
     kw = {"compute_s": 0.01, "latency_s": 1e-4, "down_widths": (UNCOMPRESSED, 4, 8), **kw}
-    return LinkPolicy(D, mbit, 400.0, 4, 2, 12, codec_ns=(("fixed", 2.5), ("rans", rans_ns)), **kw)
+    return LinkPolicy(D, mbit, 400.0, 4, min_bits=2, max_bits=12, codec_ns=(("fixed", 2.5), ("rans", rans_ns)), **kw)
 
 
 def stepped(p, sigma2, norm=NORM, workers=W):

@@ -8,7 +8,7 @@ compiled pass) before any body is built:
 * FIXED: exactly ``⌈n·b/8⌉`` bytes.
 * ELIAS: at least ``L(nnz+1) + Σ_(c≠0) [2 + L(|c|)]`` bits from the histogram (every gap's ω word
   has ≥ 1 bit); by size (no link rate), when that does not settle it, also at least the gap words'
-  bits from the codes before each non-zero one (:func:`~dqsgd.codecs.elias.gap_bits_floor`: one
+  bits from the codes before each non-zero one (:func:`~dqsgd.codecs.elias_length.gap_bits_floor`: one
   vectorised pass, 7x cheaper than the exact count); only when neither bound settles it, exactly
   ``L(nnz+1) + Σ_(c≠0) [L(gap) + 1 + L(|c|)]`` bits from a second pass, stopped as soon as ELIAS is
   sure to lose (:func:`_elias_bits`). A bound that settles it (ELIAS above the best so far, or above
@@ -44,8 +44,8 @@ from numba import njit
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.bodies import fixed_body, zstd_compress
 from dqsgd.codecs.bounds import body_width
-from dqsgd.codecs.elias import (OMEGA_LENGTHS, MAX_OMEGA, elias_bit_length, elias_encode, gap_bits_floor, omega_word,
-                                valid_codes_bit_length)
+from dqsgd.codecs.elias import OMEGA_LENGTHS, MAX_OMEGA, elias_bit_length, elias_encode, omega_word
+from dqsgd.codecs.elias_length import gap_bits_floor, valid_codes_bit_length
 from dqsgd.codecs.header import Coding
 from dqsgd.codecs.rans import level_histogram, rans_encode, rans_size_bounds
 from dqsgd.codecs.ransx import ransx_encode, ransx_size_bounds
@@ -115,7 +115,7 @@ def rans_candidate(n: int) -> Coding:
 def _elias_lower_bound(hist: np.ndarray, bits: int, gap_floor: int = 0) -> int:
     """Bytes an ELIAS body of codes with histogram ``hist`` takes at least: each non-zero code c costs
     ``L(gap) + 1 + L(|c|) ≥ 2 + L(|c|)`` bits, and the count word ``L(nnz+1)``; ``gap_floor``: a lower
-    bound on the gap words' bits beyond one each (:func:`~dqsgd.codecs.elias.gap_bits_floor`)."""
+    bound on the gap words' bits beyond one each (:func:`~dqsgd.codecs.elias_length.gap_bits_floor`)."""
     u = np.arange(hist.size, dtype=np.int64)
     mag = np.abs(2 * u - 1) if bits == 1 else np.abs(u - (1 << (bits - 1)))
     nz = (mag > 0) & (hist > 0)
@@ -138,7 +138,7 @@ def _elias_stop(costs: _Costs, best: tuple[int, Coding], rans_hi: int) -> int:
 def _elias_bits(data: np.ndarray, hist: np.ndarray, bits: int, stop: int) -> int:
     """ELIAS's exact stream bits of valid codes, or some number > ``stop`` once it is sure to pass it.
     Between 25 % and 80 % non-zero codes the zero/non-zero pattern defeats a branch on it: there the
-    branch-free count (:func:`~dqsgd.codecs.elias.valid_codes_bit_length`, 1.5x less CPU time at half
+    branch-free count (:func:`~dqsgd.codecs.elias_length.valid_codes_bit_length`, 1.5x less CPU time at half
     non-zero, 3.2M Gaussian codes), elsewhere the scan that branches on it; both stop early."""
     zeros = int(hist[1 << (bits - 1)]) if bits > 1 else 0
     if 0.25 < 1 - zeros / data.size < 0.8:

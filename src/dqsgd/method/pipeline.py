@@ -237,8 +237,9 @@ POLICIES: dict[str, Callable[[Method], Any]] = {
     "dqsgd-coded": lambda m: CodedBudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
                                                 m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
     "link": lambda m: LinkPolicy(max(m.numel, 1), m.config.link_mbit, m.message_bits(m.config.min_bits)
-                                 - m.numel * m.config.min_bits, m.config.bits, m.config.min_bits, m.config.max_bits,
-                                 m.config.compute_ms / 1e3, m.config.link_latency_ms / 1e3),
+                                 - m.numel * m.config.min_bits, m.config.bits, compute_s=m.config.compute_ms / 1e3,
+                                 latency_s=m.config.link_latency_ms / 1e3, min_bits=m.config.min_bits,
+                                 max_bits=m.config.max_bits),
     "adaptive": lambda m: AdaptiveRMS(m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
     "adaqs": lambda m: AdaQS(m.numel, m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
 }

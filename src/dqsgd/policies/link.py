@@ -43,7 +43,7 @@ class LinkState:
     coding: str                 # the coding the choice was priced with ("fixed" or "rans")
     sigma2: float               # smoothed σ̂² of the averaged gradient (NaN: none yet)
     workers: int                # W of the last worker norms (0: none yet)
-    pending: tuple[float, ...]  # (Σ‖g_i‖², ‖ḡ‖², W, Σ quantization variances) for the step in flight; () none
+    pending: tuple[float, ...]  # (Σ‖g_i‖², ‖ḡ‖², W, Σ quantization variances) of the step in flight; ()
     objective: float            # J of the choice, seconds per full-precision step (NaN: none yet)
 
 
@@ -57,15 +57,18 @@ class LinkPolicy:
     mbit: float
     header_bits: float
     start_bits: int
-    min_bits: int = 2
-    max_bits: int = 16
+    # the rest of the time model: stated seconds, and the codec's ns per coordinate by coding
     compute_s: float = 0.0
     latency_s: float = 0.0
     messages: int = 1
     codec_ns: tuple[tuple[str, float], ...] = DEFAULT_CODEC_NS
+    dtype_bytes: int = 4
+    # what may be sent
+    min_bits: int = 2
+    max_bits: int = 16
     down_widths: tuple[int, ...] = (UNCOMPRESSED,)
     uncompressed: bool = False
-    dtype_bytes: int = 4
+    # the statistics: σ̂²'s smoothing weight, G's entropy sample
     smoothing: float = 0.3
     sample: int = 1 << 16
     name: str = "link"
@@ -106,7 +109,8 @@ class LinkPolicy:
         coded = [float(b) if b < self.min_bits or not entropy else min(float(b), entropy[b - self.min_bits])
                  for b in widths]
         wire = {c: ([float(b) for b in widths] if c == "fixed" else coded) for c, _ in self.codec_ns}
-        return TimeModel(self.mbit, self.latency_s, self.compute_s, {c: [ns] * self.max_bits for c, ns in self.codec_ns},
+        ns = {c: [v] * self.max_bits for c, v in self.codec_ns}
+        return TimeModel(self.mbit, self.latency_s, self.compute_s, ns,
                          wire, self.messages, int(round(self.header_bits)), self.dtype_bytes)
 
     def decide(self, model: TimeModel, norm: float, sigma2: float, workers: int) -> tuple[Choice, float]:

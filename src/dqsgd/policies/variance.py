@@ -2,14 +2,14 @@
 
 W workers compute g_i = ∇F + ξ_i with independent noises of covariance Σ (E ξ_i = 0). Their mean
 ḡ = ∇F + ξ̄ has the noise trace σ² = tr Σ / W, the σ² of :mod:`dqsgd.policies.linktime`'s ρ. The
-sum of squared deviations from the mean is Σ_i ‖g_i − ḡ‖² = Σ_i ‖g_i‖² − W‖ḡ‖², whose expectation
-is (W − 1)·tr Σ whatever ∇F is, so
+sum of squared deviations from the mean, Σ_i ‖g_i − ḡ‖² = Σ_i ‖g_i‖² − W‖ḡ‖², has the expectation
+(W − 1)·tr Σ whatever ∇F is, so
 
     σ̂² = (Σ_i ‖g_i‖² − W·‖ḡ‖²) / (W·(W − 1))
 
 is unbiased for σ² from W + 1 norms the step can compute (each worker's ‖g_i‖², and the mean's).
 For Gaussian noise its variance is 2·tr(Σ²)/(W²·(W − 1)) (the deviations' sum is a quadratic form
-of rank (W − 1)·d), 2σ⁴/(d·(W − 1)) when Σ is isotropic: relative error √(2/(d·(W − 1))), 0.06 % for
+of rank (W − 1)·d), 2σ⁴/(d·(W − 1)) when Σ is isotropic: relative error √(2/(d·(W − 1))), 0.05 % for
 d = 3.2M and W = 4, so one step's estimate is already sharp and the smoothing only follows σ² as it
 drifts over the run. The estimate is clipped at 0 (a rounding of the two sums can make it slightly
 negative when the workers agree). :func:`smoothed` keeps an exponential average of the steps'

@@ -222,7 +222,8 @@ class Trainer:
         before the step, where this process holds every worker's vector (the in-process simulation);
         elsewhere it gets none, on every rank alike, and keeps its start width."""
         policy = getattr(self.step_runner, "policy", None)
-        if getattr(policy, "needs_worker_norms", False) and self.state.policy is not None and len(vectors) == workers >= 2:
+        wants = getattr(policy, "needs_worker_norms", False)
+        if wants and self.state.policy is not None and len(vectors) == workers >= 2:
             self.state = dataclasses.replace(
                 self.state, policy=policy.observe_workers(self.state.policy, *worker_norms(vectors.values())))
 
