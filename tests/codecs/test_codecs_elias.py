@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dqsgd.codecs.elias import EliasError, elias_bit_length, elias_decode, elias_encode, omega_encode_int, omega_length
+from dqsgd.codecs.elias_length import gap_bits_floor, valid_codes_bit_length
 
 
 def reference_stream(codes: np.ndarray) -> str:
@@ -91,12 +92,49 @@ def test_bit_length_can_stop_early(n: int, density: float, stop: int, seed: int)
     assert bounded == exact if exact <= stop else bounded > stop
 
 
+@SETTINGS
+@given(
+    n=st.integers(0, 400),
+    density=st.sampled_from([0.0, 0.003, 0.3, 0.7, 1.0]),
+    threads=st.integers(1, 5),
+    wide=st.booleans(),
+    seed=st.integers(0, 99),
+)
+def test_valid_codes_bit_length_is_elias_bit_length(n: int, density: float, threads: int, wide: bool,
+                                                    seed: int) -> None:
+    """The branch-free count, split into up to 5 ranges, is the formula's length: also where a gap or a
+    magnitude is past the length table (4096: then its range is counted again exactly)."""
+    rng = np.random.default_rng(seed)
+    codes = np.where(rng.random(n) < density, rng.integers(-9, 10, n), 0).astype(np.int32)
+    if wide and n:
+        codes[rng.integers(0, n)] = -5000
+        codes = np.concatenate([codes, np.zeros(4100, np.int32), codes[:3] + 1])
+    exact = formula_bits(codes)
+    assert valid_codes_bit_length(codes, threads=threads, min_per_thread=1) == exact
+    for stop in (exact - 10, exact // 2, exact, exact + 1):  # one range after the other, stopping past ``stop``
+        bounded = valid_codes_bit_length(codes, stop_above=stop, min_per_thread=max(1, codes.size // threads))
+        assert bounded == exact if exact <= stop else bounded > stop
+
+
+@SETTINGS
+@given(n=st.integers(0, 300), density=st.sampled_from([0.0, 0.02, 0.3, 0.7, 1.0]), seed=st.integers(0, 99))
+def test_gap_bits_floor_is_its_formula_and_a_lower_bound(n: int, density: float, seed: int) -> None:
+    """Σ_(c≠0) 2[g≥2] + 3[g≥4] + [g≥8] exactly (also over the first 7 codes), and ≤ Σ_(c≠0) (L(g) − 1)."""
+    rng = np.random.default_rng(seed)
+    codes = np.where(rng.random(n) < density, rng.integers(-9, 10, n), 0).astype(np.int32)
+    gaps = np.diff(np.concatenate([[0], np.flatnonzero(codes) + 1]))
+    assert gap_bits_floor(codes) == int((2 * (gaps >= 2) + 3 * (gaps >= 4) + (gaps >= 8)).sum())
+    assert gap_bits_floor(codes) <= sum(omega_length(int(g)) - 1 for g in gaps)
+    assert all(omega_length(g) - 1 == 2 * (g >= 2) + 3 * (g >= 4) + (g >= 8) for g in (1, 2, 4, 8))  # tight there
+
+
 def test_large_gaps_and_magnitudes() -> None:
     codes = np.zeros(3_000_000, dtype=np.int32)
     codes[[0, 70_000, 2_999_999]] = [2**31 - 1, -(2**31), 1]
     body = elias_encode(codes)
     assert body.tobytes() == to_bytes(reference_stream(codes))
     assert np.array_equal(elias_decode(body, codes.size, min_code=-(2**31), max_code=2**31 - 1)[0], codes)
+    assert valid_codes_bit_length(codes, threads=3, min_per_thread=1) == elias_bit_length(codes)
 
 
 def test_sparse_codes_are_much_smaller_than_fixed_width() -> None:

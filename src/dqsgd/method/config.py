@@ -26,12 +26,12 @@ if TYPE_CHECKING:
     from dqsgd.quantizers.registry import Quantizer
 
 Scheme = str  # a method scheme of the quantizer registry: dqsgd.quantizers.registry.method_schemes()
-PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"]
+PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs", "link"]
 CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "rans", "ransx", "auto"]
 KernelName = Literal["torch", "fused"]
 
 _ALLOWED: dict[str, tuple[str, ...]] = {
-    "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs"),
+    "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs", "link"),
     "coding": ("fixed", "elias", "zstd", "zstd-aligned", "rans", "ransx", "auto"),
     "norm": ("inf", "2"),
     "aggregate": ("mean", "majority"),
@@ -55,6 +55,10 @@ class MethodConfig:
     # coding "auto" only: > 0 sends the coding whose modelled encode + decode time plus its bytes on a link of
     # this many Mbit/s is least (dqsgd.codecs.auto.CPU_NS), instead of the smallest; 0 = the smallest.
     link_mbit: float = 0.0
+    # policy "link" (with link_mbit > 0): the stated latency per message and forward + backward time per
+    # step that its time model adds to the codec's and the wire's (docs/algorithms.md §11.5c).
+    link_latency_ms: float = 0.0
+    compute_ms: float = 0.0
     policy: PolicyName = "fixed"
     # DQSGD: k (convex, eq. 18) or t (non-convex, eq. 20), alpha, horizon from the run.
     k: float = 1.0
@@ -164,6 +168,12 @@ def _validate(c: MethodConfig) -> None:
         if c.coding != "auto":
             _fail(c, "the coded budget needs coding 'auto' (it spends coded bytes; auto never exceeds the "
                      "fixed size, which bounds its cost estimates)")
+    if c.policy == "link":
+        if not c.link_mbit > 0 or c.coding != "auto":
+            _fail(c, "the link policy needs link_mbit > 0 (the link's Mbit/s) and coding 'auto' (which then sends "
+                     "the coding of least modelled time, as the policy prices it)")
+        if not all(math.isfinite(v) and v >= 0 for v in (c.link_latency_ms, c.compute_ms)):
+            _fail(c, f"link_latency_ms and compute_ms must be finite and >= 0, got {c.link_latency_ms}, {c.compute_ms}")
     if c.policy == "dqsgd-error" and not (c.eps_q > 0 and c.smoothness > 0 and c.lr > 0):
         _fail(c, "the error-target policy needs eps_q > 0, smoothness (L) > 0 and lr > 0")
     if c.policy == "dqsgd-error" and not c.smoothness * c.lr < 2:
@@ -226,6 +236,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "dqsgd-coded": dict(scheme="uniform", bits=6, policy="dqsgd-coded", coding="auto", target_bits=1.0,
                         description="DQSGD, byte-budgeted: eq. (20) widths costed by their predicted entropy-coded "
                                     "size; a budget of coded bits"),
+    "dqsgd-link": dict(scheme="uniform", bits=4, policy="link", coding="auto", link_mbit=100.0, max_bits=8,
+                       description="DQSGD from the link [OC]: each step the width of least predicted time to the "
+                                   "full-precision accuracy, from link_mbit, the codec's cost and the gradient noise"),
     "dqsgd-convex": dict(scheme="uniform", bits=6, policy="dqsgd", convex=True, k=20.0, alpha=0.999,
                          description="DQSGD strongly convex rule, eq. (18): B = log2(k·α^((N-n)/2)·‖g‖+1)+1"),
     "dqsgd-nonconvex": dict(scheme="uniform", bits=6, policy="dqsgd", k=20.0,

@@ -22,8 +22,8 @@ from dqsgd.kernels import HashRNG, encode_uniform_fast, quantize_uniform_fast
 from dqsgd.method import memory
 from dqsgd.method.config import MethodConfig, check_one_message
 from dqsgd.policies import (
-    AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, PolicyState, Rounding,
-    Spent, grad_stats,
+    AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, LinkPolicy, PolicyState,
+    Rounding, Spent, grad_stats,
 )
 from dqsgd.quantizers import Layout, Norm, Quantized, Scheme, dequantize
 
@@ -236,6 +236,10 @@ POLICIES: dict[str, Callable[[Method], Any]] = {
                                             m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
     "dqsgd-coded": lambda m: CodedBudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
                                                 m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
+    "link": lambda m: LinkPolicy(max(m.numel, 1), m.config.link_mbit, m.message_bits(m.config.min_bits)
+                                 - m.numel * m.config.min_bits, m.config.bits, compute_s=m.config.compute_ms / 1e3,
+                                 latency_s=m.config.link_latency_ms / 1e3, min_bits=m.config.min_bits,
+                                 max_bits=m.config.max_bits),
     "adaptive": lambda m: AdaptiveRMS(m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
     "adaqs": lambda m: AdaQS(m.numel, m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
 }

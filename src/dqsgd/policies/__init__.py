@@ -1,5 +1,5 @@
 """Bit policies: fixed, DQSGD (convex / non-convex / budgeted / coded budget / error target), Adaptive, AdaQS;
-a budgeted policy choosing both legs of the sharded step (split)."""
+a budgeted policy choosing both legs of the sharded step (split); widths from the link's time model (link)."""
 
 from typing import TYPE_CHECKING
 
@@ -11,6 +11,7 @@ if TYPE_CHECKING:
                                      split_spent, state_from_dict, state_to_dict)
     from dqsgd.policies.budgeted import BudgetedDQSGD
     from dqsgd.policies.coded import CodedBudgetedDQSGD, level_entropies
+    from dqsgd.policies.link import LinkPolicy, LinkState
     from dqsgd.policies.rules import DQSGDRule, FixedBits
     from dqsgd.policies.split import SplitBudget, SplitState
 

@@ -99,23 +99,26 @@ def objective(model: TimeModel, choice: Choice, *, d: int, norm: float, sigma2: 
     return rho * t
 
 
-def candidates(model: TimeModel, min_bits: int = 2, max_bits: int = 16, uncompressed: bool = True) -> list[Choice]:
-    """Every (B_u, B_d, coding) the model can price, and "uncompressed" both ways when allowed."""
+def candidates(model: TimeModel, min_bits: int = 2, max_bits: int = 16, uncompressed: bool = True,
+               downs: Sequence[int] | None = None) -> list[Choice]:
+    """Every (B_u, B_d, coding) the model can price, and "uncompressed" both ways when allowed;
+    ``downs``: the downlink widths a caller can send (None: uncompressed and every width)."""
     out = [Choice(UNCOMPRESSED, UNCOMPRESSED, "")] if uncompressed else []
     for c in sorted(model.codec_ns):
         top = min(max_bits, len(model.codec_ns[c]))
-        out += [Choice(u, w, c) for u in range(min_bits, top + 1) for w in (UNCOMPRESSED, *range(min_bits, top + 1))]
+        ws = (UNCOMPRESSED, *range(min_bits, top + 1)) if downs is None else [w for w in downs if w <= top]
+        out += [Choice(u, w, c) for u in range(min_bits, top + 1) for w in ws]
     return out
 
 
 def choose(model: TimeModel, *, d: int, norm: float, sigma2: float, workers: int, min_bits: int = 2,
-           max_bits: int = 16, uncompressed: bool = True) -> Choice:
+           max_bits: int = 16, uncompressed: bool = True, downs: Sequence[int] | None = None) -> Choice:
     """The candidate of least J (all of them are priced: a few hundred); ties go to the earliest in :func:`candidates`
     (uncompressed first, then codings by name, narrower first), so every rank picks the same one."""
     if not (d > 0 and workers > 0 and math.isfinite(norm) and norm >= 0 and math.isfinite(sigma2) and sigma2 > 0):
         raise ValueError(f"choose needs d > 0, workers > 0, a finite norm >= 0 and sigma2 > 0 "
                          f"(got d={d}, workers={workers}, norm={norm}, sigma2={sigma2})")
-    cands = candidates(model, min_bits, max_bits, uncompressed)
+    cands = candidates(model, min_bits, max_bits, uncompressed, downs)
     if not cands:
         raise ValueError("no candidate: state at least one coding or allow uncompressed")
     j = [objective(model, c, d=d, norm=norm, sigma2=sigma2, workers=workers) for c in cands]

@@ -35,6 +35,7 @@ from dqsgd.topology.ledger import Ledger
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
+from dqsgd.policies.variance import worker_norms
 from dqsgd.topology.agreement import check_state, refuse_changed
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
@@ -217,6 +218,16 @@ class Trainer:
         self.next_step += 1
         return res
 
+    def hand_worker_norms(self, vectors: dict[int, torch.Tensor], workers: int) -> None:
+        """A policy that estimates the gradient noise from the workers' norms (the link policy) gets them
+        before the step, where this process holds every worker's vector (the in-process simulation);
+        elsewhere it gets none, on every rank alike, and keeps its start width."""
+        policy = getattr(self.step_runner, "policy", None)
+        wants = getattr(policy, "needs_worker_norms", False)
+        if wants and self.state.policy is not None and len(vectors) == workers >= 2:
+            self.state = dataclasses.replace(
+                self.state, policy=policy.observe_workers(self.state.policy, *worker_norms(vectors.values())))
+
     def communicate(self, vectors: dict[int, torch.Tensor], n: int, index: int, lr: float, losses: list[float],
                     compute_s: float, compute_steps: int = 1) -> StepResult:
         """Exchange ``vectors`` (one per local worker) as the ``index``-th exchange (its quantization
@@ -234,6 +245,7 @@ class Trainer:
             self.skipped += 1
             return StepResult(n, float("nan"), lr, bits, True, [], 0, 0, compute_s, 0.0, 0.0,
                               sim_time_s=self.timer.elapsed)
+        self.hand_worker_norms(vectors, t.workers)
         self.timer.start(n, compute_steps)
         r = self.step_runner.run(self.timer.transport(t), vectors, self.state, index, self.qgen,  # type: ignore[arg-type]
                                  measure_coded=self.measures_coded(index))

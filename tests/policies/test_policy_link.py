@@ -1,0 +1,147 @@
+"""The link policy (policies/link.py, docs/algorithms.md §11.5c) as mathematics: its width is the
+brute-force argmin of the objective written out by hand; a faster link sends wider, a slower one
+narrower, a slower CPU codes less; and it runs as a method in the simulation."""
+
+import math
+
+import pytest
+import torch
+from synthetic_runs import entry, train_config
+
+from dqsgd.data import load_dataset
+
+from dqsgd.method.config import method_config
+from dqsgd.method.pipeline import Method
+from dqsgd.policies import GradStats, state_from_dict, state_to_dict
+from dqsgd.policies.coded import level_entropies
+from dqsgd.policies.link import LinkPolicy, LinkState
+from dqsgd.policies.linktime import UNCOMPRESSED
+from dqsgd.policies.variance import pooled_variance, worker_norms
+from dqsgd.train.trainer import Trainer
+
+D, W = 1 << 16, 4
+G = torch.randn(D, generator=torch.Generator().manual_seed(0))
+NORM = float(G.abs().max())
+
+
+def policy(mbit=100.0, rans_ns=11.0, **kw):
+    kw = {"compute_s": 0.01, "latency_s": 1e-4, "down_widths": (UNCOMPRESSED, 4, 8), **kw}
+    return LinkPolicy(D, mbit, 400.0, 4, min_bits=2, max_bits=12, codec_ns=(("fixed", 2.5), ("rans", rans_ns)), **kw)
+
+
+def stepped(p, sigma2, norm=NORM, workers=W):
+    """The state after one step whose workers' norms give σ̂² = ``sigma2`` exactly (Σ‖g_i‖² − W‖ḡ‖²
+    = W(W−1)σ²)."""
+    state = p.observe_workers(p.init(), workers * (workers - 1) * sigma2 + workers, 1.0, workers)
+    return p.update(state, GradStats(0, norm, 0.0, 0, G * (norm / NORM)))
+
+
+def j_by_hand(p, up, down, coding, norm, sigma2):
+    """J = ρ·T written out from the docs, independently of linktime.py."""
+    entropy = level_entropies(G * (norm / NORM), norm, range(p.min_bits, p.max_bits + 1), p.sample)
+
+    def q(b):
+        return 0.0 if b == UNCOMPRESSED else D * norm ** 2 / (6 * (2 ** (b - 1) - 1) ** 2)
+
+    def t(b):
+        if b == UNCOMPRESSED:
+            return p.latency_s + 32 * D / (p.mbit * 1e6)
+        ns = dict(p.codec_ns)[coding]
+        beta = b if coding == "fixed" else min(b, entropy[b - p.min_bits])
+        return D * ns * 1e-9 + p.latency_s + (round(p.header_bits) + D * beta) / (p.mbit * 1e6)
+    return (1 + (q(up) / W + q(down)) / sigma2) * (p.compute_s + t(up) + t(down))
+
+
+@pytest.mark.parametrize("mbit", [1.0, 30.0, 300.0, 3000.0])
+@pytest.mark.parametrize("rans_ns", [4.0, 11.0, 80.0])
+@pytest.mark.parametrize("sigma2", [1.0, 1e3, 1e5])
+def test_the_width_is_the_brute_force_argmin(mbit, rans_ns, sigma2):
+    p = policy(mbit, rans_ns)
+    s = stepped(p, sigma2)
+    every = [(u, d, c) for c in ("fixed", "rans") for u in range(2, 13) for d in (UNCOMPRESSED, 4, 8)]
+    best = min(j_by_hand(p, *x, NORM, sigma2) for x in every)
+    assert j_by_hand(p, s.bits, s.down_bits, s.coding, NORM, sigma2) == pytest.approx(best, rel=1e-9)
+    assert s.objective == pytest.approx(best, rel=1e-9)
+    assert s.sigma2 == pytest.approx(sigma2, rel=1e-9) and s.workers == W and s.pending == ()
+
+
+def test_a_faster_link_sends_wider_a_slower_one_narrower():
+    """Both legs: the uplink width, and the downlink's among (4, 8, the dtype), never narrower on a faster link."""
+    links = (0.3, 3.0, 30.0, 300.0, 3000.0, 30000.0)
+    up = [stepped(policy(mbit=m, down_widths=(8,)), 1e4).bits for m in links]
+    assert up == sorted(up) and up[0] < up[-1], up
+    down = [stepped(policy(mbit=m), 1e4).down_bits for m in links]
+    down = [32 if b == UNCOMPRESSED else b for b in down]  # the dtype: the widest
+    assert down == sorted(down) and down[0] < down[-1], down
+
+
+def test_a_slower_cpu_codes_less():
+    codings = [stepped(policy(mbit=30.0, rans_ns=ns), 1e4).coding for ns in (1.0, 10.0, 100.0, 1000.0)]
+    assert codings[0] == "rans" and codings[-1] == "fixed"
+    assert codings == sorted(codings, key=lambda c: c == "fixed")  # once fixed, fixed from then on
+
+
+def test_more_noise_hides_more_quantization_noise():
+    seq = [stepped(policy(mbit=30.0), s).bits for s in (1e2, 1e3, 1e4, 1e5, 1e6)]
+    assert seq == sorted(seq, reverse=True) and seq[0] > seq[-1], seq
+
+
+def test_no_variance_yet_keeps_the_start_width_and_none_at_all_sends_the_widest():
+    p = policy()
+    s = p.update(p.init(), GradStats(0, NORM, 0.0, 0, G))  # no workers' norms handed over
+    assert (s.bits, s.down_bits) == (4, UNCOMPRESSED) and math.isnan(s.sigma2)
+    s = p.update(p.observe_workers(p.init(), 4.0, 1.0, 4), GradStats(0, NORM, 0.0, 0, G))  # 4 equal workers
+    assert s.sigma2 == 0 and (s.bits, s.down_bits) == (12, UNCOMPRESSED)
+
+
+def test_the_state_is_a_checkpoint(tmp_path):
+    s = stepped(policy(), 1.0)
+    torch.save(state_to_dict(s), tmp_path / "s.pt")
+    assert state_from_dict(LinkState, torch.load(tmp_path / "s.pt", weights_only=True)) == s
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="down_widths"):
+        policy(down_widths=(1,))
+    with pytest.raises(ValueError, match="throughput"):
+        policy(mbit=0.0)
+    with pytest.raises(ValueError, match="link_mbit > 0"):
+        method_config("dqsgd-link", link_mbit=0.0)
+    with pytest.raises(ValueError, match="coding 'auto'"):
+        method_config("dqsgd-link", coding="fixed")
+
+
+def test_the_method_builds_its_policy_from_the_config():
+    m = Method(method_config("dqsgd-link", link_mbit=10.0, compute_ms=20.0, link_latency_ms=0.5), D, 10)
+    p = m.policy
+    assert isinstance(p, LinkPolicy) and p.needs_worker_norms
+    assert (p.mbit, p.compute_s, p.latency_s, p.start_bits, p.max_bits) == (10.0, 0.02, 0.0005, 4, 8)
+    assert p.header_bits == m.message_bits(2) - 2 * D
+
+
+def widths_trained(mbit: float, steps: int = 8) -> tuple[list[int], Trainer]:
+    tr = Trainer(train_config(steps=steps, eval_every=1000),
+                 entry("dqsgd-link", link_mbit=mbit, max_bits=12, compute_ms=50.0), load_dataset("synthetic"), 0)
+    for _ in range(steps):
+        tr.step()
+    return [r.bits for r in tr.ledger.records], tr
+
+
+def test_in_the_simulation_the_trainer_hands_over_the_norms_and_the_link_sets_the_width():
+    """Through the in-process trainer (W = 4, ps: an fp32 downlink): step 0 at the start width, then the
+    policy's widths; a slow link (the wire dominates the step) narrower than a fast one (50 ms of
+    compute dominates: the widest width costs next to nothing more)."""
+    slow, tr = widths_trained(0.05)
+    fast, _ = widths_trained(5000.0)
+    assert slow[0] == fast[0] == 4
+    assert max(slow[1:]) < min(fast[1:]), (slow, fast)
+    state = tr.state.policy
+    assert isinstance(state, LinkState) and state.workers == 4 and state.sigma2 > 0 and state.pending == ()
+
+
+def test_the_trainer_hands_over_exactly_the_workers_norms():
+    """The σ̂² the policy holds after one step is pooled_variance of that step's four gradients."""
+    tr = Trainer(train_config(steps=1, eval_every=1000), entry("dqsgd-link"), load_dataset("synthetic"), 0)
+    grads = {w: tr.worker_gradient(w, 0)[0] for w in range(4)}  # what step 0 computes (a pure function of the step)
+    tr.step()
+    assert tr.state.policy.sigma2 == pooled_variance(*worker_norms(grads.values()))
