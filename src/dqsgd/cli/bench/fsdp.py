@@ -3,15 +3,18 @@
 Both run an MLP whose every ``Linear`` is its own FSDP unit, once with FSDP's own reduce-scatter
 (fp32, or bf16 through ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``) and once per dqsgd
 variant (:func:`variant`: a method on the reduce-scatter, ``ag8``/``ag4`` for the quantized parameter
-all-gather, ``rep:<method>`` for HSDP's cross-node leg when the ranks form nodes, joined by ``+``). Bytes are what each rank hands to the process group for gradients per step: FSDP's own
-reduce-scatter sends (W−1)/W of its input; dqsgd's are counted by :class:`~dqsgd.fsdp.FSDPState`
-(payloads, size exchange, policy statistics, exact warm-up calls).
+all-gather, ``rep:<method>`` for HSDP's cross-node leg when the ranks form nodes, joined by ``+``).
+Bytes are what each rank hands to the process group per step, for gradients and for the parameter
+all-gathers: FSDP's own reduce-scatter sends (W−1)/W of its input, its all-gathers each unit's shard
+to the W−1 others in forward and backward; dqsgd's are counted by :class:`~dqsgd.fsdp.FSDPState`
+(payloads, size exchange, status, policy statistics, exact warm-up calls).
 
 With ``--rates`` (root, a source checkout) the W ranks run in network namespaces joined by a bridge
 whose links are shaped with tc/tbf to each rate (``benchmarks/network/netns.py``, as ``dqsgd bench
-network``), so the step time includes the real cost of moving FSDP's bytes — the exact parameter
+network``), so the step time includes the real cost of moving FSDP's bytes — the parameter
 all-gathers of forward and backward as well as the gradient reduce-scatter — and each rank's wire
-bytes are read from its interface.
+bytes are read from its interface. With ``--nodes`` only the links between nodes get the rate, those
+inside a node ``--node-rate``, and each rank's bytes to other nodes are read too.
 """
 
 from __future__ import annotations
