@@ -211,7 +211,9 @@ def bench_fsdp(args: argparse.Namespace, netns: Any = None) -> None:
                           deadline=args.deadline)
     if not all(r.ok for r in results):
         raise RuntimeError("; ".join(r.describe() for r in results if not r.ok))
-    print(f"FSDP2 gradient reduce-scatter, W = {args.world} gloo ranks (CPU), MLP {args.sizes}, batch {args.batch}/rank, "
+    nodes = getattr(args, "nodes", 1)
+    mesh = f", HSDP {nodes} nodes x {args.world // nodes}" if nodes > 1 else ""
+    print(f"FSDP2 on loopback, W = {args.world} gloo ranks (CPU){mesh}, MLP {args.sizes}, batch {args.batch}/rank, "
           f"median of {args.steps} steps after {args.warmup}")
     print(table([r.value for r in results]))
     if args.out:
@@ -238,7 +240,8 @@ def _bytes_cells(ranks: list[dict[str, Any]], name: str) -> str:
 def table(ranks: list[dict[str, Any]]) -> str:
     """One row per variant: the busiest rank's bytes per step — gradients (both legs under HSDP), the
     parameter all-gathers, their total and its ratio to FSDP fp32's — rank 0's median step time and
-    its speed-up over FSDP fp32, and rank 0's time inside dqsgd's calls (reduce-scatter and all-gather)."""
+    its speed-up over FSDP fp32, and rank 0's time inside dqsgd's FSDP calls (reduce-scatter and
+    all-gather; nan where neither is dqsgd's: HSDP's replicate leg alone is not timed)."""
     rows, ref = ranks[0], ranks[0]["fsdp fp32"]
     width = max(14, *map(len, rows))
     lines = [f"{'variant':<{width}} {BYTES_HEADER} {'ms/step':>9} {'speed-up':>9} {'ms in dqsgd calls':>18}"]
