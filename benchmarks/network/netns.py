@@ -7,7 +7,8 @@
 Every address exists only inside these namespaces; nothing is routed to or from the host's own
 network (the bridge lives in its own namespace, the host namespace gets no address). Needs root and
 iproute2 (``ip``, ``tc``). ``tc``: a token bucket (tbf) on both ends of every veth pair, so each rank
-has ``rate`` up and ``rate`` down. Every namespace is deleted by :meth:`PrivateNetwork.close`
+has ``rate`` up and ``rate`` down; or, for ranks grouped into nodes (HSDP), ``rate`` only between
+nodes and a fast link inside each (:func:`shaping_plan`). Every namespace is deleted by :meth:`PrivateNetwork.close`
 (called from ``with``, ``atexit`` and SIGTERM/SIGINT), which also removes the veth pairs.
 """
 
@@ -42,6 +43,57 @@ def rate_bits(rate: str) -> int:
     if not m:
         raise ValueError(f"rate {rate!r}: use a number with kbit, mbit or gbit, e.g. 100mbit")
     return int(float(m.group(1)) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)])
+
+
+def _burst(rate: str) -> str:
+    """Bytes a bucket of ``rate`` may send at once: >= 2 ms at line rate, and at least a few GSO packets."""
+    return str(max(64 * 1024, rate_bits(rate) // 8 // 500))
+
+
+def _tbf(rate: str) -> list[str]:
+    return ["tbf", "rate", rate, "burst", _burst(rate), "latency", "200ms"]
+
+
+def node_of(rank: int, world: int, nodes: int) -> int:
+    """The node of ``rank`` when ``world`` ranks form ``nodes`` nodes of consecutive ranks (HSDP's
+    nodes × world/nodes mesh: the shard dimension is the consecutive one)."""
+    return rank // (world // nodes)
+
+
+def shaping_plan(world: int, rate: str, nodes: int = 1, fast: str | None = None) -> list[tuple[int | None, list[str]]]:
+    """The tc commands that shape the links, as (the rank whose namespace runs it, or None for the
+    bridge's; argv). ``nodes`` = 1: a tbf of ``rate`` as root qdisc of every eth0 (uplink) and bridge
+    port p<r> (downlink). ``nodes`` > 1 (ranks grouped as by :func:`node_of`): each of those devices
+    gets an htb root with two classes of ``fast`` (default 10gbit): 1:10 for the packets to (on eth0:
+    destination) or from (on the port: source) a rank of the same node, chosen by u32 filters, and the
+    default 1:20, whose leaf is the tbf of ``rate``. So every rank has ``rate`` up and down to other
+    nodes and ``fast`` inside its node. The flat tbf comes first there too: an htb root cannot be
+replaced by another, anything can be by a tbf. (This kernel's set of qdiscs may lack prio and pfifo; htb, tbf
+    and u32 are what ``dqsgd bench network`` already needs or the commonest.)"""
+    rate_bits(rate)
+    fast = fast or "10gbit"
+    rate_bits(fast)
+    if not 1 <= nodes <= world or world % nodes:
+        raise ValueError(f"{nodes} nodes do not divide {world} ranks")
+    plan: list[tuple[int | None, list[str]]] = []
+    for r in range(world):
+        for where, dev, field in ((r, "eth0", "dst"), (None, f"p{r}", "src")):
+            tc = ["tc", "qdisc", "replace", "dev", dev]
+            plan.append((where, tc + ["root", *_tbf(rate)]))
+            if nodes == 1:
+                continue
+            plan.append((where, tc + ["root", "handle", "1:", "htb", "default", "20"]))
+            for cls in ("1:10", "1:20"):
+                plan.append((where, ["tc", "class", "replace", "dev", dev, "parent", "1:", "classid", cls, "htb",
+                                     "rate", fast, "ceil", fast, "burst", _burst(fast), "cburst", _burst(fast),
+                                     "quantum", "65536"]))
+            plan.append((where, tc + ["parent", "1:20", "handle", "20:", *_tbf(rate)]))
+            for peer in range(world):
+                if peer != r and node_of(peer, world, nodes) == node_of(r, world, nodes):
+                    plan.append((where, ["tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip",
+                                         "prio", "1", "u32", "match", "ip", field, f"{SUBNET}.{peer + 1}/32",
+                                         "flowid", "1:10"]))
+    return plan
 
 
 def check_available() -> None:
@@ -98,14 +150,12 @@ class PrivateNetwork:
             _ip("ip", "addr", "add", f"{self.address(r)}/24", "dev", "eth0", ns=ns)
             _ip("ip", "link", "set", "eth0", "up", ns=ns)
 
-    def shape(self, rate: str) -> None:
-        """``rate`` each way on every rank's link: tbf on eth0 (uplink) and on its bridge port (downlink)."""
-        bps = rate_bits(rate)
-        burst = max(64 * 1024, bps // 8 // 500)  # >= 2 ms at line rate, and at least a few GSO packets
-        spec = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "200ms"]
-        for r in range(self.world):
-            _ip("tc", "qdisc", "replace", "dev", "eth0", *spec, ns=self.ns(r))
-            _ip("tc", "qdisc", "replace", "dev", f"p{r}", *spec, ns=self.bridge_ns)
+    def shape(self, rate: str, nodes: int = 1, fast: str | None = None) -> None:
+        """``rate`` each way on every rank's link: tbf on eth0 (uplink) and on its bridge port (downlink).
+        With ``nodes`` > 1 the ranks form nodes of world/nodes consecutive ranks and only the traffic
+        between nodes gets ``rate``; inside a node it is unshaped, or ``fast`` (:func:`shaping_plan`)."""
+        for where, cmd in shaping_plan(self.world, rate, nodes, fast):
+            _ip(*cmd, ns=self.bridge_ns if where is None else self.ns(where))
 
     def exec_prefix(self, rank: int) -> list[str]:
         return ["ip", "netns", "exec", self.ns(rank)]
@@ -158,3 +208,14 @@ def tx_bytes(interface: str = "eth0") -> int:
     with open(f"/sys/class/net/{interface}/statistics/tx_bytes") as f:
         return int(f.read())
 
+
+
+def cross_node_bytes(interface: str = "eth0") -> int:
+    """Bytes this namespace's ``interface`` has sent to other nodes: the tbf leaf 20: that
+    :func:`shaping_plan` gives the inter-node class when the ranks form nodes."""
+    p = subprocess.run(["tc", "-s", "qdisc", "show", "dev", interface, "parent", "1:20"], capture_output=True,
+                       text=True, timeout=30)
+    m = re.search(r"Sent (\d+) bytes", p.stdout)
+    if p.returncode != 0 or m is None:
+        raise NetworkUnavailable(f"no inter-node class on {interface}: {p.stderr.strip() or p.stdout.strip()}")
+    return int(m.group(1))

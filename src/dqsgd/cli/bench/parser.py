@@ -219,7 +219,10 @@ def add_fsdp_parser(bsub: Any) -> None:
                    "default: loopback")
     f.add_argument("--repeats", type=int, default=2, help="runs per rate with --rates (median and range reported)")
     f.add_argument("--nodes", type=int, default=1, help="HSDP: the ranks as NODES x world/NODES (a 2-D mesh; the "
-                   "variant rep:<method> compresses the cross-node leg)")
+                   "variant rep:<method> compresses the cross-node leg); with --rates the links between nodes get "
+                   "the rate and those inside a node --node-rate")
+    f.add_argument("--node-rate", default="10gbit", help="with --rates and --nodes: the rate of the links inside a "
+                   "node (default: 10gbit)")
     _process_options(f, 2, "untimed steps per variant first (at least 1)", 1800.0, "runs/bench/fsdp.json")
     f.set_defaults(func=_bench_fsdp)
 
