@@ -36,7 +36,6 @@ import torch
 
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.group import DOWN, UP, after, release, then
-from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.registry import Legs
 
 from dqsgd.topology.state import BucketState, Memory
@@ -253,6 +252,8 @@ class _Rank:
 
     def _coded(self, mine: torch.Tensor, rows: list[torch.Tensor]) -> torch.futures.Future:
         """A coded downlink's lengths are known: check them, count them, all-gather the messages."""
+        from dqsgd.topology.limits import check_sizes
+
         self.lengths = [int(n) for n in torch.cat(rows).tolist()]
         caps = self.P.down_caps(self.dbits)
         for j, n in enumerate(self.lengths):  # rank j serves shard j
