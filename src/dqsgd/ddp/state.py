@@ -20,8 +20,8 @@ from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, check_one_message, method_config
-from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_topology
-from dqsgd.topology.registry import ring_bytes, topology_of
+from dqsgd.topology.names import FP32, check_topology
+from dqsgd.topology.registry import REGISTRY, ring_bytes, topology_of
 
 if TYPE_CHECKING:
     from dqsgd.topology.bucket import BucketProtocol
@@ -89,7 +89,7 @@ class HookState:
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
-        check_topology(topology, TOPOLOGIES)
+        check_topology(topology, [n for n, t in REGISTRY.items() if t.hook])  # a topology registered later too
         for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")

@@ -104,7 +104,8 @@ class _Rank:
     def __init__(self, ex: Exchange, rank: int, flat: torch.Tensor, group: Group, mem: Memory, step: int, bits: int,
                  dbits: int, feeds: bool):
         self.ex, self.b, self.P = ex, ex.state, ex.state.proto
-        self.r, self.g, self.mem, self.W = rank, group, mem, group.size
+        self.g, self.outer = self.P.kind.split(group)  # the sequence's group; the groups averaged after it
+        self.r, self.j, self.mem, self.W = rank, self.g.rank, mem, self.g.size  # worker r serves shard j
         self.step, self.bits, self.dbits, self.feeds = step, bits, dbits, feeds
         self.side, self.encode_s, self.send, self.lengths = 0, 0.0, None, None
         self.x, self.flags = self._input(flat)
@@ -132,6 +133,11 @@ class _Rank:
             f = then(then(after(f, turns[1][0]), self._serve), self._assemble)
         else:
             f = then(f, self._gathered)
+        if self.outer is not None:
+            prev, mine = self.outer.turns.turn(DOWN)
+            self.mine.append(mine)
+            f = then(after(f, prev), self._across)
+        f = then(f, self._feed)
 
         def free(_: torch.futures.Future) -> None:  # a failed step gives up its turns too
             for m in self.mine:
@@ -194,7 +200,7 @@ class _Rank:
     def _uplink(self, table: list[list[int]]) -> torch.futures.Future:
         """Check the sizes, count the bytes, issue the uplink's collective (then this rank's uplink turn ends)."""
         self.P.check_sizes(table, self.bits, f"rank {self.r}: bucket {self.P.numel} elements: ")
-        self.table, r = table, self.r
+        self.table, r = table, self.j
         if self.P.kind.sharded:
             send = self.send if self.send is not None else codec.messages(self.sent, self.flags)
             self.recv_sizes = [row[r] + 1 for row in table]
@@ -231,7 +237,7 @@ class _Rank:
         from dqsgd.codecs import PayloadError
         from dqsgd.method.pipeline import ProtocolError
 
-        P, r, coded = self.P, self.r, self.P.coded_down
+        P, r, coded = self.P, self.j, self.P.coded_down
         msgs = recv.split(self.recv_sizes)
         self.flg = recv[torch.tensor(self.recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
         try:
@@ -259,7 +265,7 @@ class _Rank:
         for j, n in enumerate(self.lengths):  # rank j serves shard j
             check_sizes([n - 1], [caps[j]], f"rank {self.r}: the coded downlink of bucket {self.P.numel}: rank {j} "
                                             f"(the server of shard {j})")
-        self.ex.count(self.P.kind.legs([[0] * self.W for _ in range(self.W)], self.lengths, self.r), False)
+        self.ex.count(self.P.kind.legs([[0] * self.W for _ in range(self.W)], self.lengths, self.j), False)
         fut = self.g.all_gather(codec.pad(mine, max(self.lengths)), DOWN)
         release(self.mine[1])
         return fut
@@ -289,19 +295,40 @@ class _Rank:
 
     def _finish(self, out: torch.Tensor, flags: torch.Tensor, spent: Any, down: list[int]) -> Outcome:
         """The one non-finite agreement (any rank's flag: NaN everywhere, no memory changes, the policy
-        skips the step); a vote nobody cast stays 0; the policy fed."""
+        skips the step); a vote nobody cast stays 0."""
         bad = (flags & codec.FLAG_NONFINITE).any().to(torch.bool)  # uint8 flags: any() keeps their dtype
         self.mem.commit(bad)
+        self.spent = spent
         if self.P.vote:
             out = torch.where((flags & codec.FLAG_ZERO).all().to(torch.bool), torch.zeros((), device=out.device), out)
-        if self.feeds:
-            self.b.observe(out, self.step, spent, bad)
         if out.device.type == "cpu":
             if bool(bad):
                 out.fill_(float("nan"))
         else:
             out = torch.where(bad, torch.full((), float("nan"), device=out.device), out)
         return Outcome(out, bad, self.table, down, self.sent, self.side, self.encode_s)
+
+    def _across(self, o: Outcome) -> torch.futures.Future:
+        """A hierarchical topology: the mean of the groups' updates, Σ_g (1/n)·G_g in group order (the
+        same bytes on every rank), gathered over the groups' ranks (:meth:`Topology.split`)."""
+        assert self.outer is not None
+        fut = self.outer.all_gather(o.update, DOWN)
+        release(self.mine[-1])
+
+        def mean(rows: list[torch.Tensor]) -> Outcome:
+            out = torch.zeros_like(o.update)
+            for u in rows:
+                out.add_(u * (1.0 / len(rows)))
+            o.update, o.bad = out, o.bad | torch.isnan(out).any()
+            return o
+
+        return then(fut, mean)
+
+    def _feed(self, o: Outcome) -> Outcome:
+        """The policy fed, once per process and step, the update every rank holds."""
+        if self.feeds:
+            self.b.observe(o.update, self.step, self.spent, o.bad)
+        return o
 
 
 def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:

@@ -121,6 +121,10 @@ class Group(Protocol):
         group's error, anything else its own."""
         ...
 
+    def sub(self, members: Sequence[int]) -> Group:
+        """The group of the ranks ``members`` (ranks of this group, this one among them), made once."""
+        ...
+
 
 class TorchGroup:
     """This process's rank of ``group`` (None: the world), over two new groups with ``timeout``
@@ -129,8 +133,9 @@ class TorchGroup:
 
     def __init__(self, group: dist.ProcessGroup | None = None, timeout: float | None = None,
                  explain: Callable[[BaseException], BaseException] | None = None,
-                 device: torch.device | None = None):
-        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+                 device: torch.device | None = None, *, ranks: Sequence[int] | None = None):
+        ranks = list(ranks) if ranks is not None else dist.get_process_group_ranks(group or dist.group.WORLD)
+        self.ranks, self.timeout, self._subs = ranks, timeout, {}  # type: ignore[var-annotated]
         kw = {"timeout": timedelta(seconds=timeout)} if timeout is not None else {}
         self.pgs = (dist.new_group(ranks, use_local_synchronization=True, **kw),
                     dist.new_group(ranks, use_local_synchronization=True, **kw))
@@ -168,12 +173,20 @@ class TorchGroup:
                 raise
             raise self.explain(e) from e
 
+    def sub(self, members: Sequence[int]) -> TorchGroup:
+        key = tuple(members)
+        if key not in self._subs:  # only its members make it (use_local_synchronization)
+            self._subs[key] = TorchGroup(None, self.timeout, self.explain, self.device,
+                                         ranks=[self.ranks[i] for i in key])
+        return self._subs[key]
+
 
 class _Hub:
     """What the W ranks of one process share: per leg, the collectives not every rank has issued yet."""
 
     def __init__(self, size: int):
         self.size = size
+        self.subs: dict[tuple[int, ...], _Hub] = {}
         self.pending: list[dict[int, tuple[str, dict[int, Any], dict[int, Future]]]] = [{}, {}]
 
 
@@ -184,6 +197,13 @@ class LocalGroup:
         self.hub, self.rank, self.size = hub, rank, hub.size
         self.turns, self.device = Turns(), torch.device("cpu")
         self._seq = [0, 0]
+        self._subs: dict[tuple[int, ...], LocalGroup] = {}
+
+    def sub(self, members: Sequence[int]) -> LocalGroup:
+        key = tuple(members)
+        if key not in self._subs:
+            self._subs[key] = LocalGroup(self.hub.subs.setdefault(key, _Hub(len(key))), key.index(self.rank))
+        return self._subs[key]
 
     def _call(self, leg: int, kind: str, arg: Any, combine: Callable[[list[Any]], list[Any]]) -> Future:
         seq, self._seq[leg] = self._seq[leg], self._seq[leg] + 1

@@ -190,12 +190,13 @@ class ServerStep:
 
 
 class ShardedStep:
-    """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
+    """The step of ``method`` (built for the whole vector) for ``workers`` workers under a topology that
+    cuts it into shards (``sharded``, or any registered topology whose ``sharded`` is set)."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
-                 downlink: DownlinkSpec = DownlinkSpec()):
+                 downlink: DownlinkSpec = DownlinkSpec(), topology: str = SHARDED.name):
         self.method, self.workers, self.downlink = method, workers, downlink
-        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology=SHARDED.name,
+        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology=topology,
                                        workers=workers, seed=seed, total_steps=method.total_steps, method=method,
                                        spec=downlink)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
@@ -246,5 +247,5 @@ def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers:
     """The step object of ``topology``: :class:`ShardedStep` where it cuts the vector into W shards,
     else :class:`ServerStep`."""
     if topology_of(topology).sharded:
-        return ShardedStep(method, param_sizes, workers, seed, downlink)
+        return ShardedStep(method, param_sizes, workers, seed, downlink, topology)
     return ServerStep(method, seed, topology)
