@@ -85,13 +85,13 @@ def run_steps(step: Any, t: Any, workers: list[int]) -> tuple[list[torch.Tensor]
 def hier_case(rank: int, world: int, methods: list[str]) -> dict[str, Any]:
     """Each method: STEPS steps of the trainer's step over gloo, and STEPS buckets of the DDP hook."""
     import dqsgd.ddp
-    from dqsgd.transport.torch_dist import TorchShardedTransport
+    from dqsgd.transport import make_transport
 
     register()
     out: dict[str, Any] = {}
     for method in methods:
         step, hs = sharded_step(method, world)
-        trainer, bits = run_steps(step, TorchShardedTransport(timeout=60.0), [rank])
+        trainer, bits = run_steps(step, make_transport(NAME, timeout=60.0), [rank])
         hook, hook_bits = [], []
         for s in range(STEPS):
             hook.append(dqsgd.ddp.hook(hs, Bucket(grad(rank, s))).wait().clone())

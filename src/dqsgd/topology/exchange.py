@@ -27,7 +27,6 @@ protocol's topology, through the ``count`` callback of the caller.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["Exchange", "Outcome", "in_process", "size_table"]
 
 Count = Callable[[Legs, bool], None]  # (legs, whole: the step's first count, not a coded downlink's late one)
-_COUNT_LOCK = threading.Lock()  # counts may come from completion callbacks
 
 
 @dataclass
@@ -93,9 +91,9 @@ class Exchange:
                 for r, (flat, g, mem) in ranks.items()}
 
     def count(self, legs: Legs, whole: bool = True) -> None:
+        """Tell the caller one rank's bytes (from completion callbacks too: the caller's count is thread-safe)."""
         if self._counter is not None:
-            with _COUNT_LOCK:
-                self._counter(legs, whole)
+            self._counter(legs, whole)
 
 
 class _Rank:

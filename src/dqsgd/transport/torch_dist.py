@@ -49,7 +49,7 @@ from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.agreement import RankDisagreement
 from dqsgd.topology.group import TorchGroup
 from dqsgd.topology.limits import check_sizes
-from dqsgd.topology.names import check_topology
+from dqsgd.topology.registry import topology_of
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 
 __all__ = ["RankDisagreement", "TorchAllGatherTransport", "TorchPSTransport", "TorchShardedTransport", "TransportError",
@@ -379,5 +379,6 @@ def make_transport(topology: str, group: dist.ProcessGroup | None = None, device
                    timeout: float | None = None) -> TorchPSTransport | TorchAllGatherTransport | TorchShardedTransport:
     """``"ps"``, ``"allgather"`` or ``"sharded"`` over ``group`` (default: the whole world); ``timeout``
     per collective in seconds (default: the one given to ``init_process_group``)."""
-    kinds = {"ps": TorchPSTransport, "allgather": TorchAllGatherTransport, "sharded": TorchShardedTransport}
-    return kinds[check_topology(topology)](group, device, timeout)
+    kind = topology_of(topology)  # what the topology does, not its name: a topology registered later too
+    cls = TorchPSTransport if kind.server else TorchShardedTransport if kind.sharded else TorchAllGatherTransport
+    return cls(group, device, timeout)
