@@ -22,7 +22,8 @@ import torch
 
 # (module, attribute): what each stage is
 STAGES = [
-    ("dqsgd.ddp.comm_hook", "_encode_flagged"),  # uplink: quantize + code every shard
+    ("dqsgd.ddp.comm_hook", "_encode_flagged"),  # uplink: quantize + code every shard (older versions)
+    ("dqsgd.topology.exchange", "_Rank._encode"),  # uplink: quantize + code every shard
     ("dqsgd.method.pipeline", "Method.compress"),  # quantization alone (older versions of the coded path)
     ("dqsgd.kernels.codec", "_quantize"),  # quantization and, for the entropy codings, the level histogram
     ("dqsgd.topology.payloads", "messages"),  # the send buffer of payloads that are not written in place
@@ -32,17 +33,21 @@ STAGES = [
     ("dqsgd.codecs.auto", "_zstd_may_win"),  # AUTO's zstd sample
     ("dqsgd.codecs.auto", "elias_bit_length"),  # AUTO's exact Elias length, where it is needed
     ("dqsgd.codecs.wire", "crc32"),
-    ("dqsgd.ddp.comm_hook", "_sizes"),  # the size exchange of variable-length payloads (blocking)
+    ("dqsgd.ddp.comm_hook", "_sizes"),  # the size exchange of variable-length payloads (blocking; older versions)
+    ("dqsgd.topology.exchange", "size_table"),  # the size exchange of variable-length payloads (issued)
     ("dqsgd.topology.bucket", "BucketProtocol.reduce"),  # uplink: decode + average this rank's shard
     ("dqsgd.codecs.wire", "decode_body"),
     ("dqsgd.codecs.wire", "decode_body_uncounted"),  # decode-accumulate's (RANSX: the table checked while adding)
     ("dqsgd.topology.bucket", "BucketProtocol.encode_down_fed"),  # downlink: the shard's payload
-    ("dqsgd.ddp.comm_hook", "_assemble"),  # downlink: decode every shard, record the step's statistics
+    ("dqsgd.ddp.comm_hook", "_assemble"),  # downlink: decode every shard, record the statistics (older versions)
+    ("dqsgd.topology.exchange", "_Rank._assemble"),  # downlink: decode every shard
     ("dqsgd.topology.bucket", "BucketProtocol.decode_down"),
     ("dqsgd.topology.downlink", "encode_coded"),  # the entropy-coded downlink (downlink_coding)
     ("dqsgd.topology.downlink", "decode_coded"),
-    ("dqsgd.ddp.state", "BucketState.record"),
-    ("dqsgd.ddp.state", "BucketState.catch_up"),  # the policy's update
+    ("dqsgd.ddp.state", "BucketState.record"),  # (older versions)
+    ("dqsgd.ddp.state", "BucketState.catch_up"),  # the policy's update (older versions)
+    ("dqsgd.topology.state", "BucketState.record"),  # the step's statistics
+    ("dqsgd.topology.state", "BucketState.catch_up"),  # the policy's update
     ("dqsgd.policies.coded", "CodedBudgetedDQSGD.learn"),  # its level entropies
 ]
 CPU: collections.defaultdict[str, float] = collections.defaultdict(float)

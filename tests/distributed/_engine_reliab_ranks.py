@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dqsgd.ddp
-from dqsgd.ddp import comm_hook as ddp_hook
+from dqsgd.topology import exchange
 from dqsgd.method.config import method_config
 from dqsgd.topology import payloads
 from dqsgd.topology.bucket import BucketProtocol
@@ -56,12 +56,12 @@ def forged_announcement(rank: int, world: int, topology: str, size: int) -> dict
     """D1: rank 1 announces a payload of ``size`` bytes (Elias coding: sizes are exchanged)."""
     cfg = method_config("qsgd", bits=4, coding="elias")
     state = dqsgd.ddp.HookState(cfg, None, timeout=30.0, topology=topology)
-    m, real = _ddp(state), ddp_hook._sizes
+    m, real = _ddp(state), exchange.size_table
     if rank == 1:
-        ddp_hook._sizes = lambda group, mine, fixed, w: real(group, [size] * len(mine), fixed, w)  # type: ignore
+        exchange.size_table = lambda group, mine, fixed, device: real(group, [size] * len(mine), fixed, device)  # type: ignore
     before = _rss_mb()
     kind, text = _outcome(lambda: _backward(m, rank))
-    ddp_hook._sizes = real
+    exchange.size_table = real
     return {"kind": kind, "text": text, "rss_growth_mb": _rss_mb() - before}
 
 

@@ -9,7 +9,7 @@ import torch
 import _hook_ranks as hr
 from dqsgd.cli.launch import spawn_local
 from dqsgd.codecs import PayloadError
-from dqsgd.ddp.state import BucketState
+from dqsgd.topology.state import BucketState
 from dqsgd.kernels import HashRNG
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method

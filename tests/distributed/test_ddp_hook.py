@@ -15,7 +15,8 @@ from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.ddp import HookState
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
-from dqsgd.topology.bucket import BucketProtocol, run_in_process
+from dqsgd.topology.bucket import BucketProtocol
+from dqsgd.topology.exchange import in_process
 
 pytestmark = pytest.mark.distributed
 
@@ -46,7 +47,7 @@ def reference(method: str, kw: dict, locals_: list[torch.Tensor], sizes: list[in
     down = HookState(cfg, topology=topology, downlink_bits=kw.get("downlink_bits")).downlink_bits
     proto = BucketProtocol(cfg, n, sizes, topology=topology, workers=W, seed=SEED, bucket=index, total_steps=20,
                            downlink_bits=down)
-    return run_in_process(proto, locals_, bits, step, dbits=dbits if down == "auto" else None)
+    return in_process(proto, locals_, bits, step, dbits=dbits if down == "auto" else None)
 
 
 @pytest.mark.timeout(500)

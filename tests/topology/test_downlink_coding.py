@@ -11,7 +11,8 @@ from synthetic_runs import entry, train_config
 from dqsgd.data import load_dataset
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method, ProtocolError
-from dqsgd.topology.bucket import BucketProtocol, run_in_process
+from dqsgd.topology.bucket import BucketProtocol
+from dqsgd.topology.exchange import in_process
 from dqsgd.topology.downlink import resolve_downlink_coding
 from dqsgd.train.trainer import Trainer
 
@@ -37,8 +38,8 @@ def test_coded_downlink_gives_the_fixed_downlinks_update_bitwise(dbits: int, cod
     assert not fixed.coded_down and coded.coded_down
     grads = _grads(30_001, 4)
     for step in range(2):
-        want = run_in_process(fixed, grads, 4, step)
-        got = run_in_process(coded, grads, 4, step)
+        want = in_process(fixed, grads, 4, step)
+        got = in_process(coded, grads, 4, step)
         assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (coding, dbits, step)
 
 
@@ -176,8 +177,8 @@ def test_coded_downlink_on_the_gpu_equals_the_cpu(feedback: bool) -> None:
     payloads decoded into the CUDA update: the CPU's update, bitwise (max norm)."""
     dbits = 2 if feedback else 8
     grads = _grads(30_001, 4, seed=5)
-    want = run_in_process(_proto("auto", dbits, feedback), grads, 4, 1)
-    got = run_in_process(_proto("auto", dbits, feedback), [g.cuda() for g in grads], 4, 1)
+    want = in_process(_proto("auto", dbits, feedback), grads, 4, 1)
+    got = in_process(_proto("auto", dbits, feedback), [g.cuda() for g in grads], 4, 1)
     assert got.device.type == "cuda" and torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
 
 

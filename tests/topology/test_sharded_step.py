@@ -108,13 +108,16 @@ def test_every_uplink_payload_fits_its_cap(name: str, topology: str) -> None:
     cfg = TrainConfig(name="cap", dataset="synthetic", model="mlp", workers=3, steps=3, batch_size=8, topology=topology)
     tr = Trainer(cfg, MethodEntry(name, method_config(name)), load_dataset("synthetic"), 0)
     seen: list[tuple[int, int]] = []  # (payload bytes, its cap)
-    exchange = tr.transport.exchange
+    run = tr.step_runner.run
 
-    def spy(rows, caps):  # type: ignore[no-untyped-def]
-        seen.extend((len(p), c) for row in rows for p, c in zip(row, caps))
-        return exchange(rows, caps)
+    def spy(t, grads, state, *a, **kw):  # type: ignore[no-untyped-def]
+        out = run(t, grads, state, *a, **kw)
+        caps = tr.step_runner.protocol.caps(state.bits)
+        seen.extend((n, c) for row in out.up for n, c in zip(row, caps))
+        return out
 
-    tr.transport.exchange = spy  # type: ignore[method-assign]
+    if topology == "sharded":
+        tr.step_runner.run = spy  # type: ignore[method-assign]
     for _ in range(3):
         r = tr.step()
         if topology == "ps":

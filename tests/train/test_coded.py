@@ -41,9 +41,17 @@ class Recording(SimTransport):
         self.sent.append([[p] for p in payloads])
         return super().gather(payloads, max_bytes)
 
-    def exchange(self, rows, max_bytes):  # type: ignore[no-untyped-def]
-        self.sent.append([list(r) for r in rows])
-        return super().exchange(rows, max_bytes)
+    def exchange_groups(self):  # type: ignore[no-untyped-def]
+        """The sharded exchange's ranks, each all-to-all recording the rank's W payloads (flag bytes cut)."""
+        groups, rows = super().exchange_groups(), []
+        self.sent.append(rows)
+        for g in groups.values():
+            def all_to_all(send, send_sizes, recv_sizes, leg, real=g.all_to_all):  # type: ignore[no-untyped-def]
+                rows.append([bytes(p[:-1].numpy()) for p in send.split(list(send_sizes))])
+                return real(send, send_sizes, recv_sizes, leg)
+
+            g.all_to_all = all_to_all  # type: ignore[method-assign]
+        return groups
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)

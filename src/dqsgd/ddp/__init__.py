@@ -6,11 +6,12 @@
     ...                                   # train as usual
     print(state.compression_stats())      # measured bytes sent and received, and the ratios
 
-**Asynchronous.** The hook encodes a bucket, issues its collective with ``async_op=True`` and
-returns a future; decoding and averaging run when the collective completes, so a bucket's
-communication overlaps the backward of the buckets after it. Fixed-width (FIXED-coded) payloads
-have a size that follows from (numel, bits), so no sizes are exchanged; variable-length codings
-(Elias, rANS, zstd) exchange their sizes first in one small blocking all-gather.
+**Asynchronous.** The hook hands the bucket to its exchange (:mod:`dqsgd.topology.exchange`, the
+one the trainer runs), which encodes it, issues its collectives with ``async_op=True`` and returns
+a future; decoding and averaging run when the collectives complete, so a bucket's communication
+overlaps the backward of the buckets after it. Fixed-width (FIXED-coded) payloads have a size that
+follows from (numel, bits), so no sizes are exchanged; variable-length codings (Elias, rANS, zstd)
+exchange their sizes first in one small all-gather, whose completion issues the payloads' collective.
 
 **Topology ``sharded``** (the default): for W ranks the bucket's flat gradient is cut into W
 contiguous shards (:func:`dqsgd.core.sharding.shard_bounds`), each quantized as a vector of its own;

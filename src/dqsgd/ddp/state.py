@@ -1,18 +1,16 @@
-"""State of the DDP hook: per-bucket methods and policies, traffic counters, checkpointing.
+"""State of the DDP hook: its configuration, one bucket state per bucket index, traffic counters,
+checkpointing.
 
 One :class:`HookState` per DDP model (like ``PowerSGDState``). A bucket index gets its own
-:class:`~dqsgd.method.pipeline.Method` (the policy of the whole bucket) and, under topology ``sharded``,
-one Method per shard (shard j of the bucket is a vector of its own: a per-tensor layout becomes the
-pieces of the tensors inside the shard, a bucket layout restarts at the shard's start).
+:class:`~dqsgd.topology.state.BucketState` (its protocol, policy, step and this rank's memory), the
+state the exchange (:mod:`dqsgd.topology.exchange`) runs on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
-from dataclasses import dataclass, field
-from datetime import timedelta
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,179 +20,16 @@ from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, check_one_message, method_config
-from dqsgd.topology.names import FP32, HOOK_TOPOLOGIES as TOPOLOGIES, check_topology
-from dqsgd.topology.registry import ring_bytes, topology_of
+from dqsgd.topology.names import FP32, check_topology
+from dqsgd.topology.registry import REGISTRY, ring_bytes, topology_of
 
 if TYPE_CHECKING:
-    from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import BucketProtocol
     from dqsgd.topology.downspec import DownlinkSpec
+    from dqsgd.topology.group import TorchGroup
+    from dqsgd.topology.state import BucketState
 
 STATE_VERSION = 2
-
-
-# The hook's groups are also held here, for the life of the process: the completion callbacks capture
-# them, and were a callback to drop the last reference (the state gone once the training function
-# returned) the group's destructor would run on one of its own gloo threads and join it ("terminate
-# called … Resource deadlock avoided", seen as a rank dying with SIGABRT at the end of a run).
-_LIVE_GROUPS: list[dist.ProcessGroup] = []
-
-
-@dataclass
-class BucketState:
-    """One bucket index: its protocol (methods, shards, keys), policy state, error-feedback residuals
-    and step counter."""
-
-    numel: int
-    proto: BucketProtocol                # the bucket's per-step protocol (dqsgd.topology.bucket)
-    policy: Any                          # the policy's state; .bits = this step's width
-    generator: torch.Generator           # TernGrad's rounding (the other schemes draw hash uniforms)
-    sizes: tuple[int, ...]               # the bucket's parameter sizes, in DDP's order
-    residuals: dict[int, torch.Tensor] = field(default_factory=dict)
-    staged: dict[int, torch.Tensor] | None = None  # this step's new residuals, kept once no rank overflowed
-    down_residual: torch.Tensor | None = None      # error-fed downlink: this rank's shard server residual e_j
-    down_staged: torch.Tensor | None = None        # this step's new e_j, kept once no rank overflowed
-    step: int = 0                        # compressed steps of this bucket (the HashRNG step)
-    pending: list[tuple] = field(default_factory=list)  # (step, [norm, rms, bad], spent_bits, G, event): unobserved
-    bad: torch.Tensor | None = None      # device path: payloads that failed validation (read a step late)
-    _bad_event: Any = field(default=None, repr=False)  # CUDA: recorded after ``bad`` was last written
-    _size_cache: tuple[list, dict] | None = field(default=None, repr=False)  # (shards, {key: sizes})
-
-    @property
-    def method(self) -> Method:
-        """The whole bucket's method: its policy picks every shard's width."""
-        return self.proto.method
-
-    @property
-    def shards(self) -> list[Method]:
-        """One method per shard (topology allgather: the bucket itself)."""
-        return self.proto.shards
-
-    @property
-    def bounds(self) -> list[tuple[int, int]]:
-        return self.proto.bounds
-
-    def uplink_bytes(self, width: int) -> int:
-        """Bytes of every shard's fixed-coded uplink message at ``width``, summed."""
-        return self._cached(("up", width), lambda: sum(m.message_bits(width) for m in self.shards) // 8)
-
-    def _cached(self, key: tuple[str, int], compute: Any) -> Any:
-        """``compute()`` once per key while the shards stay the same (sizes depend on them and the width
-        alone; a reordered bucket gets new shards, and so a new cache)."""
-        if self._size_cache is None or self._size_cache[0] is not self.shards:
-            self._size_cache = (self.shards, {})
-        cache = self._size_cache[1]
-        if key not in cache:
-            cache[key] = compute()
-        return cache[key]
-
-    @property
-    def bits(self) -> int:
-        return int(self.policy.bits)
-
-    def width(self) -> int:
-        return self.method.width(self.bits)
-
-    def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
-        """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
-        non-finite (the policy then skips the step). A policy that reads G keeps only what it reads
-        (the coded budget: its entropy sample, ≤ 65,536 coordinates, not a copy of the bucket). On a
-        device they are reduced there and copied to pinned host memory without blocking; an event
-        marks when they have arrived."""
-        from dqsgd.policies.base import grad_norms
-        from dqsgd.policies.coded import read_stride
-
-        m = self.method
-        vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
-        policy = self.proto.policy
-        keep = avg[:: read_stride(policy, avg.numel())] if policy.needs_grad else None
-        if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
-            self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
-            return
-        host = torch.empty(3, dtype=torch.float32, pin_memory=True).copy_(vals, non_blocking=True)
-        if keep is not None:
-            keep = torch.empty(keep.shape, dtype=keep.dtype, pin_memory=True).copy_(keep, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.pending.append((step, host, spent_bits, keep, event))
-
-    def _take(self) -> tuple[int, list[float], int, torch.Tensor | None]:
-        step, vals, spent, g, event = self.pending.pop(0)
-        if event is not None:
-            event.synchronize()  # a step already done: no wait for the work queued since
-        return step, vals.tolist(), spent, g
-
-    def payload_flag(self, out: torch.Tensor) -> torch.Tensor | None:
-        """The bucket's deferred-validation flag on ``out``'s device (None: the host codec, which raises)."""
-        from dqsgd.topology.payloads import device_path
-
-        if not device_path(out):
-            return None
-        if self.bad is None or self.bad.device != out.device:
-            self.bad = torch.zeros((), dtype=torch.bool, device=out.device)
-        return self.bad
-
-    def check_payloads(self, index: int) -> None:
-        """Raise if a payload this rank decoded on the device path failed validation. The flag is
-        read only once the work that set it has finished (CUDA: ``query`` of an event recorded after
-        it), so the check never waits for the device; on CPU it is read at once."""
-        from dqsgd.codecs import PayloadError
-
-        if self.bad is None:
-            return
-        if self.bad.device.type == "cuda":
-            if self._bad_event is None:
-                self._bad_event = torch.cuda.Event()
-                self._bad_event.record()
-                return
-            if not self._bad_event.query():
-                return
-            self._bad_event = None
-        if bool(self.bad):
-            raise PayloadError(f"bucket {index}: a payload this rank received at step {self.step - 1} or earlier "
-                               "failed validation (crc, padding or code range): refusing to continue")
-
-    def catch_up(self, last_step: int) -> None:
-        """Feed the policy every recorded step ≤ ``last_step``."""
-        from dqsgd.policies.base import stats_of
-
-        while self.pending and self.pending[0][0] <= last_step:
-            step, (norm, l2, bad), spent, g = self._take()
-            if bad:  # an overflow step (GradScaler skips it): no statistics to learn from
-                continue
-            stats = stats_of(step, norm, l2, self.numel, spent, g)
-            self.policy = self.proto.policy.update(self.policy, stats)
-
-    def state_dict(self) -> dict[str, Any]:
-        from dqsgd.policies import state_to_dict
-
-        pending = [self._take() for _ in range(len(self.pending))]
-        self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in pending]
-        return {"numel": self.numel, "sizes": self.sizes, "step": self.step, "policy": state_to_dict(self.policy),
-                "residuals": {j: r.cpu().clone() for j, r in self.residuals.items()},
-                "down_residual": None if self.down_residual is None else self.down_residual.cpu().clone(),
-                "generator": self.generator.get_state(),
-                "pending": [(s, v, b, None if g is None else g.clone()) for s, v, b, g in pending]}
-
-    def load(self, d: dict[str, Any], index: int) -> None:
-        from dqsgd.policies import state_from_dict
-
-        if d["numel"] != self.numel:
-            raise ValueError(f"bucket {index}: the checkpoint holds {d['numel']} elements, the model's bucket "
-                             f"{self.numel} (same model and bucket_cap_mb needed)")
-        if tuple(d["sizes"]) != self.sizes:
-            warnings.warn(f"bucket {index}: parameter order {self.sizes} differs from the checkpoint's "
-                          f"{tuple(d['sizes'])} "
-                          "(DDP orders a new model's first buckets by registration): this step's roundings differ "
-                          "from an uninterrupted run's; the policy and its budget continue exactly", stacklevel=4)
-            self.residuals, self.down_residual = {}, None
-        self.policy = state_from_dict(type(self.policy), d["policy"])
-        self.step = int(d["step"])
-        if tuple(d["sizes"]) == self.sizes:
-            self.residuals = dict(d["residuals"])
-            self.down_residual = d.get("down_residual")  # absent: saved without the error-fed downlink
-        self.generator.set_state(d["generator"])
-        self.pending = [(s, torch.tensor(v, dtype=torch.float32), b, g, None) for s, v, b, g in d["pending"]]
 
 
 def _stateful(field_name: str) -> bool:
@@ -204,6 +39,7 @@ def _stateful(field_name: str) -> bool:
                                                               "downlink_coding", "downlink_target_bits", "total_steps")
 
 
+_COUNT_LOCK = threading.Lock()
 _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps",
              "down_sent", "down_received", "refusals")  # bytes_*: both phases; down_*: the downlink's part
 
@@ -213,7 +49,7 @@ class HookState:
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
                  "downlink_feedback", "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits", "nonfinite_step", "start_iter", "min_compression_rate",
-                 "iter", "_buckets", "_groups", "_loaded", "_issued", "_agreed", "_queued", "_error", "_futures",
+                 "iter", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
@@ -253,7 +89,7 @@ class HookState:
         if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
-        check_topology(topology, TOPOLOGIES)
+        check_topology(topology, [n for n, t in REGISTRY.items() if t.hook])  # a topology registered later too
         for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -272,8 +108,7 @@ class HookState:
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self._buckets: dict[int, BucketState] = {}
         self._loaded: dict[int, dict[str, Any]] = {}
-        self._groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
-        self._issued: torch.futures.Future | None = None  # the last bucket's downlink collective is issued
+        self._group: TorchGroup | None = None
         self._agreed = False  # the ranks compared their fingerprints (first call of the hook)
         self._queued = False  # the end-of-backward callback that raises a bucket's error is queued
         self._error: Exception | None = None  # the first error a bucket's callback met in this backward
@@ -309,7 +144,12 @@ class HookState:
     def count(self, up: tuple[int, int], down: tuple[int, int], numel: int, itemsize: int, width: int, world: int,
               refused: bool = False) -> None:
         """One bucket's exchange: (sent, received) in the uplink and the downlink phase; ``refused``:
-        sent uncompressed (warm-up, too small, not worth compressing)."""
+        sent uncompressed (warm-up, too small, not worth compressing). Called from completion callbacks too."""
+        with _COUNT_LOCK:
+            self._add(up, down, numel, itemsize, width, world, refused)
+
+    def _add(self, up: tuple[int, int], down: tuple[int, int], numel: int, itemsize: int, width: int, world: int,
+             refused: bool) -> None:
         self.bytes_sent += up[0] + down[0]
         self.bytes_received += up[1] + down[1]
         self.down_sent += down[0]
@@ -343,34 +183,31 @@ class HookState:
 
         if self._agreed:
             return
-        up, _ = self.groups()
+        group = self.group()
 
         def gather(ints: list[int]) -> list[list[int]]:
-            mine = torch.tensor(ints, dtype=torch.int64)
-            rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(up))]
-            dist.all_gather(rows, mine, group=up)
-            return [r.tolist() for r in rows]
+            return [r.tolist() for r in group.all_gather(torch.tensor(ints, dtype=torch.int64), 0).wait()]
 
-        agree({**self.fields(), "progress.iter": self.iter}, gather, dist.get_rank(up))
+        agree({**self.fields(), "progress.iter": self.iter}, gather, group.rank)
         self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
-    def groups(self) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-        """Two groups over the hook's ranks, with the hook's timeout: uplink (collectives issued by
-        the hook, in bucket order) and downlink (issued from completion callbacks, in bucket order)."""
-        if self._groups is None:
-            ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-            kw = {"timeout": timedelta(seconds=self.timeout)} if self.timeout is not None else {}
-            self._groups = (dist.new_group(ranks, use_local_synchronization=True, **kw),
-                            dist.new_group(ranks, use_local_synchronization=True, **kw))
-            _LIVE_GROUPS.extend(self._groups)
-        return self._groups
+    def group(self) -> TorchGroup:
+        """The hook's ranks, over two groups of its own with the hook's timeout (one per leg: the
+        uplink's collectives are issued by the hook in bucket order, the downlink's from completion
+        callbacks in bucket order)."""
+        if self._group is None:
+            from dqsgd.topology.group import TorchGroup
+
+            self._group = TorchGroup(self.process_group, self.timeout)
+        return self._group
 
     def bucket(self, index: int, grad: torch.Tensor, sizes: list[int], rank: int, world: int) -> BucketState:
         """The bucket's state, built on first use. DDP rebuilds its buckets after the first iteration:
         a bucket of another size starts afresh; the same elements in another parameter order keep
         their policy and step (new layouts; error-feedback residuals restart, their positions moved)."""
         from dqsgd.topology.keys import worker_generator
+        from dqsgd.topology.state import BucketState
 
         b, n = self._buckets.get(index), grad.numel()
         sizes = sizes if sum(sizes) == n else [n]
@@ -380,8 +217,8 @@ class HookState:
                 b.sizes, b.residuals, b.down_residual = tuple(sizes), {}, None
             return b
         proto = self._protocol(index, n, sizes, world)
-        b = self._buckets[index] = BucketState(n, proto, proto.policy.init(),
-                                               worker_generator(self.seed, rank, index), tuple(sizes))
+        b = self._buckets[index] = BucketState(numel=n, proto=proto, policy=proto.policy.init(),
+                                               generator=worker_generator(self.seed, rank, index), sizes=tuple(sizes))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)
         return b

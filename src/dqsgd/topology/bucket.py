@@ -226,8 +226,7 @@ class BucketProtocol:
                 got = payloads.encode_batched(self.shards, self.bounds, flat, bits,
                                               [self.uplink_rng(step, worker, j) for j in range(len(self.shards))])
             except NonFiniteGradientError as e:
-                where = f", shard {getattr(e, 'shard', 0)}" if len(self.shards) > 1 else ""
-                raise NonFiniteGradientError(f"step {step}, worker {worker}{where}: {e}") from None
+                raise self.nonfinite(e, step, worker) from None
             if got is not None:
                 buf, at, sizes = got
                 return [buf[a : a + n] for a, n in zip(at, sizes)], [None] * len(self.shards)
@@ -237,11 +236,18 @@ class BucketProtocol:
                 p, r = payloads.encode_shard(m, flat[lo:hi], bits, self.uplink_rng(step, worker, j), generator,
                                              res_in[j], sc)
             except NonFiniteGradientError as e:
-                where = f", shard {j}" if len(self.shards) > 1 else ""
-                raise NonFiniteGradientError(f"step {step}, worker {worker}{where}: {e}") from None
+                e.shard = j  # type: ignore[attr-defined]
+                raise self.nonfinite(e, step, worker) from None
             out.append(p)
             res.append(r)
         return out, res
+
+    def nonfinite(self, err: Exception, step: int, worker: int) -> Exception:
+        """The quantizer's refusal of a non-finite input, naming the step, the worker and the shard."""
+        from dqsgd.quantizers import NonFiniteGradientError
+
+        where = f", shard {getattr(err, 'shard', 0)}" if len(self.shards) > 1 else ""
+        return NonFiniteGradientError(f"step {step}, worker {worker}{where}: {err}")
 
     def reduce(self, shard: int, received: Sequence[torch.Tensor], bits: int, voters: list[bool] | None = None,
                out: torch.Tensor | None = None, bad: torch.Tensor | None = None) -> torch.Tensor:
@@ -368,16 +374,3 @@ class BucketProtocol:
 def replace_kernel(config: MethodConfig, kernel: str) -> MethodConfig:
     """``config`` with ``kernel`` where its quantizer has that kernel (the hook's hash uniforms)."""
     return dataclasses.replace(config, kernel=kernel) if config.quantizer.fused and config.kernel != kernel else config
-
-
-def run_in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, step: int,
-                   generators: Sequence[torch.Generator | None] | None = None, dbits: int | None = None) -> torch.Tensor:
-    """One step of ``proto`` for W workers' flat gradients in one process, without memory or scalers
-    (what every rank of a real run computes): the update every rank applies. ``dbits``: the step's
-    downlink width (``downlink_bits = "auto"``; None: the fixed width)."""
-    gens = generators if generators is not None else [None] * len(flats)
-    sent = [proto.encode(w, g, bits, step, gens[w])[0] for w, g in enumerate(flats)]
-    avg = [proto.reduce(j, [row[j] for row in sent], bits) for j in range(len(proto.shards))]
-    if not proto.kind.downlink:  # every rank aggregated for itself
-        return avg[0]
-    return proto.decode_down([proto.encode_down(j, a, step, dbits=dbits) for j, a in enumerate(avg)], dbits=dbits)

@@ -13,9 +13,12 @@ beside the downlink payload in ``broadcast``. What the numbers mean is the calle
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from dqsgd.topology.group import Group
 
 
 
@@ -87,6 +90,11 @@ class ShardedTransport(Protocol):
 
     def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
         """Downlink all-gather: the W shards' payloads, in shard order, on every process."""
+        ...
+
+    def exchange_groups(self) -> dict[int, Group]:
+        """The group view of each local worker (:mod:`dqsgd.topology.group`) that a step's exchange
+        (:class:`~dqsgd.topology.exchange.Exchange`) runs over."""
         ...
 
     def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:

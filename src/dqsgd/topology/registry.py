@@ -10,7 +10,10 @@ hook read its attributes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+if TYPE_CHECKING:
+    from dqsgd.topology.group import Group
 
 
 class Legs(NamedTuple):
@@ -46,6 +49,12 @@ class Topology(ABC):
     def shards(self, workers: int) -> int:
         """How many shards a bucket is cut into for ``workers`` ranks (each aggregated on its own)."""
         return workers if self.sharded else 1
+
+    def split(self, group: Group) -> tuple[Group, Group | None]:
+        """The groups one step of the exchange (:mod:`dqsgd.topology.exchange`) runs over, as seen by
+        ``group``'s rank: the one its sequence (this topology's collectives) runs in, and the one whose
+        ranks then average their results (None: none; a hierarchical topology has one)."""
+        return group, None
 
     def fp32_legs(self) -> int:
         """How many times the fp32 reference sends the whole vector per worker and step: the uplink,
@@ -131,8 +140,9 @@ def topology_of(topology: object, allowed: Sequence[str] | None = None) -> Topol
     return REGISTRY[name]
 
 
-def check_topology(topology: object, allowed: Sequence[str] = TOPOLOGIES) -> str:
-    """``topology``'s name if it is one of ``allowed``, else a ValueError naming them."""
+def check_topology(topology: object, allowed: Sequence[str] | None = None) -> str:
+    """``topology``'s name if it is one of ``allowed`` (None: any registered, one registered later too),
+    else a ValueError naming them."""
     return topology_of(topology, allowed).name
 
 

@@ -55,8 +55,10 @@ from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.topology.bucket import BucketProtocol, shard_methods
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.names import FP32, check_downlink_bits
+from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.registry import SHARDED, SIMULATED_DEFAULT, topology_of, wire_traffic
+from dqsgd.topology.state import BucketState, Memory
 
 if TYPE_CHECKING:
     from dqsgd.topology.links import ShardedTransport, Transport
@@ -188,12 +190,13 @@ class ServerStep:
 
 
 class ShardedStep:
-    """The sharded step of ``method`` (built for the whole vector) for ``workers`` shards."""
+    """The step of ``method`` (built for the whole vector) for ``workers`` workers under a topology that
+    cuts it into shards (``sharded``, or any registered topology whose ``sharded`` is set)."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
-                 downlink: DownlinkSpec = DownlinkSpec()):
+                 downlink: DownlinkSpec = DownlinkSpec(), topology: str = SHARDED.name):
         self.method, self.workers, self.downlink = method, workers, downlink
-        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology=SHARDED.name,
+        self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology=topology,
                                        workers=workers, seed=seed, total_steps=method.total_steps, method=method,
                                        spec=downlink)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
@@ -203,50 +206,40 @@ class ShardedStep:
         """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
         return sum(m.coded_size(p) for m, p in zip(self.shards, row, strict=True))
 
-    def encode_worker(self, worker: int, grad: torch.Tensor, bits: int, step: int, generator: torch.Generator | None,
-                      residual: torch.Tensor | None, scalers: torch.Tensor | None) -> tuple[list[bytes], torch.Tensor | None]:
-        """Worker ``worker``'s W shard payloads, and its new error-feedback memory (whole vector)."""
-        P = self.protocol
-        shards = None if residual is None else [residual[lo:hi] for lo, hi in P.bounds]
-        pays, res = P.encode(worker, grad if grad.device.type == "cpu" else grad.cpu(), bits, step, generator,
-                             shards, scalers)
-        return [tensor_bytes(p) for p in pays], (None if res[0] is None else torch.cat(res))  # type: ignore[arg-type]
-
     def run(self, t: ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``, at
-        the width ``state.bits``; then the policy observes G (the same on every rank) for B_{n+1}.
+        the width ``state.bits``: one :class:`~dqsgd.topology.exchange.Exchange` call over the
+        transport's group (the in-process group of the simulation, or the torch.distributed one),
+        whose policy observes G (the same on every rank) for B_{n+1}.
 
         ``measure_coded``: also give each local worker's uplink with the best coding (:meth:`coded_size`),
         measured on the payloads it sent, after the exchange (nothing sent changes)."""
-        bits, P = state.bits, self.protocol
-        dbits = P.down_width(state.policy)  # "auto": the policy's downlink width for this step
-        scalers, side = None, 0
-        if self.method.shares_scalers:
-            scalers = t.max_reduce([P.local_scalers(g.cpu()) for g in grads.values()])
-            side = 4 * scalers.numel()  # the scalers go up and come back once per worker, float32
-        rows, new_res, t0 = [], {}, time.perf_counter()
-        for w, g in grads.items():
-            row, new_res[w] = self.encode_worker(w, g, bits, step, generators[w], state.residuals[w], scalers)
-            rows.append(row)
-        encode_s = time.perf_counter() - t0
-        served, up = t.exchange(rows, P.caps(bits))
-        down, fed = {}, dict(state.down_residuals)  # fed: the error-fed downlink's residuals (shards served here)
-        for j, payloads in served.items():
-            avg = P.reduce(j, [bytes_tensor(p) for p in payloads], bits)
-            pay, res = P.encode_down_fed(j, avg, step, fed.get(j), dbits=dbits)
-            down[j] = tensor_bytes(pay)
-            if res is not None:
-                fed[j] = res
-        shared = t.share(down, max(P.down_caps(dbits)))
-        update = P.decode_down([bytes_tensor(p) for p in shared], dbits=dbits)
-        after = self.method.observe(MethodState(state.policy, with_residuals(state, new_res), down_residuals=fed),
-                                    update, step, P.spent(up, dbits, [len(p) for p in shared]), self.policy)
-        # Measured once every shard server has accepted the payloads (a malformed one stopped the step above).
+        P = self.protocol
+        groups = t.exchange_groups()
+        b = BucketState(numel=P.numel, proto=P, policy=state.policy, step=step)
+        mems = {w: Memory(generator=generators[w], down_residual=state.down_residuals.get(w),
+                          residuals={} if state.residuals[w] is None else
+                          {j: state.residuals[w][lo:hi] for j, (lo, hi) in enumerate(P.bounds)})  # type: ignore[index]
+                for w in grads}
+        futures = Exchange(b, flag_nonfinite=False).start(
+            {w: (g.to(groups[w].device), groups[w], mems[w]) for w, g in grads.items()})
+        for w, f in futures.items():  # the first failure, whichever rank met it
+            if f.done():
+                groups[w].wait(f)
+        got = {w: groups[w].wait(f) for w, f in futures.items()}
+        t.steps += 1
+        b.catch_up(step)  # B_{n+1}, for the next step
+        first = got[next(iter(got))]
+        new_res = {w: torch.cat([m.residuals[j] for j in range(len(P.shards))]) if m.residuals else None
+                   for w, m in mems.items()}
+        fed = {**state.down_residuals, **{w: m.down_residual for w, m in mems.items() if m.down_residual is not None}}
+        after = MethodState(b.policy, with_residuals(state, new_res), down_residuals=fed)
         t1 = time.perf_counter()
-        coded = {w: self.coded_size(row) for w, row in zip(grads, rows)} if measure_coded else None
-        coded_s = time.perf_counter() - t1
-        return StepOutcome(update, up, [len(p) for p in shared], side, new_res, encode_s, coded, coded_s, P.topology, after)
+        coded = {w: self.coded_size([tensor_bytes(p) for p in o.sent]) for w, o in got.items()} if measure_coded \
+            else None
+        return StepOutcome(first.update.cpu(), first.table, first.down, first.side, new_res,
+                           sum(o.encode_s for o in got.values()), coded, time.perf_counter() - t1, P.topology, after)
 
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
@@ -254,5 +247,5 @@ def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers:
     """The step object of ``topology``: :class:`ShardedStep` where it cuts the vector into W shards,
     else :class:`ServerStep`."""
     if topology_of(topology).sharded:
-        return ShardedStep(method, param_sizes, workers, seed, downlink)
+        return ShardedStep(method, param_sizes, workers, seed, downlink, topology)
     return ServerStep(method, seed, topology)

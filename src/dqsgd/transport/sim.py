@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 
+from dqsgd.topology.group import LocalGroup, local_groups
 from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.names import check_topology
 
@@ -70,6 +71,11 @@ class SimTransport:
             check_sizes([len(shards[j])], [max_bytes], f"sim: the server of shard {j}")
         self.steps += 1
         return [shards[j] for j in range(self.workers)]
+
+    def exchange_groups(self) -> dict[int, LocalGroup]:
+        """The W ranks of a new in-process group (a step's exchange; a new one each step, so that a
+        step that stopped half way leaves nothing behind)."""
+        return dict(enumerate(local_groups(self.workers)))
 
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
                   max_bytes: int) -> tuple[bytes, list[int]]:

@@ -47,8 +47,9 @@ from dqsgd.codecs import PayloadError
 from dqsgd.core.ranges import check_timeout
 from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.agreement import RankDisagreement
+from dqsgd.topology.group import TorchGroup
 from dqsgd.topology.limits import check_sizes
-from dqsgd.topology.names import check_topology
+from dqsgd.topology.registry import topology_of
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 
 __all__ = ["RankDisagreement", "TorchAllGatherTransport", "TorchPSTransport", "TorchShardedTransport", "TransportError",
@@ -94,6 +95,7 @@ class _TorchTransport:
         self.timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
         self.steps = 0                 # completed steps (downlinks delivered), for error messages
         self._owes_downlink = False    # server: gathered this step's payloads, not yet broadcast
+        self._exchange_group: TorchGroup | None = None  # sharded: the exchange's group (exchange_groups)
 
     # --- the Transport protocol -----------------------------------------------------------------
     @property
@@ -357,6 +359,14 @@ class TorchShardedTransport(_TorchTransport):
             at += n
         return {self.rank: out}, sizes
 
+    def exchange_groups(self) -> dict[int, TorchGroup]:
+        """This rank over two groups of its own with the transport's timeout (made at the first step,
+        on every rank); a failed collective raises :class:`TransportError` naming the rank and the step."""
+        if self._exchange_group is None:
+            self._exchange_group = TorchGroup(self.group, None if self.timeout is None else self.timeout.total_seconds(),
+                                              lambda e: TransportError(self._explain("exchange", e)), self.device)
+        return {self.rank: self._exchange_group}
+
     def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
         if set(shards) != {self.rank}:
             raise ValueError(f"sharded transport: rank {self.rank} shares shard {self.rank} only, got {sorted(shards)}")
@@ -369,5 +379,6 @@ def make_transport(topology: str, group: dist.ProcessGroup | None = None, device
                    timeout: float | None = None) -> TorchPSTransport | TorchAllGatherTransport | TorchShardedTransport:
     """``"ps"``, ``"allgather"`` or ``"sharded"`` over ``group`` (default: the whole world); ``timeout``
     per collective in seconds (default: the one given to ``init_process_group``)."""
-    kinds = {"ps": TorchPSTransport, "allgather": TorchAllGatherTransport, "sharded": TorchShardedTransport}
-    return kinds[check_topology(topology)](group, device, timeout)
+    kind = topology_of(topology)  # what the topology does, not its name: a topology registered later too
+    cls = TorchPSTransport if kind.server else TorchShardedTransport if kind.sharded else TorchAllGatherTransport
+    return cls(group, device, timeout)

@@ -1,0 +1,100 @@
+"""A topology that exists only in the tests: two-level, sharded inside groups of GROUP ranks, then the
+groups' updates averaged across the groups. Adding it is the class below and one registry line
+(:func:`register`); the trainer's step, the simulation and the DDP hook then all run it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dqsgd.topology.registry import REGISTRY, Sharded
+
+GROUP, NAME, SEED, N, STEPS = 2, "hier2", 5, 1001, 4
+
+
+class Hierarchical(Sharded):
+    """``hier2``: the sharded exchange inside each group of GROUP consecutive ranks (shard j of a bucket
+    served by the group's j-th rank), then the mean of the groups' updates across the groups."""
+
+    name = NAME
+
+    def shards(self, workers: int) -> int:
+        return min(GROUP, workers)
+
+    def split(self, group: Any) -> tuple[Any, Any]:
+        size = min(GROUP, group.size)
+        first = group.rank // size * size
+        across = range(group.rank % size, group.size, size)  # the ranks that serve the same shard
+        return group.sub(range(first, first + size)), group.sub(across) if group.size > size else None
+
+
+def register() -> None:
+    REGISTRY.setdefault(NAME, Hierarchical())
+
+
+def grad(worker: int, step: int) -> torch.Tensor:
+    return torch.randn(N, generator=torch.Generator().manual_seed(1000 * worker + step))
+
+
+class Bucket:
+    """What the hook reads of a DDP GradBucket (one bucket holding the whole gradient)."""
+
+    def __init__(self, g: torch.Tensor):
+        self.g = g
+
+    def buffer(self) -> torch.Tensor:
+        return self.g
+
+    def index(self) -> int:
+        return 0
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [torch.empty(N)]
+
+    def is_last(self) -> bool:
+        return True
+
+
+def sharded_step(method: str, workers: int, topology: str = NAME) -> tuple[Any, Any]:
+    """The trainer's step object of ``method`` for the topology, with the hook's kernel and downlink."""
+    from dqsgd.ddp import HookState
+    from dqsgd.method.config import method_config
+    from dqsgd.method.pipeline import Method
+    from dqsgd.topology.bucket import replace_kernel
+    from dqsgd.topology.step import ShardedStep
+
+    hs = HookState(method, None, seed=SEED, timeout=60.0, total_steps=STEPS, topology=topology)
+    m = Method(replace_kernel(method_config(method), "fused"), N, STEPS, [N])
+    return ShardedStep(m, [N], workers, SEED, hs.downlink, topology), hs
+
+
+def run_steps(step: Any, t: Any, workers: list[int]) -> tuple[list[torch.Tensor], list[int]]:
+    """STEPS steps of ``step`` over transport ``t`` for the local ``workers``: the updates and widths."""
+    from dqsgd.topology.keys import worker_generator
+
+    state, updates, bits = step.method.init_state(step.workers, step.policy), [], []
+    for s in range(STEPS):
+        bits.append(state.bits)
+        out = step.run(t, {w: grad(w, s) for w in workers}, state, s, {w: worker_generator(SEED, w) for w in workers})
+        updates.append(out.update)
+        state = out.state
+    return updates, bits
+
+
+def hier_case(rank: int, world: int, methods: list[str]) -> dict[str, Any]:
+    """Each method: STEPS steps of the trainer's step over gloo, and STEPS buckets of the DDP hook."""
+    import dqsgd.ddp
+    from dqsgd.transport import make_transport
+
+    register()
+    out: dict[str, Any] = {}
+    for method in methods:
+        step, hs = sharded_step(method, world)
+        trainer, bits = run_steps(step, make_transport(NAME, timeout=60.0), [rank])
+        hook, hook_bits = [], []
+        for s in range(STEPS):
+            hook.append(dqsgd.ddp.hook(hs, Bucket(grad(rank, s))).wait().clone())
+            hook_bits.append(hs.current_bits()[0])
+        out[method] = {"trainer": trainer, "bits": bits, "hook": hook, "hook_bits": hook_bits}
+    return out
