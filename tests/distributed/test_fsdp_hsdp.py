@@ -13,7 +13,8 @@ import _hsdp_ranks as hr
 from dqsgd.cli.launch import spawn_local
 from dqsgd.ddp import HookState
 from dqsgd.method.config import method_config
-from dqsgd.topology.bucket import BucketProtocol, run_in_process
+from dqsgd.topology.bucket import BucketProtocol
+from dqsgd.topology.exchange import in_process
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -65,7 +66,7 @@ def _reference(calls: list[list[dict]], s: int, R: int, down: object) -> torch.T
     dbits = HookState(cfg, downlink_bits=down).downlink_bits
     proto = BucketProtocol(cfg, n, list(c0["pieces"]), topology="sharded", workers=R, seed=hr.SEED, bucket=c0["unit"],
                            total_steps=hr.STEPS, downlink_bits=dbits)
-    return run_in_process(proto, [c[s]["input"].float() for c in calls], 4, s // 2)
+    return in_process(proto, [c[s]["input"].float() for c in calls], 4, s // 2)
 
 
 @pytest.mark.timeout(900)

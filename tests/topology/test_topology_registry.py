@@ -70,3 +70,20 @@ def test_hook_traffic_is_the_wire_traffic_of_the_same_messages() -> None:
         sent, recv = SHARDED.rank_traffic(table, down, rank)
         up, dl = SHARDED.wire_traffic(table, down)
         assert max(sent, recv) - dl[rank] == up[rank]
+
+
+def test_a_topology_registered_later_is_accepted_by_the_config_and_the_cli(monkeypatch) -> None:
+    """Adding a topology is one class and one registry line: the config keys and `--topology` read the
+    registry itself, not a tuple of names fixed at import."""
+    from dqsgd.cli.commands import parser
+    from dqsgd.topology.registry import REGISTRY, Sharded
+    from dqsgd.train.config import TrainConfig
+
+    class Later(Sharded):
+        name = "later-test"
+
+    monkeypatch.setitem(REGISTRY, Later.name, Later())
+    assert TrainConfig(topology="later-test").topology == "later-test"
+    assert parser().parse_args(["train", "--topology", "later-test"]).topology == "later-test"
+    with pytest.raises(ValueError, match="topology must be one of ps, allgather, sharded, later-test"):
+        TrainConfig(topology="nope")

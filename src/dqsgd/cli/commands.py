@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dqsgd import __version__
 from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S, check_wait
-from dqsgd.topology.names import TOPOLOGIES
+from dqsgd.topology.registry import REGISTRY
 from dqsgd.train.config import (ConfigError, apply_overrides, build_experiment, check_selection, load_raw, resolve_device,
                                 shipped_configs)
 
@@ -191,7 +191,7 @@ def parser() -> argparse.ArgumentParser:
                     help="--transport torch without torchrun: restart the processes from the last checkpoints "
                          "this many times after a failure (under torchrun: torchrun's own --max-restarts)")
     sp.add_argument("--transport", choices=["sim", "torch"], default="sim")
-    sp.add_argument("--topology", choices=TOPOLOGIES,
+    sp.add_argument("--topology", choices=REGISTRY,  # the registry itself: a topology registered later is a choice
                     help="default: train.topology, else sharded (--transport torch) or ps (sim)")
     sp.add_argument("--workers", type=int, help="with --transport torch outside torchrun: processes to start")
     sp.add_argument("--timeout", type=float, default=TRAIN_COLLECTIVE_S,

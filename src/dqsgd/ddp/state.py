@@ -131,6 +131,12 @@ class HookState:
                 f"downlink={down if topology_of(self.topology).sharded else 'none'}, total_steps={self.total_steps}, "
                 f"steps={self.steps}>")
 
+    @property
+    def pending_error(self) -> Exception | None:
+        """The first error a bucket met in this backward (a refused payload, a failed collective), which
+        the hook raises at the end of backward(); None when there is none."""
+        return self._error
+
     def current_bits(self) -> dict[int, int]:
         """The width each bucket index used in its last step (a dynamic policy applies its next choice
         when the bucket next arrives)."""

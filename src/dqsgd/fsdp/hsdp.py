@@ -113,7 +113,7 @@ class ReplicateLeg:
             return
         if self._net is None:
             self._net = protocol.transport(self._shard, self.state.timeout)
-        protocol.settle(self._net, getattr(self.state, "_error", None), self.index, self.calls)
+        protocol.settle(self._net, self.state.pending_error, self.index, self.calls)
 
 
 def _self_group() -> dist.ProcessGroup:

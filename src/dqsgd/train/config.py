@@ -24,7 +24,8 @@ from dqsgd.core.config_file import (  # ConfigError, load_raw, shipped_configs: 
     ConfigError, ConfigSchema, apply_overrides as _apply_overrides, check_name, coerce, load_raw, shipped_configs)
 from dqsgd.core.ranges import LR_MAX, check_outer, check_seed
 from dqsgd.method.config import FIELDS as METHOD_FIELDS, CodingName, MethodConfig, method_config
-from dqsgd.topology.names import TOPOLOGIES, check_downlink_target
+from dqsgd.topology.names import check_downlink_target
+from dqsgd.topology.registry import REGISTRY
 from dqsgd.train.schedule import check_streaming
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -117,7 +118,7 @@ class TrainConfig:
             (self.eval_every >= 1, "eval_every must be >= 1"), (len(self.seeds) >= 1, "seeds must not be empty"),
             (self.on_nonfinite in ("raise", "skip"), "on_nonfinite must be 'raise' or 'skip'"),
             (self.device in DEVICES, f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}"),
-            (self.topology in ("", *TOPOLOGIES), f"topology must be one of {', '.join(TOPOLOGIES)}"),
+            (self.topology == "" or self.topology in REGISTRY, f"topology must be one of {', '.join(REGISTRY)}"),
             (not isinstance(self.downlink_bits, bool) and (self.downlink_bits in (0, "auto", 32) or (
                 isinstance(self.downlink_bits, int) and 2 <= self.downlink_bits <= 16)),
              f"downlink_bits must be in [2, 16], 32 (fp32), 'auto' or 0 (the method's default), got {self.downlink_bits!r}"),
