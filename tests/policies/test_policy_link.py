@@ -145,3 +145,22 @@ def test_the_trainer_hands_over_exactly_the_workers_norms():
     grads = {w: tr.worker_gradient(w, 0)[0] for w in range(4)}  # what step 0 computes (a pure function of the step)
     tr.step()
     assert tr.state.policy.sigma2 == pooled_variance(*worker_norms(grads.values()))
+
+
+def test_paths_that_do_not_feed_the_link_policy_refuse_it() -> None:
+    """The hook, FSDP and LocalSGDOptimizer hold one worker's gradient: the link policy, never fed the
+    workers' norms, would keep its start width under a name that says it adapts, so each refuses it."""
+    import torch
+
+    from dqsgd.ddp import HookState
+    from dqsgd.fsdp import FSDPState
+    from dqsgd.local import LocalSGDOptimizer
+
+    model = torch.nn.Linear(3, 2)
+    makers = {"the DDP hook": lambda: HookState("dqsgd-link"),
+              "FSDP's reduce-scatter": lambda: FSDPState("dqsgd-link"),
+              "LocalSGDOptimizer": lambda: LocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, 4,
+                                                             "dqsgd-link")}
+    for who, make in makers.items():
+        with pytest.raises(ValueError, match=f"policy 'link' .*; {who} does not feed it"):
+            make()

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.method.config import MethodConfig, check_one_message, method_config
+from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, method_config
 from dqsgd.topology.names import FP32, check_topology
 from dqsgd.topology.registry import REGISTRY, ring_bytes, topology_of
 
@@ -82,6 +82,7 @@ class HookState:
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
         check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
+        check_fed_policy(method, "the DDP hook")
         check_seed("seed", seed)
         check_timeout("timeout", timeout)
         check_count("total_steps (the policy horizon N)", total_steps, 1)

@@ -18,7 +18,7 @@ from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.rng import QUANT, seed_for
 from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.method.config import MethodConfig, check_one_message, method_config
+from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, method_config
 
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
@@ -283,6 +283,7 @@ def check_method(cfg: MethodConfig) -> None:
     """Refuse what a reduce-scatter cannot be: a sign vote (not a sum), a policy needing the whole
     averaged gradient (FSDP never assembles it), a method sent in two rounds (Sketched SGD)."""
     check_one_message(cfg, "FSDP's reduce-scatter")
+    check_fed_policy(cfg, "FSDP's reduce-scatter")
     if cfg.aggregate == "majority":
         raise ValueError(f"method {cfg.name!r}: a majority vote is not a sum, so it cannot stand for FSDP's "
                          "reduce-scatter; use ef-signsgd (error-fed scaled signs, averaged)")

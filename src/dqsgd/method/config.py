@@ -204,6 +204,16 @@ def check_one_message(c: MethodConfig, who: str) -> None:
                  f"dqsgd.topology.sketched.SketchedStep); {who} does not")
 
 
+def check_fed_policy(c: MethodConfig, who: str) -> None:
+    """Refuse the ``link`` policy where ``who`` (the DDP hook, FSDP, Local SGD, the trainer over
+    processes) does not hold every worker's gradient: the policy estimates the gradient noise from
+    their norms and, never fed, would keep its start width while its name says it adapts."""
+    if c.policy == "link":
+        _fail(c, f"policy 'link' estimates the gradient noise from every worker's gradient, which only dqsgd "
+                 f"train's in-process simulation holds; {who} does not feed it (it would keep its start width): "
+                 "use dqsgd or dqsgd-coded there")
+
+
 def _validate_sketch(c: MethodConfig) -> None:
     if not 0 < c.topk_ratio <= 1:
         _fail(c, f"topk_ratio must be in (0, 1], got {c.topk_ratio}")

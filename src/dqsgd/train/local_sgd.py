@@ -39,7 +39,7 @@ import torch
 from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.ranges import check_count, check_outer, check_seed, check_timeout
 from dqsgd.core.rng import QUANT, generator
-from dqsgd.method.config import MethodConfig, method_config
+from dqsgd.method.config import MethodConfig, check_fed_policy, method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
@@ -90,6 +90,7 @@ class LocalSGDOptimizer:
         if rounds is not None:
             check_count("rounds", rounds, 1)
         config = method if isinstance(method, MethodConfig) else method_config(method, **method_options)
+        check_fed_policy(config, "LocalSGDOptimizer")
         if rounds is None and config.policy not in NO_HORIZON:
             raise ValueError(f"method {config.name!r} (policy {config.policy!r}) plans over the run: pass rounds=, "
                              f"the number of exchanges (steps // local_steps)")
