@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from dqsgd.fsdp.hsdp import ShardBucket  # what the hook reads of a DDP GradBucket
 from dqsgd.topology.registry import REGISTRY, Sharded
 
 GROUP, NAME, SEED, N, STEPS = 2, "hier2", 5, 1001, 4
@@ -35,25 +36,6 @@ def register() -> None:
 
 def grad(worker: int, step: int) -> torch.Tensor:
     return torch.randn(N, generator=torch.Generator().manual_seed(1000 * worker + step))
-
-
-class Bucket:
-    """What the hook reads of a DDP GradBucket (one bucket holding the whole gradient)."""
-
-    def __init__(self, g: torch.Tensor):
-        self.g = g
-
-    def buffer(self) -> torch.Tensor:
-        return self.g
-
-    def index(self) -> int:
-        return 0
-
-    def parameters(self) -> list[torch.Tensor]:
-        return [torch.empty(N)]
-
-    def is_last(self) -> bool:
-        return True
 
 
 def sharded_step(method: str, workers: int, topology: str = NAME) -> tuple[Any, Any]:
@@ -94,7 +76,7 @@ def hier_case(rank: int, world: int, methods: list[str]) -> dict[str, Any]:
         trainer, bits = run_steps(step, make_transport(NAME, timeout=60.0), [rank])
         hook, hook_bits = [], []
         for s in range(STEPS):
-            hook.append(dqsgd.ddp.hook(hs, Bucket(grad(rank, s))).wait().clone())
+            hook.append(dqsgd.ddp.hook(hs, ShardBucket(0, grad(rank, s), [N], last=True)).wait().clone())
             hook_bits.append(hs.current_bits()[0])
         out[method] = {"trainer": trainer, "bits": bits, "hook": hook, "hook_bits": hook_bits}
     return out

@@ -192,11 +192,13 @@ def smallest_body(data: np.ndarray, bits: int, integer: bool, link_mbit: float =
         rans_lo, rans_hi = rans_bounds(hist)
         # ELIAS's exact length takes a second pass: only where its lower bound beats both the best so far
         # and what rANS is sure to reach (then rANS, not ELIAS, would be the smallest).
+        def open_(lo: int) -> bool:  # a lower bound of ELIAS's bytes that leaves it a chance
+            return data.size < MAX_OMEGA and lo < costs.key(*best) and not lo > costs.key(rans_hi, rans)
+
         elias_lo = costs.key(_elias_lower_bound(hist, bits), Coding.ELIAS)
-        if data.size < MAX_OMEGA and elias_lo < costs.key(*best) and not elias_lo > costs.key(rans_hi, rans):
-            if not link_mbit:  # by size: a closer bound from one vectorised pass often settles it (_elias_stop)
-                elias_lo = costs.key(_elias_lower_bound(hist, bits, gap_bits_floor(data)), Coding.ELIAS)
-        if data.size < MAX_OMEGA and elias_lo < costs.key(*best) and not elias_lo > costs.key(rans_hi, rans):
+        if open_(elias_lo) and not link_mbit:  # by size: a closer bound from one vectorised pass often settles it
+            elias_lo = costs.key(_elias_lower_bound(hist, bits, gap_bits_floor(data)), Coding.ELIAS)
+        if open_(elias_lo):
             elias = (_elias_bits(data, hist, bits, _elias_stop(costs, best, rans_hi)) + 7) // 8
             if costs.key(elias, Coding.ELIAS) < costs.key(*best):
                 best = (elias, Coding.ELIAS)
