@@ -113,3 +113,13 @@ def test_stats_are_the_hooks_object_and_the_old_dict_warns() -> None:
         old = st.stats()
     assert old["total_sent"] == s.bytes_sent and old["mean_bits"] == s.mean_bits
     assert "method='qsgd-4bit'" in repr(st)
+
+
+@pytest.mark.parametrize("bad", [[1], {"0": 1}, {0: -1}, {0: 1.5}, {-1: 2}])
+def test_a_forged_all_gather_count_is_refused_before_anything_is_loaded(bad: object) -> None:
+    st = dfsdp.FSDPState("qsgd-4bit", seed=0, total_steps=10, param_bits=8)
+    saved = st.state_dict()
+    st.gather_calls[0] = 3
+    with pytest.raises(ValueError, match="gather_calls"):
+        st.load_state_dict({**saved, "gather_calls": bad})
+    assert st.gather_calls == {0: 3}  # nothing of the forged state was loaded
