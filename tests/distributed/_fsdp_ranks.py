@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 import dqsgd.fsdp as dfsdp
-from dqsgd.fsdp import protocol
+from dqsgd.topology.exchange import Exchange
 
 SEED, STEPS, CODED_STEPS = 5, 3, 40
 
@@ -49,12 +49,20 @@ def params(m: nn.Module) -> list[torch.Tensor]:
 
 class Recorder:
     """Every call of the compressor: unit, width used, input, output, and the bytes handed to the
-    process group (all_to_all_single, all_gather, all_reduce, reduce_scatter_single) during it."""
+    process group (all_to_all_single, all_gather, all_reduce, reduce_scatter_single) during it; per
+    unit the spent bits of each compressed step that no rank overflowed (the policy's, from the
+    exchange's size table)."""
 
     def __init__(self, rank: int, world: int):
         self.rank, self.world, self.calls, self.active, self.handed = rank, world, [], False, 0
-        self._orig = dfsdp.DQSGDReduceScatter.__call__
-        rec = self
+        self.spent: dict[int, list[int]] = {}
+        self._orig, start = dfsdp.DQSGDReduceScatter.__call__, Exchange.start
+        rec, started = self, []
+
+        def record(ex, ranks):
+            futures = start(ex, ranks)
+            started.extend(futures.values())
+            return futures
 
         def call(comm, output_tensor, input_tensor, group, op, async_op=False):
             u = comm.state.units.get(comm.index)
@@ -62,15 +70,20 @@ class Recorder:
             before = comm.state.compression_stats().bytes_sent
             x = input_tensor.clone()
             rec.active, rec.handed = True, 0
+            started.clear()
             try:
                 out = rec._orig(comm, output_tensor, input_tensor, group, op, async_op)
             finally:
                 rec.active = False
+            for f in started:
+                o = f.value()
+                if not bool(o.bad):
+                    rec.spent.setdefault(comm.index, []).append(comm.state.units[comm.index].proto.spent_bits(o.table))
             rec.calls.append({"unit": comm.index, "bits": bits, "input": x, "output": output_tensor.clone(),
                               "handed": rec.handed, "counted": comm.state.compression_stats().bytes_sent - before})
             return out
 
-        self._patches = [(dfsdp.DQSGDReduceScatter, "__call__", call)]
+        self._patches = [(dfsdp.DQSGDReduceScatter, "__call__", call), (Exchange, "start", record)]
         for name, fn in (("all_to_all_single", self._a2a), ("all_gather", self._ag), ("all_reduce", self._ar),
                          ("reduce_scatter_single", self._rs)):
             self._patches.append((dist, name, self._wrap(getattr(dist, name), fn)))
@@ -111,7 +124,7 @@ def run_case(rank: int, world: int, method: str, kw: dict) -> dict[str, Any]:
     m = model(world, state)
     with Recorder(rank, world) as rec:
         train(m, rank, range(STEPS))
-    return {"calls": rec.calls, "params": params(m), "spent": {i: u.spent for i, u in state.units.items()},
+    return {"calls": rec.calls, "params": params(m), "spent": rec.spent,
             "budget": {i: u.method.budget_bits() for i, u in state.units.items()},
             "pieces": {c.index: c.pieces for c in _comms(m)}, "stats": state.compression_stats()}
 
@@ -148,60 +161,58 @@ def resume(rank: int, world: int, method: str) -> dict[str, Any]:
 
 
 def refusals(rank: int, world: int) -> dict[str, str]:
-    """Each rank's error for: ranks with different methods; a forged size; a corrupted payload."""
+    """Each rank's error for: ranks with different methods; a forged size (rank 1 announces a payload
+    above the cap for rank 0, in the size table's all-gather); a corrupted payload (every rank damages
+    its payload for the next rank, so every receiver refuses one)."""
     out = {}
     method = "qsgd-4bit" if rank == 0 else "qsgd-2bit"
     out["config"] = _error(lambda: train(model(world, dfsdp.FSDPState(method, seed=SEED, timeout=10)), rank, range(1)))
-    orig = protocol.encode
+    gather = dist.all_gather
 
-    def forged(u, flat, r, scalers):
-        row, res = orig(u, flat, r, scalers)
-        return ([row[0] + bytes(u.protocol.caps(u.bits)[0] + 1 - len(row[0]))] + row[1:] if r == 1 else row), res
+    def forged(outs, t, *a, **kw):
+        if rank == 1 and t.dtype == torch.int64 and t.numel() == world:  # this rank's payload sizes
+            t = t.clone()
+            t[0] += 1 << 20
+        return gather(outs, t, *a, **kw)
 
-    def corrupt(u, flat, r, scalers):  # every rank corrupts its payload for the next rank: each receiver refuses
-        row, res = orig(u, flat, r, scalers)
-        j = (r + 1) % world
-        p = bytearray(row[j])
-        p[len(p) // 2] ^= 0xFF
-        return row[:j] + [bytes(p)] + row[j + 1:], res
-
-    for name, fake in (("forged", forged), ("corrupt", corrupt)):
-        protocol.encode = fake
-        try:
-            out[name] = _error(lambda: train(model(world, dfsdp.FSDPState("qsgd-4bit", seed=SEED, timeout=10)),
+    dist.all_gather = forged
+    try:  # ef-signsgd: error feedback, so the sizes are exchanged
+        out["forged"] = _error(lambda: train(model(world, dfsdp.FSDPState("ef-signsgd", seed=SEED, timeout=10)),
                                              rank, range(1)))
-        finally:
-            protocol.encode = orig
+    finally:
+        dist.all_gather = gather
+    out["corrupt"] = _damaged(rank, world, lambda r: (r + 1) % world, lambda n: n // 2, 10.0, range(1))[0]
     return out
+
+
+def _damaged(rank: int, world: int, to: Any, at: Any, timeout: float, steps: range,
+             ranks: Any = None) -> tuple[str, float]:
+    """The error of training ``steps`` of qsgd-4bit while rank r (those in ``ranks``; all: None) flips
+    byte ``at(n)`` of its n-byte message for rank ``to(r)`` in the gradient's all-to-all."""
+    orig = dist.all_to_all_single
+    m = model(world, dfsdp.FSDPState("qsgd-4bit", seed=SEED, timeout=timeout))
+
+    def damaged(output, input, output_split_sizes=None, input_split_sizes=None, **kw):  # noqa: A002
+        if (ranks is None or rank in ranks) and input_split_sizes:
+            start = sum(input_split_sizes[:to(rank)])
+            input = input.clone()  # noqa: A001
+            input[start + at(input_split_sizes[to(rank)])] ^= 0xFF
+        return orig(output, input, output_split_sizes, input_split_sizes, **kw)
+
+    dist.all_to_all_single = damaged
+    try:
+        return _timed_error(lambda: train(m, rank, steps))
+    finally:
+        dist.all_to_all_single = orig
 
 
 def lone_refusals(rank: int, world: int, timeout: float) -> dict[str, tuple[str, float]]:
     """Rank W−1 alone damages its payload for rank 0 (so rank 0 alone refuses it): a flipped byte in
-    the body; the payload cut short by 3 bytes (a forged size under the cap, so every rank accepts the
-    size table). Each rank's error and the seconds until it was raised (after one clean step, which
-    compiles the codec's kernels)."""
+    the body, then in the header. Each rank's error and the seconds until it was raised (after one
+    clean step, which compiles the codec's kernels)."""
     train(model(world, dfsdp.FSDPState("qsgd-4bit", seed=SEED, timeout=timeout)), rank, range(1))
-    orig, out = protocol.encode, {}
-
-    def damaged(how: Any) -> Any:
-        def encode(u, flat, r, scalers):
-            row, res = orig(u, flat, r, scalers)
-            return ([how(row[0])] + row[1:] if r == world - 1 else row), res
-        return encode
-
-    def flip(p: bytes) -> bytes:
-        b = bytearray(p)
-        b[len(b) // 2] ^= 0xFF
-        return bytes(b)
-
-    for name, how in (("corrupt", flip), ("short", lambda p: p[:-3])):
-        protocol.encode = damaged(how)
-        try:
-            out[name] = _timed_error(lambda: train(model(world, dfsdp.FSDPState("qsgd-4bit", seed=SEED,
-                                                                               timeout=timeout)), rank, range(2)))
-        finally:
-            protocol.encode = orig
-    return out
+    return {name: _damaged(rank, world, lambda r: 0, at, timeout, range(2), [world - 1])
+            for name, at in (("corrupt", lambda n: n // 2), ("header", lambda n: 0))}
 
 
 def nonfinite(rank: int, world: int) -> dict[str, Any]:
@@ -210,14 +221,15 @@ def nonfinite(rank: int, world: int) -> dict[str, Any]:
     state = dfsdp.FSDPState("ef-signsgd", seed=SEED, total_steps=STEPS, timeout=30)
     m = model(world, state)
     train(m, rank, range(1))
-    before = {i: u.residual.clone() for i, u in state.units.items()}
+    before = {i: {j: r.clone() for j, r in u.residuals.items()} for i, u in state.units.items()}
     x = batch(rank, 1)
     if rank == world - 1:
         x[3, 5] = float("nan")
     m(x).square().mean().backward()
     grads = [p.grad.to_local().clone() for p in m.parameters()]
-    kept = {i: torch.equal(u.residual, before[i]) for i, u in state.units.items()}
-    return {"grads": grads, "kept": kept, "n": {i: u.n for i, u in state.units.items()}}
+    kept = {i: bool(before[i]) and all(torch.equal(u.residuals[j], r) for j, r in before[i].items())
+            for i, u in state.units.items()}
+    return {"grads": grads, "kept": kept, "n": {i: u.step for i, u in state.units.items()}}
 
 
 def _error(fn: Any) -> str:
@@ -269,9 +281,10 @@ def coded_budget(rank: int, world: int, steps: int) -> dict[str, Any]:
     state = dfsdp.FSDPState("dqsgd-coded", seed=SEED, total_steps=steps, timeout=30, min_numel=1000)
     dfsdp.compress(m, state)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    for s in range(steps):
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1000 * s + rank))
-        (m(x) - x[:, :1]).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return {i: (u.spent, u.method.budget_bits()) for i, u in state.units.items()}
+    with Recorder(rank, world) as rec:
+        for s in range(steps):
+            x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1000 * s + rank))
+            (m(x) - x[:, :1]).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return {i: (rec.spent.get(i, []), u.method.budget_bits()) for i, u in state.units.items()}

@@ -14,6 +14,7 @@ from dqsgd.fsdp.unit import ShardedMethod
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.topology.agreement import SLOTS
+from dqsgd.topology.scatter import ShardStats
 from dqsgd.topology.keys import worker_generator
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import FP32, ShardedStep
@@ -110,8 +111,8 @@ def test_bytes_handed_equal_counters_and_prediction(w2, w4) -> None:
                 shard = Method(method_config("qsgd-4bit"), c["output"].numel(), fr.STEPS).message_bits(4) // 8
                 agree = 0 if c["unit"] in seen else (world - 1) * (2 + SLOTS) * 8  # the first call compares configs
                 seen.add(c["unit"])
-                status = 2 * (world - 1)  # the all-reduce of W status bytes after the receive
-                assert c["handed"] == (world - 1) * shard + 8 * world * (world - 1) + status + agree
+                status = (world - 1) * (ShardStats.ROOM + 1)  # the all-gather of the status messages
+                assert c["handed"] == (world - 1) * (shard + 1) + status + agree  # each payload with its flag byte
 
 
 @pytest.mark.timeout(600)
@@ -141,23 +142,27 @@ def test_refusals_on_every_rank(w2) -> None:
     errors = [r["refusals"] for r in w2]
     assert all(e["config"].startswith("RankDisagreement: dqsgd.fsdp.compress: ") and "the ranks run different configurations: "
                "method.bits (rank(s) [1] differ from rank 0" in e["config"] for e in errors), errors
-    assert all("PayloadError" in e["forged"] and "refused before allocating" in e["forged"] for e in errors), errors
-    assert all("PayloadError" in e["corrupt"] for e in errors), errors
+    assert all(e["forged"].startswith("PayloadError: FSDP unit ") and "rank 1" in e["forged"]
+               and "refused before allocating" in e["forged"] for e in errors), errors
+    assert all(e["corrupt"].startswith("PayloadError: FSDP unit ") and "refused a payload it received" in e["corrupt"]
+               for e in errors), errors
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_payload_one_rank_refuses_stops_every_rank_promptly(world: int) -> None:
-    """Rank W−1 damages its payload for rank 0 alone; every rank raises rank 0's error within seconds,
-    far below the 60 s collective timeout the ranks would otherwise wait out."""
+    """Rank W−1 damages its payload for rank 0 alone (body, then header); every rank raises rank 0's
+    error, its type and text carried in the exchange's status messages, within seconds, far below the
+    60 s collective timeout the ranks would otherwise wait out."""
     results = spawn_local(fr.lone_refusals, world, (60.0,), timeout=120, deadline=250)
     assert all(r.ok for r in results), [r.describe() for r in results]
-    for name in ("corrupt", "short"):
+    for name in ("corrupt", "header"):
         for rank, r in enumerate(results):
             err, seconds = r.value[name]
-            assert err.startswith(f"PayloadError: rank {rank}: FSDP unit "), (name, rank, err)
-            assert "rank 0 refused a payload it received: " in err and len(err) > 90, (name, rank, err)
-            assert seconds < 20.0, (name, rank, seconds, err)
+            kind, _, text = err.partition(": ")
+            assert kind in ("PayloadError", "ProtocolError") and text.startswith("FSDP unit "), (name, rank, err)
+            assert f"rank {rank}: step " in text and "rank 0 refused a payload it received: " in err, (name, rank, err)
+            assert len(err) > 90 and seconds < 20.0, (name, rank, seconds, err)
 
 
 @pytest.mark.timeout(300)

@@ -8,8 +8,14 @@ import torch.distributed as dist
 from torch import nn
 
 import dqsgd.fsdp as dfsdp
+from dqsgd.codecs import PayloadError
 from dqsgd.fsdp import comm
-from dqsgd.fsdp.protocol import _count, _padded_sample, _sample_len
+from dqsgd.fsdp.unit import unit_protocol
+from dqsgd.method.config import method_config
+from dqsgd.topology.exchange import Exchange
+from dqsgd.topology.group import local_groups
+from dqsgd.topology.keys import worker_generator
+from dqsgd.topology.state import BucketState, Memory
 
 
 def test_reduce_scale_of_every_fsdp_op() -> None:
@@ -45,12 +51,17 @@ def test_bad_settings_are_refused(kw: dict) -> None:
 def test_state_dict_round_trip_and_refusals() -> None:
     st = dfsdp.FSDPState("dqsgd", seed=3, total_steps=10)
     u = st.unit(0, 64, 2, 0, (32, 32))
-    u.n, u.calls, u.residual = 4, 5, torch.ones(64)
+    u.step, st.unit_calls[0], u.residuals = 4, 5, {0: torch.ones(32), 1: torch.full((32,), 2.0)}
     saved = st.state_dict()
     other = dfsdp.FSDPState("dqsgd", seed=3, total_steps=10)
     other.load_state_dict(saved)
     v = other.unit(0, 64, 2, 0, (32, 32))
-    assert (v.n, v.calls, torch.equal(v.residual, u.residual)) == (4, 5, True)
+    assert (v.step, other.unit_calls[0], sorted(v.residuals)) == (4, 5, [0, 1])
+    assert all(torch.equal(v.residuals[j], u.residuals[j]) for j in (0, 1))
+    with pytest.raises(ValueError, match="residual holds 63 elements"):
+        again = dfsdp.FSDPState("dqsgd", seed=3, total_steps=10)
+        again.load_state_dict({**saved, "units": {0: {**saved["units"][0], "residual": torch.ones(63)}}})
+        again.unit(0, 64, 2, 0, (32, 32))
     with pytest.raises(ValueError, match="checkpoint's numel"):
         again = dfsdp.FSDPState("dqsgd", seed=3, total_steps=10)
         again.load_state_dict(saved)
@@ -61,15 +72,75 @@ def test_state_dict_round_trip_and_refusals() -> None:
         other.load_state_dict({"version": 0})
 
 
-def test_policy_sample_is_the_whole_vectors_stride() -> None:
-    """The pieces every rank gathers for a policy that reads G are G[::stride], whatever the shard edges."""
-    g, world, stride = torch.arange(103, dtype=torch.float32), 4, 7
-    n = -(-103 // world)
-    g = torch.cat([g, torch.zeros(world * n - 103)])
-    pieces = [_padded_sample(g[w * n:(w + 1) * n], w * n, stride, _sample_len(n, stride))[:_count(w * n, (w + 1) * n,
-                                                                                                   stride)]
-              for w in range(world)]
-    assert torch.equal(torch.cat(pieces).float(), g[::stride])
+def _units(method: str, world: int, n: int) -> tuple[BucketState, BucketState, list]:
+    """A unit of W·n elements (two parameters per chunk) twice: for the scatter exchange and the full one."""
+    pieces = [n - n // 3, n // 3] * world
+
+    def unit() -> BucketState:
+        P = unit_protocol(method_config(method), world * n, 6, pieces, world, 7)
+        return BucketState(numel=world * n, proto=P, policy=P.policy.init(), sizes=tuple(pieces))
+
+    return unit(), unit(), [Memory(generator=worker_generator(7, w % world)) for w in range(2 * world)]
+
+
+@pytest.mark.parametrize("method", ["qsgd-4bit", "dqsgd", "dqsgd-coded", "ef-signsgd", "terngrad"])
+def test_scatter_exchange_is_the_sharded_exchange_shard_by_shard(method: str) -> None:
+    """FSDP's exchange (``scatter``: rank j keeps shard j, the policy fed G's statistics gathered from
+    the shards) in one process, against the sharded exchange with its fp32 downlink (the simulation's):
+    over 6 steps every rank's shard is bitwise that shard of the update, and the policies choose the
+    same widths (‖G‖_∞ exact; dqsgd-coded's sample of G gathered from the shards)."""
+    world, n = 4, 1000
+    mine, full, mems = _units(method, world, n)
+    for step in range(6):
+        grads = [torch.randn(world * n, generator=torch.Generator().manual_seed(100 * step + w)) for w in range(world)]
+        got = [_run(mine, grads, mems[:world], scatter=True), _run(full, grads, mems[world:], scatter=False)]
+        assert mine.bits == full.bits, (method, step)
+        for j in range(world):
+            assert torch.equal(got[0][j], got[1][0][j * n:(j + 1) * n]), (method, step, j)
+        if mine.proto.policy.needs_grad:
+            assert torch.equal(mine.pending[-1][3], full.pending[-1][3])  # the same sample of G
+        mine.catch_up(step)
+        full.catch_up(step)
+
+
+def _run(b: BucketState, grads: list[torch.Tensor], mems: list[Memory], scatter: bool) -> list[torch.Tensor]:
+    groups = local_groups(len(grads))
+    futures = Exchange(b, scatter=scatter).start({w: (g, groups[w], mems[w]) for w, g in enumerate(grads)})
+    return [groups[w].wait(f).update for w, f in futures.items()]
+
+
+def test_a_payload_one_rank_refuses_raises_on_every_rank_with_its_text() -> None:
+    """The last rank flips a byte of its payload for rank 0: rank 0 alone refuses it, and every rank's
+    exchange fails with rank 0's PayloadError, its text carried in the status messages."""
+    b, _, mems = _units("qsgd-4bit", 3, 400)
+
+    def tamper(a2a):
+        def damaged(send, send_sizes, recv_sizes, leg):
+            send = send.clone()
+            send[send_sizes[0] // 2] ^= 0xFF
+            return a2a(send, send_sizes, recv_sizes, leg)
+        return damaged
+
+    grads = [torch.randn(1200, generator=torch.Generator().manual_seed(w)) for w in range(3)]
+    groups = local_groups(3)
+    groups[-1].all_to_all = tamper(groups[-1].all_to_all)  # type: ignore[method-assign]
+    futures = Exchange(b, scatter=True).start({w: (g, groups[w], mems[w]) for w, g in enumerate(grads)})
+    for w, f in futures.items():
+        with pytest.raises(PayloadError, match=rf"^rank {w}: step 0: rank 0 refused a payload it received: .*crc"):
+            groups[w].wait(f)
+
+
+def test_a_nonfinite_gradient_gives_nan_on_every_rank_and_keeps_the_residuals() -> None:
+    b, _, mems = _units("ef-signsgd", 2, 300)
+    grads = [torch.randn(600, generator=torch.Generator().manual_seed(w)) for w in range(2)]
+    _run(b, grads, mems[:2], scatter=True)
+    before = [dict(m.residuals) for m in mems[:2]]
+    grads[1][5] = float("inf")
+    out = _run(b, grads, mems[:2], scatter=True)
+    assert all(torch.isnan(o).all() for o in out)
+    assert all(torch.equal(m.residuals[j], r[j]) for m, r in zip(mems[:2], before) for j in r)
+    b.catch_up(1)
+    assert b.pending == [] and b.step == 2
 
 
 def test_compress_refuses_a_model_without_fsdp_units() -> None:

@@ -23,7 +23,7 @@ through the DDP hook's protocol (any method, budgets, error feedback, the quanti
 from dqsgd.fsdp.comm import DQSGDReduceScatter, compress, reduce_scale
 from dqsgd.fsdp.gather import DQSGDAllGather
 from dqsgd.fsdp.hsdp import ReplicateLeg
-from dqsgd.fsdp.state import CompressionStats, FSDPState, UnitState, unit_seed
+from dqsgd.fsdp.state import CompressionStats, FSDPState, unit_seed
 
-__all__ = ["CompressionStats", "DQSGDAllGather", "DQSGDReduceScatter", "FSDPState", "ReplicateLeg", "UnitState", "compress",
+__all__ = ["CompressionStats", "DQSGDAllGather", "DQSGDReduceScatter", "FSDPState", "ReplicateLeg", "compress",
            "reduce_scale", "unit_seed"]

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 import torch.distributed as dist
 
-import dqsgd.fsdp.protocol as protocol
-from dqsgd.fsdp.state import FSDPState, UnitState
+from dqsgd.fsdp.net import Done, exchange_group, transport, wait
+from dqsgd.fsdp.state import FSDPState
 
 if TYPE_CHECKING:
     from dqsgd.ddp.state import HookState
-    from dqsgd.transport.torch_dist import TorchShardedTransport
+    from dqsgd.topology.state import BucketState
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TESTED_TORCH = "2.13"
@@ -60,14 +60,15 @@ def reduce_scale(op: Any, world: int) -> float:
 
 
 class DQSGDReduceScatter(_base()):  # type: ignore[misc]
-    """FSDP2's reduce-scatter for one unit: the gradient's shards quantized by ``state``'s method and
-    moved as coded bytes (the ``sharded`` protocol's uplink leg); this rank's shard decoded, averaged
-    and written to the output. Synchronous: the output is complete when the call returns."""
+    """FSDP2's reduce-scatter for one unit: the flat gradient buffer handed to one
+    :class:`~dqsgd.topology.exchange.Exchange` call of the ``sharded`` topology (``scatter``: the
+    uplink's all-to-all of coded shard payloads, then one all-gather of small status messages instead
+    of a downlink), and this rank's averaged shard written back to the output. Synchronous: the
+    output is complete when the call returns."""
 
     def __init__(self, state: FSDPState, unit: int, pieces: Sequence[int] | None = None):
         self.state, self.index = state, unit
         self.pieces = None if pieces is None else tuple(int(p) for p in pieces)
-        self._transport: TorchShardedTransport | None = None
         self._checked = False
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -80,16 +81,16 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         scale = reduce_scale(op, world)
         _check_tensors(output_tensor, input_tensor, world)
         st = self.state
-        u = st.unit(self.index, input_tensor.numel(), world, rank, self._layout(input_tensor.numel(), world))
+        b = st.unit(self.index, input_tensor.numel(), world, rank, self._layout(input_tensor.numel(), world))
         if not self._checked:
-            self._agree(group, u)
-        if self._exact(u, input_tensor):
+            self._agree(group, b)
+        if self._exact(b, input_tensor):
             self._exact_reduce(output_tensor, input_tensor, group, op, scale, world)
         else:
-            self._compressed(u, output_tensor, input_tensor, group, scale, rank)
-        u.calls += 1
+            self._compressed(b, output_tensor, input_tensor, group, scale)
+        st.unit_calls[self.index] = st.unit_calls.get(self.index, 0) + 1
         st.seconds += time.perf_counter() - t0
-        return protocol.Done() if async_op else None
+        return Done() if async_op else None
 
     # --- pieces ---------------------------------------------------------------------------------
     def _layout(self, numel: int, world: int) -> tuple[int, ...]:
@@ -99,34 +100,31 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
             return self.pieces * world
         return (numel // world,) * world
 
-    def _agree(self, group: dist.ProcessGroup, u: UnitState) -> None:
+    def _agree(self, group: dist.ProcessGroup, b: BucketState) -> None:
         """Every rank's configuration and unit layout, compared once per unit with the project's one
         rank agreement (:func:`dqsgd.topology.agreement.agree`: a fixed-size all-gather)."""
         from dqsgd.topology.agreement import SLOTS, RankDisagreement, agree
 
-        fields = {**self.state.fields(), "fsdp.unit": self.index, "fsdp.unit_numel": u.numel,
-                  "fsdp.unit_pieces": list(u.pieces[: len(u.pieces) // u.world]),
-                  "progress.calls": u.calls, "progress.steps": u.n}  # ranks resumed from different states differ
-        self.state.side_bytes += (u.world - 1) * (2 + SLOTS) * 8  # the fingerprint's int64 to every peer
+        world = b.proto.workers
+        fields = {**self.state.fields(), "fsdp.unit": self.index, "fsdp.unit_numel": b.numel,
+                  "fsdp.unit_pieces": list(b.sizes[: len(b.sizes) // world]),
+                  "progress.calls": self.state.unit_calls.get(self.index, 0),
+                  "progress.steps": b.step}  # ranks resumed from different states differ
+        self.state.side_bytes += (world - 1) * (2 + SLOTS) * 8  # the fingerprint's int64 to every peer
         try:
-            agree(fields, self._net(group).all_gather_ints, dist.get_rank(group))
+            agree(fields, transport(group, self.state.timeout).all_gather_ints, dist.get_rank(group))
         except RankDisagreement as e:
             raise RankDisagreement(f"FSDP unit {self.index}: {e}; every rank needs the same FSDPState and the same "
                                    "model") from e
         self._checked = True
 
-    def _net(self, group: dist.ProcessGroup) -> TorchShardedTransport:
-        if self._transport is None or self._transport.group is not group:
-            self._transport = protocol.transport(group, self.state.timeout)
-        return self._transport
-
     # --- the two paths --------------------------------------------------------------------------
-    def _exact(self, u: UnitState, x: torch.Tensor) -> bool:
+    def _exact(self, b: BucketState, x: torch.Tensor) -> bool:
         """Warm-up, small units and units that would not compress enough go as FSDP's own reduce-scatter."""
         st = self.state
-        if u.calls < st.start_iter or u.numel < max(st.min_numel, u.world):
+        if st.unit_calls.get(self.index, 0) < st.start_iter or b.numel < max(st.min_numel, b.proto.workers):
             return True
-        return u.numel * x.element_size() < st.min_compression_rate * protocol.payload_bytes(u)
+        return b.numel * x.element_size() < st.min_compression_rate * b.uplink_bytes(b.width())
 
     def _exact_reduce(self, out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup, op: Any, scale: float,
                       world: int) -> None:
@@ -134,61 +132,39 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         native = kind in (dist.ReduceOp.AVG, dist.ReduceOp.SUM) or dist.get_backend(group) == "nccl"
         work = dist.reduce_scatter_single(output=out, input=x, op=op if native else dist.ReduceOp.SUM, group=group,
                                           async_op=True)
-        protocol.wait(work, self.state.timeout, "exact reduce-scatter")
+        wait(work, self.state.timeout, "exact reduce-scatter")
         if not native:
             out.mul_(scale)
         nbytes = x.numel() * x.element_size()
         self.state.count(0, 0, 0, x.numel(), world, 8 * x.element_size(), exact=(world - 1) * nbytes // world,
                          itemsize=x.element_size(), refused=True)
 
-    def _compressed(self, u: UnitState, out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup, scale: float,
-                    rank: int) -> None:
-        st, t = self.state, self._net(group)
-        flat = x.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
-        finite = bool(torch.isfinite(flat).all())
-        side = 0
-        scalers = None
-        if u.method.shares_scalers:
-            local = protocol.local_scalers(u, flat if finite else torch.zeros_like(flat))
-            scalers = t.max_reduce([local])
-            side += 2 * (u.world - 1) * local.numel() * local.element_size() // u.world
-        if finite:
-            row, residual = protocol.encode(u, flat, rank, scalers)
-        else:  # announced as W empty payloads: every rank learns of it from the sizes, nothing else is sent
-            row, residual = [b""] * u.world, u.residual
-        payloads, sizes = protocol.exchange(t, u, row)
-        side += (u.world - 1) * 8 * u.world  # the size exchange: W int64 to every peer
-        bad = any(sum(r) == 0 for r in sizes)
-        if bad:  # a rank's gradient was NaN/Inf (AMP overflow): NaN everywhere, as FSDP's own sum gives;
-            out.fill_(float("nan"))  # the residuals keep their values (the step is skipped, as the trainer skips it)
-        else:
-            avg, handed = self._decode(u, t, payloads, rank)
-            side += handed  # the ranks' status bytes
-            u.residual = residual
-            out.copy_((avg if u.world * scale == 1.0 else avg * (u.world * scale)).reshape(out.shape))
-            spent = protocol.spent_bits(u, sizes)
-            u.spent.append(spent)
-            if u.method.config.dynamic:
-                side += protocol.observe(u, group, st.timeout, avg, rank, spent)
-        st.count(sum(sizes[rank]) - sizes[rank][rank], sum(r[rank] for r in sizes) - sizes[rank][rank], side,
-                 u.numel, u.world, u.method.width(u.bits) if not bad else 0, itemsize=x.element_size())
-        u.n += 1
-
-    def _decode(self, u: UnitState, t: TorchShardedTransport, payloads: list[bytes],
-                rank: int) -> tuple[torch.Tensor, int]:
-        """This rank's averaged shard and the bytes of :func:`protocol.settle`, through which a payload
-        that any rank refuses stops every rank at once."""
+    def _compressed(self, b: BucketState, out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup,
+                    scale: float) -> None:
+        """One exchange call; a payload any rank refused raises on every rank, its type and text told
+        in the exchange's status messages; a rank's NaN/Inf (an AMP overflow) gives NaN everywhere, as
+        FSDP's own sum does, and keeps the residuals (the step is skipped)."""
         from dqsgd.codecs import PayloadError
         from dqsgd.method.pipeline import ProtocolError
+        from dqsgd.topology.exchange import Exchange
+        from dqsgd.topology.payloads import fast_path
+        from dqsgd.topology.registry import ring_bytes
 
-        avg, error = None, None
+        g, world = exchange_group(group, self.state.timeout), b.proto.workers
+        b.prepare(g.device)  # a payload refused on the device path raises here
+        width, legs = b.width(), []
+        fut = Exchange(b, count=lambda got, _: legs.append(got), scatter=True).start(
+            {g.rank: (x.detach().reshape(-1).to(device=g.device, dtype=torch.float32), g, b)})[g.rank]
         try:
-            avg = protocol.average(u, payloads, rank)
+            o = g.wait(fut)
         except (PayloadError, ProtocolError) as e:
-            error = e
-        handed = protocol.settle(t, error, self.index, u.n)
-        assert avg is not None  # settle raised otherwise
-        return avg, handed
+            raise type(e)(f"FSDP unit {self.index}: {e}") from e
+        b.catch_up(b.step)  # the width of the unit's next step
+        out.copy_((o.update if world * scale == 1.0 else o.update * (world * scale)).reshape(out.shape))
+        sizes = 0 if fast_path(b.method) else 8 * world * (world - 1)  # the size table's all-gather
+        side = legs[0].down_sent + sizes + ring_bytes(o.side, world)  # statuses, sizes, TernGrad's scalers
+        self.state.count(legs[0].up_sent, legs[0].up_received, side, b.numel, world, 0 if bool(o.bad) else width,
+                         itemsize=x.element_size())
 
 
 def _check_tensors(out: torch.Tensor, x: torch.Tensor, world: int) -> None:
@@ -296,7 +272,7 @@ def _agree_model(state: Any, groups: list[dist.ProcessGroup | None], fields: dic
     for group in groups:
         group = group or dist.group.WORLD
         try:
-            agree(fields, protocol.transport(group, state.timeout).all_gather_ints, dist.get_rank(group),
+            agree(fields, transport(group, state.timeout).all_gather_ints, dist.get_rank(group),
                   refused=error is not None)
         except RankDisagreement as e:
             error = e

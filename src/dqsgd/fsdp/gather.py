@@ -28,12 +28,11 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 import torch.distributed as dist
 
-import dqsgd.fsdp.protocol as protocol
 from dqsgd.core.rng import QUANT, seed_for
+from dqsgd.fsdp.net import Done, exchange_group, transport
 
 if TYPE_CHECKING:
     from dqsgd.fsdp.state import FSDPState
-    from dqsgd.transport.torch_dist import TorchShardedTransport
 
 PARAM_STREAM = 0x5041  # the parameter leg's randomness, apart from the gradient keys of the same unit
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -112,7 +111,6 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
 
     def __init__(self, state: FSDPState, unit: int):
         self.state, self.index = state, unit
-        self._transport: TorchShardedTransport | None = None
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -144,7 +142,7 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
         x = input_tensor.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
         finite = bool(torch.isfinite(x).all())
         mine = encode_shard(x, bits, st.param_rounding, block, self.seed(rank, self.calls)) if finite else b""
-        t = self._net(group)
+        t = transport(group, st.timeout)
         what = f"FSDP unit {self.index} parameter all-gather"
         payloads = t.all_gather_bytes(mine, what, payload_cap(n, bits, block))
         empty = [w for w, p in enumerate(payloads) if not p]
@@ -158,7 +156,8 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
             chunks = [decode_shard(p, n, bits, block) for p in payloads]
         except PayloadError as e:
             error = e
-        side = protocol.settle(t, error, self.index, self.calls)
+        side = relay_refusal(group, st.timeout, error, f"rank {rank}: FSDP unit {self.index}, parameter all-gather "
+                                                       f"{self.calls}")
         out = output_tensor.view(world, n)
         for w, v in enumerate(chunks):
             out[w].copy_(v.to(device=out.device, dtype=out.dtype))
@@ -166,9 +165,16 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
         st.count_params((world - 1) * wide, side + (world - 1) * 8, (world - 1) * 4 * n)
         st.gather_calls[self.index] = self.calls + 1
         st.seconds += time.perf_counter() - t0
-        return protocol.Done() if async_op else None
+        return Done() if async_op else None
 
-    def _net(self, group: dist.ProcessGroup) -> TorchShardedTransport:
-        if self._transport is None or self._transport.group is not group:
-            self._transport = protocol.transport(group, self.state.timeout)
-        return self._transport
+
+def relay_refusal(group: dist.ProcessGroup, timeout: float | None, error: Exception | None, where: str) -> int:
+    """Every rank raises the error of a payload that some rank of ``group`` refused (the exchange's
+    status message, :func:`dqsgd.topology.exchange.relay`), naming ``where`` and the refusing rank;
+    else returns the bytes this rank handed to the group."""
+    from dqsgd.topology.exchange import relay
+    from dqsgd.topology.scatter import ShardStats
+
+    g = exchange_group(group, timeout)
+    g.wait(relay(g, error, lambda j: f"{where}: rank {j} refused a payload it received"))
+    return (g.size - 1) * (ShardStats.ROOM + 1)  # one status message to every peer

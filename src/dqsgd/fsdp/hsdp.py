@@ -86,7 +86,7 @@ class ReplicateLeg:
                  shard: dist.ProcessGroup | None = None):
         self.state, self.index, self.last, self.calls = state, unit, last, 0
         self.pieces = None if pieces is None else tuple(int(p) for p in pieces)
-        self._group, self._shard, self._net = param_group, shard, None
+        self._group, self._shard = param_group, shard
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         from dqsgd.ddp import hook
@@ -97,23 +97,22 @@ class ReplicateLeg:
         out = hook(self.state, ShardBucket(self.index, flat, pieces, self.last)).wait()
         if getattr(self._group, "gradient_divide_factor", None) is not None:  # FSDP sums across replicas
             out = out * dist.get_world_size(self.state.process_group)
-        self._settle()
+        self._relay()
         self.calls += 1
         if out.data_ptr() != flat.data_ptr():  # warm-up's plain all-reduce works in place
             flat.copy_(out.reshape(-1))
 
-    def _settle(self) -> None:
+    def _relay(self) -> None:
         """A payload refused in one replica group stops the whole grid: the hook keeps the error of a
         refused payload for the end of backward() (its replica group's ranks raise it there); one
-        status all-reduce over the shard group (S bytes, inside the node) then makes every rank of the
-        node raise it now, naming the refusing rank (:func:`dqsgd.fsdp.protocol.settle`)."""
-        from dqsgd.fsdp import protocol
+        all-gather of the exchange's status messages over the shard group (inside the node) then makes
+        every rank of the node raise it now, naming the refusing rank (:func:`dqsgd.fsdp.gather.relay_refusal`)."""
+        from dqsgd.fsdp.gather import relay_refusal
 
         if self._shard is None or dist.get_world_size(self._shard) == 1:
             return
-        if self._net is None:
-            self._net = protocol.transport(self._shard, self.state.timeout)
-        protocol.settle(self._net, self.state.pending_error, self.index, self.calls)
+        relay_refusal(self._shard, self.state.timeout, self.state.pending_error,
+                      f"rank {dist.get_rank(self._shard)}: FSDP unit {self.index}, replicate leg {self.calls}")
 
 
 def _self_group() -> dist.ProcessGroup:

@@ -1,15 +1,15 @@
-"""State of the FSDP2 gradient compressor: one :class:`FSDPState` per model, one unit state per FSDP unit.
+"""State of the FSDP2 gradient compressor: one :class:`FSDPState` per model, one
+:class:`~dqsgd.topology.state.BucketState` per FSDP unit.
 
 A unit is one ``fully_shard``-ed module; FSDP calls its reduce-scatter once per backward with a
 flat gradient of W·n elements (W the shard group's size, n the unit's padded shard). The unit is
-the protocol's bucket: its own :class:`~dqsgd.method.pipeline.Method` and policy (one width per step for
-the whole unit), its error-feedback residual, its step counter and its seed.
+the exchange's bucket: its own :class:`~dqsgd.method.pipeline.Method` and policy (one width per step for
+the whole unit), this rank's error-feedback residuals and generator, its step counter and its seed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,8 +21,7 @@ from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, method_config
 
 if TYPE_CHECKING:
-    from dqsgd.method.pipeline import Method
-    from dqsgd.topology.bucket import BucketProtocol
+    from dqsgd.topology.state import BucketState
 
 STATE_VERSION = 1
 _COUNTERS = ("bytes_sent", "bytes_received", "exact_bytes", "side_bytes", "fp32_bytes", "bit_coords", "coords",
@@ -35,48 +34,35 @@ def unit_seed(seed: int, unit: int, replica: int = 0) -> int:
     return seed_for(seed, QUANT, unit) if replica == 0 else seed_for(seed, QUANT, unit, replica)
 
 
-@dataclass
-class UnitState:
-    """One FSDP unit: its protocol, policy state, residual, generator and counters."""
+def unit_state_dict(b: BucketState, calls: int) -> dict[str, Any]:
+    """Unit ``b``'s state (its policy fed every step it took first): the policy, the step, the
+    generator and the error-feedback residual of the whole flat gradient."""
+    from dqsgd.policies import state_to_dict
 
-    numel: int                           # W·n, the flat gradient FSDP hands to the reduce-scatter
-    world: int
-    pieces: tuple[int, ...]              # the parameters' padded shard sizes, W times (the flat layout)
-    protocol: BucketProtocol             # the sharded protocol of this unit (its own seed)
-    policy: Any                          # the policy state; .bits is this step's width
-    generator: torch.Generator           # TernGrad's rounding (the other schemes draw hash uniforms)
-    residual: torch.Tensor | None = None  # error-feedback memory (whole flat gradient)
-    n: int = 0                           # compressed steps so far (the hash-RNG step)
-    calls: int = 0                       # reduce-scatters so far (warm-up included)
-    spent: list[int] = field(default_factory=list)  # per compressed step: max over ranks of uplink bits
+    b.catch_up(b.step)
+    res = [b.residuals.get(j) for j in range(len(b.bounds))]
+    return {"numel": b.numel, "world": b.proto.workers, "pieces": b.sizes, "n": b.step, "calls": calls,
+            "policy": state_to_dict(b.policy), "generator": b.generator.get_state(),  # type: ignore[union-attr]
+            "residual": torch.cat(res).clone() if all(r is not None for r in res) else None}
 
-    @property
-    def method(self) -> Method:
-        return self.protocol.method
 
-    @property
-    def bits(self) -> int:
-        return int(self.policy.bits)
+def load_unit(b: BucketState, d: dict[str, Any], unit: int) -> None:
+    """Restore :func:`unit_state_dict` into ``b`` (the same model, sharding and world size)."""
+    from dqsgd.policies import state_from_dict
 
-    def state_dict(self) -> dict[str, Any]:
-        from dqsgd.policies import state_to_dict
-
-        return {"numel": self.numel, "world": self.world, "pieces": self.pieces, "n": self.n, "calls": self.calls,
-                "policy": state_to_dict(self.policy), "generator": self.generator.get_state(),
-                "residual": None if self.residual is None else self.residual.clone(), "spent": list(self.spent)}
-
-    def load(self, d: dict[str, Any], unit: int) -> None:
-        from dqsgd.policies import state_from_dict
-
-        for key in ("numel", "world", "pieces"):
-            got = tuple(d[key]) if key == "pieces" else d[key]
-            if got != getattr(self, key):
-                raise ValueError(f"FSDP unit {unit}: the checkpoint's {key} is {d[key]}, this model's "
-                                 f"{getattr(self, key)} (same model, same sharding and world size needed)")
-        self.policy = state_from_dict(type(self.policy), d["policy"])
-        self.n, self.calls, self.spent = int(d["n"]), int(d["calls"]), list(d["spent"])
-        self.generator.set_state(d["generator"])
-        self.residual = None if d["residual"] is None else d["residual"].clone()
+    for key, mine in (("numel", b.numel), ("world", b.proto.workers), ("pieces", b.sizes)):
+        got = tuple(d[key]) if key == "pieces" else d[key]
+        if got != mine:
+            raise ValueError(f"FSDP unit {unit}: the checkpoint's {key} is {d[key]}, this model's {mine} (same "
+                             "model, same sharding and world size needed)")
+    if d["residual"] is not None and d["residual"].numel() != b.numel:
+        raise ValueError(f"FSDP unit {unit}: the checkpoint's residual holds {d['residual'].numel()} elements, the "
+                         f"unit {b.numel}")
+    b.policy = state_from_dict(type(b.policy), d["policy"])
+    b.step = int(d["n"])
+    b.generator.set_state(d["generator"])  # type: ignore[union-attr]
+    r = d["residual"]
+    b.residuals = {} if r is None else {j: r[lo:hi].clone() for j, (lo, hi) in enumerate(b.bounds)}
 
 
 class FSDPState:
@@ -120,7 +106,8 @@ class FSDPState:
         self.gather_calls: dict[int, int] = {}  # unit -> its parameter all-gathers so far (the rounding keys)
         self.config, self.seed, self.total_steps, self.timeout = method, seed, total_steps, timeout
         self.start_iter, self.min_numel, self.min_compression_rate = start_iter, min_numel, float(min_compression_rate)
-        self.units: dict[int, UnitState] = {}
+        self.units: dict[int, BucketState] = {}  # every unit's one state holder (this rank's memory in it)
+        self.unit_calls: dict[int, int] = {}  # unit -> its reduce-scatters so far (warm-up included)
         self.replica = 0  # HSDP: this rank's index in its replica group (compress(replicate=...) sets it)
         self.seconds = 0.0  # wall time spent inside the reduce-scatter calls (encode, exchange, decode)
         self._loaded: dict[int, dict[str, Any]] = {}
@@ -144,23 +131,27 @@ class FSDPState:
         return out
 
     # --- units ----------------------------------------------------------------------------------
-    def unit(self, index: int, numel: int, world: int, rank: int, pieces: tuple[int, ...]) -> UnitState:
+    def unit(self, index: int, numel: int, world: int, rank: int, pieces: tuple[int, ...]) -> BucketState:
         """Unit ``index``'s state, built on first use (then restored from a loaded state_dict)."""
         u = self.units.get(index)
         if u is not None:
-            if (u.numel, u.world) != (numel, world):
+            if (u.numel, u.proto.workers) != (numel, world):
                 raise ValueError(f"FSDP unit {index}: reduce-scatter of {numel} elements over {world} ranks, "
-                                 f"earlier {u.numel} over {u.world}")
+                                 f"earlier {u.numel} over {u.proto.workers}")
             return u
         from dqsgd.fsdp.unit import unit_protocol
         from dqsgd.topology.keys import worker_generator
+        from dqsgd.topology.state import BucketState
 
         seed = unit_seed(self.seed, index, self.replica)
         proto = unit_protocol(self.config, numel, self.total_steps, list(pieces), world, seed)
-        u = UnitState(numel, world, pieces, proto, proto.policy.init(), worker_generator(seed, rank))
+        u = BucketState(numel=numel, proto=proto, policy=proto.policy.init(), sizes=tuple(pieces),
+                        generator=worker_generator(seed, rank))
         self.units[index] = u
         if index in self._loaded:
-            u.load(self._loaded.pop(index), index)
+            d = self._loaded.pop(index)
+            load_unit(u, d, index)
+            self.unit_calls[index] = int(d["calls"])
         return u
 
     def count(self, sent: int, received: int, side: int, numel: int, world: int, width: int, exact: int = 0,
@@ -194,8 +185,7 @@ class FSDPState:
         FSDP's own, not counted); a round is a backward pass."""
         both = self.side_bytes + self.exact_bytes  # symmetric: what it sends, it receives
         down = self.param_sent + self.param_side  # an all-gather: it receives as much as it sends
-        steps = max([u.calls for u in self.units.values()] + [int(d["calls"]) for d in self._loaded.values()],
-                    default=0)
+        steps = max([*self.unit_calls.values()] + [int(d["calls"]) for d in self._loaded.values()], default=0)
         return CompressionStats(uplink_sent=self.bytes_sent + both, uplink_received=self.bytes_received + both,
                                 downlink_sent=down, downlink_received=down, fp32_bytes=4 * self.coords,
                                 dense_bytes=self.dense_bytes + 2 * self.param_fp32,
@@ -227,7 +217,7 @@ class FSDPState:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed job needs to continue bitwise: per-unit policy states (the budget's
         ledger), residuals, generators and step counters; the traffic counters."""
-        units = {i: u.state_dict() for i, u in self.units.items()}
+        units = {i: unit_state_dict(u, self.unit_calls.get(i, 0)) for i, u in self.units.items()}
         return {"version": STATE_VERSION, "method": self.config.name, "seed": self.seed, "fields": self.fields(),
                 "counters": {k: getattr(self, k) for k in _COUNTERS}, "units": {**self._loaded, **units},
                 "gather_calls": dict(self.gather_calls)}
@@ -251,12 +241,12 @@ class FSDPState:
         refuse_changed("FSDPState state_dict", saved, self.fields(), _stateful)
         for k in _COUNTERS:
             setattr(self, k, state["counters"].get(k, 0))  # older states: no dense bytes, no refusals
-        self.units, self._loaded = {}, dict(state["units"])
+        self.units, self.unit_calls, self._loaded = {}, {}, dict(state["units"])
         self.gather_calls = dict(gathers)
 
 
 UNIT_KEYS = {"numel": int, "world": int, "pieces": (tuple, list), "n": int, "calls": int, "policy": (dict, None),
-             "generator": torch.Tensor, "residual": (torch.Tensor, None), "spent": list}
+             "generator": torch.Tensor, "residual": (torch.Tensor, None)}
 
 
 def _stateful(key: str) -> bool:

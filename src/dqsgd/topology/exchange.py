@@ -36,6 +36,7 @@ import torch
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.group import DOWN, UP, after, release, then
 from dqsgd.topology.registry import Legs
+from dqsgd.topology.scatter import ShardStats
 
 from dqsgd.topology.state import BucketState, Memory
 
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from dqsgd.topology.bucket import BucketProtocol
     from dqsgd.topology.group import Group
 
-__all__ = ["Exchange", "Outcome", "in_process", "size_table"]
+__all__ = ["Exchange", "Outcome", "in_process", "relay", "size_table"]
 
 Count = Callable[[Legs, bool], None]  # (legs, whole: the step's first count, not a coded downlink's late one)
 
@@ -74,10 +75,14 @@ class Exchange:
     """The exchange of the bucket whose state is ``state`` (its protocol says the topology).
     ``flag_nonfinite``: a non-finite bucket is encoded zeroed and flagged (the hook); else the
     quantizer's NonFiniteGradientError is raised (the trainer checks before). ``count(legs, whole)``:
-    told each rank's bytes."""
+    told each rank's bytes. ``scatter`` (``sharded``; FSDP's reduce-scatter): rank j's outcome is
+    its averaged shard j alone; the downlink is one all-gather of a :func:`status` message per rank
+    (its partial statistics of G for the policy, or its refusal)."""
 
-    def __init__(self, state: BucketState, *, flag_nonfinite: bool = True, count: Count | None = None):
+    def __init__(self, state: BucketState, *, flag_nonfinite: bool = True, count: Count | None = None,
+                 scatter: bool = False):
         self.state, self.flag_nonfinite, self._counter = state, flag_nonfinite, count
+        self.scatter = scatter
 
     def start(self, ranks: Mapping[int, tuple[torch.Tensor, Group, Memory]]) -> dict[int, torch.futures.Future]:
         """Start one step for the local ranks ``ranks`` (rank -> its flat gradient, its group view,
@@ -106,6 +111,7 @@ class _Rank:
         self.r, self.j, self.mem, self.W = rank, self.g.rank, mem, self.g.size  # worker r serves shard j
         self.step, self.bits, self.dbits, self.feeds = step, bits, dbits, feeds
         self.side, self.encode_s, self.send, self.lengths = 0, 0.0, None, None
+        self.norms = self.sample = None  # scatter: G's norms and policy sample, gathered from the ranks
         self.x, self.flags = self._input(flat)
 
     def _input(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -127,7 +133,9 @@ class _Rank:
         f = then(turns[0][0], self._scalers)
         f = then(f, self._encode)
         f = then(f, self._uplink)
-        if self.P.kind.sharded:
+        if self.P.kind.sharded and self.ex.scatter:
+            f = then(then(after(f, turns[1][0]), self._scatter), self._scattered)
+        elif self.P.kind.sharded:
             f = then(then(after(f, turns[1][0]), self._serve), self._assemble)
         else:
             f = then(f, self._gathered)
@@ -203,6 +211,8 @@ class _Rank:
             send = self.send if self.send is not None else codec.messages(self.sent, self.flags)
             self.recv_sizes = [row[r] + 1 for row in table]
             self.dmsg = max(self.P.down_sizes(self.dbits)) + 1  # the longest downlink payload and the status byte
+            if self.ex.scatter:
+                self.dmsg = ShardStats(self.b).size + 1
             down = [0 if self.P.coded_down else self.dmsg] * self.W  # a coded downlink: counted once its sizes are known
             self.ex.count(self.P.kind.legs([[n + 1 for n in row] for row in table], down, r))
             fut = self.g.all_to_all(send, [n + 1 for n in table[r]], self.recv_sizes, UP)
@@ -280,11 +290,8 @@ class _Rank:
             gathered = [m[:n] for m, n in zip(gathered, self.lengths)]
         status = torch.stack([m[-1] for m in gathered])
         if flag is None:
-            for j in [j for j, v in enumerate(status.tolist()) if v]:
-                text = codec.tensor_bytes(gathered[j][:-1]).rstrip(b"\0").decode(errors="replace")
-                kind, _, text = text.partition(": ")
-                raise (ProtocolError if kind == "ProtocolError" else PayloadError)(
-                    f"rank {self.r}: step {self.step}: rank {j} (the server of shard {j}) refused a payload: {text}")
+            refused(gathered, lambda j: f"rank {self.r}: step {self.step}: rank {j} (the server of shard {j}) refused "
+                                        "a payload")
         else:
             flag |= (status != 0).any()
         self.P.decode_down([m[:-1] for m in gathered], out, flag, self.dbits)
@@ -325,8 +332,54 @@ class _Rank:
     def _feed(self, o: Outcome) -> Outcome:
         """The policy fed, once per process and step, the update every rank holds."""
         if self.feeds:
-            self.b.observe(o.update, self.step, self.spent, o.bad)
+            self.b.observe(o.update, self.step, self.spent, o.bad, norms=self.norms, sample=self.sample)
         return o
+
+    # --- scatter (FSDP's reduce-scatter): rank j keeps shard j -----------------------------------
+    def _scatter(self, recv: torch.Tensor) -> torch.futures.Future:
+        """Average shard j, then one all-gather of every rank's status message: its partial statistics
+        of G (:class:`~dqsgd.topology.scatter.ShardStats`), or the error of a payload it refused."""
+        from dqsgd.codecs import PayloadError
+        from dqsgd.method.pipeline import ProtocolError
+
+        msgs = recv.split(self.recv_sizes)
+        self.flg = recv[torch.tensor(self.recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
+        try:
+            self.avg = self._average(self.j, [m[:-1] for m in msgs], self.flg)
+            mine = codec.pad(ShardStats(self.b).partial(self.avg, self.j), self.dmsg)  # its last byte: status 0
+        except (PayloadError, ProtocolError) as e:  # told to every rank in the status message
+            mine = _failure(e, self.dmsg, self.x.device)
+        fut = self.g.all_gather(mine, DOWN)
+        release(self.mine[1])
+        return fut
+
+    def _scattered(self, gathered: list[torch.Tensor]) -> Outcome:
+        """Every rank's status: raise the first refusal, else G's statistics for the policy."""
+        refused(gathered, lambda j: f"rank {self.r}: step {self.step}: rank {j} refused a payload it received")
+        self.norms, self.sample = ShardStats(self.b).combine(gathered)
+        return self._finish(self.avg, self.flg, self.P.spent_bits(self.table), [])
+
+
+def refused(msgs: Sequence[torch.Tensor], head: Callable[[int], str]) -> None:
+    """Raise the error of the first message whose last byte (its status) is set, with its type
+    (PayloadError or ProtocolError) and text after ``head(its rank)``."""
+    from dqsgd.codecs import PayloadError
+    from dqsgd.method.pipeline import ProtocolError
+
+    for j, m in enumerate(msgs):
+        if int(m[-1]):
+            text = codec.tensor_bytes(m[:-1]).rstrip(b"\0").decode(errors="replace")
+            kind, _, text = text.partition(": ")
+            raise (ProtocolError if kind == "ProtocolError" else PayloadError)(f"{head(j)}: {text}")
+
+
+def relay(group: Group, error: Exception | None, head: Callable[[int], str], leg: int = DOWN) -> Any:
+    """One all-gather of every rank's status message (:func:`_failure` of ``error``, or status 0):
+    a future that fails with the first refusing rank's error (:func:`refused`) on every rank."""
+    size = ShardStats.ROOM + 1
+    mine = torch.zeros(size, dtype=torch.uint8, device=group.device) if error is None else \
+        _failure(error, size, group.device)
+    return then(group.all_gather(mine, leg), lambda msgs: refused(msgs, head))
 
 
 def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:

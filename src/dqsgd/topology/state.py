@@ -93,19 +93,21 @@ class BucketState(Memory):
     def width(self) -> int:
         return self.method.width(self.bits)
 
-    def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor) -> None:
+    def record(self, avg: torch.Tensor, step: int, spent_bits: int, bad: torch.Tensor,
+               norms: torch.Tensor | None = None, sample: torch.Tensor | None = None) -> None:
         """Keep the statistics of step ``step``'s averaged bucket; ``bad``: some rank's bucket was
         non-finite (the policy then skips the step). A policy that reads G keeps only what it reads
         (the coded budget: its entropy sample, ≤ 65,536 coordinates, not a copy of the bucket). On a
         device they are reduced there and copied to pinned host memory without blocking; an event
-        marks when they have arrived."""
+        marks when they have arrived. ``norms``, ``sample``: G's ``[‖G‖_p, ‖G‖₂]`` and the policy's sample
+        of G where ``avg`` is one shard of it (FSDP's reduce-scatter), else read off ``avg``."""
         from dqsgd.policies.base import grad_norms
         from dqsgd.policies.coded import read_stride
 
         m = self.method
-        vals = torch.cat([grad_norms(avg, m.p), bad.to(torch.float32).reshape(1)])
+        vals = torch.cat([grad_norms(avg, m.p) if norms is None else norms, bad.to(torch.float32).reshape(1)])
         policy = self.proto.policy
-        keep = avg[:: read_stride(policy, avg.numel())] if policy.needs_grad else None
+        keep = (avg[:: read_stride(policy, avg.numel())] if sample is None else sample) if policy.needs_grad else None
         if avg.device.type != "cuda":  # CPU (other devices: a blocking copy)
             self.pending.append((step, vals.cpu(), spent_bits, None if keep is None else keep.cpu().clone(), None))
             return
@@ -174,13 +176,14 @@ class BucketState(Memory):
         self.check_payloads(self.proto.bucket)
         self.catch_up(self.step - 1 - self.lag(device))
 
-    def observe(self, update: torch.Tensor, step: int, spent: Any, bad: torch.Tensor) -> None:
+    def observe(self, update: torch.Tensor, step: int, spent: Any, bad: torch.Tensor,
+                norms: torch.Tensor | None = None, sample: torch.Tensor | None = None) -> None:
         """The one point where the exchange feeds the policy: step ``step``'s update G (the same bytes
         on every rank), what the step cost, and whether some rank's bucket was non-finite (the policy
         then skips it). Recorded here, learnt from when the next width is needed (:meth:`catch_up`:
         the trainer at once, the hook when the bucket next arrives, :meth:`prepare`)."""
         if self.method.config.dynamic:
-            self.record(update, step, spent, bad)
+            self.record(update, step, spent, bad, norms, sample)
 
     def state_dict(self) -> dict[str, Any]:
         from dqsgd.policies import state_to_dict
