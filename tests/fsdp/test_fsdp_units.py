@@ -194,3 +194,20 @@ def test_a_forged_all_gather_count_is_refused_before_anything_is_loaded(bad: obj
     with pytest.raises(ValueError, match="gather_calls"):
         st.load_state_dict({**saved, "gather_calls": bad})
     assert st.gather_calls == {0: 3}  # nothing of the forged state was loaded
+
+
+def test_relay_raises_the_refusing_ranks_error_on_every_rank() -> None:
+    """The status messages of the all-gather and HSDP's leg (:func:`dqsgd.topology.exchange.relay`):
+    nothing refused completes on every rank; rank 1's refusal fails every rank with its type and text."""
+    from dqsgd.method.pipeline import ProtocolError
+    from dqsgd.topology.exchange import relay
+
+    groups = local_groups(3)
+    futures = [relay(g, None, lambda j: f"rank {j}") for g in groups]
+    assert all(g.wait(f) is None for g, f in zip(groups, futures))
+    groups = local_groups(3)
+    futures = [relay(g, ProtocolError("header 7 of 9") if g.rank == 1 else None, lambda j: f"unit 0: rank {j} refused")
+               for g in groups]
+    for g, f in zip(groups, futures):
+        with pytest.raises(ProtocolError, match=r"^unit 0: rank 1 refused: header 7 of 9$"):
+            g.wait(f)

@@ -76,8 +76,8 @@ class Exchange:
     ``flag_nonfinite``: a non-finite bucket is encoded zeroed and flagged (the hook); else the
     quantizer's NonFiniteGradientError is raised (the trainer checks before). ``count(legs, whole)``:
     told each rank's bytes. ``scatter`` (``sharded``; FSDP's reduce-scatter): rank j's outcome is
-    its averaged shard j alone; the downlink is one all-gather of a :func:`status` message per rank
-    (its partial statistics of G for the policy, or its refusal)."""
+    its averaged shard j alone; the downlink is one all-gather of a status message per rank (its
+    partial statistics of G for the policy, :class:`~dqsgd.topology.scatter.ShardStats`, or its refusal)."""
 
     def __init__(self, state: BucketState, *, flag_nonfinite: bool = True, count: Count | None = None,
                  scatter: bool = False):
@@ -373,13 +373,13 @@ def refused(msgs: Sequence[torch.Tensor], head: Callable[[int], str]) -> None:
             raise (ProtocolError if kind == "ProtocolError" else PayloadError)(f"{head(j)}: {text}")
 
 
-def relay(group: Group, error: Exception | None, head: Callable[[int], str], leg: int = DOWN) -> Any:
+def relay(group: Group, error: Exception | None, head: Callable[[int], str]) -> Any:
     """One all-gather of every rank's status message (:func:`_failure` of ``error``, or status 0):
     a future that fails with the first refusing rank's error (:func:`refused`) on every rank."""
     size = ShardStats.ROOM + 1
     mine = torch.zeros(size, dtype=torch.uint8, device=group.device) if error is None else \
         _failure(error, size, group.device)
-    return then(group.all_gather(mine, leg), lambda msgs: refused(msgs, head))
+    return then(group.all_gather(mine, DOWN), lambda msgs: refused(msgs, head))
 
 
 def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
