@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from dqsgd.topology.bucket import BucketProtocol
     from dqsgd.topology.group import Group
 
-__all__ = ["Exchange", "Outcome", "in_process", "size_table"]
+__all__ = ["Exchange", "Outcome", "figures_table", "in_process", "size_table"]
 
 Count = Callable[[Legs, bool], None]  # (legs, whole: the step's first count, not a coded downlink's late one)
 
@@ -68,6 +68,19 @@ def size_table(group: Group, mine: list[int], fixed: bool, device: torch.device)
         return [mine] * group.size
     t = torch.tensor(mine, dtype=torch.int64, device=device)
     return then(group.all_gather(t, UP), lambda rows: torch.stack(rows).tolist())
+
+
+def figures_table(group: Group, mine: list[int], figures: list[float], device: torch.device) -> Any:
+    """:func:`size_table` gathered whatever the widths, each rank's row followed by its float64
+    ``figures`` (their bit patterns, as int64: lossless): a future of (the size table, every rank's figures)."""
+    k = len(mine)
+    t = torch.cat([torch.tensor(mine, dtype=torch.int64), torch.tensor(figures, dtype=torch.float64).view(torch.int64)])
+
+    def split(rows: list[torch.Tensor]) -> tuple[list[list[int]], list[list[float]]]:
+        m = torch.stack(rows).cpu()
+        return m[:, :k].tolist(), m[:, k:].contiguous().view(torch.float64).tolist()
+
+    return then(group.all_gather(t.to(device), UP), split)
 
 
 class Exchange:
@@ -106,6 +119,7 @@ class _Rank:
         self.r, self.j, self.mem, self.W = rank, self.g.rank, mem, self.g.size  # worker r serves shard j
         self.step, self.bits, self.dbits, self.feeds = step, bits, dbits, feeds
         self.side, self.encode_s, self.send, self.lengths = 0, 0.0, None, None
+        self.figures: list[list[float]] | None = None  # every rank's (‖x‖², ‖Q(x) − x‖²): a policy fed them
         self.x, self.flags = self._input(flat)
 
     def _input(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -177,7 +191,27 @@ class _Rank:
                 self.send, sizes = got
                 self.sent = codec.set_flags(self.send, sizes, flag)
         self.encode_s = time.perf_counter() - t0
-        return size_table(self.g, [p.numel() for p in self.sent], codec.fast_path(self.b.method), self.x.device)
+        mine = [p.numel() for p in self.sent]
+        figures = self._figures()
+        if figures is None:
+            return size_table(self.g, mine, codec.fast_path(self.b.method), self.x.device)
+        return then(figures_table(self.g, mine, figures, self.x.device), self._keep_figures)
+
+    def _figures(self) -> list[float] | None:
+        """A policy fed the workers' norms (the link policy): this rank's (‖x‖², ‖Q(x) − x‖²) in float64,
+        its own payloads decoded (:mod:`dqsgd.policies.variance`); else None."""
+        if not getattr(self.P.policy, "needs_worker_norms", False) or self.outer is not None:
+            return None
+        x = self.x.to(torch.float64)
+        err = 0.0
+        for j, (lo, hi) in enumerate(self.P.bounds):
+            e = self.P.reduce(j, [self.sent[j]], self.bits).to(torch.float64).sub_(x[lo:hi])
+            err += float(e.dot(e))
+        return [float(x.dot(x)), err]
+
+    def _keep_figures(self, got: tuple[list[list[int]], list[list[float]]]) -> list[list[int]]:
+        self.figures = got[1]
+        return got[0]
 
     def _encode_cpu(self, scalers: torch.Tensor | None) -> list[torch.Tensor] | tuple[torch.Tensor, list[int]]:
         """Written in place into the send buffer where :func:`codec.encode_messages` applies, else a list."""
@@ -325,8 +359,25 @@ class _Rank:
     def _feed(self, o: Outcome) -> Outcome:
         """The policy fed, once per process and step, the update every rank holds."""
         if self.feeds:
-            self.b.observe(o.update, self.step, self.spent, o.bad)
+            self.b.observe(o.update, self.step, self.spent, o.bad, workers=self._workers(o))
         return o
+
+    def _workers(self, o: Outcome) -> tuple[float, float, int] | None:
+        """(Σ‖g_r‖², Σ_r e_r + W²·v_down, W) for :meth:`BucketState.observe` where the ranks' figures were
+        gathered: e_r the ranks' realized uplink rounding errors, v_down the quantized downlink's modelled
+        rounding variance (:func:`~dqsgd.policies.variance.modelled_rounding_variance`). Sums in rank order:
+        the same on every rank."""
+        from dqsgd.policies.variance import modelled_rounding_variance
+        from dqsgd.quantizers.constants import levels_for_bits
+        from dqsgd.topology.names import FP32
+
+        if self.figures is None:
+            return None
+        down = 0.0
+        if self.P.kind.sharded and self.dbits != FP32:
+            down = modelled_rounding_variance(o.update, self.P.bounds, levels_for_bits(self.dbits), self.b.method.p)
+        w = len(self.figures)
+        return sum(f[0] for f in self.figures), sum(f[1] for f in self.figures) + w * w * down, w
 
 
 def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
