@@ -104,3 +104,14 @@ def test_no_noise_at_all_sends_the_dtype_where_the_caller_can() -> None:
 def test_the_hook_policy_refuses_a_downlink_it_cannot_price() -> None:
     with pytest.raises(ValueError, match="downlink of 16 bits"):
         LinkPolicy(D, 10.0, 400.0, 4, max_bits=8).sending(4, 16)
+
+
+def test_the_hook_checks_uncompressed_dtype() -> None:
+    from dqsgd.ddp import HookState
+
+    assert HookState("dqsgd-link", uncompressed_dtype="bfloat16").send_dtype(torch.float32) == torch.bfloat16
+    assert HookState("dqsgd-link").send_dtype(torch.float32) == torch.float32
+    with pytest.raises(ValueError, match="uncompressed_dtype must be one of"):
+        HookState("dqsgd-link", uncompressed_dtype="float8")
+    with pytest.raises(ValueError, match="uncompressed_dtype is the dtype the link policy"):
+        HookState("qsgd-4bit", uncompressed_dtype="float16")

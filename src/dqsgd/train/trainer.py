@@ -225,8 +225,9 @@ class Trainer:
 
     def hand_worker_norms(self, vectors: dict[int, torch.Tensor], workers: int) -> None:
         """A policy that estimates the gradient noise from the workers' norms (the link policy) gets them
-        before the step, where this process holds every worker's vector (the in-process simulation);
-        elsewhere it gets none, on every rank alike, and keeps its start width."""
+        before the step, where this process holds every worker's vector (the in-process simulation).
+        A sharded step's exchange gathers the ranks' norms itself, and its figures replace these
+        (:mod:`dqsgd.topology.exchange`): the simulation then folds what a run over processes folds."""
         policy = getattr(self.step_runner, "policy", None)
         wants = getattr(policy, "needs_worker_norms", False)
         if wants and self.state.policy is not None and len(vectors) == workers >= 2:
