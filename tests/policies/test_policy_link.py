@@ -148,17 +148,19 @@ def test_the_trainer_hands_over_exactly_the_workers_norms():
 
 
 def test_paths_that_do_not_feed_the_link_policy_refuse_it() -> None:
-    """The hook, FSDP and LocalSGDOptimizer hold one worker's gradient: the link policy, never fed the
-    workers' norms, would keep its start width under a name that says it adapts, so each refuses it."""
+    """FSDP and LocalSGDOptimizer hold one worker's gradient and nothing gathers the workers' norms for
+    them: the link policy, never fed, would keep its start width under a name that says it adapts, so
+    each refuses it. The DDP hook's exchange gathers them (tests/distributed/test_ddp_link.py)."""
     import torch
 
     from dqsgd.ddp import HookState
     from dqsgd.fsdp import FSDPState
     from dqsgd.local import LocalSGDOptimizer
 
+    for topology in ("sharded", "allgather"):
+        assert HookState("dqsgd-link", topology=topology).config.policy == "link"
     model = torch.nn.Linear(3, 2)
-    makers = {"the DDP hook": lambda: HookState("dqsgd-link"),
-              "FSDP's reduce-scatter": lambda: FSDPState("dqsgd-link"),
+    makers = {"FSDP's reduce-scatter": lambda: FSDPState("dqsgd-link"),
               "LocalSGDOptimizer": lambda: LocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, 4,
                                                              "dqsgd-link")}
     for who, make in makers.items():

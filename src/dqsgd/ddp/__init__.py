@@ -31,6 +31,10 @@ every rank holds after the last collective — bitwise the same bytes on every r
 rank picks the same next width with no extra collective. On a CPU bucket the width of step n+1
 comes from step n. On a device (CUDA) the statistics are read on the host one step late (the width
 of step n+1 comes from step n−1), so that reading them never waits for the GPU.
+The link policy (``dqsgd-link``) also needs every rank's ‖g‖²: each rank adds it, with its own
+rounding's realized error, to the all-gather of its payload sizes (float64 bits), so every rank folds
+the same σ̂²; where it prices the dtype faster than the codec it sends the bucket uncompressed, as the
+plain all-reduce (``uncompressed_dtype``: in fp16 or bf16) — docs/ddp-hook.md, "The link policy".
 
 **Randomness.** Uniform quantization always uses the counter-based hash uniforms (kernel
 "fused", whatever ``config.kernel`` says): rank r's payload for shard j of bucket b at step n

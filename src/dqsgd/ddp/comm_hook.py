@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.ddp.state import HookState
+from dqsgd.policies.linktime import UNCOMPRESSED
+from dqsgd.topology.state import BucketState
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.group import UP, release, then
 from dqsgd.topology.registry import Legs, ring_bytes
@@ -51,6 +53,8 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
                       f"{state.config.name} policy; it keeps its last choice from now on (pass total_steps = the "
                       "number of training steps to HookState)", RuntimeWarning, stacklevel=2)
     b.prepare(grad.device)  # deferred payload checks; the policy fed what waited
+    if b.bits == UNCOMPRESSED:  # the link policy: on this link the codec costs more time than it saves
+        return _uncompressed(state, b, grad, world)
     width, itemsize = b.width(), grad.element_size()
     if b.numel * itemsize < state.min_compression_rate * b.uplink_bytes(b.width()):  # not worth compressing
         return _allreduce(state, grad, world)
@@ -80,22 +84,42 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     return result
 
 
-def _allreduce(state: HookState, grad: torch.Tensor, world: int) -> torch.futures.Future[torch.Tensor]:
-    """Plain mean all-reduce in the bucket's dtype (warm-up, small buckets), counted as a ring."""
-    nbytes = grad.numel() * grad.element_size()
+def _allreduce(state: HookState, grad: torch.Tensor, world: int,
+               dtype: torch.dtype | None = None) -> torch.futures.Future[torch.Tensor]:
+    """Plain mean all-reduce in the bucket's dtype, or ``dtype`` (warm-up, small buckets, the link
+    policy's uncompressed choice), counted as a ring."""
+    send = grad if dtype is None or dtype == grad.dtype else grad.to(dtype)
+    nbytes = send.numel() * send.element_size()
     scatter = (world - 1) * nbytes // world  # a ring's reduce-scatter, then its all-gather
     gather = ring_bytes(nbytes, world) - scatter
-    state.count((scatter, scatter), (gather, gather), grad.numel(), grad.element_size(), 8 * grad.element_size(),
+    state.count((scatter, scatter), (gather, gather), send.numel(), send.element_size(), 8 * send.element_size(),
                 world, refused=True)
     group = state.group()
     prev, mine = group.turns.turn(UP)  # after the previous bucket's uplink collectives, as every rank
 
     def issue(_: object) -> torch.futures.Future:
-        work = dist.all_reduce(grad.div_(world), group=group.pgs[UP], async_op=True)
+        work = dist.all_reduce(send.div_(world), group=group.pgs[UP], async_op=True)
         release(mine)
-        return then(work.get_future(), lambda _: grad)
+        return then(work.get_future(), lambda _: grad if send is grad else grad.copy_(send))
 
     return then(prev, issue)
+
+
+def _uncompressed(state: HookState, b: BucketState, grad: torch.Tensor, world: int) -> torch.futures.Future[torch.Tensor]:
+    """The link policy's uncompressed step: the plain all-reduce (in ``uncompressed_dtype`` if set), a
+    step of the bucket whose mean G (the same bytes on every rank) the policy observes — its norm and
+    levels' entropies; σ̂² keeps its last value, no collective carrying the workers' norms then."""
+    step = b.step
+    b.step += 1
+    fut = _allreduce(state, grad, world, state.send_dtype(grad.dtype))
+
+    def seen(f: torch.futures.Future) -> torch.Tensor:
+        g = f.value()
+        flat = g.detach().reshape(-1).to(torch.float32)
+        b.observe(flat, step, 8 * g.element_size() * g.numel(), ~torch.isfinite(flat).all())
+        return g
+
+    return fut.then(seen)
 
 
 def _say_nonfinite(state: HookState, step: int) -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from dqsgd.topology.state import BucketState
 
 STATE_VERSION = 2
+UNCOMPRESSED_DTYPES = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _stateful(field_name: str) -> bool:
@@ -48,7 +49,7 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
-                 "downlink_feedback", "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits", "nonfinite_step", "start_iter", "min_compression_rate",
+                 "downlink_feedback", "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits", "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
                  "iter", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
@@ -57,7 +58,7 @@ class HookState:
                  topology: str = "sharded", downlink_bits: int | str | None = None, start_iter: int = 0,
                  min_compression_rate: float = 1.0, downlink_feedback: bool = False,
                  allow_unsafe_downlink: bool = False, downlink_coding: str | None = None,
-                 downlink_target_bits: float = 0.0):
+                 downlink_target_bits: float = 0.0, uncompressed_dtype: str | None = None):
         """``method``: a registered name (``"qsgd"``, ``"qsgd-4bit"``, ``"dqsgd"``, …) or a config;
         ``process_group``: None = the default group; ``seed`` of the quantization randomness;
         ``timeout``: seconds any collective of the hook may take (None: torch's default);
@@ -75,14 +76,24 @@ class HookState:
         bits per coordinate and step (0: an 8-bit fixed downlink's cost);
         ``start_iter``: backward passes sent as a plain all-reduce first (``start_powerSGD_iter``);
         ``min_compression_rate``: a bucket whose predicted ratio (bytes in its dtype / payload bytes)
-        is below this is all-reduced as is."""
+        is below this is all-reduced as is;
+        ``uncompressed_dtype`` (the link policy, ``dqsgd-link``): the dtype a bucket the policy sends
+        uncompressed is all-reduced in, ``"float16"`` or ``"bfloat16"`` (None: the bucket's own dtype);
+        the policy prices that choice at its bytes."""
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
         if not isinstance(method, MethodConfig):
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
         check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
-        check_fed_policy(method, "the DDP hook")
+        if method.policy == "link" and topology not in ("sharded", "allgather"):  # the exchange feeds these two
+            check_fed_policy(method, f"the DDP hook on topology {topology!r}")
+        if uncompressed_dtype not in UNCOMPRESSED_DTYPES:
+            raise ValueError(f"uncompressed_dtype must be one of {sorted(UNCOMPRESSED_DTYPES, key=str)}, "
+                             f"got {uncompressed_dtype!r}")
+        if uncompressed_dtype is not None and method.policy != "link":
+            raise ValueError(f"uncompressed_dtype is the dtype the link policy (dqsgd-link) may send a bucket in; "
+                             f"method {method.name!r} has policy {method.policy!r}")
         check_seed("seed", seed)
         check_timeout("timeout", timeout)
         check_count("total_steps (the policy horizon N)", total_steps, 1)
@@ -107,6 +118,7 @@ class HookState:
         self.downlink_feedback, self.allow_unsafe_downlink = downlink_feedback, allow_unsafe_downlink
         self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
+        self.uncompressed_dtype = uncompressed_dtype
         self._buckets: dict[int, BucketState] = {}
         self._loaded: dict[int, dict[str, Any]] = {}
         self._group: TorchGroup | None = None
@@ -179,6 +191,7 @@ class HookState:
                     "downlink_target_bits": self.downlink_target_bits,
                     "start_iter": self.start_iter,
                     "min_compression_rate": self.min_compression_rate, "total_steps": self.total_steps,
+                    "uncompressed_dtype": self.uncompressed_dtype,
                     "seed": self.seed, "dqsgd_version": __version__})
         return out
 
@@ -220,24 +233,36 @@ class HookState:
         sizes = sizes if sum(sizes) == n else [n]
         if b is not None and b.numel == n:
             if b.sizes != tuple(sizes):
-                b.proto = self._protocol(index, n, sizes, world)
+                b.proto = self._protocol(index, n, sizes, world, grad.dtype)
                 b.sizes, b.residuals, b.down_residual = tuple(sizes), {}, None
             return b
-        proto = self._protocol(index, n, sizes, world)
+        proto = self._protocol(index, n, sizes, world, grad.dtype)
         b = self._buckets[index] = BucketState(numel=n, proto=proto, policy=proto.policy.init(),
                                                generator=worker_generator(self.seed, rank, index), sizes=tuple(sizes))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)
         return b
 
-    def _protocol(self, index: int, n: int, sizes: list[int], world: int) -> BucketProtocol:
+    def _protocol(self, index: int, n: int, sizes: list[int], world: int, dtype: torch.dtype) -> BucketProtocol:
         """The bucket's protocol; uniform quantization always draws hash uniforms (kernel "fused"), so
-        a CPU and a GPU send the same bytes."""
+        a CPU and a GPU send the same bytes. The link policy may also send the bucket uncompressed
+        (:meth:`send_dtype`) and prices the hook's downlink (:meth:`LinkPolicy.sending`)."""
+        from dqsgd.policies.link import LinkPolicy
+        from dqsgd.policies.linktime import UNCOMPRESSED
         from dqsgd.topology.bucket import BucketProtocol, replace_kernel
 
-        return BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
-                              seed=self.seed, total_steps=self.total_steps, bucket=index,
-                              spec=self.downlink)
+        proto = BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
+                               seed=self.seed, total_steps=self.total_steps, bucket=index,
+                               spec=self.downlink)
+        if isinstance(proto.policy, LinkPolicy):
+            quantized = topology_of(self.topology).sharded and self.downlink_bits != FP32
+            proto.policy = proto.policy.sending(self.send_dtype(dtype).itemsize,
+                                                int(self.downlink_bits) if quantized else UNCOMPRESSED)
+        return proto
+
+    def send_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the link policy's uncompressed bucket of ``dtype`` is all-reduced in."""
+        return dtype if self.uncompressed_dtype is None else UNCOMPRESSED_DTYPES[self.uncompressed_dtype]
 
     @property
     def downlink(self) -> DownlinkSpec:
@@ -274,7 +299,7 @@ class HookState:
     def __getstate__(self) -> dict[str, Any]:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
         init = {k: getattr(self, k) for k in ("config", "seed", "timeout", "total_steps", "topology",
-                                              "start_iter", "min_compression_rate", "downlink_feedback",
+                                              "start_iter", "min_compression_rate", "uncompressed_dtype", "downlink_feedback",
                                               "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits")}
         init["downlink_bits"] = "fp32" if self.downlink_bits == 32 else self.downlink_bits
         return {"init": init, "state": self.state_dict()}

@@ -205,12 +205,14 @@ def check_one_message(c: MethodConfig, who: str) -> None:
 
 
 def check_fed_policy(c: MethodConfig, who: str) -> None:
-    """Refuse the ``link`` policy where ``who`` (the DDP hook, FSDP, Local SGD, the trainer over
-    processes) does not hold every worker's gradient: the policy estimates the gradient noise from
-    their norms and, never fed, would keep its start width while its name says it adapts."""
+    """Refuse the ``link`` policy where ``who`` (FSDP, Local SGD, the trainer over processes on a
+    topology that does not run the bucket's exchange) neither holds every worker's gradient nor gathers
+    their norms: the policy estimates the gradient noise from them and, never fed, would keep its start
+    width while its name says it adapts."""
     if c.policy == "link":
-        _fail(c, f"policy 'link' estimates the gradient noise from every worker's gradient, which only dqsgd "
-                 f"train's in-process simulation holds; {who} does not feed it (it would keep its start width): "
+        _fail(c, f"policy 'link' estimates the gradient noise from every worker's gradient norm, which dqsgd "
+                 f"train's in-process simulation holds and the bucket's exchange gathers (the DDP hook on sharded "
+                 f"or allgather, dqsgd train on sharded); {who} does not feed it (it would keep its start width): "
                  "use dqsgd or dqsgd-coded there")
 
 

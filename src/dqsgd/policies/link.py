@@ -102,6 +102,16 @@ class LinkPolicy:
         pooled_variance(sum_sq, mean_sq, workers, quant_var)  # refuse bad figures now, not a step later
         return replace(state, pending=(float(sum_sq), float(mean_sq), float(workers), float(quant_var)))
 
+    def sending(self, dtype_bytes: int, down_width: int) -> LinkPolicy:
+        """This policy for a caller that can also send the bucket uncompressed, ``dtype_bytes`` per
+        coordinate (the DDP hook: a plain all-reduce), and whose downlink is ``down_width`` (UNCOMPRESSED:
+        the dtype; else a fixed width the policy prices but does not choose)."""
+        if down_width != UNCOMPRESSED and not self.min_bits <= down_width <= self.max_bits:
+            raise ValueError(f"{self.label}: it prices the downlink among its widths: a downlink of {down_width} "
+                             f"bits needs min_bits <= {down_width} <= max_bits (here {self.min_bits}..{self.max_bits}), "
+                             "or an fp32 downlink")
+        return replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=(down_width,))
+
     def model(self, entropy: tuple[float, ...]) -> TimeModel:
         """The time model of the stated figures with wire bits B (fixed) and min(B, H_B) (coded rows);
         ``entropy``: H_B for B = min_bits..max_bits (empty: every row at B)."""
@@ -127,6 +137,8 @@ class LinkPolicy:
         state = replace(state, sigma2=sigma2, workers=workers, pending=())
         if math.isnan(sigma2) or not math.isfinite(stats.norm):
             return state
+        if sigma2 <= 0 and self.uncompressed:  # any rounding noise costs infinitely many steps
+            return replace(state, bits=UNCOMPRESSED, down_bits=UNCOMPRESSED, coding="")
         if sigma2 <= 0 or stats.norm == 0:  # nothing to hide quantization noise in / nothing to quantize
             top = UNCOMPRESSED if UNCOMPRESSED in self.down_widths else max(self.down_widths)
             return replace(state, bits=self.max_bits if sigma2 <= 0 else self.min_bits,

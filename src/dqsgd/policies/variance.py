@@ -15,6 +15,15 @@ drifts over the run. The estimate is clipped at 0 (a rounding of the two sums ca
 negative when the workers agree). :func:`smoothed` keeps an exponential average of the steps'
 estimates, started at the first: a weighted mean of unbiased estimates with weights summing to 1,
 so unbiased while σ² stays put.
+
+**Where no process holds ḡ** (the DDP hook, the trainer over processes: :mod:`dqsgd.topology.exchange`)
+rank r hands over ‖g_r‖² and its *realized* rounding error e_r = ‖Q(g_r) − g_r‖² (it decodes its own
+payloads), and every rank holds the decoded update G. With independent unbiased roundings ε_r,
+‖mean Q(g_r)‖² = ‖ḡ‖² + (2/W)Σ⟨ḡ, ε_r⟩ + (1/W²)Σ_r ‖ε_r‖² + (1/W²)Σ_{r≠k}⟨ε_r, ε_k⟩, so subtracting
+Σ e_r/W² leaves ‖ḡ‖² plus terms of mean zero: unbiased, and with less variance than subtracting the
+roundings' expected variance. A quantized downlink rounds the shards' means once more: its variance,
+which no rank can observe (each shard server alone holds its shard's unrounded mean), is subtracted
+as the model of :func:`modelled_rounding_variance` — the same model as the policy's q(B).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["pooled_variance", "smoothed", "worker_norms"]
+__all__ = ["modelled_rounding_variance", "pooled_variance", "smoothed", "worker_norms"]
 
 
 def pooled_variance(sum_sq: float, mean_sq: float, workers: int, quant_var: float = 0.0) -> float:
@@ -60,3 +69,16 @@ def worker_norms(grads: Iterable[torch.Tensor]) -> tuple[float, float, int]:
 def smoothed(previous: float, estimate: float, smoothing: float) -> float:
     """The exponential average of the steps' estimates: ``estimate`` itself after none (``previous`` NaN)."""
     return estimate if math.isnan(previous) else (1 - smoothing) * previous + smoothing * estimate
+
+
+def modelled_rounding_variance(g: torch.Tensor, bounds: Iterable[tuple[int, int]], levels: int, p: float) -> float:
+    """Σ_j n_j·(‖g_j‖_p/s)²/6 over the shards [lo, hi) of ``bounds``: E‖Q_s(g) − g‖² of the stochastic
+    uniform rounding of each shard at s = ``levels`` with its p-norm scale, when the fractional parts of
+    the scaled coordinates are uniform (E f(1 − f) = 1/6; the policy's q(B)). Read off the rounded
+    vector itself: under the max norm its scale is exactly its largest |coordinate|."""
+    flat = g.detach().reshape(-1).to(torch.float64)
+    total = 0.0
+    for lo, hi in bounds:
+        scale = float(torch.linalg.vector_norm(flat[lo:hi], p)) if hi > lo else 0.0
+        total += (hi - lo) * (scale / levels) ** 2 / 6.0
+    return total

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 
 from dqsgd.topology import payloads as codec
+from dqsgd.topology.figures import figures_table, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, release, then
 from dqsgd.topology.registry import Legs
 from dqsgd.topology.scatter import ShardStats
@@ -112,6 +113,7 @@ class _Rank:
         self.step, self.bits, self.dbits, self.feeds = step, bits, dbits, feeds
         self.side, self.encode_s, self.send, self.lengths = 0, 0.0, None, None
         self.norms = self.sample = None  # scatter: G's norms and policy sample, gathered from the ranks
+        self.figures: list[list[float]] | None = None  # every rank's (‖x‖², ‖Q(x) − x‖²): a policy fed them
         self.x, self.flags = self._input(flat)
 
     def _input(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -185,7 +187,15 @@ class _Rank:
                 self.send, sizes = got
                 self.sent = codec.set_flags(self.send, sizes, flag)
         self.encode_s = time.perf_counter() - t0
-        return size_table(self.g, [p.numel() for p in self.sent], codec.fast_path(self.b.method), self.x.device)
+        mine = [p.numel() for p in self.sent]
+        if not getattr(self.P.policy, "needs_worker_norms", False) or self.outer is not None:
+            return size_table(self.g, mine, codec.fast_path(self.b.method), self.x.device)
+        figures = own_figures(self.P, self.sent, self.x, self.bits)  # the link policy: the workers' norms
+        return then(figures_table(self.g, mine, figures, self.x.device), self._keep_figures)
+
+    def _keep_figures(self, got: tuple[list[list[int]], list[list[float]]]) -> list[list[int]]:
+        self.figures = got[1]
+        return got[0]
 
     def _encode_cpu(self, scalers: torch.Tensor | None) -> list[torch.Tensor] | tuple[torch.Tensor, list[int]]:
         """Written in place into the send buffer where :func:`codec.encode_messages` applies, else a list."""
@@ -332,8 +342,15 @@ class _Rank:
     def _feed(self, o: Outcome) -> Outcome:
         """The policy fed, once per process and step, the update every rank holds."""
         if self.feeds:
-            self.b.observe(o.update, self.step, self.spent, o.bad, norms=self.norms, sample=self.sample)
+            self.b.observe(o.update, self.step, self.spent, o.bad, norms=self.norms, sample=self.sample,
+                           workers=self._workers(o))
         return o
+
+    def _workers(self, o: Outcome) -> tuple[float, float, int] | None:
+        """The ranks' figures summed for the policy (:func:`~dqsgd.topology.figures.worker_sums`), if gathered."""
+        if self.figures is None:
+            return None
+        return worker_sums(self.figures, self.P, self.dbits, o.update, self.b.method.p)
 
     # --- scatter (FSDP's reduce-scatter): rank j keeps shard j -----------------------------------
     def _scatter(self, recv: torch.Tensor) -> torch.futures.Future:

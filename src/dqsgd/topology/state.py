@@ -9,6 +9,7 @@ simulation runs W ranks in one process: one :class:`BucketState` and W :class:`M
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -177,13 +178,29 @@ class BucketState(Memory):
         self.catch_up(self.step - 1 - self.lag(device))
 
     def observe(self, update: torch.Tensor, step: int, spent: Any, bad: torch.Tensor,
-                norms: torch.Tensor | None = None, sample: torch.Tensor | None = None) -> None:
+                norms: torch.Tensor | None = None, sample: torch.Tensor | None = None,
+                workers: tuple[float, float, int] | None = None) -> None:
         """The one point where the exchange feeds the policy: step ``step``'s update G (the same bytes
         on every rank), what the step cost, and whether some rank's bucket was non-finite (the policy
         then skips it). Recorded here, learnt from when the next width is needed (:meth:`catch_up`:
-        the trainer at once, the hook when the bucket next arrives, :meth:`prepare`)."""
+        the trainer at once, the hook when the bucket next arrives, :meth:`prepare`). ``workers``: the
+        ranks' (Σ‖g_r‖², Σ rounding errors, W) where the exchange gathered them for a policy that
+        estimates the gradient noise (:meth:`hand_workers`)."""
         if self.method.config.dynamic:
             self.record(update, step, spent, bad, norms, sample)
+        if workers is not None:
+            self.hand_workers(update, bad, *workers)
+
+    def hand_workers(self, update: torch.Tensor, bad: torch.Tensor, sum_sq: float, errors: float, workers: int) -> None:
+        """Hand the link policy the workers' norms of the step whose update is ``update`` (the same bytes
+        on every rank: ‖G‖² in float64), unless some rank was non-finite; it folds them into σ̂² when it
+        next learns (:mod:`dqsgd.policies.variance`). Reads ``update`` on the host (on a device: waits for it)."""
+        if bool(bad) or not all(map(math.isfinite, (sum_sq, errors))):
+            return
+        g = update.detach().reshape(-1).to(torch.float64)
+        mean_sq = float(g.dot(g))
+        if math.isfinite(mean_sq):
+            self.policy = self.proto.policy.observe_workers(self.policy, sum_sq, mean_sq, workers, errors)
 
     def state_dict(self) -> dict[str, Any]:
         from dqsgd.policies import state_to_dict

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from dqsgd.data import Dataset
 from dqsgd.topology.ledger import Ledger
+from dqsgd.topology.registry import topology_of
 from dqsgd.method.config import check_fed_policy
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
@@ -90,8 +91,9 @@ class Trainer:
         # Local SGD: this optimizer is the outer one, on the averaged pseudo-gradient (dqsgd.train.local)
         self.optimizer = (outer_optimizer(self.params, cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum)
                           if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
-        if len(self.transport.local_workers) != cfg.workers:  # hand_worker_norms needs every worker's vector
-            check_fed_policy(entry.config, "a run over processes (--transport torch)")
+        # hand_worker_norms needs every worker's vector; a sharded step's exchange gathers their norms itself
+        if len(self.transport.local_workers) != cfg.workers and not topology_of(self.topology).sharded:
+            check_fed_policy(entry.config, f"a run over processes (--transport torch) on topology {self.topology!r}")
         self.method = Method(entry.config, self.numel, cfg.rounds, sizes)  # the policy counts exchanges
         shards = partition_shards(cfg.partition, data.train.y, cfg.workers, cfg.dirichlet_alpha, cfg.batch_size, seed)
         self.batches = WorkerBatches(len(data.train.y), cfg.workers, cfg.batch_size, seed, shards)
@@ -223,8 +225,9 @@ class Trainer:
 
     def hand_worker_norms(self, vectors: dict[int, torch.Tensor], workers: int) -> None:
         """A policy that estimates the gradient noise from the workers' norms (the link policy) gets them
-        before the step, where this process holds every worker's vector (the in-process simulation);
-        elsewhere it gets none, on every rank alike, and keeps its start width."""
+        before the step, where this process holds every worker's vector (the in-process simulation).
+        A sharded step's exchange gathers the ranks' norms itself, and its figures replace these
+        (:mod:`dqsgd.topology.exchange`): the simulation then folds what a run over processes folds."""
         policy = getattr(self.step_runner, "policy", None)
         wants = getattr(policy, "needs_worker_norms", False)
         if wants and self.state.policy is not None and len(vectors) == workers >= 2:

@@ -1,0 +1,45 @@
+"""Rank functions for the link policy through the DDP hook (tests/distributed/test_ddp_link.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dqsgd.ddp
+from dqsgd.method.config import method_config
+from _hook_ranks import ddp_model, grads, linear
+
+STEPS = 5
+
+
+def link_run(rank: int, world: int, kw: dict[str, Any]) -> dict[str, Any]:
+    """STEPS backward passes of a one-bucket model through the hook under ``dqsgd-link`` (HookState
+    kwargs ``kw``, method options under "method"): per step the local bucket, the averaged one, the
+    policy state after it and this rank's bytes sent in it."""
+    kw = dict(kw)
+    cfg = method_config("dqsgd-link", **kw.pop("method", {}))
+    state = dqsgd.ddp.HookState(cfg, None, seed=3, timeout=60.0, total_steps=20, **kw)
+    buckets: list = []
+    model = ddp_model(state, buckets, linear())
+    out: dict[str, Any] = {"policy": [], "sent": [], "bits": []}
+    for s in range(STEPS):
+        before = state.bytes_sent
+        grads(model, rank, s)
+        out["sent"].append(state.bytes_sent - before)
+        out["bits"].append(state.current_bits())
+        out["policy"].append(state._buckets[0].policy)
+    out["buckets"] = [(i, local, sizes, fut.value().clone()) for i, local, sizes, fut in buckets]
+    return out
+
+
+def trainer_run(rank: int, world: int) -> dict[str, Any]:
+    """``dqsgd train --transport torch`` on topology sharded, as each rank runs it: the widths of its
+    steps and the policy state at the end."""
+    from _engine_ranks import run_trainer
+    from dqsgd.transport import make_transport
+
+    tr, ledger = run_trainer("dqsgd-link", "sharded", make_transport("sharded", timeout=60.0), world)
+    return {"bits": [r.bits for r in ledger.records], "policy": repr(tr.state.policy)}
+
+
+def link_cases(rank: int, world: int, cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"trainer": trainer_run(rank, world), **{name: link_run(rank, world, kw) for name, kw in cases.items()}}
