@@ -86,7 +86,7 @@ class HookState:
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
         check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
-        if method.policy == "link" and topology not in ("sharded", "allgather"):  # the exchange feeds these two
+        if method.policy == "link" and not topology_of(topology).feeds_norms:
             check_fed_policy(method, f"the DDP hook on topology {topology!r}")
         if uncompressed_dtype not in UNCOMPRESSED_DTYPES:
             raise ValueError(f"uncompressed_dtype must be one of {sorted(UNCOMPRESSED_DTYPES, key=str)}, "

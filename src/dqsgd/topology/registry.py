@@ -56,6 +56,12 @@ class Topology(ABC):
         ranks then average their results (None: none; a hierarchical topology has one)."""
         return group, None
 
+    @property
+    def feeds_norms(self) -> bool:
+        """Whether the DDP hook's exchange gathers every worker's norms for a policy that reads them (the
+        link policy): a hook topology whose ranks all run one sequence (no second level of groups)."""
+        return self.hook and type(self).split is Topology.split
+
     def fp32_legs(self) -> int:
         """How many times the fp32 reference sends the whole vector per worker and step: the uplink,
         and the downlink where the topology has one."""
