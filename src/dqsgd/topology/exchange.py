@@ -76,8 +76,10 @@ class Exchange:
     quantizer's NonFiniteGradientError is raised (the trainer checks before). ``count(legs, whole)``:
     told each rank's bytes."""
 
-    def __init__(self, state: BucketState, *, flag_nonfinite: bool = True, count: Count | None = None):
+    def __init__(self, state: BucketState, *, flag_nonfinite: bool = True, count: Count | None = None,
+                 rank: Callable[..., Any] | None = None):
         self.state, self.flag_nonfinite, self._counter = state, flag_nonfinite, count
+        self._rank = rank  # the class of one rank's part (None: _Rank; a server's: dqsgd.topology.server)
 
     def start(self, ranks: Mapping[int, tuple[torch.Tensor, Group, Memory]]) -> dict[int, torch.futures.Future]:
         """Start one step for the local ranks ``ranks`` (rank -> its flat gradient, its group view,
@@ -87,7 +89,8 @@ class Exchange:
         step, bits, dbits = b.step, b.bits, b.proto.down_width(b.policy)
         b.step += 1
         first = next(iter(ranks))
-        return {r: _Rank(self, r, flat, g, mem, step, bits, dbits, r == first).start()
+        cls = self._rank or _Rank
+        return {r: cls(self, r, flat, g, mem, step, bits, dbits, r == first).start()
                 for r, (flat, g, mem) in ranks.items()}
 
     def count(self, legs: Legs, whole: bool = True) -> None:
@@ -177,6 +180,10 @@ class _Rank:
                 self.send, sizes = got
                 self.sent = codec.set_flags(self.send, sizes, flag)
         self.encode_s = time.perf_counter() - t0
+        return self._size_table()
+
+    def _size_table(self) -> Any:
+        """Every rank's payload sizes, or a future of them (:func:`size_table`)."""
         return size_table(self.g, [p.numel() for p in self.sent], codec.fast_path(self.b.method), self.x.device)
 
     def _encode_cpu(self, scalers: torch.Tensor | None) -> list[torch.Tensor] | tuple[torch.Tensor, list[int]]:

@@ -3,9 +3,9 @@
 One step, the same for every topology and transport:
 
 1. every local worker w draws its minibatch (a pure function of seed, w, n) and computes g_w;
-2. the step object of the topology (:mod:`dqsgd.topology.step`: :class:`~dqsgd.topology.step.ServerStep` for ps and
-   allgather, :class:`~dqsgd.topology.step.ShardedStep`) checks the gradients, encodes them at the current
-   width B_n, exchanges the bytes, aggregates, lets the policy pick B_{n+1} and decodes the update;
+2. the step object of the topology (:class:`~dqsgd.topology.step.ExchangeStep`: one exchange of the
+   topology, :mod:`dqsgd.topology.exchange`) checks the gradients, encodes them at the current width
+   B_n, exchanges them, aggregates, lets the policy pick B_{n+1} and decodes the update;
 3. the aggregating process records the measured bytes in the ledger;
 4. every process applies the same optimizer step.
 
@@ -39,7 +39,7 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.policies.variance import worker_norms
 from dqsgd.topology.agreement import check_state, refuse_changed
 from dqsgd.topology.sketched import SketchedStep
-from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
+from dqsgd.topology.step import ExchangeStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig, resolve_downlink
 from dqsgd.train.local import outer_optimizer
 from dqsgd.train.metrics import StepResult
@@ -101,7 +101,7 @@ class Trainer:
         # the downlink, resolved once from the config (dqsgd.topology.downspec) and carried as it is
         self.downlink = resolve_downlink(cfg, entry.config, self.topology)
         self.downlink_bits, self.downlink_coding = self.downlink.bits, self.downlink.coding
-        self.step_runner: ServerStep | ShardedStep | SketchedStep = (
+        self.step_runner: ExchangeStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink))
         self.policy = self.step_runner.policy  # "auto": the sharded protocol's both-leg split of the budget

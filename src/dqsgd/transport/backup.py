@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from dqsgd.method.pipeline import ProtocolError
+from dqsgd.topology.group import Turns, done
 from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.transport.torch_dist import MESSAGE_CAP, FAILED, OK, TorchPSTransport, TransportError
@@ -69,6 +70,45 @@ class _Waiting:
             self.done.set()
 
 
+class ArrivalGroup:
+    """The group a ``ps`` exchange (:mod:`dqsgd.topology.server`) runs over on a :class:`BackupPSTransport`:
+    its gather serves by arrival (None for a rank not waited for), its broadcast is point to point."""
+
+    arrivals = True
+
+    def __init__(self, t: BackupPSTransport):
+        self.t, self.rank, self.size = t, t.rank, t.workers
+        self.turns, self.device = Turns(), torch.device("cpu")
+
+    def gather(self, msg: torch.Tensor, dst: int, leg: int, cap: int = 0) -> torch.futures.Future:
+        """The W − b first messages on the server (rank ``dst`` = 0), each a payload and its flag byte,
+        whose payload bytes the transport records (:attr:`BackupPSTransport.sizes`, ``late``)."""
+        t = self.t
+        got = t.gather([tensor_bytes(msg)], cap)
+        if got is None:
+            return done(None)
+        t.sizes = [max(n - 1, 0) for n in t.sizes]
+        self._payload_bytes(0)
+        out: list[torch.Tensor | None] = [None] * self.size
+        for w, p in zip(t.used, got):
+            out[w] = bytes_tensor(p, self.device, len(p))
+        return done(out)
+
+    def broadcast(self, msg: torch.Tensor, src: int, leg: int) -> torch.futures.Future:
+        t, steps, late = self.t, self.t.steps, len(self.t.late)
+        got, _ = t.broadcast(tensor_bytes(msg) if self.rank == src else None, [], msg.numel())
+        t.steps = steps  # the step counts the exchange (dqsgd.topology.step)
+        self._payload_bytes(late)  # the stragglers' messages read after the last exchange
+        return done(bytes_tensor(got, self.device, len(got)))
+
+    def wait(self, fut: torch.futures.Future) -> Any:
+        return fut.value()
+
+    def _payload_bytes(self, start: int) -> None:
+        """The late messages from ``start`` on counted as payload bytes (their flag byte off), as the ledger counts."""
+        self.t.late[start:] = [(seq, w, n - 1) for seq, w, n in self.t.late[start:]]
+
+
 class BackupPSTransport(TorchPSTransport):
     """``ps`` over point-to-point messages; the server aggregates the first ``workers − backup`` arrivals."""
 
@@ -93,7 +133,14 @@ class BackupPSTransport(TorchPSTransport):
         self._cap = 0                                # the last exchange's payload cap (late payloads too; none owed before)
         self._heads: dict[int, tuple[_Waiting, torch.Tensor]] = {}  # server: the posted header receive per rank
         self._orphans: list[tuple[_Waiting, torch.Tensor]] = []
+        self._arrival_group: ArrivalGroup | None = None
         self._pending: list[tuple[int, _Waiting, list[torch.Tensor]]] = []  # downlinks not yet delivered
+
+    def exchange_groups(self) -> dict[int, ArrivalGroup]:
+        """This rank's :class:`ArrivalGroup` (one for the run)."""
+        if self._arrival_group is None:
+            self._arrival_group = ArrivalGroup(self)
+        return {self.rank: self._arrival_group}
 
     def expect(self, exchanges: int) -> None:
         """The run has ``exchanges`` exchanges: after the last, the server drains the stragglers."""

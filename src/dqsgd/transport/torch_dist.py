@@ -95,7 +95,7 @@ class _TorchTransport:
         self.timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
         self.steps = 0                 # completed steps (downlinks delivered), for error messages
         self._owes_downlink = False    # server: gathered this step's payloads, not yet broadcast
-        self._exchange_group: TorchGroup | None = None  # sharded: the exchange's group (exchange_groups)
+        self._exchange_group: TorchGroup | None = None  # the step's exchange's group (exchange_groups)
 
     # --- the Transport protocol -----------------------------------------------------------------
     @property
@@ -121,6 +121,14 @@ class _TorchTransport:
         bufs = [torch.zeros_like(mine) for _ in range(self.workers)]
         self._collective("all_gather_ints", dist.all_gather, bufs, mine)
         return [[int(v) for v in b.tolist()] for b in bufs]
+
+    def exchange_groups(self) -> dict[int, TorchGroup]:
+        """This rank over two groups of its own with the transport's timeout (made at the first step,
+        on every rank); a failed collective raises :class:`TransportError` naming the rank and the step."""
+        if self._exchange_group is None:
+            self._exchange_group = TorchGroup(self.group, None if self.timeout is None else self.timeout.total_seconds(),
+                                              lambda e: TransportError(self._explain("exchange", e)), self.device)
+        return {self.rank: self._exchange_group}
 
     # --- byte exchange --------------------------------------------------------------------------
     def _one_payload(self, payloads: Sequence[bytes]) -> bytes:
@@ -308,14 +316,15 @@ class TorchAllGatherTransport(_TorchTransport):
                   max_bytes: int) -> tuple[bytes, list[int]]:
         if payload is None:
             raise ValueError("allgather transport: every rank must provide its downlink payload")
-        if self.check_agreement:
-            self._check(payload, ints)
+        self.agree(payload, ints)
         self.steps += 1
         return payload, [int(v) for v in ints]
 
-    def _check(self, payload: bytes, ints: Sequence[int]) -> None:
-        """max(x) == -max(-x) on every rank iff all ranks hold the same (integers, CRC-32 of the update,
-        its length); the trainer's integer is B_{n+1}."""
+    def agree(self, payload: bytes, ints: Sequence[int]) -> None:
+        """With ``check_agreement``: max(x) == -max(-x) on every rank iff all ranks hold the same
+        (integers, CRC-32 of the update, its length); the trainer's integer is B_{n+1}."""
+        if not self.check_agreement:
+            return
         mine = [*(int(v) for v in ints), zlib.crc32(payload), len(payload)]
         t = torch.tensor(mine + [-v for v in mine], dtype=torch.int64, device=self.device)
         self._collective("agreement check", dist.all_reduce, t, op=dist.ReduceOp.MAX)
@@ -358,14 +367,6 @@ class TorchShardedTransport(_TorchTransport):
             out.append(data[at : at + n])
             at += n
         return {self.rank: out}, sizes
-
-    def exchange_groups(self) -> dict[int, TorchGroup]:
-        """This rank over two groups of its own with the transport's timeout (made at the first step,
-        on every rank); a failed collective raises :class:`TransportError` naming the rank and the step."""
-        if self._exchange_group is None:
-            self._exchange_group = TorchGroup(self.group, None if self.timeout is None else self.timeout.total_seconds(),
-                                              lambda e: TransportError(self._explain("exchange", e)), self.device)
-        return {self.rank: self._exchange_group}
 
     def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
         if set(shards) != {self.rank}:
