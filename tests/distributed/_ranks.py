@@ -47,8 +47,8 @@ def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, Metho
             out[f"{topology}/{entry.label}"] = train(cfg, entry, seed, t)
     t = make_transport("allgather")
     tr = Trainer(dataclasses.replace(cases[0][1], topology="allgather"), cases[0][2], load_dataset("synthetic"), 0, t)
-    honest = t.broadcast
-    t.broadcast = lambda payload, ints, cap=None: honest(payload, [ints[0] + int(rank == 1)], cap)  # type: ignore[method-assign]
+    honest = t.agree
+    t.agree = lambda payload, ints: honest(payload, [ints[0] + int(rank == 1)])  # type: ignore[method-assign]
     try:
         tr.step()
     except RankDisagreement as e:
