@@ -24,7 +24,7 @@ wait for, and the server aggregates the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -32,7 +32,10 @@ from dqsgd.topology import payloads as codec
 from dqsgd.topology.exchange import Outcome, _failure, _Rank, size_table
 from dqsgd.topology.group import DOWN, UP, after, release, then
 
-__all__ = ["ServerRank", "Width"]
+if TYPE_CHECKING:
+    from dqsgd.topology.group import Group
+
+__all__ = ["ServerRank", "Width", "opened", "phase", "refusable", "settle"]
 
 SERVER = 0
 _BITS = 8  # B_{n+1}, int64, in the downlink message
@@ -126,14 +129,7 @@ class ServerRank(_Rank):
 
     def _received(self, msg: torch.Tensor) -> Outcome:
         """Decode the server's message into the update (the same bytes on every rank), or raise its refusal."""
-        from dqsgd.codecs import PayloadError
-        from dqsgd.method.pipeline import ProtocolError
-
-        if int(msg[-1]):
-            text = codec.tensor_bytes(msg[:-1]).rstrip(b"\0").decode(errors="replace")
-            kind, _, text = text.partition(": ")
-            raise (ProtocolError if kind == "ProtocolError" else PayloadError)(
-                f"rank {self.r}: step {self.step}: the server (rank {SERVER}) refused a payload: {text}")
+        opened(msg, f"rank {self.r}: step {self.step}: the server (rank {SERVER})")
         n = self.dmsg - _BITS - 2
         nxt = int(msg[n : n + _BITS].cpu().clone().view(torch.int64)[0])
         if not self.serves and self.feeds:  # a process without the server holds the width it sent
@@ -146,3 +142,45 @@ class ServerRank(_Rank):
     def _feed(self, o: Outcome) -> Outcome:
         """Fed on the server, before the downlink (:meth:`_aggregate`)."""
         return o
+
+
+def settle(groups: Mapping[int, Group], futures: Mapping[int, torch.futures.Future]) -> dict[int, Any]:
+    """Each local rank's value of its future, for a caller that waits (the trainer); the first failure
+    raised is whichever rank met it first."""
+    for w, f in futures.items():
+        if f.done():
+            groups[w].wait(f)
+    return {w: groups[w].wait(f) for w, f in futures.items()}
+
+
+def phase(groups: Mapping[int, Group], issue: Callable[[int, Group], torch.futures.Future]) -> dict[int, Any]:
+    """One collective issued by every local rank (``issue(rank, its group)``), then its results: the ranks
+    of the simulation's in-process group complete it together."""
+    return settle(groups, {w: issue(w, g) for w, g in groups.items()})
+
+
+def refusable(make: Callable[[], bytes], size: int) -> torch.Tensor:
+    """A message of ``size`` bytes: ``make()``'s payload zero-padded, then the status byte 0; or where
+    ``make`` refuses a payload it received (PayloadError, ProtocolError), that error's type and text
+    and the status byte 1, which every rank that opens it raises (:func:`opened`)."""
+    from dqsgd.codecs import PayloadError
+    from dqsgd.method.pipeline import ProtocolError
+
+    try:
+        payload = make()
+    except (PayloadError, ProtocolError) as e:
+        return _failure(e, size, torch.device("cpu"))
+    return codec.bytes_tensor(payload, torch.device("cpu"), size)
+
+
+def opened(msg: torch.Tensor, who: str) -> bytes:
+    """A message's bytes before its status byte; where its sender (``who``) refused a payload, that
+    error, raised with its type and text."""
+    from dqsgd.codecs import PayloadError
+    from dqsgd.method.pipeline import ProtocolError
+
+    if int(msg[-1]):
+        text = codec.tensor_bytes(msg[:-1]).rstrip(b"\0").decode(errors="replace")
+        kind, _, text = text.partition(": ")
+        raise (ProtocolError if kind == "ProtocolError" else PayloadError)(f"{who} refused a payload: {text}")
+    return codec.tensor_bytes(msg[:-1])

@@ -59,7 +59,7 @@ from dqsgd.topology.names import FP32, check_downlink_bits
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.payloads import tensor_bytes
 from dqsgd.topology.registry import SHARDED, wire_traffic
-from dqsgd.topology.server import ServerRank, Width
+from dqsgd.topology.server import ServerRank, Width, settle
 from dqsgd.topology.state import BucketState, Memory
 
 if TYPE_CHECKING:
@@ -170,10 +170,7 @@ class ExchangeStep:
         rank = partial(ServerRank, pick=getattr(t, "pick", None)) if self.server else None
         futures = Exchange(b, flag_nonfinite=False, rank=rank).start(
             {w: (codec_input(g, self.method).to(groups[w].device), groups[w], mems[w]) for w, g in grads.items()})
-        for w, f in futures.items():  # the first failure, whichever rank met it
-            if f.done():
-                groups[w].wait(f)
-        got = {w: groups[w].wait(f) for w, f in futures.items()}
+        got = settle(groups, futures)
         b.catch_up(step)  # B_{n+1}, for the next step
         first = got[next(iter(got))]
         agree = getattr(t, "agree", None)  # allgather over processes: every rank holds the same update and width
