@@ -10,7 +10,8 @@ agreement) with the legs of a parameter server (DQSGD Algorithm 2), rank 0 the s
    arrivals), feeds the policy with the aggregate and learns B_{n+1} from it, and encodes the
    downlink (fp32, or a vote's signs);
 3. downlink: rank 0 broadcasts one message of a size every rank knows: the payload, B_{n+1} (int64),
-   the step's flag byte (some rank non-finite; every voter abstained) and the status byte — 0, or 1
+   the step's flag byte (some rank non-finite; every voter abstained), zero padding up to
+   :data:`ROOM` bytes where it is shorter, and the status byte — 0, or 1
    when the server refused a payload (the message then holds the error's type and text, and every
    rank raises it, as with a sharded downlink);
 4. every rank decodes the same bytes into the update; a rank without the server holds B_{n+1} as
@@ -35,10 +36,16 @@ from dqsgd.topology.group import DOWN, UP, after, release, then
 if TYPE_CHECKING:
     from dqsgd.topology.group import Group
 
-__all__ = ["ServerRank", "Width", "opened", "phase", "refusable", "settle"]
+__all__ = ["ServerRank", "Width", "opened", "phase", "refusable", "room", "settle"]
 
 SERVER = 0
 _BITS = 8  # B_{n+1}, int64, in the downlink message
+ROOM = 512  # the least size of a message that may carry a refusal's type and text instead
+
+
+def room(size: int) -> int:
+    """The size of a message of ``size`` bytes (its status byte included) that may carry a refusal instead."""
+    return max(size, ROOM)
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,8 @@ class ServerRank(_Rank):
         super().__init__(*args)
         self.pick, self.serves = pick, self.g.rank == SERVER
         self.arrivals = bool(getattr(self.g, "arrivals", False))
-        self.dmsg = self.P.down_sizes()[0] + _BITS + 2  # payload, B_{n+1}, flag byte, status byte
+        self.n = self.P.down_sizes()[0]
+        self.dmsg = room(self.n + _BITS + 2)  # payload, B_{n+1}, flag byte, (padding), status byte
 
     def start(self) -> torch.futures.Future:
         (up, self.up_mine), (down, self.down_mine) = self.g.turns.turn(UP), self.g.turns.turn(DOWN)
@@ -125,12 +133,13 @@ class ServerRank(_Rank):
         down = P.encode_down(0, avg, self.step)
         flag = int(bad) * codec.FLAG_NONFINITE | int(zero) * codec.FLAG_ZERO
         tail = torch.tensor([b.bits], dtype=torch.int64).view(torch.uint8)
-        return torch.cat([down.cpu(), tail, torch.tensor([flag, 0], dtype=torch.uint8)]).to(self.x.device)
+        msg = codec.pad(torch.cat([down.cpu(), tail, torch.tensor([flag], dtype=torch.uint8)]), self.dmsg)
+        return msg.to(self.x.device)
 
     def _received(self, msg: torch.Tensor) -> Outcome:
         """Decode the server's message into the update (the same bytes on every rank), or raise its refusal."""
         opened(msg, f"rank {self.r}: step {self.step}: the server (rank {SERVER})")
-        n = self.dmsg - _BITS - 2
+        n = self.n
         nxt = int(msg[n : n + _BITS].cpu().clone().view(torch.int64)[0])
         if not self.serves and self.feeds:  # a process without the server holds the width it sent
             self.b.policy = Width(nxt)

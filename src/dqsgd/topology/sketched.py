@@ -54,7 +54,7 @@ from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
 from dqsgd.topology.group import DOWN, UP
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.registry import topology_of
-from dqsgd.topology.server import opened, phase, refusable
+from dqsgd.topology.server import opened, phase, refusable, room
 from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
@@ -188,10 +188,11 @@ class SketchedStep:
             """Every rank's copy of the aggregator's message (ps: broadcast by rank 0, with its refusal)."""
             if not kind.server:
                 return next(iter(what.values()))()
-            msgs = {w: refusable(what[w], size + 1) if groups[w].rank == 0 else torch.zeros(size + 1, dtype=torch.uint8)
-                    for w in groups}
+            n = room(size + 1)
+            msgs = {w: refusable(what[w], n) if groups[w].rank == 0 else torch.zeros(n, dtype=torch.uint8) for w in groups}
             got = phase(groups, lambda w, g: g.broadcast(msgs[w], 0, DOWN))
-            return {w: opened(m, f"rank {w}: step {step}: the server (rank 0)") for w, m in got.items()}[next(iter(got))]
+            return {w: opened(m, f"rank {w}: step {step}: the server (rank 0)")[:size]
+                    for w, m in got.items()}[next(iter(got))]
 
         gathered = collect(sketches)
         ask = answer({w: lambda ps=ps: encode_indices(self.candidates(self.sum_payloads(ps, Scheme.SKETCH, shape)), d)
@@ -246,7 +247,7 @@ class SketchedStep:
             total = self.sum_payloads([tensor_bytes(p) for p in got[w].split(sizes[j])], scheme, shape(j))
             return encode_payload(quantize_identity(total) if scheme == Scheme.IDENTITY else sketch_message(total))
 
-        sums = {w: refusable(lambda w=w: serve(w), max(sizes) + 1) for w in groups}
+        sums = {w: refusable(lambda w=w: serve(w), room(max(sizes) + 1)) for w in groups}
         gathered = phase(groups, lambda w, g: g.all_gather(sums[w], DOWN))
         first = next(iter(gathered))
         return [opened(m, f"rank {first}: step {step}: rank {j} (the server of shard {j})")[: sizes[j]]
