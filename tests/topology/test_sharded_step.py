@@ -14,6 +14,7 @@ from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.ledger import Ledger, wire_traffic
 from dqsgd.method.pipeline import Method
 from dqsgd.theory import formulas as theory
+from dqsgd.topology.limits import check_table
 from dqsgd.topology.step import ExchangeStep
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
@@ -94,10 +95,9 @@ def test_ledger_ratios_and_old_checkpoints() -> None:
     assert Ledger.from_state_dict(led.state_dict()) == led
 
 
-def test_sim_refuses_a_payload_above_the_cap_before_decoding() -> None:
-    t = SimTransport(2, "sharded")
-    with pytest.raises(PayloadError, match="announced a payload of 5000 bytes"):
-        t.exchange([[bytes(10), bytes(5000)], [bytes(10), bytes(10)]], [100, 100])
+def test_the_size_table_refuses_a_payload_above_the_cap_before_decoding() -> None:
+    with pytest.raises(PayloadError, match="rank 1 announced a payload of 5000 bytes"):
+        check_table([[10, 10], [10, 5000]], [100, 100], "")
     method = Method(method_config("qsgd-4bit"), 1000, 10)
     assert method.max_payload_bytes(4) == len(method.encode(torch.randn(1000), 4, None, hash_rng=HashRNG(0, 0, 0))[0])
 

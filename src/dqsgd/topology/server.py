@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 
 from dqsgd.topology import payloads as codec
-from dqsgd.topology.exchange import Outcome, _failure, _Rank, size_table
+from dqsgd.topology.exchange import Outcome, _failure, _Rank
 from dqsgd.topology.group import DOWN, UP, after, release, then
 
 if TYPE_CHECKING:

@@ -59,7 +59,7 @@ from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
     from dqsgd.topology.group import Group
-    from dqsgd.topology.links import ShardedTransport, Transport
+    from dqsgd.topology.links import Transport
 
 
 class SketchedStep:
@@ -145,10 +145,10 @@ class SketchedStep:
         return mem
 
     # --- one step -------------------------------------------------------------------------------
-    def run(self, t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """Steps 1-5 of the module docstring for the local workers ``grads`` over the transport's
-        groups (:meth:`~dqsgd.topology.links.ShardedTransport.exchange_groups`); then the policy (fixed
+        groups (:meth:`~dqsgd.topology.links.Transport.exchange_groups`); then the policy (fixed
         width) observes G. ``measure_coded``: fp32 payloads count their own length."""
         t0 = time.perf_counter()
         mom_acc = {w: self.accumulate(g, state.residuals[w]) for w, g in grads.items()}

@@ -63,7 +63,7 @@ from dqsgd.topology.server import ServerRank, Width, settle
 from dqsgd.topology.state import BucketState, Memory
 
 if TYPE_CHECKING:
-    from dqsgd.topology.links import ShardedTransport, Transport
+    from dqsgd.topology.links import Transport
 
 __all__ = ["FP32", "ExchangeStep", "StepOutcome", "all_finite", "check_downlink_bits", "codec_input",
            "shard_methods", "step_for"]
@@ -95,7 +95,7 @@ class StepOutcome:
         return wire_traffic(self.topology, self.up, self.down)
 
 
-def all_finite(t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], step: int,
+def all_finite(t: Transport, grads: Mapping[int, torch.Tensor], step: int,
                on_nonfinite: str) -> bool:
     """Whether step ``step`` goes ahead: every worker's gradient is finite.
 
@@ -150,7 +150,7 @@ class ExchangeStep:
         """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
         return sum(m.coded_size(p) for m, p in zip(self.shards, row, strict=True))
 
-    def run(self, t: ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``, at
         the width ``state.bits``: one :class:`~dqsgd.topology.exchange.Exchange` call over the
