@@ -358,3 +358,9 @@ def in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, 
     groups = local_groups(len(flats))
     futures = Exchange(b).start({w: (g, groups[w], Memory(generator=gens[w])) for w, g in enumerate(flats)})
     return groups[0].wait(futures[0]).update
+
+
+# What a topology's own exchange builds on (a server's: dqsgd.topology.server): one rank's part of a
+# step, to subclass, and the refusal message.
+RankExchange = _Rank
+failure_message = _failure

@@ -1,6 +1,6 @@
 """The exchange of a topology with one server (``ps``): one rank's part of one step, over a group.
 
-It is :class:`~dqsgd.topology.exchange.Exchange`'s sequence (:class:`~dqsgd.topology.exchange._Rank`:
+It is :class:`~dqsgd.topology.exchange.Exchange`'s sequence (:class:`~dqsgd.topology.exchange.RankExchange`:
 input, shared scalers, encoding, the size table, the flag bytes, the refusal, the non-finite
 agreement) with the legs of a parameter server (DQSGD Algorithm 2), rank 0 the server:
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 
 from dqsgd.topology import payloads as codec
-from dqsgd.topology.exchange import Outcome, _failure, _Rank
+from dqsgd.topology.exchange import Outcome, RankExchange, failure_message
 from dqsgd.topology.group import DOWN, UP, after, release, then
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Width:
     bits: int
 
 
-class ServerRank(_Rank):
+class ServerRank(RankExchange):
     """One rank's part of one ``ps`` step (module docstring). ``pick(sizes)``: the ranks whose payloads
     the server aggregates, from every rank's payload bytes (None: all of them)."""
 
@@ -109,7 +109,7 @@ class ServerRank(_Rank):
             try:
                 msg = self._aggregate(gathered)
             except (PayloadError, ProtocolError) as e:  # told to every rank, in the downlink itself
-                msg = _failure(e, self.dmsg, self.x.device)
+                msg = failure_message(e, self.dmsg, self.x.device)
         fut = self.g.broadcast(msg, SERVER, DOWN)
         release(self.down_mine)
         return fut
@@ -178,7 +178,7 @@ def refusable(make: Callable[[], bytes], size: int) -> torch.Tensor:
     try:
         payload = make()
     except (PayloadError, ProtocolError) as e:
-        return _failure(e, size, torch.device("cpu"))
+        return failure_message(e, size, torch.device("cpu"))
     return codec.bytes_tensor(payload, torch.device("cpu"), size)
 
 
