@@ -2,14 +2,17 @@
 
 The trainer calls one step object per run, ``run(transport, grads, state, step, generators)``, and
 gets a :class:`StepOutcome`: the update every rank applies, the bytes that crossed the wire, the
-method state after the step (error-feedback memory, the policy's B_{n+1}) and timings. Two classes:
+method state after the step (error-feedback memory, the policy's B_{n+1}) and timings. One class,
+:class:`ExchangeStep`, for every topology: a thin adapter from the trainer's call to one
+:class:`~dqsgd.topology.exchange.Exchange` call over the transport's groups (and back), whose
+topology object decides the sequence:
 
-* :class:`ServerStep` — topologies ``ps`` and ``allgather``: every worker encodes its whole
-  gradient, the aggregating process(es) decode and average the W payloads into G, the policy picks
-  B_{n+1} from G, the server encodes the downlink (fp32, or the signs of a majority vote) and sends
-  it together with B_{n+1} to every process, which decodes it into the update. With ``allgather``
-  every rank aggregates the same bytes and runs the same policy; the transport checks that they agree.
-* :class:`ShardedStep` — topology ``sharded``, below.
+* ``ps`` (:mod:`dqsgd.topology.server`): every worker encodes its whole gradient, rank 0 gathers and
+  averages the W payloads into G (backup workers: the first W − b arrivals), the policy picks B_{n+1}
+  from G, and rank 0 broadcasts the downlink (fp32, or the signs of a majority vote) with B_{n+1};
+* ``allgather``: every rank gathers every payload, averages them and runs the same policy; over
+  processes the transport checks that the ranks agree (``agree``);
+* ``sharded``, below.
 
 :func:`all_finite` is the step's check of the gradients before anything is encoded.
 
