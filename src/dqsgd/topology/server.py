@@ -148,10 +148,6 @@ class ServerRank(RankExchange):
             self.table = [] if self.arrivals else self.table
         return self._finish(out, msg[n + _BITS : n + _BITS + 1], None, [n])
 
-    def _feed(self, o: Outcome) -> Outcome:
-        """Fed on the server, before the downlink (:meth:`_aggregate`)."""
-        return o
-
 
 def settle(groups: Mapping[int, Group], futures: Mapping[int, torch.futures.Future]) -> dict[int, Any]:
     """Each local rank's value of its future, for a caller that waits (the trainer); the first failure
