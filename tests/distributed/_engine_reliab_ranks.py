@@ -146,21 +146,6 @@ def skipped_step_keeps_state(rank: int, world: int, topology: str) -> dict[str, 
     return {"nan": bool(torch.isnan(grad).all()), "same": same, "had": bool(before)}
 
 
-def ps_forged_downlink(rank: int, world: int, size: int) -> dict[str, Any]:
-    """D14: the ps server announces a downlink of ``size`` bytes; the others refuse before allocating."""
-    import torch.distributed as dist
-
-    from dqsgd.transport import make_transport
-
-    t = make_transport("ps", timeout=20.0)
-    if rank == 0:
-        dist.broadcast(torch.tensor([0, size, 1], dtype=torch.int64), src=0)  # a header, no body
-        return {"kind": "server", "text": ""}
-    before = _rss_mb()
-    kind, text = _outcome(lambda: t.broadcast(None, [0], max_bytes=1000))
-    return {"kind": kind, "text": text, "rss_growth_mb": _rss_mb() - before}
-
-
 def all_cases(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for topology in ("sharded", "allgather"):
@@ -172,7 +157,5 @@ def all_cases(rank: int, world: int) -> dict[str, Any]:
         out[f"D18/{topology}"] = skipped_step_keeps_state(rank, world, topology)
     for field in ("bits", "topology", "method", "coding", "start_iter", "downlink_bits"):
         out[f"D2/{field}"] = disagreeing(rank, world, field)
-    for size in (1 << 32, 1 << 34):
-        out[f"D14/{size}"] = ps_forged_downlink(rank, world, size)
     out["D19"] = forged_coded_downlink(rank, world)
     return out

@@ -44,11 +44,11 @@ def sharded_step(method: str, workers: int, topology: str = NAME) -> tuple[Any, 
     from dqsgd.method.config import method_config
     from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import replace_kernel
-    from dqsgd.topology.step import ShardedStep
+    from dqsgd.topology.step import ExchangeStep
 
     hs = HookState(method, None, seed=SEED, timeout=60.0, total_steps=STEPS, topology=topology)
     m = Method(replace_kernel(method_config(method), "fused"), N, STEPS, [N])
-    return ShardedStep(m, [N], workers, SEED, hs.downlink, topology), hs
+    return ExchangeStep(m, [N], workers, SEED, hs.downlink, topology), hs
 
 
 def run_steps(step: Any, t: Any, workers: list[int]) -> tuple[list[torch.Tensor], list[int]]:

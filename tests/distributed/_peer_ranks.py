@@ -6,7 +6,6 @@ import resource
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
@@ -21,17 +20,24 @@ def _rss_mb() -> float:
 
 
 def sketch_forged_downlink(rank: int, world: int, size: int) -> dict[str, Any]:
-    """M1: Sketched SGD on ps; the server (rank 0) announces its candidates' message as ``size`` bytes
-    (a header, no body). The worker refuses it before allocating."""
+    """M1: Sketched SGD on ps; the server's (rank 0's) candidates message claims ``size`` coordinates in
+    its header (the message itself has the size every rank expects). Every rank refuses it before
+    allocating anything of that count."""
     t = make_transport("ps", timeout=20.0)
     step = SketchedStep(Method(method_config("sketched-sgd", topk_ratio=0.01), D, 3), seed=1, topology="ps",
                         workers=world)
     if rank == 0:
-        def forged(payload: bytes | None, ints: list[int], max_bytes: int | None = None) -> Any:
-            dist.broadcast(torch.tensor([0, size, len(ints)], dtype=torch.int64), src=0)
-            raise RuntimeError("forged")
+        from dqsgd.codecs import sketch_wire
+        from dqsgd.topology import sketched
 
-        t.broadcast = forged  # type: ignore[method-assign]
+        honest = sketched.encode_indices
+
+        def forged(indices: torch.Tensor, d: int, values: torch.Tensor | None = None) -> bytes:
+            real = honest(indices, d, values)
+            head = sketch_wire._HEAD.pack(sketch_wire.MAGIC, sketch_wire.VERSION, sketch_wire.IndexKind.INDICES, d, size)
+            return head + real[len(head):]
+
+        sketched.encode_indices = forged  # type: ignore[assignment]
     grads = {rank: torch.randn(D, generator=torch.Generator().manual_seed(rank))}
     before = _rss_mb()
     try:

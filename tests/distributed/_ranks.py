@@ -47,8 +47,8 @@ def train_cases(rank: int, world: int, cases: list[tuple[str, TrainConfig, Metho
             out[f"{topology}/{entry.label}"] = train(cfg, entry, seed, t)
     t = make_transport("allgather")
     tr = Trainer(dataclasses.replace(cases[0][1], topology="allgather"), cases[0][2], load_dataset("synthetic"), 0, t)
-    honest = t.broadcast
-    t.broadcast = lambda payload, ints, cap=None: honest(payload, [ints[0] + int(rank == 1)], cap)  # type: ignore[method-assign]
+    honest = t.agree
+    t.agree = lambda payload, ints: honest(payload, [ints[0] + int(rank == 1)])  # type: ignore[method-assign]
     try:
         tr.step()
     except RankDisagreement as e:
@@ -125,6 +125,8 @@ def oversized_payload(rank: int, world: int, topology: str) -> dict[str, Any]:
 
     from dqsgd.codecs import PayloadError
     from dqsgd.method.config import method_config
+    from dqsgd.topology.exchange import size_table
+    from dqsgd.topology.limits import check_table
 
     method = Method(method_config("qsgd-4bit"), 5000, 10)
     cap = method.max_payload_bytes(4)
@@ -138,8 +140,9 @@ def oversized_payload(rank: int, world: int, topology: str) -> dict[str, Any]:
     try:
         if topology == "sharded":
             t.exchange([[payload if j == 0 else honest for j in range(world)]], [cap] * world)
-        else:
-            t.gather([payload], cap)
+        else:  # the exchange's size table (ps, allgather), checked by every rank before the payloads move
+            g = t.exchange_groups()[rank]
+            check_table(g.wait(size_table(g, [len(payload)], False, torch.device("cpu"))), [cap], f"rank {rank}: ")
         error = None
     except PayloadError as e:
         error = str(e)

@@ -23,7 +23,7 @@ def train_backup(rank: int, world: int, cfg: TrainConfig, entry: MethodEntry, fa
     gather = t.gather
 
     def counted(payloads, cap=None):  # type: ignore[no-untyped-def]
-        sent.append(len(payloads[0]))
+        sent.append(len(payloads[0]) - 1)  # the payload: the message less its flag byte (the ledger's bytes)
         return gather(payloads, cap)
 
     t.gather = counted  # type: ignore[method-assign]

@@ -17,7 +17,7 @@ from dqsgd.topology.agreement import SLOTS
 from dqsgd.topology.scatter import ShardStats
 from dqsgd.topology.keys import worker_generator
 from dqsgd.topology.downspec import DownlinkSpec
-from dqsgd.topology.step import FP32, ShardedStep
+from dqsgd.topology.step import FP32, ExchangeStep
 from dqsgd.transport.sim import SimTransport
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -56,14 +56,14 @@ def _by_unit(run: dict) -> dict[int, list[dict]]:
 
 
 def simulate(method: str, ranks: list[dict], unit: int) -> None:
-    """Replay unit ``unit``'s reduce-scatters of every rank through ShardedStep (downlink fp32) in one
+    """Replay unit ``unit``'s reduce-scatters of every rank through ExchangeStep (downlink fp32) in one
     process; rank j's reduced shard must be bitwise shard j of the simulated update, the widths equal."""
     world = len(ranks)
     calls = [_by_unit(r)[unit] for r in ranks]
     numel = calls[0][0]["input"].numel()
     pieces = list(ranks[0]["pieces"][unit]) * world
     m = ShardedMethod(method_config(method), numel, fr.STEPS, pieces, world)
-    step = ShardedStep(m, pieces, world, unit_seed(fr.SEED, unit), DownlinkSpec(FP32))
+    step = ExchangeStep(m, pieces, world, unit_seed(fr.SEED, unit), DownlinkSpec(FP32))
     state = m.init_state(world)
     gens = {w: worker_generator(unit_seed(fr.SEED, unit), w) for w in range(world)}
     t = SimTransport(world, "sharded")

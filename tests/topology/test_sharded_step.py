@@ -14,7 +14,8 @@ from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.ledger import Ledger, wire_traffic
 from dqsgd.method.pipeline import Method
 from dqsgd.theory import formulas as theory
-from dqsgd.topology.step import ShardedStep
+from dqsgd.topology.limits import check_table
+from dqsgd.topology.step import ExchangeStep
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
 from dqsgd.transport import SimTransport
@@ -27,9 +28,9 @@ def _grads() -> dict[int, torch.Tensor]:
     return {w: torch.randn(D, generator=gen) * (1.0 + w) for w in range(W)}
 
 
-def _estimates(down_bits: int) -> tuple[torch.Tensor, ShardedStep]:
+def _estimates(down_bits: int) -> tuple[torch.Tensor, ExchangeStep]:
     method = Method(method_config("qsgd", bits=3, kernel="fused"), D, 10)
-    step = ShardedStep(method, [D], W, seed=11, downlink=DownlinkSpec(down_bits))
+    step = ExchangeStep(method, [D], W, seed=11, downlink=DownlinkSpec(down_bits))
     t, g = SimTransport(W, "sharded"), _grads()
     state = method.init_state(W)  # qsgd at 3 bits
     out = [step.run(t, g, state, n, {w: None for w in range(W)}).update for n in range(REPS)]
@@ -94,10 +95,9 @@ def test_ledger_ratios_and_old_checkpoints() -> None:
     assert Ledger.from_state_dict(led.state_dict()) == led
 
 
-def test_sim_refuses_a_payload_above_the_cap_before_decoding() -> None:
-    t = SimTransport(2, "sharded")
-    with pytest.raises(PayloadError, match="announced a payload of 5000 bytes"):
-        t.exchange([[bytes(10), bytes(5000)], [bytes(10), bytes(10)]], [100, 100])
+def test_the_size_table_refuses_a_payload_above_the_cap_before_decoding() -> None:
+    with pytest.raises(PayloadError, match="rank 1 announced a payload of 5000 bytes"):
+        check_table([[10, 10], [10, 5000]], [100, 100], "")
     method = Method(method_config("qsgd-4bit"), 1000, 10)
     assert method.max_payload_bytes(4) == len(method.encode(torch.randn(1000), 4, None, hash_rng=HashRNG(0, 0, 0))[0])
 
@@ -145,9 +145,9 @@ def test_one_worker_sharded_equals_ps_bitwise() -> None:
 
 def test_sharded_needs_a_coordinate_per_shard() -> None:
     with pytest.raises(ValueError, match="at least one coordinate per shard"):
-        ShardedStep(Method(method_config("qsgd"), 3, 10), [3], 4, seed=0)
+        ExchangeStep(Method(method_config("qsgd"), 3, 10), [3], 4, seed=0)
     with pytest.raises(ValueError, match="downlink_bits"):
-        ShardedStep(Method(method_config("qsgd"), 30, 10), [30], 4, seed=0, downlink=DownlinkSpec(1))
+        ExchangeStep(Method(method_config("qsgd"), 30, 10), [30], 4, seed=0, downlink=DownlinkSpec(1))
 
 
 def test_sharded_run_resumes_from_a_checkpoint_bitwise(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,10 @@ from dqsgd.data import load_dataset
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.quantizers import NonFiniteGradientError
-from dqsgd.topology.step import StepOutcome, ServerStep, ShardedStep, all_finite
+from dqsgd.codecs import PayloadError
+from dqsgd.topology.group import Turns, done
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+from dqsgd.topology.step import ExchangeStep, StepOutcome, all_finite, step_for
 from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.runner import RunSummary, run_one
@@ -34,61 +37,88 @@ def grads(seed: int = 3) -> dict[int, torch.Tensor]:
 
 
 class OtherRank(SimTransport):
-    """A ps rank that is not the server: it sees no uplink sizes and receives the server's payload
-    and integers (here: those of a server step run beforehand)."""
+    """Rank 1 of a ps step, without the server: its gather gives nothing, its broadcast the server's
+    downlink message ``msg`` (here: built from a server step run beforehand)."""
 
-    def __init__(self, down: bytes, ints: list[int]):
+    def __init__(self, msg: torch.Tensor):
         super().__init__(W, "ps")
-        self.down, self.ints = down, ints
+        self.msg = msg
 
-    @property
-    def is_server(self) -> bool:
-        return False
+    def exchange_groups(self):  # type: ignore[no-untyped-def]
+        return {1: _Rank1(self.msg)}
 
-    def gather(self, payloads, max_bytes=None):  # type: ignore[no-untyped-def]
-        return None
 
-    def broadcast(self, payload, ints, max_bytes=None):  # type: ignore[no-untyped-def]
-        assert payload is None and len(ints) == len(self.ints)
-        return self.down, list(self.ints)
+class _Rank1:
+    rank, size, device = 1, W, torch.device("cpu")
+
+    def __init__(self, msg: torch.Tensor):
+        self.msg, self.turns = msg, Turns()
+
+    def all_gather(self, t, leg):  # type: ignore[no-untyped-def]
+        return done([t] * W)
+
+    def gather(self, t, dst, leg):  # type: ignore[no-untyped-def]
+        assert dst == 0
+        return done(None)
+
+    def broadcast(self, t, src, leg):  # type: ignore[no-untyped-def]
+        assert src == 0 and t.numel() == self.msg.numel()
+        return done(self.msg)
+
+    def wait(self, fut):  # type: ignore[no-untyped-def]
+        return fut.value()
+
+
+def kept(sent: list[torch.Tensor]) -> type[SimTransport]:
+    """A simulation whose ranks' uplink messages (payload, padding, flag byte) are kept in ``sent``."""
+
+    class Keep(SimTransport):
+        def exchange_groups(self):  # type: ignore[no-untyped-def]
+            groups = super().exchange_groups()
+            for g in groups.values():
+                g.gather = lambda t, dst, leg, gather=g.gather: (sent.append(t), gather(t, dst, leg))[1]
+            return groups
+
+    return Keep
 
 
 @pytest.mark.parametrize("name", ["dqsgd", "qsgd-4bit", "signsgd", "terngrad"])
 def test_server_step_update_is_the_mean_of_the_decoded_payloads_and_the_policy_sees_it(name: str) -> None:
     method = Method(method_config(name), D, 10)
     state = method.init_state(W)
-    step = ServerStep(method, seed=5)
-    sent: list[bytes] = []
-
-    class Keep(SimTransport):
-        def gather(self, payloads, max_bytes=None):  # type: ignore[no-untyped-def]
-            sent.extend(payloads)
-            return super().gather(payloads, max_bytes)
-
+    step = step_for(method, "ps", [D], W, seed=5)
+    msgs: list[torch.Tensor] = []
     gens = {w: torch.Generator().manual_seed(w) for w in range(W)}
-    r = step.run(Keep(W, "ps"), grads(), state, 0, gens)
+    r = step.run(kept(msgs)(W, "ps"), grads(), state, 0, gens)
+    assert [int(m[-1]) for m in msgs] == [0] * W  # every flag byte: finite, voting
+    sent = [tensor_bytes(m[:n]) for m, (n,) in zip(msgs, r.up)]
     agg = aggregate(method, sent, state.bits)
     want = agg if method.config.downlink == "fp32" else decode_downlink(method, downlink(method, agg))
     assert torch.equal(r.update, want)
-    assert r.up == [[len(p)] for p in sent] and r.down == [len(downlink(method, agg))]
+    assert r.down == [len(downlink(method, agg))]
     assert r.state is not None and r.state.policy is not None
     assert r.state == method.observe(MethodState(state.policy, [None] * W), agg, 0, 8 * max(map(len, sent)))
     assert r.side == (4 * method.local_scalers(grads()[0]).numel() if method.shares_scalers else 0)
 
 
 def test_a_rank_without_the_policy_takes_the_servers_width_and_keeps_no_policy_state() -> None:
+    """The width travels in the downlink message, after the payload: (payload, B_{n+1}, flag, status)."""
     method = Method(method_config("dqsgd"), D, 10)
-    server = ServerStep(method, seed=5).run(SimTransport(W, "ps"), grads(), method.init_state(W), 0,
-                                            {w: None for w in range(W)})
+    server = step_for(method, "ps", [D], W, 5).run(SimTransport(W, "ps"), grads(), method.init_state(W), 0,
+                                                   {w: None for w in range(W)})
     assert server.state is not None
-    down = downlink(method, server.update)
-    other = ServerStep(method, seed=5).run(OtherRank(down, [server.state.bits + 1]), {1: grads()[1]},
-                                           method.init_state(W), 0, {1: None})
-    assert other.up == [] and other.uplink() == []
+    down = bytes_tensor(downlink(method, server.update))
+    msg = torch.cat([down, torch.tensor([server.state.bits + 1]).view(torch.uint8), torch.zeros(2, dtype=torch.uint8)])
+    other = step_for(method, "ps", [D], W, 5).run(OtherRank(msg), {1: grads()[1]}, method.init_state(W), 0, {1: None})
+    assert other.up == server.up  # the size table is every rank's
     assert other.state is not None and other.state.policy is None and other.state.bits == server.state.bits + 1
     assert torch.equal(other.update, server.update)
     with pytest.raises(ValueError, match="holds no policy state"):
         method.observe(other.state, other.update, 1, 8)
+    msg[-1] = 1  # the server refused a payload: its text instead of the downlink
+    msg[: len(b"PayloadError: worker 2: bad")] = bytes_tensor(b"PayloadError: worker 2: bad")
+    with pytest.raises(PayloadError, match="rank 1: step 0: the server \\(rank 0\\) refused a payload: worker 2: bad"):
+        step_for(method, "ps", [D], W, 5).run(OtherRank(msg), {1: grads()[1]}, method.init_state(W), 0, {1: None})
 
 
 def test_method_state_width_rules() -> None:
@@ -103,14 +133,12 @@ def test_method_state_width_rules() -> None:
 
 
 def test_every_topology_has_one_step_object_with_the_same_result_shape() -> None:
-    for topology, kind in (("ps", ServerStep), ("allgather", ServerStep), ("sharded", ShardedStep)):
+    for topology in ("ps", "allgather", "sharded"):
         tr = Trainer(cfg(topology=topology), MethodEntry("dqsgd", method_config("dqsgd")), DATA, 0)
-        assert type(tr.step_runner) is kind
+        assert type(tr.step_runner) is ExchangeStep
         r = tr.step_runner.run(tr.transport, tr.local_gradients(0)[0], tr.state, 0, tr.qgen)
         assert isinstance(r, StepOutcome) and r.topology == topology and len(r.up) == W
         assert r.update.shape == (tr.numel,) and r.state is not None
-    with pytest.raises(ValueError, match="a topology of one shard, not 'sharded'"):
-        ServerStep(Method(method_config("dqsgd"), D, 10), 0, "sharded")
 
 
 def test_all_finite_skips_or_raises_naming_the_step() -> None:

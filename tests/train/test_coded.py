@@ -16,6 +16,7 @@ from dqsgd.train.config import ConfigError, TrainConfig
 from dqsgd.train.metrics import read_jsonl
 from dqsgd.train.runner import run_one
 from dqsgd.train.trainer import Trainer
+from dqsgd.topology.group import UP
 from dqsgd.transport import SimTransport
 
 DATA = load_dataset("synthetic")
@@ -37,12 +38,9 @@ class Recording(SimTransport):
         super().__init__(workers, topology)
         self.sent: list[list[list[bytes]]] = []
 
-    def gather(self, payloads, max_bytes=None):  # type: ignore[no-untyped-def]
-        self.sent.append([[p] for p in payloads])
-        return super().gather(payloads, max_bytes)
-
     def exchange_groups(self):  # type: ignore[no-untyped-def]
-        """The sharded exchange's ranks, each all-to-all recording the rank's W payloads (flag bytes cut)."""
+        """The exchange's ranks, each uplink collective recording the rank's payloads (its flag bytes cut;
+        fixed widths: no padding): sharded, the all-to-all's W; ps and allgather, the gathered one."""
         groups, rows = super().exchange_groups(), []
         self.sent.append(rows)
         for g in groups.values():
@@ -50,7 +48,16 @@ class Recording(SimTransport):
                 rows.append([bytes(p[:-1].numpy()) for p in send.split(list(send_sizes))])
                 return real(send, send_sizes, recv_sizes, leg)
 
-            g.all_to_all = all_to_all  # type: ignore[method-assign]
+            def gather(msg, dst, leg, real=g.gather):  # type: ignore[no-untyped-def]
+                rows.append([bytes(msg[:-1].numpy())])
+                return real(msg, dst, leg)
+
+            def all_gather(msg, leg, real=g.all_gather):  # type: ignore[no-untyped-def]
+                if leg == UP and msg.dtype == torch.uint8:
+                    rows.append([bytes(msg[:-1].numpy())])
+                return real(msg, leg)
+
+            g.all_to_all, g.gather, g.all_gather = all_to_all, gather, all_gather  # type: ignore[method-assign]
         return groups
 
 

@@ -81,9 +81,10 @@ class Exchange:
     partial statistics of G for the policy, :class:`~dqsgd.topology.scatter.ShardStats`, or its refusal)."""
 
     def __init__(self, state: BucketState, *, flag_nonfinite: bool = True, count: Count | None = None,
-                 scatter: bool = False):
+                 scatter: bool = False, rank: Callable[..., Any] | None = None):
         self.state, self.flag_nonfinite, self._counter = state, flag_nonfinite, count
         self.scatter = scatter
+        self._rank = rank  # the class of one rank's part (None: _Rank; a server's: dqsgd.topology.server)
 
     def start(self, ranks: Mapping[int, tuple[torch.Tensor, Group, Memory]]) -> dict[int, torch.futures.Future]:
         """Start one step for the local ranks ``ranks`` (rank -> its flat gradient, its group view,
@@ -93,7 +94,8 @@ class Exchange:
         step, bits, dbits = b.step, b.bits, b.proto.down_width(b.policy)
         b.step += 1
         first = next(iter(ranks))
-        return {r: _Rank(self, r, flat, g, mem, step, bits, dbits, r == first).start()
+        cls = self._rank or _Rank
+        return {r: cls(self, r, flat, g, mem, step, bits, dbits, r == first).start()
                 for r, (flat, g, mem) in ranks.items()}
 
     def count(self, legs: Legs, whole: bool = True) -> None:
@@ -104,6 +106,8 @@ class Exchange:
 
 class _Rank:
     """One rank's part of one step (module docstring), as a chain of futures."""
+
+    gathers_figures = True  # a policy fed the workers' norms gets every rank's figures (a server: its own)
 
     def __init__(self, ex: Exchange, rank: int, flat: torch.Tensor, group: Group, mem: Memory, step: int, bits: int,
                  dbits: int, feeds: bool):
@@ -187,10 +191,15 @@ class _Rank:
                 self.send, sizes = got
                 self.sent = codec.set_flags(self.send, sizes, flag)
         self.encode_s = time.perf_counter() - t0
+        return self._size_table()
+
+    def _size_table(self) -> Any:
+        """Every rank's payload sizes, or a future of them (:func:`size_table`); for a policy fed the
+        workers' norms (the link policy), with this rank's figures riding along (:func:`figures_table`)."""
         mine = [p.numel() for p in self.sent]
-        if not getattr(self.P.policy, "needs_worker_norms", False) or self.outer is not None:
+        if not (self.gathers_figures and getattr(self.P.policy, "needs_worker_norms", False)) or self.outer is not None:
             return size_table(self.g, mine, codec.fast_path(self.b.method), self.x.device)
-        figures = own_figures(self.P, self.sent, self.x, self.bits)  # the link policy: the workers' norms
+        figures = own_figures(self.P, self.sent, self.x, self.bits)
         return then(figures_table(self.g, mine, figures, self.x.device), self._keep_figures)
 
     def _keep_figures(self, got: tuple[list[list[int]], list[list[float]]]) -> list[list[int]]:
@@ -421,3 +430,9 @@ def in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, 
     groups = local_groups(len(flats))
     futures = Exchange(b).start({w: (g, groups[w], Memory(generator=gens[w])) for w, g in enumerate(flats)})
     return groups[0].wait(futures[0]).update
+
+
+# What a topology's own exchange builds on (a server's: dqsgd.topology.server): one rank's part of a
+# step, to subclass, and the refusal message.
+RankExchange = _Rank
+failure_message = _failure

@@ -116,6 +116,15 @@ class Group(Protocol):
         """The element-wise max of every rank's ``t``."""
         ...
 
+    def gather(self, t: torch.Tensor, dst: int, leg: int) -> Future:
+        """Every rank's ``t`` (equal shapes), in rank order, on rank ``dst``: a future of the list
+        there, of None on the other ranks."""
+        ...
+
+    def broadcast(self, t: torch.Tensor, src: int, leg: int) -> Future:
+        """Rank ``src``'s ``t`` on every rank (the others pass a buffer of its shape): a future of it."""
+        ...
+
     def wait(self, fut: Future) -> Any:
         """``fut``'s value for a caller that waits (the trainer); a failed collective raises the
         group's error, anything else its own."""
@@ -158,6 +167,16 @@ class TorchGroup:
     def max_reduce(self, t: torch.Tensor, leg: int) -> Future:
         x = t.clone()
         work = dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.pgs[leg], async_op=True)
+        return then(work.get_future(), lambda _: x)
+
+    def gather(self, t: torch.Tensor, dst: int, leg: int) -> Future:
+        out = [torch.empty_like(t) for _ in range(self.size)] if self.rank == dst else None
+        work = dist.gather(t, out, dst=self.ranks[dst], group=self.pgs[leg], async_op=True)
+        return then(work.get_future(), lambda _: out)
+
+    def broadcast(self, t: torch.Tensor, src: int, leg: int) -> Future:
+        x = t if self.rank == src else t.clone()
+        work = dist.broadcast(x, src=self.ranks[src], group=self.pgs[leg], async_op=True)
         return then(work.get_future(), lambda _: x)
 
     def wait(self, fut: Future) -> Any:
@@ -230,6 +249,12 @@ class LocalGroup:
 
     def max_reduce(self, t: torch.Tensor, leg: int) -> Future:
         return self._call(leg, "max_reduce", t, lambda ts: [torch.stack(ts).amax(dim=0)] * len(ts))
+
+    def gather(self, t: torch.Tensor, dst: int, leg: int) -> Future:
+        return self._call(leg, f"gather to {dst}", t, lambda ts: [list(ts) if r == dst else None for r in range(len(ts))])
+
+    def broadcast(self, t: torch.Tensor, src: int, leg: int) -> Future:
+        return self._call(leg, f"broadcast from {src}", t, lambda ts: [ts[src]] * len(ts))
 
     def wait(self, fut: Future) -> Any:
         if not fut.done():

@@ -1,14 +1,14 @@
-"""What a transport must do: move bytes between the workers and the server, nothing else.
+"""What a transport must do for the trainer: give each local worker its group, and a few numbers.
 
-A step of DQSGD Algorithm 2 is written once per topology (:mod:`dqsgd.topology.step`) against this
-interface; ``SimTransport`` runs all W workers in one process, the torch.distributed transports run
-one worker per process. Only the server (or, for the peer topology, every rank) aggregates.
+A step is one exchange of its topology (:mod:`dqsgd.topology.exchange`, :mod:`dqsgd.topology.server`,
+:mod:`dqsgd.topology.sketched`) over the groups of :meth:`Transport.exchange_groups`; ``SimTransport``
+runs all W workers in one process (an in-process group), the torch.distributed transports one worker
+per process (a process group). Only the server (or, for the peer topologies, every rank) aggregates.
 
-Besides the payloads a transport offers a few small collectives of numbers, each a primitive with
-no algorithm in it: ``max_reduce`` (an element-wise max of float tensors: TernGrad's scalers, the
-step's non-finite check), ``all_gather_ints`` (every process's few integers: coded sizes, checkpoint
-agreement), ``mean_loss`` (a sum over workers, for the metrics), and the few integers that travel
-beside the downlink payload in ``broadcast``. What the numbers mean is the caller's business.
+Besides the groups a transport offers a few small collectives of numbers, each a primitive with no
+algorithm in it: ``max_reduce`` (an element-wise max of float tensors: the step's non-finite check),
+``all_gather_ints`` (every process's few integers: coded sizes, checkpoint agreement) and
+``mean_loss`` (a sum over workers, for the metrics). What the numbers mean is the caller's business.
 """
 
 from __future__ import annotations
@@ -50,53 +50,10 @@ class Transport(Protocol):
         ...
 
     def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Element-wise max over all workers' tensors (TernGrad scaler sharing)."""
-        ...
-
-    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes] | None:
-        """All W uplink payloads in worker order on the aggregating process(es), else None.
-        ``max_bytes`` caps an announced payload size (refused before anything is allocated)."""
-        ...
-
-    def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int) -> tuple[bytes, list[int]]:
-        """The server's downlink payload and a few integers sent beside it, delivered to every process.
-
-        Every process passes the same number of ``ints``; a process that does not aggregate passes
-        ``payload = None`` and placeholders, and receives the server's. Where every process aggregates
-        (the peer topology) each holds its own and the transport may check that all hold the same.
-        ``max_bytes`` caps the payload size a receiving process accepts (refused before allocating)."""
-        ...
-
-
-class ShardedTransport(Protocol):
-    """Topology ``sharded``: every rank serves one shard; a process may run several workers (sim)."""
-
-    workers: int
-    topology: str
-    steps: int
-
-    @property
-    def local_workers(self) -> Sequence[int]:
-        """Worker ids whose gradients this process computes (sim: all of them)."""
-        ...
-
-    def exchange(self, rows: Sequence[Sequence[bytes]],
-                 max_bytes: Sequence[int]) -> tuple[dict[int, list[bytes]], list[list[int]]]:
-        """Uplink all-to-all. ``rows[i][j]``: local worker i's payload for shard j. Returns, for each
-        served shard j, the W workers' payloads for j in worker order, and the W×W size matrix
-        ``sizes[w][j]`` (known to every process). ``max_bytes[j]`` caps a shard-j payload."""
-        ...
-
-    def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
-        """Downlink all-gather: the W shards' payloads, in shard order, on every process."""
+        """Element-wise max over all workers' tensors (the step's non-finite check)."""
         ...
 
     def exchange_groups(self) -> dict[int, Group]:
         """The group view of each local worker (:mod:`dqsgd.topology.group`) that a step's exchange
-        (:class:`~dqsgd.topology.exchange.Exchange`) runs over."""
-        ...
-
-    def max_reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Element-wise max over all workers' tensors (TernGrad scaler sharing)."""
+        (:class:`~dqsgd.topology.exchange.Exchange`, :mod:`dqsgd.topology.sketched`) runs over."""
         ...

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -51,11 +51,15 @@ from dqsgd.kernels import decode_accumulate, read_header
 from dqsgd.method.pipeline import Method, MethodState, ProtocolError
 from dqsgd.quantizers import Layout, Scheme, quantize_identity
 from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
+from dqsgd.topology.group import DOWN, UP
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.registry import topology_of
+from dqsgd.topology.server import opened, phase, refusable, room
 from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
-    from dqsgd.topology.links import ShardedTransport, Transport
+    from dqsgd.topology.group import Group
+    from dqsgd.topology.links import Transport
 
 
 class SketchedStep:
@@ -141,23 +145,25 @@ class SketchedStep:
         return mem
 
     # --- one step -------------------------------------------------------------------------------
-    def run(self, t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
-        """Steps 1-5 of the module docstring for the local workers ``grads`` over ``t``; then the policy
-        (fixed width) observes G. ``measure_coded``: fp32 payloads count their own length."""
-        completed = t.steps  # two rounds per step: the transport counts one completed step
+        """Steps 1-5 of the module docstring for the local workers ``grads`` over the transport's
+        groups (:meth:`~dqsgd.topology.links.Transport.exchange_groups`); then the policy (fixed
+        width) observes G. ``measure_coded``: fp32 payloads count their own length."""
         t0 = time.perf_counter()
         mom_acc = {w: self.accumulate(g, state.residuals[w]) for w, g in grads.items()}
         acc = {w: a for w, (_, a) in mom_acc.items()}
         tables = {w: self.cs.sketch(a) for w, a in acc.items()}
         encode_s = time.perf_counter() - t0
-        if topology_of(self.topology).sharded:
-            chosen, values, up, down, sent = self._sharded(t, acc, tables)  # type: ignore[arg-type]
-        else:
-            chosen, values, up, down, sent = self._server(t, acc, tables, state.bits)  # type: ignore[arg-type]
-        t.steps = completed + 1
+        groups = t.exchange_groups()
+        run = self._sharded if topology_of(self.topology).sharded else self._server
+        chosen, values, up, down, sent = run(groups, acc, tables, step)
         new_res = {w: self.memory_after(u, a, chosen) for w, (u, a) in mom_acc.items()}
         update = self.update_of(chosen, values)
+        agree = getattr(t, "agree", None)  # allgather over processes: every rank holds the same update
+        if agree is not None:
+            agree(encode_indices(chosen, self.method.numel, values), [state.bits])
+        t.steps += 1  # two rounds, one completed step
         residuals = with_residuals(state, new_res)
         if state.policy is not None:
             after = self.method.observe(MethodState(state.policy, residuals), update, step,
@@ -167,54 +173,85 @@ class SketchedStep:
         coded = {w: sent[w] for w in grads} if measure_coded else None
         return StepOutcome(update, up, down, 0, new_res, encode_s, coded, 0.0, self.topology, after)
 
-    def _server(self, t: Transport, acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor],
-                bits: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
-        d, shape = self.method.numel, (self.cs.rows, self.cols)
-        sketches = [encode_payload(sketch_message(tables[w])) for w in acc]
-        gathered = t.gather(sketches, self.sketch_bytes())
-        ask = None
-        if t.is_server and gathered is not None:
-            ask = encode_indices(self.candidates(self.sum_payloads(gathered, Scheme.SKETCH, shape)), d)
-        ask, _ = t.broadcast(ask, [bits], index_message_size(d, self.m, IndexKind.INDICES))
+    def _server(self, groups: Mapping[int, Group], acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor],
+                step: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
+        """``ps`` (rank 0 aggregates and broadcasts C, then T and G_T) and ``allgather`` (every rank does)."""
+        d, shape, kind = self.method.numel, (self.cs.rows, self.cols), topology_of(self.topology)
+        sketches = {w: encode_payload(sketch_message(tables[w])) for w in acc}
+
+        def collect(payloads: Mapping[int, bytes]) -> dict[int, list[bytes] | None]:
+            got = phase(groups, lambda w, g: g.gather(bytes_tensor(payloads[w]), 0, UP) if kind.server
+                        else g.all_gather(bytes_tensor(payloads[w]), UP))
+            return {w: None if ms is None else [tensor_bytes(m) for m in ms] for w, ms in got.items()}
+
+        def answer(what: dict[int, Any], size: int) -> bytes:
+            """Every rank's copy of the aggregator's message (ps: broadcast by rank 0, with its refusal)."""
+            if not kind.server:
+                return next(iter(what.values()))()
+            n = room(size + 1)
+            msgs = {w: refusable(what[w], n) if groups[w].rank == 0 else torch.zeros(n, dtype=torch.uint8) for w in groups}
+            got = phase(groups, lambda w, g: g.broadcast(msgs[w], 0, DOWN))
+            return {w: opened(m, f"rank {w}: step {step}: the server (rank 0)")[:size]
+                    for w, m in got.items()}[next(iter(got))]
+
+        gathered = collect(sketches)
+        ask = answer({w: lambda ps=ps: encode_indices(self.candidates(self.sum_payloads(ps, Scheme.SKETCH, shape)), d)
+                      for w, ps in gathered.items()}, index_message_size(d, self.m, IndexKind.INDICES))
         cand, _ = decode_indices(ask, d, self.m, IndexKind.INDICES)
-        values = [encode_payload(quantize_identity(acc[w][cand])) for w in acc]
-        answers = t.gather(values, self.values_bytes(cand.numel()))
-        reply, up = None, []
-        if t.is_server and answers is not None:
-            chosen, vals = self.choose(cand, self.sum_payloads(answers, Scheme.IDENTITY, (cand.numel(),)))
-            reply = encode_indices(chosen, d, vals)
-            assert gathered is not None
-            up = [[len(s) + len(v)] for s, v in zip(gathered, answers)]
-        reply, _ = t.broadcast(reply, [bits], index_message_size(d, self.k, IndexKind.SPARSE))
+        values = {w: encode_payload(quantize_identity(acc[w][cand])) for w in acc}
+        answers = collect(values)
+
+        def reply_of(ps: list[bytes]) -> bytes:
+            chosen, vals = self.choose(cand, self.sum_payloads(ps, Scheme.IDENTITY, (cand.numel(),)))
+            return encode_indices(chosen, d, vals)
+
+        reply = answer({w: lambda ps=ps: reply_of(ps) for w, ps in answers.items()},
+                       index_message_size(d, self.k, IndexKind.SPARSE))
         chosen, vals = decode_indices(reply, d, self.k, IndexKind.SPARSE)
-        down = [len(ask) + len(reply)] if topology_of(self.topology).downlink else []
-        sent = {w: len(s) + len(v) for w, s, v in zip(acc, sketches, values)}
+        sent = {w: len(sketches[w]) + len(values[w]) for w in acc}
+        up = [[self.sketch_bytes() + self.values_bytes(cand.numel())] for _ in range(self.workers)]
+        down = [len(ask) + len(reply)] if kind.downlink else []
         assert vals is not None
         return chosen, vals, up, down, sent
 
-    def _sharded(self, t: ShardedTransport, acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
-        rows = [[encode_payload(sketch_message(tables[w][:, lo:hi].contiguous())) for lo, hi in self.col_bounds]
-                for w in acc]
-        served, up1 = t.exchange(rows, [self.sketch_bytes(hi - lo) for lo, hi in self.col_bounds])
-        blocks = {j: encode_payload(sketch_message(self.sum_payloads(ps, Scheme.SKETCH, self._block_shape(j))))
-                  for j, ps in served.items()}
-        shared = t.share(blocks, max(self.sketch_bytes(hi - lo) for lo, hi in self.col_bounds))
-        table = torch.cat([self.sum_payloads([p], Scheme.SKETCH, self._block_shape(j))
-                           for j, p in enumerate(shared)], dim=1)
+    def _sharded(self, groups: Mapping[int, Group], acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor],
+                 step: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
+        """Rank j sums column block j of the sketches, then coordinate shard j of the candidates' values."""
+        rows = {w: [encode_payload(sketch_message(tables[w][:, lo:hi].contiguous())) for lo, hi in self.col_bounds]
+                for w in acc}
+        blocks = [self.sketch_bytes(hi - lo) for lo, hi in self.col_bounds]
+        shared = self._round(groups, rows, blocks, Scheme.SKETCH, self._block_shape, step)
+        table = torch.cat([self.sum_payloads([p], Scheme.SKETCH, self._block_shape(j)) for j, p in enumerate(shared)],
+                          dim=1)
         cand = self.candidates(table)
         parts = [cand[(cand >= lo) & (cand < hi)] for lo, hi in self.coord_bounds]
-        rows2 = [[encode_payload(quantize_identity(acc[w][part])) for part in parts] for w in acc]
-        served2, up2 = t.exchange(rows2, [self.values_bytes(part.numel()) for part in parts])
-        sums = {j: encode_payload(quantize_identity(self.sum_payloads(ps, Scheme.IDENTITY, (parts[j].numel(),))))
-                for j, ps in served2.items()}
-        shared2 = t.share(sums, self.values_bytes(max(part.numel() for part in parts)))
+        rows2 = {w: [encode_payload(quantize_identity(acc[w][part])) for part in parts] for w in acc}
+        sizes2 = [self.values_bytes(part.numel()) for part in parts]
+        shared2 = self._round(groups, rows2, sizes2, Scheme.IDENTITY, lambda j: (parts[j].numel(),), step)
         exact = torch.cat([self.sum_payloads([p], Scheme.IDENTITY, (parts[j].numel(),)) for j, p in enumerate(shared2)])
         chosen, vals = self.choose(cand, exact)
-        up = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(up1, up2)]
+        up = [[a + b for a, b in zip(blocks, sizes2)] for _ in range(self.workers)]
         down = [len(a) + len(b) for a, b in zip(shared, shared2)]
-        sent = {w: sum(map(len, r1)) + sum(map(len, r2)) for w, r1, r2 in zip(acc, rows, rows2)}
+        sent = {w: sum(map(len, rows[w])) + sum(map(len, rows2[w])) for w in acc}
         return chosen, vals, up, down, sent
+
+    def _round(self, groups: Mapping[int, Group], rows: Mapping[int, list[bytes]], sizes: list[int], scheme: Scheme,
+               shape: Callable[[int], tuple[int, ...]], step: int) -> list[bytes]:
+        """One sharded round: an all-to-all of every rank's W payloads (``sizes[j]`` bytes for rank j), rank
+        j sums its W, and the W sums are all-gathered (each followed by its server's status byte)."""
+        got = phase(groups, lambda w, g: g.all_to_all(bytes_tensor(b"".join(rows[w])), sizes,
+                                                      [sizes[g.rank]] * g.size, UP))
+
+        def serve(w: int) -> bytes:
+            j = groups[w].rank
+            total = self.sum_payloads([tensor_bytes(p) for p in got[w].split(sizes[j])], scheme, shape(j))
+            return encode_payload(quantize_identity(total) if scheme == Scheme.IDENTITY else sketch_message(total))
+
+        sums = {w: refusable(lambda w=w: serve(w), room(max(sizes) + 1)) for w in groups}
+        gathered = phase(groups, lambda w, g: g.all_gather(sums[w], DOWN))
+        first = next(iter(gathered))
+        return [opened(m, f"rank {first}: step {step}: rank {j} (the server of shard {j})")[: sizes[j]]
+                for j, m in enumerate(gathered[first])]
 
     def _block_shape(self, j: int) -> tuple[int, int]:
         lo, hi = self.col_bounds[j]

@@ -2,14 +2,17 @@
 
 The trainer calls one step object per run, ``run(transport, grads, state, step, generators)``, and
 gets a :class:`StepOutcome`: the update every rank applies, the bytes that crossed the wire, the
-method state after the step (error-feedback memory, the policy's B_{n+1}) and timings. Two classes:
+method state after the step (error-feedback memory, the policy's B_{n+1}) and timings. One class,
+:class:`ExchangeStep`, for every topology: a thin adapter from the trainer's call to one
+:class:`~dqsgd.topology.exchange.Exchange` call over the transport's groups (and back), whose
+topology object decides the sequence:
 
-* :class:`ServerStep` — topologies ``ps`` and ``allgather``: every worker encodes its whole
-  gradient, the aggregating process(es) decode and average the W payloads into G, the policy picks
-  B_{n+1} from G, the server encodes the downlink (fp32, or the signs of a majority vote) and sends
-  it together with B_{n+1} to every process, which decodes it into the update. With ``allgather``
-  every rank aggregates the same bytes and runs the same policy; the transport checks that they agree.
-* :class:`ShardedStep` — topology ``sharded``, below.
+* ``ps`` (:mod:`dqsgd.topology.server`): every worker encodes its whole gradient, rank 0 gathers and
+  averages the W payloads into G (backup workers: the first W − b arrivals), the policy picks B_{n+1}
+  from G, and rank 0 broadcasts the downlink (fp32, or the signs of a majority vote) with B_{n+1};
+* ``allgather``: every rank gathers every payload, averages them and runs the same policy; over
+  processes the transport checks that the ranks agree (``agree``);
+* ``sharded``, below.
 
 :func:`all_finite` is the step's check of the gradients before anything is encoded.
 
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
@@ -56,14 +60,15 @@ from dqsgd.topology.bucket import BucketProtocol, shard_methods
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.names import FP32, check_downlink_bits
 from dqsgd.topology.exchange import Exchange
-from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
-from dqsgd.topology.registry import SHARDED, SIMULATED_DEFAULT, topology_of, wire_traffic
+from dqsgd.topology.payloads import tensor_bytes
+from dqsgd.topology.registry import SHARDED, wire_traffic
+from dqsgd.topology.server import ServerRank, Width, settle
 from dqsgd.topology.state import BucketState, Memory
 
 if TYPE_CHECKING:
-    from dqsgd.topology.links import ShardedTransport, Transport
+    from dqsgd.topology.links import Transport
 
-__all__ = ["FP32", "StepOutcome", "ServerStep", "ShardedStep", "all_finite", "check_downlink_bits", "codec_input",
+__all__ = ["FP32", "ExchangeStep", "StepOutcome", "all_finite", "check_downlink_bits", "codec_input",
            "shard_methods", "step_for"]
 
 
@@ -93,7 +98,7 @@ class StepOutcome:
         return wire_traffic(self.topology, self.up, self.down)
 
 
-def all_finite(t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], step: int,
+def all_finite(t: Transport, grads: Mapping[int, torch.Tensor], step: int,
                on_nonfinite: str) -> bool:
     """Whether step ``step`` goes ahead: every worker's gradient is finite.
 
@@ -130,68 +135,9 @@ def with_residuals(state: MethodState, new: Mapping[int, torch.Tensor | None]) -
     return res
 
 
-class ServerStep:
-    """Topologies ``ps`` and ``allgather``: the whole vector, one aggregation, one downlink."""
-
-    def __init__(self, method: Method, seed: int, topology: str = SIMULATED_DEFAULT,
-                 param_sizes: Sequence[int] | None = None):
-        if topology_of(topology).sharded:
-            raise ValueError(f"ServerStep runs a topology of one shard, not {topology!r}")
-        self.method, self.topology, self.seed = method, topology, seed
-        self.param_sizes = tuple(param_sizes) if param_sizes is not None else (method.numel,)
-        self._protocols: dict[int, BucketProtocol] = {}
-        self.policy = method.policy  # one width for the whole vector, the method's policy
-
-    def protocol(self, workers: int) -> BucketProtocol:
-        """The bucket protocol of the whole vector for ``workers`` workers."""
-        if workers not in self._protocols:
-            m = self.method
-            self._protocols[workers] = BucketProtocol(m.config, m.numel, self.param_sizes, topology=self.topology,
-                                                      workers=workers, seed=self.seed, total_steps=m.total_steps,
-                                                      method=m)
-        return self._protocols[workers]
-
-    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
-            generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
-        """One step for the local workers ``grads`` over ``t``, at the width ``state.bits``.
-
-        The aggregating process runs the policy on G before the downlink leaves, and B_{n+1} travels
-        with the downlink payload (one integer beside it): a ps rank other than the server gets a
-        state holding only that width; with allgather every rank computed it and the transport checks
-        that all agree. ``measure_coded``: also give each local worker's uplink with the best coding,
-        measured after the downlink (every payload was accepted by then)."""
-        m, bits, P = self.method, state.bits, self.protocol(t.workers)
-        scalers, side = None, 0
-        if m.shares_scalers:
-            scalers = t.max_reduce([P.local_scalers(g) for g in grads.values()])
-            side = 4 * scalers.numel()  # L float32 scalers up and down per worker [docs/algorithms.md §3]
-        t0, payloads, new_res = time.perf_counter(), [], {}
-        for w, g in grads.items():
-            pays, res = P.encode(w, codec_input(g, m), bits, step, generators[w], [state.residuals[w]], scalers)
-            payloads.append(tensor_bytes(pays[0]))
-            new_res[w] = res[0]
-        encode_s = time.perf_counter() - t0
-        residuals = with_residuals(state, new_res)
-        gathered = t.gather(payloads, P.caps(bits)[0])
-        down, up, after = None, [], None
-        if t.is_server and gathered is not None:
-            agg = P.reduce(0, [bytes_tensor(p) for p in gathered], bits)
-            down = tensor_bytes(P.encode_down(0, agg, step))
-            up = [[len(p)] for p in gathered]
-            after = m.observe(MethodState(state.policy, residuals), agg, step, P.spent_bits(up), self.policy)
-        down, (next_bits,) = t.broadcast(down, [bits if after is None else after.bits], P.down_sizes()[0])
-        if after is None:
-            after = MethodState(None, residuals, next_bits)
-        update = P.decode_down([bytes_tensor(down)])
-        t1 = time.perf_counter()
-        coded = {w: m.coded_size(p) for w, p in zip(grads, payloads)} if measure_coded else None
-        return StepOutcome(update, up, [len(down)] if P.kind.downlink else [], side, new_res, encode_s,
-                        coded, time.perf_counter() - t1, self.topology, after)
-
-
-class ShardedStep:
-    """The step of ``method`` (built for the whole vector) for ``workers`` workers under a topology that
-    cuts it into shards (``sharded``, or any registered topology whose ``sharded`` is set)."""
+class ExchangeStep:
+    """The step of ``method`` (built for the whole vector) for ``workers`` workers under ``topology``
+    (any registered one): one :class:`~dqsgd.topology.exchange.Exchange` call per step."""
 
     def __init__(self, method: Method, param_sizes: Sequence[int], workers: int, seed: int,
                  downlink: DownlinkSpec = DownlinkSpec(), topology: str = SHARDED.name):
@@ -201,12 +147,13 @@ class ShardedStep:
                                        spec=downlink)
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
         self.policy = self.protocol.policy  # "auto": the both-leg split over the method's policy
+        self.server = self.protocol.kind.server  # one rank aggregates (dqsgd.topology.server)
 
     def coded_size(self, row: Sequence[bytes]) -> int:
         """One worker's uplink with the best coding: Σ over its W shard payloads of their coded size."""
         return sum(m.coded_size(p) for m, p in zip(self.shards, row, strict=True))
 
-    def run(self, t: ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """Steps 1–4 of the module docstring for the local workers ``grads`` over transport ``t``, at
         the width ``state.bits``: one :class:`~dqsgd.topology.exchange.Exchange` call over the
@@ -217,24 +164,27 @@ class ShardedStep:
         measured on the payloads it sent, after the exchange (nothing sent changes)."""
         P = self.protocol
         groups = t.exchange_groups()
-        b = BucketState(numel=P.numel, proto=P, policy=state.policy, step=step)
+        b = BucketState(numel=P.numel, proto=P, step=step,
+                        policy=state.policy if state.policy is not None else Width(state.bits))
         mems = {w: Memory(generator=generators[w], down_residual=state.down_residuals.get(w),
                           residuals={} if state.residuals[w] is None else
                           {j: state.residuals[w][lo:hi] for j, (lo, hi) in enumerate(P.bounds)})  # type: ignore[index]
                 for w in grads}
-        futures = Exchange(b, flag_nonfinite=False).start(
-            {w: (g.to(groups[w].device), groups[w], mems[w]) for w, g in grads.items()})
-        for w, f in futures.items():  # the first failure, whichever rank met it
-            if f.done():
-                groups[w].wait(f)
-        got = {w: groups[w].wait(f) for w, f in futures.items()}
-        t.steps += 1
+        rank = partial(ServerRank, pick=getattr(t, "pick", None)) if self.server else None
+        futures = Exchange(b, flag_nonfinite=False, rank=rank).start(
+            {w: (codec_input(g, self.method).to(groups[w].device), groups[w], mems[w]) for w, g in grads.items()})
+        got = settle(groups, futures)
         b.catch_up(step)  # B_{n+1}, for the next step
         first = got[next(iter(got))]
+        agree = getattr(t, "agree", None)  # allgather over processes: every rank holds the same update and width
+        if agree is not None:
+            agree(tensor_bytes(first.update), [b.bits])
+        t.steps += 1
         new_res = {w: torch.cat([m.residuals[j] for j in range(len(P.shards))]) if m.residuals else None
                    for w, m in mems.items()}
         fed = {**state.down_residuals, **{w: m.down_residual for w, m in mems.items() if m.down_residual is not None}}
-        after = MethodState(b.policy, with_residuals(state, new_res), down_residuals=fed)
+        runs = not isinstance(b.policy, Width)  # this process runs the policy (ps: the server's)
+        after = MethodState(b.policy if runs else None, with_residuals(state, new_res), -1 if runs else b.bits, fed)
         t1 = time.perf_counter()
         coded = {w: self.coded_size([tensor_bytes(p) for p in o.sent]) for w, o in got.items()} if measure_coded \
             else None
@@ -243,9 +193,6 @@ class ShardedStep:
 
 
 def step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
-             downlink: DownlinkSpec = DownlinkSpec()) -> ServerStep | ShardedStep:
-    """The step object of ``topology``: :class:`ShardedStep` where it cuts the vector into W shards,
-    else :class:`ServerStep`."""
-    if topology_of(topology).sharded:
-        return ShardedStep(method, param_sizes, workers, seed, downlink, topology)
-    return ServerStep(method, seed, topology)
+             downlink: DownlinkSpec = DownlinkSpec()) -> ExchangeStep:
+    """The step object of ``topology`` (whose exchange its registry entry decides)."""
+    return ExchangeStep(method, param_sizes, workers, seed, downlink, topology)

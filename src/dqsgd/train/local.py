@@ -6,7 +6,7 @@ A round r that starts from the synchronized model θ_r:
    minibatches, from θ_r to θ_w (the minibatch of inner step n is the one the per-step run draws at
    step n: ``WorkerBatches.indices(w, n)``);
 2. its pseudo-gradient Δ_w = θ_r − θ_w goes through the run's step object exactly as a gradient
-   does (:meth:`dqsgd.topology.step.ShardedStep.run` / :meth:`dqsgd.topology.step.ServerStep.run`, with the round
+   does (:meth:`dqsgd.topology.step.ExchangeStep.run`, with the round
    index r as the step: quantization keys, error feedback, the bit policy's width B_r), which returns
    the decoded average Δ̂ = (1/W) Σ_w Q(Δ_w), the same on every rank;
 3. the outer optimizer treats Δ̂ as a gradient: θ_{r+1} = θ_r − η_out·Δ̂ (outer SGD; lr 1 and no

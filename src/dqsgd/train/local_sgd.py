@@ -4,7 +4,7 @@
 ``PostLocalSGDOptimizer``: every process trains its own copy of the model with your optimizer; every
 ``local_steps`` = H calls of :meth:`~LocalSGDOptimizer.step`, the pseudo-gradient Δ = θ_start − θ of
 each process is quantized by a dqsgd method, exchanged over the sharded collective (the transport and
-step object of ``dqsgd train --transport torch``: :class:`dqsgd.topology.step.ShardedStep`), and the decoded
+step object of ``dqsgd train --transport torch``: :class:`dqsgd.topology.step.ExchangeStep`), and the decoded
 average Δ̂ — the same on every rank — is applied to θ_start by an outer optimizer (SGD with lr 1 and
 no momentum = model averaging; Nesterov momentum as DiLoCo). Every process then continues from the
 new θ_start; your optimizer keeps its state. See docs/local-sgd.md.

@@ -18,8 +18,8 @@ busiest rank's bytes are the ledger's (:func:`dqsgd.topology.ledger.wire_traffic
 plus downlink phase bytes); ``rounds`` is the number of message exchanges (2; Sketched SGD: 4). A
 method's time-to-accuracy is the sum of t_n up to the first evaluation that reaches the accuracy.
 
-Backup workers (topology ``ps``, simulation): :class:`BackupGather` wraps the transport; its ``gather``
-hands the step the payloads of the W − b first arrivals (worker order among them), so the step averages
+Backup workers (topology ``ps``, simulation): :class:`BackupGather` wraps the transport; its ``pick``
+names to the step's server the W − b first arrivals (worker order among them), so the step averages
 exactly those: G = (1/(W − b)) Σ_{w used} Q(g_w). The dropped payloads were still sent: the ledger records
 every worker's bytes and which were dropped (``wasted_up_bytes``).
 """
@@ -65,7 +65,7 @@ def arrivals(times: Sequence[float], keep: int) -> tuple[list[int], list[int], f
 class BackupGather:
     """A simulation transport whose server aggregates only the W − b first arrivals of each step.
 
-    Everything but :meth:`gather` is the wrapped transport's. Before each step the trainer calls
+    Everything but :meth:`pick` is the wrapped transport's. Before each step the trainer calls
     :meth:`begin` with the step's compute times; after it, :attr:`dropped` and :attr:`sizes` (every
     worker's payload bytes, in worker order) say what was dropped and what was sent.
     """
@@ -106,10 +106,10 @@ class BackupGather:
         self.used, self.dropped, wait = arrivals(times, keep)
         return wait
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
-        every = self.inner.gather(payloads, max_bytes)
-        self.sizes = [len(p) for p in every]
-        return [every[w] for w in self.used]
+    def pick(self, sizes: Sequence[int]) -> list[int]:
+        """The workers the server aggregates (:mod:`dqsgd.topology.server`), told every worker's payload bytes."""
+        self.sizes = list(sizes)
+        return self.used
 
 
 class StepTimer:
@@ -124,7 +124,7 @@ class StepTimer:
         self.wait = 0.0
 
     def transport(self, t: Any) -> Any:
-        """The transport the step runs on: ``t``, or ``t`` behind the backup workers' gather."""
+        """The transport the step runs on: ``t``, or ``t`` behind the backup workers' pick."""
         return t if self.backup is None else self.backup
 
     def start(self, step: int, count: int = 1) -> None:

@@ -3,9 +3,9 @@
 One step, the same for every topology and transport:
 
 1. every local worker w draws its minibatch (a pure function of seed, w, n) and computes g_w;
-2. the step object of the topology (:mod:`dqsgd.topology.step`: :class:`~dqsgd.topology.step.ServerStep` for ps and
-   allgather, :class:`~dqsgd.topology.step.ShardedStep`) checks the gradients, encodes them at the current
-   width B_n, exchanges the bytes, aggregates, lets the policy pick B_{n+1} and decodes the update;
+2. the step object of the topology (:class:`~dqsgd.topology.step.ExchangeStep`: one exchange of the
+   topology, :mod:`dqsgd.topology.exchange`) checks the gradients, encodes them at the current width
+   B_n, exchanges them, aggregates, lets the policy pick B_{n+1} and decodes the update;
 3. the aggregating process records the measured bytes in the ledger;
 4. every process applies the same optimizer step.
 
@@ -40,7 +40,7 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.policies.variance import worker_norms
 from dqsgd.topology.agreement import check_state, refuse_changed
 from dqsgd.topology.sketched import SketchedStep
-from dqsgd.topology.step import ServerStep, ShardedStep, all_finite, codec_input, step_for
+from dqsgd.topology.step import ExchangeStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig, resolve_downlink
 from dqsgd.train.local import outer_optimizer
 from dqsgd.train.metrics import StepResult
@@ -91,8 +91,8 @@ class Trainer:
         # Local SGD: this optimizer is the outer one, on the averaged pseudo-gradient (dqsgd.train.local)
         self.optimizer = (outer_optimizer(self.params, cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum)
                           if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
-        # hand_worker_norms needs every worker's vector; a sharded step's exchange gathers their norms itself
-        if len(self.transport.local_workers) != cfg.workers and not topology_of(self.topology).sharded:
+        # hand_worker_norms needs every worker's vector; the exchange of a topology that feeds them gathers their norms itself
+        if len(self.transport.local_workers) != cfg.workers and not topology_of(self.topology).feeds_norms:
             check_fed_policy(entry.config, f"a run over processes (--transport torch) on topology {self.topology!r}")
         self.method = Method(entry.config, self.numel, cfg.rounds, sizes)  # the policy counts exchanges
         shards = partition_shards(cfg.partition, data.train.y, cfg.workers, cfg.dirichlet_alpha, cfg.batch_size, seed)
@@ -103,7 +103,7 @@ class Trainer:
         # the downlink, resolved once from the config (dqsgd.topology.downspec) and carried as it is
         self.downlink = resolve_downlink(cfg, entry.config, self.topology)
         self.downlink_bits, self.downlink_coding = self.downlink.bits, self.downlink.coding
-        self.step_runner: ServerStep | ShardedStep | SketchedStep = (
+        self.step_runner: ExchangeStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink))
         self.policy = self.step_runner.policy  # "auto": the sharded protocol's both-leg split of the budget
@@ -226,7 +226,7 @@ class Trainer:
     def hand_worker_norms(self, vectors: dict[int, torch.Tensor], workers: int) -> None:
         """A policy that estimates the gradient noise from the workers' norms (the link policy) gets them
         before the step, where this process holds every worker's vector (the in-process simulation).
-        A sharded step's exchange gathers the ranks' norms itself, and its figures replace these
+        The exchange of a topology that feeds them (sharded, allgather) gathers the ranks' norms itself, and its figures replace these
         (:mod:`dqsgd.topology.exchange`): the simulation then folds what a run over processes folds."""
         policy = getattr(self.step_runner, "policy", None)
         wants = getattr(policy, "needs_worker_norms", False)

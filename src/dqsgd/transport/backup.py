@@ -37,14 +37,20 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from dqsgd.codecs import PayloadError
 from dqsgd.method.pipeline import ProtocolError
+from dqsgd.topology.group import Turns, done
 from dqsgd.topology.limits import check_sizes
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
-from dqsgd.transport.torch_dist import MESSAGE_CAP, FAILED, OK, TorchPSTransport, TransportError
+from dqsgd.transport.torch_dist import TorchPSTransport, TransportError
 
 __all__ = ["BackupPSTransport"]
 
 UP_HEAD, UP_DATA, DOWN_HEAD, DOWN_DATA = 21, 22, 23, 24
+OK, FAILED = 0, 1  # a downlink header's status
+MESSAGE_CAP = 1 << 16  # the most bytes of an error message in a downlink header
+# Errors re-raised with their own type on the ranks that learn of them from the server.
+_REMOTE_TYPES: dict[str, type[Exception]] = {"PayloadError": PayloadError, "ProtocolError": ProtocolError}
 _POLL_S = 0.001
 
 
@@ -67,6 +73,45 @@ class _Waiting:
         finally:
             self.when = time.monotonic()
             self.done.set()
+
+
+class ArrivalGroup:
+    """The group a ``ps`` exchange (:mod:`dqsgd.topology.server`) runs over on a :class:`BackupPSTransport`:
+    its gather serves by arrival (None for a rank not waited for), its broadcast is point to point."""
+
+    arrivals = True
+
+    def __init__(self, t: BackupPSTransport):
+        self.t, self.rank, self.size = t, t.rank, t.workers
+        self.turns, self.device = Turns(), torch.device("cpu")
+
+    def gather(self, msg: torch.Tensor, dst: int, leg: int, cap: int = 0) -> torch.futures.Future:
+        """The W − b first messages on the server (rank ``dst`` = 0), each a payload and its flag byte,
+        whose payload bytes the transport records (:attr:`BackupPSTransport.sizes`, ``late``)."""
+        t = self.t
+        got = t.gather([tensor_bytes(msg)], cap)
+        if got is None:
+            return done(None)
+        t.sizes = [max(n - 1, 0) for n in t.sizes]
+        self._payload_bytes(0)
+        out: list[torch.Tensor | None] = [None] * self.size
+        for w, p in zip(t.used, got):
+            out[w] = bytes_tensor(p, self.device, len(p))
+        return done(out)
+
+    def broadcast(self, msg: torch.Tensor, src: int, leg: int) -> torch.futures.Future:
+        t, steps, late = self.t, self.t.steps, len(self.t.late)
+        got, _ = t.broadcast(tensor_bytes(msg) if self.rank == src else None, [], msg.numel())
+        t.steps = steps  # the step counts the exchange (dqsgd.topology.step)
+        self._payload_bytes(late)  # the stragglers' messages read after the last exchange
+        return done(bytes_tensor(got, self.device, len(got)))
+
+    def wait(self, fut: torch.futures.Future) -> Any:
+        return fut.value()
+
+    def _payload_bytes(self, start: int) -> None:
+        """The late messages from ``start`` on counted as payload bytes (their flag byte off), as the ledger counts."""
+        self.t.late[start:] = [(seq, w, n - 1) for seq, w, n in self.t.late[start:]]
 
 
 class BackupPSTransport(TorchPSTransport):
@@ -93,7 +138,14 @@ class BackupPSTransport(TorchPSTransport):
         self._cap = 0                                # the last exchange's payload cap (late payloads too; none owed before)
         self._heads: dict[int, tuple[_Waiting, torch.Tensor]] = {}  # server: the posted header receive per rank
         self._orphans: list[tuple[_Waiting, torch.Tensor]] = []
+        self._arrival_group: ArrivalGroup | None = None
         self._pending: list[tuple[int, _Waiting, list[torch.Tensor]]] = []  # downlinks not yet delivered
+
+    def exchange_groups(self) -> dict[int, ArrivalGroup]:
+        """This rank's :class:`ArrivalGroup` (one for the run)."""
+        if self._arrival_group is None:
+            self._arrival_group = ArrivalGroup(self)
+        return {self.rank: self._arrival_group}
 
     def expect(self, exchanges: int) -> None:
         """The run has ``exchanges`` exchanges: after the last, the server drains the stragglers."""
@@ -221,11 +273,18 @@ class BackupPSTransport(TorchPSTransport):
     # --- downlink -------------------------------------------------------------------------------
     def broadcast(self, payload: bytes | None, ints: Sequence[int],
                   max_bytes: int) -> tuple[bytes, list[int]]:
-        if self.is_server:  # the parent's, whose _send_downlink is this class's point-to-point one
-            out = super().broadcast(payload, ints, max_bytes)
+        """A header (status, payload size, number of integers), then the payload followed by the
+        integers (int64). A non-server rank's ``ints`` are placeholders: it receives the server's.
+        ``max_bytes`` caps the announced payload (an error message: 64 KiB), refused before allocating."""
+        if self.is_server:
+            if payload is None:
+                raise ValueError("ps transport: the server must provide the downlink payload")
+            self._send_downlink(OK, payload, ints)
+            self._owes_downlink = False
+            self.steps += 1
             if self.exchanges is not None and self.steps >= self.exchanges:
                 self._drain()
-            return out
+            return payload, [int(v) for v in ints]
         deadline = time.monotonic() + self.wait_s
         head = torch.zeros(3, dtype=torch.int64)
         self._poll(dist.irecv(head, 0, group=self.group, tag=DOWN_HEAD), "downlink header from rank 0", deadline)
@@ -257,6 +316,16 @@ class BackupPSTransport(TorchPSTransport):
 
     def _fail_pending_downlink(self, msg: str) -> None:
         self._send_downlink(FAILED, msg.encode()[:MESSAGE_CAP], ())
+
+    def _raise_remote(self, msg: str) -> None:
+        kind, _, text = msg.partition(": ")
+        where = f"rank {self.rank}: the server (rank 0) stopped at step {self.steps}: "
+        raise _REMOTE_TYPES.get(kind, TransportError)(where + (text if kind in _REMOTE_TYPES else msg))
+
+    def _one_payload(self, payloads: Sequence[bytes]) -> bytes:
+        if len(payloads) != 1:
+            raise ValueError(f"backup transport: rank {self.rank} sends one payload, got {len(payloads)}")
+        return payloads[0]
 
     def _drain(self) -> None:
         """After the last exchange: read what the live workers still send (their late payloads), then

@@ -1,35 +1,31 @@
-"""torch.distributed transports: a parameter server (DQSGD Algorithm 2) and a peer all-gather.
+"""torch.distributed transports: one worker per process (``local_workers == [r]``), one per topology.
 
-One worker per process: rank r computes worker r's gradient (``local_workers == [r]``).
+A step runs over the transport's :meth:`~_TorchTransport.exchange_groups`: this rank's
+:class:`~dqsgd.topology.group.TorchGroup` (two process groups of its own, one per leg, with the
+transport's timeout), on which the topology's exchange issues its collectives
+(:mod:`dqsgd.topology.exchange`, :mod:`dqsgd.topology.server`, :mod:`dqsgd.topology.sketched`):
 
-* :class:`TorchPSTransport` — rank 0 is the server *and* worker 0. Every rank sends its payload to
-  rank 0 (``gather``); rank 0 decodes, averages, runs the bit policy and sends the update and
-  B_{n+1} (a few integers beside the payload) back to all ranks (``broadcast``), exactly
-  Algorithm 2, lines 6–7 and 9–13.
-* :class:`TorchAllGatherTransport` — no server: every rank receives every payload (``all_gather``),
-  decodes them in worker order and runs the same policy on the same bytes, so all ranks reach the
-  same B_{n+1} without a downlink (``is_server`` is True everywhere). ``broadcast`` only checks,
-  with one tiny all-reduce, that the ranks really agree (same integers, same downlink CRC-32).
-* :class:`TorchShardedTransport` — every rank is the server of one shard (``dqsgd.core.sharding``):
-  ``exchange`` is the uplink all-to-all (rank j receives every worker's payload for shard j),
-  ``share`` the downlink all-gather of the W averaged, re-quantized shards.
+* :class:`TorchPSTransport` — rank 0 is the server *and* worker 0 (DQSGD Algorithm 2): the exchange
+  gathers the payloads on rank 0, which aggregates, runs the bit policy and broadcasts the update
+  with B_{n+1} and its refusal, if any, in one message;
+* :class:`TorchAllGatherTransport` — no server: every rank gathers every payload and runs the same
+  aggregation and policy; :meth:`TorchAllGatherTransport.agree` checks, with one tiny all-reduce,
+  that the ranks really agree (same width, same update CRC-32);
+* :class:`TorchShardedTransport` — every rank is the server of one shard; its :meth:`exchange`
+  (the uplink all-to-all of byte payloads, sizes first) also serves FSDP's reduce-scatter.
 
-Received sizes are capped: every rank checks every announced size against the largest payload the
-method can produce (``max_bytes``) and raises :class:`~dqsgd.codecs.PayloadError` before it
-allocates a receive buffer. All ranks see the same sizes, so all of them refuse together.
-
-Variable-length byte payloads cross the wire as uint8 tensors: the sizes go first (an int64
-all-gather, so every rank knows the longest), then the payloads padded to that length. On gloo the
-tensors stay on the CPU; on NCCL they are moved to ``device`` (the rank's GPU) — the same code.
+Besides the groups a transport offers a few small collectives of numbers (``max_reduce``,
+``mean_loss``, ``all_gather_ints``) and a variable-length byte all-gather (:meth:`all_gather_bytes`):
+the sizes go first (an int64 all-gather, so every rank knows the longest, each checked against its
+cap before anything is allocated), then the payloads padded to that length. On gloo the tensors stay
+on the CPU; on NCCL they are moved to ``device`` (the rank's GPU) — the same code.
 
 Failures. Every collective runs under a timeout (the transport's ``timeout``, else the one given to
 ``init_process_group``), so nothing waits forever; a failed collective (peer crashed, was killed or timed out) raises
 :class:`TransportError` naming this rank, the operation and, when the failing rank left one, its
-own error message (an error board in the rendezvous store). Errors found by the server after a
-gather (a malformed payload: :class:`~dqsgd.codecs.PayloadError`, a wrong message:
-:class:`~dqsgd.method.pipeline.ProtocolError`, both naming the worker) are sent to the waiting ranks in
-the downlink header by :meth:`abort`, so they stop at once with the same error type and text rather
-than at the timeout. Run a trainer inside ``with transport.guard(): ...`` to get this.
+own error message (an error board in the rendezvous store): run a trainer inside
+``with transport.guard(): ...`` to leave it there. A payload an aggregating rank refuses reaches
+every rank inside the exchange's own downlink (its status byte), with its type and text.
 """
 
 from __future__ import annotations
@@ -43,9 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from dqsgd.codecs import PayloadError
 from dqsgd.core.ranges import check_timeout
-from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.agreement import RankDisagreement
 from dqsgd.topology.group import TorchGroup
 from dqsgd.topology.limits import check_sizes
@@ -55,12 +49,8 @@ from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 __all__ = ["RankDisagreement", "TorchAllGatherTransport", "TorchPSTransport", "TorchShardedTransport", "TransportError",
            "make_transport"]
 
-OK, FAILED = 0, 1
 _ERROR_KEY = "dqsgd/error/{}"
-MESSAGE_CAP = 1 << 16  # the most bytes of an error message in a downlink header
 _BOARD_TIMEOUT = datetime.timedelta(seconds=2)  # the error board is best effort: a short wait, not a collective's
-# Errors re-raised with their own type on the ranks that learn of them from the server.
-_REMOTE_TYPES: dict[str, type[Exception]] = {"PayloadError": PayloadError, "ProtocolError": ProtocolError}
 
 
 class TransportError(RuntimeError):
@@ -75,7 +65,8 @@ def _backend_reason(err: BaseException) -> str:
 
 
 class _TorchTransport:
-    """What both topologies share: sizes-first byte exchange, max-reduce, timeouts, error reporting."""
+    """What every topology shares: the exchange's group, sizes-first byte all-gather, max-reduce,
+    timeouts, error reporting."""
 
     topology = "?"
 
@@ -93,9 +84,9 @@ class _TorchTransport:
             device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         self.device = torch.device(device)
         self.timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
-        self.steps = 0                 # completed steps (downlinks delivered), for error messages
-        self._owes_downlink = False    # server: gathered this step's payloads, not yet broadcast
-        self._exchange_group: TorchGroup | None = None  # sharded: the exchange's group (exchange_groups)
+        self.steps = 0                 # completed steps, for error messages
+        self._owes_downlink = False    # backup workers' server: gathered this step's payloads, not yet broadcast
+        self._exchange_group: TorchGroup | None = None  # the step's exchange's group (exchange_groups)
 
     # --- the Transport protocol -----------------------------------------------------------------
     @property
@@ -122,12 +113,15 @@ class _TorchTransport:
         self._collective("all_gather_ints", dist.all_gather, bufs, mine)
         return [[int(v) for v in b.tolist()] for b in bufs]
 
-    # --- byte exchange --------------------------------------------------------------------------
-    def _one_payload(self, payloads: Sequence[bytes]) -> bytes:
-        if len(payloads) != 1:
-            raise ValueError(f"{self.topology} transport: rank {self.rank} sends one payload, got {len(payloads)}")
-        return payloads[0]
+    def exchange_groups(self) -> dict[int, TorchGroup]:
+        """This rank over two groups of its own with the transport's timeout (made at the first step,
+        on every rank); a failed collective raises :class:`TransportError` naming the rank and the step."""
+        if self._exchange_group is None:
+            self._exchange_group = TorchGroup(self.group, None if self.timeout is None else self.timeout.total_seconds(),
+                                              lambda e: TransportError(self._explain("exchange", e)), self.device)
+        return {self.rank: self._exchange_group}
 
+    # --- byte exchange --------------------------------------------------------------------------
     def _size_rows(self, row: Sequence[int], op: str, caps: Sequence[int], sender: str = "rank {w}") -> list[list[int]]:
         """Every rank's ``row`` of sizes (an int64 all-gather), each entry checked against ``caps``;
         ``sender`` names rank w in a refusal."""
@@ -231,61 +225,6 @@ class TorchPSTransport(_TorchTransport):
     def is_server(self) -> bool:
         return self.rank == 0
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes] | None:
-        payload = self._one_payload(payloads)
-        sizes = self._all_sizes(len(payload), "gather", max_bytes)
-        width = max(sizes)
-        mine = bytes_tensor(payload, self.device, width)
-        bufs = [torch.empty_like(mine) for _ in range(self.workers)] if self.is_server else None
-        self._collective("gather", dist.gather, mine, bufs, dst=0)
-        if bufs is None:
-            return None
-        self._owes_downlink = True
-        return [tensor_bytes(b, n) for b, n in zip(bufs, sizes)]
-
-    def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int) -> tuple[bytes, list[int]]:
-        """A header (status, payload size, number of integers), then the payload followed by the
-        integers (int64). A non-server rank's ``ints`` are placeholders: it receives the server's.
-        ``max_bytes`` caps the announced payload (an error message: 64 KiB), refused before allocating."""
-        if self.is_server:
-            if payload is None:
-                raise ValueError("ps transport: the server must provide the downlink payload")
-            self._send_downlink(OK, payload, ints)
-            self._owes_downlink = False
-            self.steps += 1
-            return payload, [int(v) for v in ints]
-        header = torch.zeros(3, dtype=torch.int64, device=self.device)
-        self._collective("broadcast (header)", dist.broadcast, header, src=0)
-        status, size, count = (int(v) for v in header.tolist())
-        if status == OK and count != len(ints):
-            raise ProtocolError(f"ps transport: rank {self.rank} expects {len(ints)} integers with the downlink, "
-                                f"the server announced {count}")
-        check_sizes([size], [max_bytes if status == OK else MESSAGE_CAP], f"rank {self.rank}: the server (rank 0)")
-        count = count if status == OK else 0
-        body = torch.empty(size + 8 * count, dtype=torch.uint8, device=self.device)
-        self._collective("broadcast", dist.broadcast, body, src=0)
-        if status != OK:
-            self._raise_remote(tensor_bytes(body, size).decode(errors="replace"))
-        self.steps += 1
-        return tensor_bytes(body, size), body[size:].cpu().clone().view(torch.int64).tolist()
-
-    def _fail_pending_downlink(self, msg: str) -> None:
-        self._send_downlink(FAILED, msg.encode()[:MESSAGE_CAP], ())
-
-    def _send_downlink(self, status: int, payload: bytes, ints: Sequence[int]) -> None:
-        header = torch.tensor([status, len(payload), len(ints)], dtype=torch.int64, device=self.device)
-        tail = torch.tensor([int(v) for v in ints], dtype=torch.int64).view(torch.uint8)
-        body = torch.cat([torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else
-                          torch.zeros(0, dtype=torch.uint8), tail]).to(self.device)
-        self._collective("broadcast (header)", dist.broadcast, header, src=0)
-        self._collective("broadcast", dist.broadcast, body, src=0)
-
-    def _raise_remote(self, msg: str) -> None:
-        kind, _, text = msg.partition(": ")
-        where = f"rank {self.rank}: the server (rank 0) stopped at step {self.steps}: "
-        raise _REMOTE_TYPES.get(kind, TransportError)(where + (text if kind in _REMOTE_TYPES else msg))
-
 
 class TorchAllGatherTransport(_TorchTransport):
     """Peer topology: every rank gathers all payloads and runs the same aggregation and policy."""
@@ -301,21 +240,11 @@ class TorchAllGatherTransport(_TorchTransport):
     def is_server(self) -> bool:
         return True
 
-    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes]:
-        return self.all_gather_bytes(self._one_payload(payloads), "gather", max_bytes)
-
-    def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int) -> tuple[bytes, list[int]]:
-        if payload is None:
-            raise ValueError("allgather transport: every rank must provide its downlink payload")
-        if self.check_agreement:
-            self._check(payload, ints)
-        self.steps += 1
-        return payload, [int(v) for v in ints]
-
-    def _check(self, payload: bytes, ints: Sequence[int]) -> None:
-        """max(x) == -max(-x) on every rank iff all ranks hold the same (integers, CRC-32 of the update,
-        its length); the trainer's integer is B_{n+1}."""
+    def agree(self, payload: bytes, ints: Sequence[int]) -> None:
+        """With ``check_agreement``: max(x) == -max(-x) on every rank iff all ranks hold the same
+        (integers, CRC-32 of the update, its length); the trainer's integer is B_{n+1}."""
+        if not self.check_agreement:
+            return
         mine = [*(int(v) for v in ints), zlib.crc32(payload), len(payload)]
         t = torch.tensor(mine + [-v for v in mine], dtype=torch.int64, device=self.device)
         self._collective("agreement check", dist.all_reduce, t, op=dist.ReduceOp.MAX)
@@ -358,21 +287,6 @@ class TorchShardedTransport(_TorchTransport):
             out.append(data[at : at + n])
             at += n
         return {self.rank: out}, sizes
-
-    def exchange_groups(self) -> dict[int, TorchGroup]:
-        """This rank over two groups of its own with the transport's timeout (made at the first step,
-        on every rank); a failed collective raises :class:`TransportError` naming the rank and the step."""
-        if self._exchange_group is None:
-            self._exchange_group = TorchGroup(self.group, None if self.timeout is None else self.timeout.total_seconds(),
-                                              lambda e: TransportError(self._explain("exchange", e)), self.device)
-        return {self.rank: self._exchange_group}
-
-    def share(self, shards: dict[int, bytes], max_bytes: int) -> list[bytes]:
-        if set(shards) != {self.rank}:
-            raise ValueError(f"sharded transport: rank {self.rank} shares shard {self.rank} only, got {sorted(shards)}")
-        out = self.all_gather_bytes(shards[self.rank], "share", max_bytes, "rank {w} (the server of shard {w})")
-        self.steps += 1
-        return out
 
 
 def make_transport(topology: str, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
