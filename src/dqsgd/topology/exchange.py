@@ -22,7 +22,9 @@ and read the :class:`Outcome` their futures hold. One step of rank r:
    policy skips the step); the policy is fed (:meth:`BucketState.observe`, the one point).
 
 The bytes each rank sends and receives are counted once, by :meth:`Topology.legs` of the
-protocol's topology, through the ``count`` callback of the caller.
+protocol's topology, through the ``count`` callback of the caller; a topology that splits the ranks
+in groups (:meth:`Topology.split`) also gets the bytes of the groups' updates this rank receives, as
+the entries of :attr:`Outcome.down` past its shards' (its legs count them, in the downlink phase).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Outcome:
     update: torch.Tensor         # G, float32, flat: the same on every rank (NaN: some rank was non-finite)
     bad: torch.Tensor            # some rank's bucket was non-finite (a 0-dim bool tensor)
     table: list[list[int]]       # table[w][j]: bytes of rank w's payload for shard j
-    down: list[int]              # down[j]: bytes of shard j's downlink payload (allgather: none)
+    down: list[int]              # down[j]: bytes of shard j's downlink payload (allgather: none); then, where
+                                 # the topology splits the ranks in groups, bytes of each other group's update
     sent: list[torch.Tensor]     # this rank's uplink payloads, one per shard
     side: int = 0                # bytes of the shared scalers (TernGrad), each way
     encode_s: float = 0.0        # seconds this rank spent encoding
@@ -310,6 +313,9 @@ class _Rank:
         """A hierarchical topology: the mean of the groups' updates, Σ_g (1/n)·G_g in group order (the
         same bytes on every rank), gathered over the groups' ranks (:meth:`Topology.split`)."""
         assert self.outer is not None
+        shards, across = len(o.down), [o.update.numel() * o.update.element_size()] * (self.outer.size - 1)
+        o.down = [*o.down, *across]  # past the shards': each other group's update, as the topology's legs reads it
+        self.ex.count(self.P.kind.legs([[0] * len(row) for row in self.table], [0] * shards + across, self.j), False)
         fut = self.outer.all_gather(o.update, DOWN)
         release(self.mine[-1])
 
