@@ -6,10 +6,10 @@ on this thread, so the completion callbacks run here and are traced too; the oth
 are replicas of this one's). The bucket's second step is traced (the first builds the bucket state
 and the other shard server's message). Run ``python tests/package/hook_path.py`` to print the path.
 
-Counted over the dqsgd modules only (torch's own frames are skipped, the loopback group's collectives
-stand where the torch.distributed group's would be, and are not counted): the modules in order of first
-entry, how many times execution moved to a module it had already left (re-entries), and how many of
-the moves went up a layer (tests/package/test_layers.py).
+Counted over the dqsgd modules only (torch's own frames are skipped; the loopback group's collectives,
+which stand where the torch.distributed group's would be, and the GradBucket stand-in are not counted): the modules in order of first
+entry, how many times execution moved (by a call or a return) to a module it had already left
+(re-entries), and how many calls went up a layer (tests/package/test_layers.py's layers: callbacks).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 WORLD, N, METHOD = 2, 100_003, "qsgd-4bit"
-GROUP = "dqsgd.cli.bench.loopback"  # the stand-in for the process group: not counted
+STAND_INS = ("dqsgd.cli.bench.loopback", "dqsgd.fsdp.hsdp")  # for the process group and DDP's GradBucket
 
 
 @dataclass
@@ -30,7 +30,7 @@ class BucketPath:
     moves: list[str]          # the module executing after each call or return, consecutive repeats merged
     first: list[str]          # the modules in order of first entry
     reentries: int            # moves to a module already left before
-    up: int                   # moves to a module of a higher layer
+    up: int                   # calls into a module of a higher layer (a callback: DDP's, the count)
 
 
 def trace_bucket(method: str = METHOD, topology: str = "sharded") -> BucketPath:
@@ -50,16 +50,18 @@ def trace_bucket(method: str = METHOD, topology: str = "sharded") -> BucketPath:
     try:
         dqsgd.ddp.hook(hs, ShardBucket(0, grad.clone(), [N], last=True)).wait()
         moves: list[str] = []
+        calls: list[bool] = []  # each move: a call (else a return)
 
         def where(frame: Any) -> str | None:
             name = frame.f_globals.get("__name__", "") if frame is not None else ""
-            return name if name.startswith("dqsgd") and name != GROUP else None
+            return name if name.startswith("dqsgd") and name not in STAND_INS else None
 
         def tracer(frame: Any, event: str, arg: Any) -> Any:
             if event in ("call", "return"):
                 m = where(frame if event == "call" else frame.f_back)
                 if m is not None and (not moves or moves[-1] != m):
                     moves.append(m)
+                    calls.append(event == "call")
             return tracer
 
         sys.settrace(tracer)
@@ -73,7 +75,7 @@ def trace_bucket(method: str = METHOD, topology: str = "sharded") -> BucketPath:
     from test_layers import layer_of
 
     first = list(dict.fromkeys(moves))
-    up = sum(1 for a, b in zip(moves, moves[1:]) if (layer_of(b) or 0) > (layer_of(a) or 0))
+    up = sum(1 for a, b, call in zip(moves, moves[1:], calls[1:]) if call and (layer_of(b) or 0) > (layer_of(a) or 0))
     return BucketPath(moves, first, len(moves) - len(first), up)
 
 
@@ -81,6 +83,8 @@ if __name__ == "__main__":
     for topo in ("sharded", "allgather"):
         p = trace_bucket(topology=topo)
         print(f"{METHOD} {topo}, W = {WORLD}: {len(p.first)} modules, {len(p.moves) - 1} moves, "
-              f"{p.reentries} re-entries, {p.up} moves up a layer")
+              f"{p.reentries} re-entries, {p.up} calls up a layer")
         for i, m in enumerate(p.first, 1):
             print(f"  {i:2d}. {m}")
+        folders = [m.split(".")[1] for m in p.moves]
+        print("  folders:", " > ".join(f for i, f in enumerate(folders) if i == 0 or folders[i - 1] != f))
