@@ -31,10 +31,13 @@ class Hierarchical(Sharded):
 
 
     def legs(self, up: Any, down: Any, rank: int) -> Legs:
-        """The sharded exchange inside the group (``down``'s first len(up[0]) entries: its shards'), then
-        the all-gather of the groups' updates: ``down``'s further entries, each other group's update,
-        which this rank receives and sends its own of, in the downlink phase."""
-        inner, across = super().legs(up, down[: len(up[0])], rank), sum(down[len(up[0]):])
+        """The sharded exchange inside rank ``rank``'s group (``up``: its rows, or every rank's in group
+        order; ``down``'s first len(up[0]) entries: its shards'), then the all-gather of the groups'
+        updates: ``down``'s further entries, each other group's update, which this rank receives and
+        sends its own of, in the downlink phase."""
+        size = len(up[0])  # the group's ranks, each serving one shard
+        first, shards = rank - rank % size, down[:size]
+        inner, across = super().legs(up[first : first + size], shards, rank % size), sum(down[size:])
         return inner._replace(down_sent=inner.down_sent + across, down_received=inner.down_received + across)
 
 
