@@ -55,7 +55,8 @@ class Topology(ABC):
         ``group``'s rank: the one its sequence (this topology's collectives) runs in, and the one whose
         ranks then average their results (None: none; a hierarchical topology has one). Where there is
         a second group, the exchange hands :meth:`legs` the bytes of each other group's update (its
-        all-gather of the groups' results) as the entries of ``down`` past the shards': they count there."""
+        all-gather of the groups' results) as the entries of ``down`` past the shards' (they count
+        there), and its step's table holds the W ranks' rows, the groups' in group order."""
         return group, None
 
     def fp32_legs(self) -> int:
