@@ -62,31 +62,56 @@ def test_report_from_a_fake_result(device: str, tmp_path: Path) -> None:
     assert "Recompilations after warm-up: 0." in text
 
 
-def test_loopback_bucket_is_the_hook_codec_round_trip() -> None:
-    """Uplink, decode, downlink re-quantization and decode of every shard: the same floats as the
-    host kernels composed by hand (shard methods of the qsgd-4bit config, W = 3)."""
-    from dqsgd.cli.bench.loopback import DOWNLINK_BITS, LoopbackHook, loopback_bucket
-    from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
-    from dqsgd.quantizers import Norm
-    from dqsgd.topology.step import shard_methods
+def _loop_steps(loop, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    from dqsgd.fsdp.hsdp import ShardBucket
 
-    n, world, step = 5003, 3, 4
-    loop = LoopbackHook("qsgd-4bit", world)
-    bounds, shards = shard_methods(loop.config, n, 100, [n], world)
-    flat = torch.randn(n, generator=torch.Generator().manual_seed(0))
-    seeds = [11, 12, 13]
-    got = loopback_bucket(shards, bounds, flat, 4, step, seeds, 99, None)
-    want = torch.zeros(n)
-    for j, (m, (lo, hi)) in enumerate(zip(shards, bounds)):
-        avg = torch.zeros(hi - lo)
-        decode_accumulate(encode_uniform_fast(flat[lo:hi], 4, HashRNG(seeds[j], step, 0), norm=m.norm,
-                                              layout=m.layout), avg)
-        down = encode_uniform_fast(avg, DOWNLINK_BITS, HashRNG(99, step, j), norm=Norm.MAX, layout=m.layout)
-        decode_accumulate(down, want[lo:hi])
-    assert torch.equal(got, want)
-    assert 0 < float((got - flat).norm() / flat.norm()) < 1  # quantized, and near the gradient
+    return [loop.run(ShardBucket(0, g.clone(), [g.numel()], last=True)).wait() for g in grads]
+
+
+def test_the_loopback_is_rank_0_of_the_hooks_exchange() -> None:
+    """W = 2, qsgd-4bit: the bucket after the hook's exchange where rank 1 sent rank 0 a replica of
+    its payload for shard 0 and served shard 1 from rank 0's first gradient — the bucket protocol's
+    own encode, reduce, encode_down and decode_down composed by hand, bitwise (two steps: the peer's
+    message is encoded once)."""
+    from dqsgd.cli.bench.loopback import LoopbackHook
+
+    n = 5003
+    loop = LoopbackHook("qsgd-4bit", 2, total_steps=10, seed=3)
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(s)) for s in range(2)]
+    got = _loop_steps(loop, grads)
+    P = loop.buckets[0].proto
+    (_, hi), (lo, _) = P.bounds
+    served = P.encode_down(1, grads[0][lo:], 0)
+    for step, (g, out) in enumerate(zip(grads, got)):
+        mine = P.encode(0, g, 4, step, None)[0][0]
+        want = P.decode_down([P.encode_down(0, P.reduce(0, [mine, mine], 4), step), served])
+        assert torch.equal(out, want), step
+        assert 0 < float((out[:hi] - g[:hi]).norm() / g[:hi].norm()) < 1  # quantized, and near the gradient
     with pytest.raises(ValueError, match="W >= 2"):
         LoopbackHook("qsgd-4bit", 1)
+
+
+@pytest.mark.parametrize("method", ["qsgd-4bit", "dqsgd"])
+def test_the_loopback_encodes_what_one_rank_encodes(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W = 4: per step one uplink encode of the W shards and one downlink encode (its own shard), the
+    other servers' messages encoded once per downlink width (dqsgd: "auto", the widths the policy
+    picks); decoded into the bucket near the gradient."""
+    from dqsgd.cli.bench.loopback import LoopbackHook
+    from dqsgd.topology.bucket import BucketProtocol
+
+    calls: list[int] = []
+    encode_down = BucketProtocol.encode_down
+    monkeypatch.setattr(BucketProtocol, "encode_down", lambda self, j, *a, **k: (calls.append(j), encode_down(
+        self, j, *a, **k))[1])
+    loop = LoopbackHook(method, 4, total_steps=10)
+    g = torch.randn(20_000, generator=torch.Generator().manual_seed(0))
+    widths = []
+    for _ in range(5):
+        widths.append(loop.buckets[0].proto.down_width(loop.buckets[0].policy) if loop.buckets else None)
+        out = _loop_steps(loop, [g])[0]
+        assert 0 < float((out - g).norm() / g.norm()) < 1
+    widths = widths[1:] + [loop.buckets[0].proto.down_width(loop.buckets[0].policy)]
+    assert calls.count(0) == 5 and len(calls) == 5 + 3 * len(set(widths)), (calls, widths)
 
 
 @pytest.mark.slow

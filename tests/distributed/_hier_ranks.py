@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from dqsgd.fsdp.hsdp import ShardBucket  # what the hook reads of a DDP GradBucket
-from dqsgd.topology.registry import REGISTRY, Sharded
+from dqsgd.topology.registry import REGISTRY, Legs, Sharded
 
 GROUP, NAME, SEED, N, STEPS = 2, "hier2", 5, 1001, 4
 
@@ -28,6 +28,17 @@ class Hierarchical(Sharded):
         first = group.rank // size * size
         across = range(group.rank % size, group.size, size)  # the ranks that serve the same shard
         return group.sub(range(first, first + size)), group.sub(across) if group.size > size else None
+
+
+    def legs(self, up: Any, down: Any, rank: int) -> Legs:
+        """The sharded exchange inside rank ``rank``'s group (``up``: its rows, or every rank's in group
+        order; ``down``'s first len(up[0]) entries: its shards'), then the all-gather of the groups'
+        updates: ``down``'s further entries, each other group's update, which this rank receives and
+        sends its own of, in the downlink phase."""
+        size = len(up[0])  # the group's ranks, each serving one shard
+        first, shards = rank - rank % size, down[:size]
+        inner, across = super().legs(up[first : first + size], shards, rank % size), sum(down[size:])
+        return inner._replace(down_sent=inner.down_sent + across, down_received=inner.down_received + across)
 
 
 def register() -> None:
@@ -80,3 +91,41 @@ def hier_case(rank: int, world: int, methods: list[str]) -> dict[str, Any]:
             hook_bits.append(hs.current_bits()[0])
         out[method] = {"trainer": trainer, "bits": bits, "hook": hook, "hook_bits": hook_bits}
     return out
+
+
+class Counting:
+    """A group that counts the bytes this rank sends and receives in each leg's collectives (a rank's
+    own piece excluded), on a :class:`dqsgd.topology.group.Group` that moves them; its sub-groups
+    count into the same book."""
+
+    def __init__(self, group: Any, book: dict[int, list[int]]):
+        self.g, self.book, self._subs = group, book, {}  # type: ignore[var-annotated]
+        self.rank, self.size, self.turns, self.device = group.rank, group.size, group.turns, group.device
+
+    def _add(self, leg: int, sent: int, received: int) -> None:
+        self.book[leg][0] += sent
+        self.book[leg][1] += received
+
+    def all_gather(self, t: torch.Tensor, leg: int) -> Any:
+        n = t.numel() * t.element_size()
+        self._add(leg, (self.size - 1) * n, (self.size - 1) * n)  # equal shapes everywhere
+        return self.g.all_gather(t, leg)
+
+    def all_to_all(self, send: torch.Tensor, send_sizes: Any, recv_sizes: Any, leg: int) -> Any:
+        item, r = send.element_size(), self.rank
+        self._add(leg, (sum(send_sizes) - send_sizes[r]) * item, (sum(recv_sizes) - recv_sizes[r]) * item)
+        return self.g.all_to_all(send, send_sizes, recv_sizes, leg)
+
+    def max_reduce(self, t: torch.Tensor, leg: int) -> Any:
+        n = t.numel() * t.element_size()
+        self._add(leg, (self.size - 1) * n, (self.size - 1) * n)
+        return self.g.max_reduce(t, leg)
+
+    def wait(self, fut: Any) -> Any:
+        return self.g.wait(fut)
+
+    def sub(self, members: Any) -> Counting:
+        key = tuple(members)
+        if key not in self._subs:
+            self._subs[key] = Counting(self.g.sub(key), self.book)
+        return self._subs[key]

@@ -22,7 +22,9 @@ and read the :class:`Outcome` their futures hold. One step of rank r:
    policy skips the step); the policy is fed (:meth:`BucketState.observe`, the one point).
 
 The bytes each rank sends and receives are counted once, by :meth:`Topology.legs` of the
-protocol's topology, through the ``count`` callback of the caller.
+protocol's topology, through the ``count`` callback of the caller; a topology that splits the ranks
+in groups (:meth:`Topology.split`) also gets the bytes of the groups' updates this rank receives, as
+the entries of :attr:`Outcome.down` past its shards' (its legs count them, in the downlink phase).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.figures import figures_table, own_figures, worker_sums
-from dqsgd.topology.group import DOWN, UP, after, release, then
+from dqsgd.topology.group import DOWN, UP, after, done, release, then
 from dqsgd.topology.registry import Legs
 from dqsgd.topology.scatter import ShardStats
 
@@ -56,8 +58,10 @@ class Outcome:
 
     update: torch.Tensor         # G, float32, flat: the same on every rank (NaN: some rank was non-finite)
     bad: torch.Tensor            # some rank's bucket was non-finite (a 0-dim bool tensor)
-    table: list[list[int]]       # table[w][j]: bytes of rank w's payload for shard j
-    down: list[int]              # down[j]: bytes of shard j's downlink payload (allgather: none)
+    table: list[list[int]]       # table[w][j]: bytes of rank w's payload for shard j (a topology that splits
+                                 # the ranks in groups: the group's ranks, then the W ranks once gathered)
+    down: list[int]              # down[j]: bytes of shard j's downlink payload (allgather: none); then, where
+                                 # the topology splits the ranks in groups, bytes of each other group's update
     sent: list[torch.Tensor]     # this rank's uplink payloads, one per shard
     side: int = 0                # bytes of the shared scalers (TernGrad), each way
     encode_s: float = 0.0        # seconds this rank spent encoding
@@ -336,17 +340,27 @@ class _Rank:
         """A hierarchical topology: the mean of the groups' updates, Σ_g (1/n)·G_g in group order (the
         same bytes on every rank), gathered over the groups' ranks (:meth:`Topology.split`)."""
         assert self.outer is not None
+        shards, across = len(o.down), [o.update.numel() * o.update.element_size()] * (self.outer.size - 1)
+        o.down = [*o.down, *across]  # past the shards': each other group's update, as the topology's legs reads it
+        self.ex.count(self.P.kind.legs([[0] * len(row) for row in self.table], [0] * shards + across, self.j), False)
         fut = self.outer.all_gather(o.update, DOWN)
+        if codec.fast_path(self.b.method):  # sizes known: every group's table is this one
+            tables = done([o.table] * self.outer.size)
+        else:  # the groups' tables, in group order (the W ranks' rows: the step's ledger reads them)
+            tables = then(self.outer.all_gather(torch.tensor(o.table, dtype=torch.int64, device=o.update.device), DOWN),
+                          lambda rows: [t.tolist() for t in rows])
         release(self.mine[-1])
 
-        def mean(rows: list[torch.Tensor]) -> Outcome:
+        def mean(_: Any) -> Outcome:
+            rows = fut.value()
             out = torch.zeros_like(o.update)
             for u in rows:
                 out.add_(u * (1.0 / len(rows)))
             o.update, o.bad = out, o.bad | torch.isnan(out).any()
+            o.table = [row for t in tables.value() for row in t]
             return o
 
-        return then(fut, mean)
+        return then(torch.futures.collect_all([fut, tables]), mean)
 
     def _feed(self, o: Outcome) -> Outcome:
         """The policy fed, once per process and step, the update every rank holds."""

@@ -53,7 +53,10 @@ class Topology(ABC):
     def split(self, group: Group) -> tuple[Group, Group | None]:
         """The groups one step of the exchange (:mod:`dqsgd.topology.exchange`) runs over, as seen by
         ``group``'s rank: the one its sequence (this topology's collectives) runs in, and the one whose
-        ranks then average their results (None: none; a hierarchical topology has one)."""
+        ranks then average their results (None: none; a hierarchical topology has one). Where there is
+        a second group, the exchange hands :meth:`legs` the bytes of each other group's update (its
+        all-gather of the groups' results) as the entries of ``down`` past the shards' (they count
+        there), and its step's table holds the W ranks' rows, the groups' in group order."""
         return group, None
 
     @property
