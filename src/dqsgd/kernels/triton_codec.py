@@ -109,7 +109,8 @@ def _absmax_bucket_kernel(x_ptr, out_ptr, n, bucket, chunks, SB: tl.constexpr):
 
 
 @triton.jit
-def _mix64(z):
+def mix64_triton(z):
+    """SplitMix64's finalizer on uint64 values (:func:`dqsgd.kernels.hashrng.mix64`)."""
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB
     return z ^ (z >> 31)
@@ -178,7 +179,7 @@ def encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, body_ptr, key, n, nbyte
     seg = segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
     inv = _inverse(tl.load(scale_ptr + seg, mask=ok, other=0.0), tl.load(rec_ptr + seg, mask=ok, other=0.0), LEVELS)
     j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
-    h = _mix64(key + j * 0x9E3779B97F4A7C15)
+    h = mix64_triton(key + j * 0x9E3779B97F4A7C15)
     k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
     field = tl.reshape((h[:, :, None] >> k16[None, None, :]) & 0xFFFF, (GROUPS, 8))
     u = (field.to(tl.float32) + 0.5) * 1.52587890625e-05  # 2^-16
