@@ -155,6 +155,11 @@ class _Rank:
         """Every shard's payload and the send buffer (the flag byte after each), then the size table."""
         from dqsgd.quantizers import NonFiniteGradientError
 
+        if self.flags is not None and self.b.method.config.dynamic:  # every width compiled once, before it is used
+            from dqsgd.topology.warm import warm_widths
+
+            c = self.b.method.config
+            warm_widths(self.P, self.x, range(c.min_bits, c.max_bits + 1))
         t0 = time.perf_counter()
         self.side = 0 if scalers is None else 4 * scalers.numel()
         if self.flags is not None:
