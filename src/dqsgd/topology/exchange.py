@@ -159,7 +159,7 @@ class _Rank:
             from dqsgd.topology.warm import warm_widths
 
             c = self.b.method.config
-            warm_widths(self.P, self.x, range(c.min_bits, c.max_bits + 1))
+            warm_widths(self.P, self.x, range(c.min_bits, c.max_bits + 1), self.W)
         t0 = time.perf_counter()
         self.side = 0 if scalers is None else 4 * scalers.numel()
         if self.flags is not None:

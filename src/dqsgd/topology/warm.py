@@ -28,11 +28,13 @@ __all__ = ["warm_widths"]
 _WARMED: set[tuple] = set()
 
 
-def warm_widths(proto: BucketProtocol, x: torch.Tensor, widths: Iterable[int]) -> bool:
+def warm_widths(proto: BucketProtocol, x: torch.Tensor, widths: Iterable[int], workers: int) -> bool:
     """Run the uplink's codec calls of ``proto``'s bucket at each of ``widths`` on zeros on ``x``'s
-    device (module docstring), once per (shards, workers, widths, device); True if they ran now."""
+    device (module docstring), ``workers`` payloads per shard (the group's size: the decode's
+    payload count is one of its specialisations), once per (shards, workers, widths, device); True if
+    they ran now."""
     widths = tuple(widths)
-    key = (tuple(proto.bounds), tuple(m.layout for m in proto.shards), proto.workers, widths, str(x.device))
+    key = (tuple(proto.bounds), tuple(m.layout for m in proto.shards), workers, widths, str(x.device))
     if codec.batched(x) is not True or key in _WARMED:
         return False
     if len(_WARMED) > 1024:
@@ -45,7 +47,7 @@ def warm_widths(proto: BucketProtocol, x: torch.Tensor, widths: Iterable[int]) -
         sent, _ = proto.encode(0, zeros, bits, 0, None)
         for j, m in enumerate(proto.shards):
             n = sent[j].numel()
-            recv = codec.messages([sent[j]] * proto.workers, flag)  # W messages of shard j, each with its flag byte
-            received = [recv[w * (n + 1) : w * (n + 1) + n] for w in range(proto.workers)]
+            recv = codec.messages([sent[j]] * workers, flag)  # W messages of shard j, each with its flag byte
+            received = [recv[w * (n + 1) : w * (n + 1) + n] for w in range(workers)]
             proto.reduce(j, received, bits, out=torch.zeros(m.numel, dtype=torch.float32, device=x.device), bad=bad)
     return True
