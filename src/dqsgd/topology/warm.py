@@ -35,8 +35,8 @@ def warm_widths(proto: BucketProtocol, x: torch.Tensor, widths: Iterable[int], w
     they ran now."""
     widths = tuple(widths)
     key = (tuple(proto.bounds), tuple(m.layout for m in proto.shards), workers, widths, str(x.device))
-    if codec.batched(x) is not True or key in _WARMED:
-        return False
+    if codec.batched(x) is not True or key in _WARMED or not all(codec.fast_path(m) for m in proto.shards):
+        return False  # not the Triton batch (other codings code on the host: nothing to compile), or done
     if len(_WARMED) > 1024:
         _WARMED.clear()
     _WARMED.add(key)
