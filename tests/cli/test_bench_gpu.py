@@ -42,7 +42,8 @@ def _fake(device: str) -> dict:
             "codec": [{"path": "triton", "n": 25_000_000, "bits": 4, "enc": 0.61, "dec": 0.9, "both": 0.37,
                        "copy_ms": 0.1, "both_ms": 0.27}],
             "ddp": {"rows": [{"model": "resnet18", "world": 4, "hook": "qsgd-4bit", "ms": 12.5, "ratio": 1.1,
-                              "min": 1.0, "max": 1.2, "peak_mb_over_none": 30.0}], "recompilations": 0}}
+                              "min": 1.0, "max": 1.2, "bytes": 1000.0, "peak_mb_over_none": 30.0}],
+                    "recompilations": {"triton": 0, "torch.compile": None}}}
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -58,8 +59,8 @@ def test_report_from_a_fake_result(device: str, tmp_path: Path) -> None:
     else:
         assert "CPU TEST RUN" in first and "GPU not measured" in first
     assert "| triton | 25000000 | 4 | 0.61 | 0.9 | 0.37 |" in text
-    assert "| resnet18 | 4 | qsgd-4bit | 12.5 | 1.1 | 1 | 1.2 | 30 |" in text
-    assert "Recompilations after warm-up: 0." in text
+    assert "| resnet18 | 4 | qsgd-4bit | 12.5 | 1.1 | 1 | 1.2 | 1e+03 | 30 |" in text
+    assert "Recompilations after warm-up: triton 0, torch.compile n/a (interpreter: nothing compiled)." in text
 
 
 def _loop_steps(loop, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -144,14 +145,15 @@ def test_a_failed_phase_is_reported_and_the_others_still_run(tmp_path: Path, mon
     """One phase raising loses nothing: the report is written after every phase, the failure is named in
     gpu.md and gpu.json, the later phases run, and the exit code is 1; a correctness row that is not all
     True also exits 1."""
-    from dqsgd.cli.bench import gpu, loopback
+    from dqsgd.cli.bench import gpu, gpu_step
 
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
     monkeypatch.setattr(gpu, "correctness", boom)
     monkeypatch.setattr(gpu, "codec_speed", lambda *a, **k: _fake("cpu")["codec"])
-    monkeypatch.setattr(loopback, "ddp_times", lambda *a, **k: _fake("cpu")["ddp"])
+    monkeypatch.setattr(gpu_step, "step_times", lambda *a, **k: _fake("cpu")["ddp"])
+    monkeypatch.setattr(gpu_step, "host_times", lambda *a, **k: [])
     monkeypatch.setattr(gpu, "simulation", lambda *a, **k: [{"model": "cnn", "method": "sgd", "steps_per_s": 1.0,
                                                               "vs_sgd": 1.0}])
     args = parse_args(["bench", "gpu", "--out", str(tmp_path / "r"), "--device", "cpu"])
@@ -159,7 +161,7 @@ def test_a_failed_phase_is_reported_and_the_others_still_run(tmp_path: Path, mon
     res = json.loads((tmp_path / "r" / "gpu.json").read_text())
     assert res["errors"] == {"correctness": "RuntimeError: kernel exploded"}
     assert {"codec", "ddp", "simulation"} <= set(res) and set(res["seconds"]) == {"correctness", "codec", "ddp",
-                                                                                  "simulation"}
+                                                                                  "host", "simulation"}
     assert "- correctness: `RuntimeError: kernel exploded`" in (tmp_path / "r" / "gpu.md").read_text()
     assert "FAILED correctness: RuntimeError: kernel exploded" in capsys.readouterr().out
     row = {"bits": 2, "norm": "max", "kernels": "triton", "claimed": "bytes", "bytes_equal": False,
@@ -184,3 +186,59 @@ def test_correctness_phase_runs_on_the_cpu() -> None:
     assert len(rows) == 10 and {r["claimed"] for r in rows} == {"bytes", "decode, scales"}
     assert all(r["bytes_equal"] and r["decode_bitwise"] and r["corrupt_refused"] and r["scale_rel"] == 0
                for r in rows)
+
+
+def test_bytes_each_hook_sends() -> None:
+    """The bytes one rank sends per step: ring all-reduces of fp32 / fp16, PowerSGD's factors where
+    PyTorch compresses (a 64×32 matrix at rank 1: 64 + 32 elements; its 64-element bias: uncompressed),
+    and the sharded exchange's uplink messages to the other servers and its downlink message to the others."""
+    from dqsgd.cli.bench.gpu_step import wire_bytes
+    from dqsgd.kernels.codec import fixed_plan
+    from dqsgd.quantizers import Layout, Norm
+    from dqsgd.core.sharding import shard_bounds
+
+    shapes, n, w = [(64, 32), (64,)], 64 * 32 + 64, 4
+    assert wire_bytes(shapes, "none", w) == 2 * 3 / 4 * 4 * n
+    assert wire_bytes(shapes, "fp16", w) == wire_bytes(shapes, "bf16", w) == 2 * 3 / 4 * 2 * n
+    assert wire_bytes(shapes, "powersgd-1", w) == 2 * 3 / 4 * 4 * (64 + 32 + 64)
+    assert wire_bytes(shapes, "powersgd-4", w) == 2 * 3 / 4 * 4 * (4 * (64 + 32) + 64)
+    bounds = shard_bounds(n, w)
+    up = sum(fixed_plan(hi - lo, 4, Norm.MAX, Layout()).size + 1 for lo, hi in bounds)
+    down = max(fixed_plan(hi - lo, 8, Norm.MAX, Layout()).size for lo, hi in bounds) + 1
+    assert wire_bytes(shapes, "qsgd-4bit", w) == 3 / 4 * up + 3 * down
+
+
+@pytest.mark.slow
+def test_bench_gpu_end_to_end_on_the_cpu(tmp_path: Path) -> None:
+    """The whole command at small sizes on the CPU (titled a CPU test run): every phase runs, every hook
+    that runs on gloo is timed, and the modelled link time is the measured step plus bytes·8/rate,
+    with the bytes those of :func:`wire_bytes` for the model's parameters."""
+    from dqsgd.cli.bench.gpu import bench_gpu
+    from dqsgd.cli.bench.gpu_step import RATES_GBIT, wire_bytes
+    from dqsgd.cli.bench.loopback import build_model
+
+    out = tmp_path / "r"
+    args = parse_args(["bench", "gpu", "--out", str(out), "--device", "cpu", "--sizes", "20000", "--bits", "4",
+                       "--torch-sizes", "0", "--rounds", "1", "--check-n", "3001", "--models", "transformer-small",
+                       "--worlds", "2", "--ddp-rounds", "1", "--ddp-steps", "1", "--batch", "8", "--bucket-n", "5000",
+                       "--host-rounds", "1", "--sim-models", "cnn", "--sim-steps", "1"])
+    assert bench_gpu(args) == 0
+    res = json.loads((out / "gpu.json").read_text())
+    assert not res.get("errors") and {"correctness", "codec", "ddp", "host", "simulation"} <= set(res)
+    rows = {r["hook"]: r for r in res["ddp"]["rows"]}
+    assert set(rows) == {"none", "fp16", "powersgd-1", "powersgd-4", "qsgd-4bit", "dqsgd"}
+    assert res["ddp"]["skipped"] == {"bf16": "PyTorch's bf16 hook runs on NCCL only"}
+    shapes = [tuple(p.shape) for p in build_model("transformer-small")[0].parameters()]
+    for link in res["ddp"]["link"]:
+        step = rows[link["hook"]]
+        assert link["bytes"] == step["bytes"] == wire_bytes(shapes, link["hook"], 2)
+        for g in RATES_GBIT:
+            assert link[f"ms_{g:g}g"] == step["ms"] + step["bytes"] * 8 / (g * 1e9) * 1e3
+            base = next(b for b in res["ddp"]["link"] if b["hook"] == "none")
+            assert link[f"vs_none_{g:g}g"] == link[f"ms_{g:g}g"] / base[f"ms_{g:g}g"]
+    assert [h["world"] for h in res["host"]] == [2] and res["host"][0]["host_us_per_rank"] > 0
+    codec = res["codec"][0]
+    assert codec["both_gbs"] == 4 * 20000 / (codec["both_ms"] / 1e3) / 1e9
+    md = (out / "gpu.md").read_text()
+    assert md.startswith("# dqsgd bench gpu: CPU TEST RUN") and "Step modelled on a shaped inter-node link" in md
+    assert "Not timed: bf16" in md and "Host time of one bucket's exchange" in md

@@ -52,6 +52,7 @@ BENCH_LAYERS: list[list[str]] = [  # the bench commands, lowest first: the parse
     [f"{BENCH}.choices"],
     [f"{BENCH}.common", f"{BENCH}.hook", f"{BENCH}.fsdp"],
     [f"{BENCH}.loopback", f"{BENCH}.contention"],
+    [f"{BENCH}.gpu_step"],
     [f"{BENCH}.gpu"],
     [f"{BENCH}.gpu_parser"],
     [f"{BENCH}.parser"],

@@ -21,8 +21,8 @@ from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import Header, parse_header, write_header
 from dqsgd.quantizers import Layout, Norm, Scheme, levels_for_bits
 
-__all__ = ["LazyBytes", "Template", "expected_header", "head_on", "kernel", "per_element", "seg_ids_of", "set_compile",
-           "set_triton", "template", "triton_available", "use_triton"]
+__all__ = ["LazyBytes", "Template", "compiled_variants", "expected_header", "head_on", "kernel", "per_element",
+           "seg_ids_of", "set_compile", "set_triton", "template", "triton_available", "use_triton"]
 
 
 # ------------------------------------------------------------------------------ Triton or torch ops
@@ -194,3 +194,23 @@ def expected_header(shape: tuple[int, ...], bits: int, *, norm: Norm = Norm.MAX,
     """The header of an :func:`encode_uniform_device` payload of this shape, with zero placeholder
     scales: pass it as ``header=`` to :func:`decode_accumulate_device` to decode with no sync."""
     return template(tuple(int(d) for d in shape), bits, Norm(norm), layout, dtype).header
+
+
+# ------------------------------------------------------------------------------ compiled variants
+
+_TRITON_MODULES = ("dqsgd.kernels.triton_codec", "dqsgd.kernels.triton_crc", "dqsgd.kernels.triton_batch")
+
+
+def compiled_variants() -> dict[str, int | None]:
+    """What has been compiled so far in this process, as counters (a difference over a span of work is
+    its recompilations): ``triton``, the variants in the JIT caches of every Triton kernel of the codec
+    (None under Triton's interpreter, which compiles nothing); ``torch.compile``, dynamo's graphs."""
+    import sys
+
+    kernels = [k for name in _TRITON_MODULES if name in sys.modules
+               for k in vars(sys.modules[name]).values() if type(k).__name__ in ("JITFunction", "InterpretedFunction")]
+    jit = [k for k in kernels if type(k).__name__ == "JITFunction"]
+    triton = None if len(jit) < len(kernels) else sum(len(c[0]) for k in jit for c in k.device_caches.values())
+    dynamo = sys.modules.get("torch._dynamo")
+    graphs = int(dynamo.utils.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
+    return {"triton": triton, "torch.compile": graphs}

@@ -36,7 +36,7 @@ from dqsgd.codecs import wire
 from dqsgd.kernels.device_crc import crc32_length_constant
 from dqsgd.kernels.hashrng import signed64
 from dqsgd.kernels.triton_codec import (
-    BLOCK, GROUPS, HB, STATS, decode_groups, encode_groups, pow2, segment_span, write_head,
+    BLOCK, GROUPS, HB, STATS, decode_groups, encode_groups, mix64_triton, pow2, segment_span, write_head,
 )
 from dqsgd.kernels.triton_crc import FAN, ROWS, crc_raw, tables_on, crc_verdict
 from dqsgd.quantizers import Norm, Scheme
@@ -44,7 +44,7 @@ from dqsgd.quantizers import Norm, Scheme
 if TYPE_CHECKING:
     from dqsgd.kernels.batch import Batch
 
-__all__ = ["accumulate_batch_triton", "encode_batch_triton"]
+__all__ = ["accumulate_batch_triton", "encode_batch_triton", "split_keys", "unmix64"]
 
 # the columns of a batch's table: input (or out) offset, numel, segments, first scale, first segment
 # start, payload offset, header length, scales' offset in the header, template offset, body length,
@@ -73,18 +73,20 @@ def _absmax_batch(x_ptr, out_ptr, starts_ptr, meta_ptr, bucket, BLOCK: tl.conste
         tl.atomic_max(out + seg, bits, mask=ok)
 
 
-@triton.jit
-def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys_ptr, meta_ptr, bucket,
+@triton.jit(do_not_specialize=["base"])  # a new value every step: no variant per value
+def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys_ptr, meta_ptr, bucket, base,
                   BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
                   STEPS: tl.constexpr, HB: tl.constexpr):
-    """Payload p = program_id(1): this program's header bytes and GROUPS·8 coordinates, as ``_encode_kernel``."""
+    """Payload p = program_id(1): this program's header bytes and GROUPS·8 coordinates, as ``_encode_kernel``;
+    its key is mix64(base ⊕ keys[p]) (:func:`split_keys`)."""
     s = tl.program_id(1)
     m = meta_ptr + s * 12
     seg0, k, pay = tl.load(m + 3), tl.load(m + 6), out_ptr + tl.load(m + 5)
     write_head(head_ptr + tl.load(m + 8), scale_ptr + seg0, rec_ptr + seg0, pay, pay, k, tl.load(m + 7),
                 tl.load(m + 2), LEVELS, HB, False)
     encode_groups(x_ptr + tl.load(m), scale_ptr + seg0, rec_ptr + seg0, starts_ptr + tl.load(m + 4), pay + k,
-                   tl.load(keys_ptr + s).to(tl.uint64, bitcast=True), tl.load(m + 1), tl.load(m + 9), tl.load(m + 2),
+                   mix64_triton((tl.load(keys_ptr + s) ^ base).to(tl.uint64, bitcast=True)), tl.load(m + 1),
+                   tl.load(m + 9), tl.load(m + 2),
                    bucket, BITS, LEVELS, WB, GROUPS, MODE, STEPS)
 
 
@@ -162,6 +164,38 @@ def _tables(b: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
     return _TABLES[key][1:]  # type: ignore[return-value]
 
 
+_MASK = (1 << 64) - 1
+_I1, _I2 = pow(0xBF58476D1CE4E5B9, -1, 1 << 64), pow(0x94D049BB133111EB, -1, 1 << 64)  # mix64's multipliers
+_KEYS: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+
+
+def unmix64(z: int) -> int:
+    """The inverse of :func:`dqsgd.kernels.hashrng.mix64` (each of its steps is a bijection of 64-bit words)."""
+    z ^= (z >> 31) ^ (z >> 62)
+    z = (z * _I2) & _MASK
+    z ^= (z >> 27) ^ (z >> 54)
+    z = (z * _I1) & _MASK
+    return z ^ (z >> 30) ^ (z >> 60)
+
+
+def split_keys(keys: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+    """(base, rest) with key_p = mix64(base ⊕ rest_p): base = mix64⁻¹(key_0), rest_p = mix64⁻¹(key_p) ⊕ base.
+    A HashRNG key is mix64(A ⊕ C) with A from (seed, step) and C from the worker alone, so the keys of
+    one rank's shards (one seed and step) have the same ``rest`` at every step: ``rest`` is copied to
+    the device once and ``base`` is a kernel argument, with no host-to-device copy per call."""
+    raw = [unmix64(k & _MASK) for k in keys]
+    return raw[0], tuple(r ^ raw[0] for r in raw)
+
+
+def _keys_on(rest: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    key = (rest, str(device))
+    if key not in _KEYS:
+        if len(_KEYS) > 256:
+            _KEYS.clear()
+        _KEYS[key] = torch.tensor([signed64(r) for r in rest], dtype=torch.int64).to(device)
+    return _KEYS[key]
+
+
 def signed32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
@@ -214,11 +248,11 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
         scales = torch.cat([device_scales(x[o : o + p.numel], b.norm, p.layout, p.starts.size - 1, False)
                             for p, o in zip(plans, b.out_at)])
     out = torch.zeros(b.total, dtype=torch.uint8, device=dev)
-    key = torch.tensor([signed64(k) for k in keys], dtype=torch.int64).to(dev)
+    base, rest = split_keys(keys)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB)) for p in plans)
-    _encode_batch[(grid, len(plans))](x, scales, scales.reciprocal(), starts, out, heads, key, meta, bucket,
-                                      BITS=b.bits, LEVELS=levels, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode,
-                                      STEPS=steps, HB=HB)
+    _encode_batch[(grid, len(plans))](x, scales, scales.reciprocal(), starts, out, heads, _keys_on(rest, dev), meta,
+                                      bucket, signed64(base), BITS=b.bits, LEVELS=levels, WB=pow2(b.bits),
+                                      GROUPS=GROUPS, MODE=mode, STEPS=steps, HB=HB)
     _crc(b, out, meta)
     return out
 

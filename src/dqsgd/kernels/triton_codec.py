@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dqsgd.kernels.hashrng import signed64
 from dqsgd.quantizers import Layout
 
 __all__ = ["Checks", "STATS", "absmax_triton", "accumulate_triton", "encode_triton"]
@@ -109,7 +110,8 @@ def _absmax_bucket_kernel(x_ptr, out_ptr, n, bucket, chunks, SB: tl.constexpr):
 
 
 @triton.jit
-def _mix64(z):
+def mix64_triton(z):
+    """SplitMix64's finalizer on uint64 values (:func:`dqsgd.kernels.hashrng.mix64`)."""
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB
     return z ^ (z >> 31)
@@ -160,7 +162,7 @@ def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, fla
     """The header's bytes of this program (:func:`write_head`), then stochastic rounding of GROUPS·8
     coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``)."""
     write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
-    encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr + k, key.to(tl.uint64), n, nbytes, nseg, bucket,
+    encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr + k, key.to(tl.uint64, bitcast=True), n, nbytes, nseg, bucket,
                    BITS, LEVELS, WB, GROUPS, MODE, STEPS)
 
 
@@ -178,7 +180,7 @@ def encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, body_ptr, key, n, nbyte
     seg = segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS)
     inv = _inverse(tl.load(scale_ptr + seg, mask=ok, other=0.0), tl.load(rec_ptr + seg, mask=ok, other=0.0), LEVELS)
     j = (g[:, None] * 2 + tl.arange(0, 2)[None, :] + 1).to(tl.uint64)  # one hash per 4 coordinates
-    h = _mix64(key + j * 0x9E3779B97F4A7C15)
+    h = mix64_triton(key + j * 0x9E3779B97F4A7C15)
     k16 = (tl.arange(0, 4) * 16).to(tl.uint64)
     field = tl.reshape((h[:, :, None] >> k16[None, None, :]) & 0xFFFF, (GROUPS, 8))
     u = (field.to(tl.float32) + 0.5) * 1.52587890625e-05  # 2^-16
@@ -382,7 +384,8 @@ def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key:
     fl = torch.zeros(2, dtype=torch.int32, device=dev) if flags else scales
     seg = _Segments(layout, n, dev)
     grid = (max(triton.cdiv(triton.cdiv(n, 8), GROUPS), triton.cdiv(k, HB)),)
-    _encode_kernel[grid](flat, scales, scales.reciprocal(), seg.starts, payload, head, fl, key, n,
+    # the key as int64 bits: a Python int ≥ 2^63 would be typed u64, the others i64, two variants of the kernel
+    _encode_kernel[grid](flat, scales, scales.reciprocal(), seg.starts, payload, head, fl, signed64(key), n,
                          payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, BITS=bits, LEVELS=levels,
                          WB=pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, **seg.meta())
     return fl if flags else None

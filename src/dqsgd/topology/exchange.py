@@ -128,7 +128,7 @@ class _Rank:
         """The bucket as float32, and where it is checked before encoding (a device, or shared scalers)
         zeroed where non-finite with its flag byte (a device tensor: no host sync)."""
         x = flat.detach().reshape(-1).to(torch.float32)
-        if not self.ex.flag_nonfinite or (x.device.type == "cpu" and not self.b.method.shares_scalers):
+        if not self.ex.flag_nonfinite or (not codec.device_path(x) and not self.b.method.shares_scalers):
             return x, None
         finite = torch.isfinite(x)
         x = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -173,6 +173,11 @@ class _Rank:
         """Every shard's payload and the send buffer (the flag byte after each), then the size table."""
         from dqsgd.quantizers import NonFiniteGradientError
 
+        if self.flags is not None and self.b.method.config.dynamic:  # every width compiled once, before it is used
+            from dqsgd.topology.warm import warm_widths
+
+            c = self.b.method.config
+            warm_widths(self.P, self.x, range(c.min_bits, c.max_bits + 1), self.W)
         t0 = time.perf_counter()
         self.side = 0 if scalers is None else 4 * scalers.numel()
         if self.flags is not None:
@@ -270,7 +275,7 @@ class _Rank:
 
         P, r, coded = self.P, self.j, self.P.coded_down
         msgs = recv.split(self.recv_sizes)
-        self.flg = recv[torch.tensor(self.recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
+        self.flg = torch.stack([m[-1] for m in msgs])  # the flag byte ending each message (no host-made index)
         try:
             avg = self._average(r, [m[:-1] for m in msgs], self.flg)
             mine, self.mem.down_staged = P.encode_down_fed(r, avg, self.step, self.mem.down_residual,
@@ -329,7 +334,7 @@ class _Rank:
         self.spent = spent
         if self.P.vote:
             out = torch.where((flags & codec.FLAG_ZERO).all().to(torch.bool), torch.zeros((), device=out.device), out)
-        if out.device.type == "cpu":
+        if not codec.device_path(out):
             if bool(bad):
                 out.fill_(float("nan"))
         else:

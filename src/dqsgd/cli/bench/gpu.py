@@ -8,7 +8,10 @@ Sections (each a function here or in :mod:`dqsgd.cli.bench.loopback`):
 * codec speed — encode, decode-accumulate and both, as a ratio to ``copy_`` of the same tensor in
   the same round (interleaved rounds, median), for the Triton kernels, the torch-ops codec
   (``torch.compile``) and, for reference, the host (numba) path;
-* DDP loopback step time, recompilations and peak memory (:mod:`dqsgd.cli.bench.loopback`);
+* DDP loopback step time per model and W of no hook, fp16, bf16, PowerSGD ranks 1 and 4, qsgd-4bit
+  and dqsgd, the bytes each sends, the step modelled on a 10/25/100 Gbit/s link, recompilations and
+  peak memory (:mod:`dqsgd.cli.bench.gpu_step`, on :mod:`dqsgd.cli.bench.loopback`);
+* host time of one bucket's exchange per rank (:func:`dqsgd.cli.bench.gpu_step.host_times`);
 * simulation steps per second (W = 8 workers on the device) against plain SGD.
 
 Only torch, numba and (for its rows) Triton are needed; the data is synthetic. On a machine
@@ -146,6 +149,11 @@ def _ratios(fns: dict[str, Callable[[], Any]], sync: Callable[[], None], rounds:
     return row
 
 
+def _gbs(row: dict[str, Any], n: int) -> dict[str, Any]:
+    """GB/s of float32 input (4n bytes) through each op: copy_, encode, decode, encode + decode."""
+    return {**row, **{f"{k}_gbs": 4 * n / (row[f"{k}_ms"] / 1e3) / 1e9 for k in ("copy", "enc", "dec", "both")}}
+
+
 def _triton_runs(device: torch.device) -> bool:
     """Triton kernels run on CUDA, or on the CPU under its interpreter (tests)."""
     from dqsgd.kernels.device_common import triton_available
@@ -173,7 +181,7 @@ def codec_speed(device: torch.device, sizes: list[int], bits_list: list[int], ro
                 try:
                     fns = _codec_fns(path, xh if path == "host" else x, bits)
                     sync = _sync(torch.device("cpu") if path == "host" else device)
-                    rows.append({"path": path, "n": n, "bits": bits, **_ratios(fns, sync, rounds)})
+                    rows.append({"path": path, "n": n, "bits": bits, **_gbs(_ratios(fns, sync, rounds), n)})
                 finally:
                     set_triton(None)
     return rows
@@ -245,12 +253,10 @@ def write_report(result: dict[str, Any], out: Path) -> tuple[Path, Path]:
                   f"{L2_SCALE_RTOL:g}, and the payload's bytes are reported, not claimed.", ""]
     if "codec" in result:
         lines += ["## Codec speed, as a ratio to `copy_` of the same tensor (1 = as fast as copy_)", "",
-                  *_table(result["codec"], ["path", "n", "bits", "enc", "dec", "both", "copy_ms", "both_ms"]), ""]
-    for key, title in (("ddp", "## DDP step time, loopback (ratio to no hook: median [min, max] over rounds)"),):
-        if key in result:
-            lines += [title, "", *_table(result[key]["rows"], ["model", "world", "hook", "ms", "ratio", "min", "max",
-                                                               "peak_mb_over_none"]), "",
-                      f"Recompilations after warm-up: {result[key]['recompilations']}.", ""]
+                  *_table(result["codec"], ["path", "n", "bits", "enc", "dec", "both", "copy_ms", "both_ms",
+                                            "copy_gbs", "both_gbs"]), "",
+                  "`*_gbs`: GB/s of float32 input (4n bytes) through copy_ and through encode + decode.", ""]
+    lines += _step_lines(result, cpu)
     if "simulation" in result:
         lines += ["## Simulation steps per second (W = 8 workers on the device; vs_sgd = step time / SGD's)", "",
                   *_table(result["simulation"], ["model", "method", "steps_per_s", "vs_sgd"]), ""]
@@ -260,6 +266,34 @@ def write_report(result: dict[str, Any], out: Path) -> tuple[Path, Path]:
     js.write_text(json.dumps(result, indent=1))
     md.write_text("\n".join(lines))
     return js, md
+
+
+def _step_lines(result: dict[str, Any], cpu: bool) -> list[str]:
+    """The step, link and host-time sections of gpu.md."""
+    note = " (CPU test run: GPU not measured)" if cpu else ""
+    lines: list[str] = []
+    if "ddp" in result:
+        d = result["ddp"]
+        rec = ", ".join(f"{k} {'n/a (interpreter: nothing compiled)' if v is None else v}"
+                        for k, v in d["recompilations"].items()) if isinstance(d["recompilations"], dict) \
+            else str(d["recompilations"])
+        lines += [f"## DDP step time, loopback (ratio to no hook: median [min, max] over rounds){note}", "",
+                  *_table(d["rows"], ["model", "world", "hook", "ms", "ratio", "min", "max", "bytes",
+                                      "peak_mb_over_none"]), "",
+                  f"Recompilations after warm-up: {rec}.", "",
+                  *(f"Not timed: {h} ({why})." for h, why in d.get("skipped", {}).items()), ""]
+        if "link" in d:
+            cols = ["model", "world", "hook", "bytes"] + [c for c in d["link"][0] if c.startswith(("ms_", "vs_"))]
+            lines += [f"## Step modelled on a shaped inter-node link{note}", "", *_table(d["link"], cols), "",
+                      "`ms_<r>g` = the measured loopback step + bytes·8 / (r Gbit/s): the bytes one rank sends per "
+                      "step (`bytes`), no overlap with the backward pass assumed; `vs_none_<r>g`: over no hook's "
+                      "at the same rate.", ""]
+    if "host" in result:
+        lines += [f"## Host time of one bucket's exchange (sharded, both legs, all shards){note}", "",
+                  *_table(result["host"], ["method", "world", "numel", "host_us_per_rank", "wall_us"]), "",
+                  "`host_us_per_rank`: the exchange of W in-process ranks timed without a synchronize, over W." +
+                  (" On the CPU the kernels run on the host: not a host-time figure." if cpu else ""), ""]
+    return lines
 
 
 def _device(args: argparse.Namespace) -> torch.device | None:
@@ -291,15 +325,17 @@ def bench_gpu(args: argparse.Namespace) -> int:
     device = _device(args)
     if device is None:
         return 2
-    from dqsgd.cli.bench.loopback import ddp_times
+    from dqsgd.cli.bench.gpu_step import host_times, step_times
 
     out = Path(args.out)
     result: dict[str, Any] = {"environment": environment(device)}
     phases = (("correctness", f"correctness ({args.check_n} elements)", lambda: correctness(device, args.check_n)),
               ("codec", "codec speed", lambda: codec_speed(device, args.sizes, args.bits, args.rounds,
                                                            args.torch_sizes, args.torch_bits)),
-              ("ddp", "DDP loopback", lambda: ddp_times(device, args.models, args.worlds, args.ddp_rounds,
+              ("ddp", "DDP loopback", lambda: step_times(device, args.models, args.worlds, args.ddp_rounds,
                                                          args.ddp_steps, args.batch)),
+              ("host", "host time per bucket", lambda: host_times(device, args.worlds, args.bucket_n,
+                                                                   args.host_rounds)),
               ("simulation", "simulation", lambda: simulation(device, args.sim_models, args.sim_steps)))
     for key, what, run in phases:
         print(f"bench gpu: {what} ...", flush=True)

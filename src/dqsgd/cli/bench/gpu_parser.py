@@ -12,9 +12,12 @@ def add_gpu_parser(bsub: Any) -> None:
     """``bench gpu`` under an argparse ``bench`` sub-parser set (runs :mod:`dqsgd.cli.bench.gpu`)."""
     from dqsgd.cli.bench.choices import int_list
 
-    g = bsub.add_parser("gpu", help="the GPU path in one run: correctness, codec speed, DDP loopback; gpu.json, gpu.md",
+    g = bsub.add_parser("gpu", help="the GPU path in one run: correctness, codec speed, DDP loopback, link model, "
+                                    "host time; gpu.json, gpu.md",
                         description="Measure the GPU path: device correctness against the CPU kernels, codec speed "
-                                    "as a ratio to copy_, loopback DDP step time per hook, simulation steps/s. "
+                                    "as a ratio to copy_ and in GB/s, loopback DDP step time per hook (none, fp16, "
+                                    "bf16, PowerSGD ranks 1 and 4, qsgd-4bit, dqsgd), the step modelled on a "
+                                    "10/25/100 Gbit/s link, host time per bucket, recompilations, simulation steps/s. "
                                     "Exits 2 without a GPU.")
     g.add_argument("--out", default="runs/bench/gpu",
                    help="directory for gpu.json and gpu.md (default: runs/bench/gpu)")
@@ -33,6 +36,10 @@ def add_gpu_parser(bsub: Any) -> None:
     g.add_argument("--ddp-rounds", type=int, default=5, help="interleaved DDP rounds (default: 5)")
     g.add_argument("--ddp-steps", type=int, default=3, help="steps per hook per round (default: 3)")
     g.add_argument("--batch", type=int, default=128, help="ResNet-18 batch (the transformer takes batch/8 sequences)")
+    g.add_argument("--bucket-n", type=lambda t: int(float(t)), default=6_553_600,
+                   help="elements of the bucket whose exchange's host time is measured (default: 6553600 = "
+                        "25 MB of fp32, DDP's bucket)")
+    g.add_argument("--host-rounds", type=int, default=10, help="timed exchanges per W for the host time (default: 10)")
     g.add_argument("--sim-models", type=lambda t: [v for v in t.split(",") if v], default=["cnn", "resnet18"],
                    help="simulation models (cnn = LeNet-5) (default: cnn,resnet18)")
     g.add_argument("--sim-steps", type=int, default=10, help="timed simulation steps per method (default: 10)")
