@@ -197,10 +197,10 @@ def test_a_forged_all_gather_count_is_refused_before_anything_is_loaded(bad: obj
 
 
 def test_relay_raises_the_refusing_ranks_error_on_every_rank() -> None:
-    """The status messages of the all-gather and HSDP's leg (:func:`dqsgd.topology.exchange.relay`):
+    """The status messages of the all-gather and HSDP's leg (:func:`dqsgd.topology.refusal.relay`):
     nothing refused completes on every rank; rank 1's refusal fails every rank with its type and text."""
     from dqsgd.method.pipeline import ProtocolError
-    from dqsgd.topology.exchange import relay
+    from dqsgd.topology.refusal import relay
 
     groups = local_groups(3)
     futures = [relay(g, None, lambda j: f"rank {j}") for g in groups]

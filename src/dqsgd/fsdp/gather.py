@@ -170,11 +170,10 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
 
 def relay_refusal(group: dist.ProcessGroup, timeout: float | None, error: Exception | None, where: str) -> int:
     """Every rank raises the error of a payload that some rank of ``group`` refused (the exchange's
-    status message, :func:`dqsgd.topology.exchange.relay`), naming ``where`` and the refusing rank;
+    status message, :func:`dqsgd.topology.refusal.relay`), naming ``where`` and the refusing rank;
     else returns the bytes this rank handed to the group."""
-    from dqsgd.topology.exchange import relay
-    from dqsgd.topology.scatter import ShardStats
+    from dqsgd.topology.refusal import ROOM, relay
 
     g = exchange_group(group, timeout)
     g.wait(relay(g, error, lambda j: f"{where}: rank {j} refused a payload it received"))
-    return (g.size - 1) * (ShardStats.ROOM + 1)  # one status message to every peer
+    return (g.size - 1) * (ROOM + 1)  # one status message to every peer

@@ -38,6 +38,7 @@ import torch
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.figures import figures_table, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, done, release, then
+from dqsgd.topology.refusal import failure_message, refused
 from dqsgd.topology.registry import Legs
 from dqsgd.topology.scatter import ShardStats
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from dqsgd.topology.bucket import BucketProtocol
     from dqsgd.topology.group import Group
 
-__all__ = ["Exchange", "Outcome", "in_process", "relay", "size_table"]
+__all__ = ["Exchange", "Outcome", "RankExchange", "in_process", "size_table"]
 
 Count = Callable[[Legs, bool], None]  # (legs, whole: the step's first count, not a coded downlink's late one)
 
@@ -88,7 +89,7 @@ class Exchange:
                  scatter: bool = False, rank: Callable[..., Any] | None = None):
         self.state, self.flag_nonfinite, self._counter = state, flag_nonfinite, count
         self.scatter = scatter
-        self._rank = rank  # the class of one rank's part (None: _Rank; a server's: dqsgd.topology.server)
+        self._rank = rank  # the class of one rank's part (None: RankExchange; a server's: dqsgd.topology.server)
 
     def start(self, ranks: Mapping[int, tuple[torch.Tensor, Group, Memory]]) -> dict[int, torch.futures.Future]:
         """Start one step for the local ranks ``ranks`` (rank -> its flat gradient, its group view,
@@ -98,7 +99,7 @@ class Exchange:
         step, bits, dbits = b.step, b.bits, b.proto.down_width(b.policy)
         b.step += 1
         first = next(iter(ranks))
-        cls = self._rank or _Rank
+        cls = self._rank or RankExchange
         return {r: cls(self, r, flat, g, mem, step, bits, dbits, r == first).start()
                 for r, (flat, g, mem) in ranks.items()}
 
@@ -108,7 +109,7 @@ class Exchange:
             self._counter(legs, whole)
 
 
-class _Rank:
+class RankExchange:
     """One rank's part of one step (module docstring), as a chain of futures."""
 
     gathers_figures = True  # a policy fed the workers' norms gets every rank's figures (a server: its own)
@@ -284,7 +285,7 @@ class _Rank:
             if coded:  # its exact bytes and the status byte 0 (fixed: zero padded, the last byte 0)
                 mine = torch.cat([mine, torch.zeros(1, dtype=torch.uint8, device=mine.device)])
         except (PayloadError, ProtocolError) as e:  # told to every rank, in the downlink itself
-            mine = _failure(e, P.down_caps(self.dbits)[r] + 1 if coded else self.dmsg, self.x.device)
+            mine = failure_message(e, P.down_caps(self.dbits)[r] + 1 if coded else self.dmsg, self.x.device)
         if not coded:
             fut = self.g.all_gather(mine, DOWN)
             release(self.mine[1])
@@ -393,7 +394,7 @@ class _Rank:
             self.avg = self._average(self.j, [m[:-1] for m in msgs], self.flg)
             mine = codec.pad(ShardStats(self.b).partial(self.avg, self.j), self.dmsg)  # its last byte: status 0
         except (PayloadError, ProtocolError) as e:  # told to every rank in the status message
-            mine = _failure(e, self.dmsg, self.x.device)
+            mine = failure_message(e, self.dmsg, self.x.device)
         fut = self.g.all_gather(mine, DOWN)
         release(self.mine[1])
         return fut
@@ -403,36 +404,6 @@ class _Rank:
         refused(gathered, lambda j: f"rank {self.r}: step {self.step}: rank {j} refused a payload it received")
         self.norms, self.sample = ShardStats(self.b).combine(gathered)
         return self._finish(self.avg, self.flg, self.P.spent_bits(self.table), [])
-
-
-def refused(msgs: Sequence[torch.Tensor], head: Callable[[int], str]) -> None:
-    """Raise the error of the first message whose last byte (its status) is set, with its type
-    (PayloadError or ProtocolError) and text after ``head(its rank)``."""
-    from dqsgd.codecs import PayloadError
-    from dqsgd.method.pipeline import ProtocolError
-
-    for j, m in enumerate(msgs):
-        if int(m[-1]):
-            text = codec.tensor_bytes(m[:-1]).rstrip(b"\0").decode(errors="replace")
-            kind, _, text = text.partition(": ")
-            raise (ProtocolError if kind == "ProtocolError" else PayloadError)(f"{head(j)}: {text}")
-
-
-def relay(group: Group, error: Exception | None, head: Callable[[int], str]) -> Any:
-    """One all-gather of every rank's status message (:func:`_failure` of ``error``, or status 0):
-    a future that fails with the first refusing rank's error (:func:`refused`) on every rank."""
-    size = ShardStats.ROOM + 1
-    mine = torch.zeros(size, dtype=torch.uint8, device=group.device) if error is None else \
-        _failure(error, size, group.device)
-    return then(group.all_gather(mine, DOWN), lambda msgs: refused(msgs, head))
-
-
-def _failure(err: Exception, size: int, device: torch.device) -> torch.Tensor:
-    """A downlink message saying that this shard server refused a payload: the error's text, status 1."""
-    text = f"{type(err).__name__}: {err}".encode()[: size - 1]
-    msg = codec.bytes_tensor(text, device, size)
-    msg[-1] = 1
-    return msg
 
 
 def in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, step: int,
@@ -450,8 +421,3 @@ def in_process(proto: BucketProtocol, flats: Sequence[torch.Tensor], bits: int, 
     futures = Exchange(b).start({w: (g, groups[w], Memory(generator=gens[w])) for w, g in enumerate(flats)})
     return groups[0].wait(futures[0]).update
 
-
-# What a topology's own exchange builds on (a server's: dqsgd.topology.server): one rank's part of a
-# step, to subclass, and the refusal message.
-RankExchange = _Rank
-failure_message = _failure

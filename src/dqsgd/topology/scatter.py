@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dqsgd.topology import payloads as codec
+from dqsgd.topology.refusal import ROOM
 
 if TYPE_CHECKING:
     from dqsgd.topology.state import BucketState
@@ -23,8 +24,6 @@ class ShardStats:
     reads G itself, the elements of its fixed-stride sample inside shard j (float32, zero padded).
     ‖G‖_∞ is exact; ‖G‖₂² is summed in rank order. A message has room for a refusal's text."""
 
-    ROOM = 256  # bytes of a refusal's type and text at least
-
     def __init__(self, b: BucketState):
         from dqsgd.policies.coded import read_stride
 
@@ -34,7 +33,7 @@ class ShardStats:
         self.stride = read_stride(P.policy, P.numel) if self.dynamic and P.policy.needs_grad else 0
         n = max(hi - lo for lo, hi in P.bounds)
         self.sampled = -(-n // self.stride) + 1 if self.stride else 0  # the most multiples of stride in n integers
-        self.size = max(16 * self.dynamic + 4 * self.sampled, self.ROOM)
+        self.size = max(16 * self.dynamic + 4 * self.sampled, ROOM)  # room for a refusal (:mod:`dqsgd.topology.refusal`)
 
     def partial(self, avg: torch.Tensor, j: int) -> torch.Tensor:
         """Rank j's statistics of its shard ``avg``, as bytes (none for a fixed width)."""

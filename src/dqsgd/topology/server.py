@@ -30,22 +30,22 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 
 from dqsgd.topology import payloads as codec
-from dqsgd.topology.exchange import Outcome, RankExchange, failure_message
+from dqsgd.topology.exchange import Outcome, RankExchange
+from dqsgd.topology.refusal import ROOM, failure_message, opened
 from dqsgd.topology.group import DOWN, UP, after, release, then
 
 if TYPE_CHECKING:
     from dqsgd.topology.group import Group
 
-__all__ = ["ServerRank", "Width", "opened", "phase", "refusable", "room", "settle"]
+__all__ = ["ServerRank", "Width", "phase", "refusable", "room", "settle"]
 
 SERVER = 0
 _BITS = 8  # B_{n+1}, int64, in the downlink message
-ROOM = 512  # the least size of a message that may carry a refusal's type and text instead
 
 
 def room(size: int) -> int:
     """The size of a message of ``size`` bytes (its status byte included) that may carry a refusal instead."""
-    return max(size, ROOM)
+    return max(size, ROOM + 1)
 
 
 @dataclass(frozen=True)
@@ -178,16 +178,3 @@ def refusable(make: Callable[[], bytes], size: int) -> torch.Tensor:
     except (PayloadError, ProtocolError) as e:
         return failure_message(e, size, torch.device("cpu"))
     return codec.bytes_tensor(payload, torch.device("cpu"), size)
-
-
-def opened(msg: torch.Tensor, who: str) -> bytes:
-    """A message's bytes before its status byte; where its sender (``who``) refused a payload, that
-    error, raised with its type and text."""
-    from dqsgd.codecs import PayloadError
-    from dqsgd.method.pipeline import ProtocolError
-
-    if int(msg[-1]):
-        text = codec.tensor_bytes(msg[:-1]).rstrip(b"\0").decode(errors="replace")
-        kind, _, text = text.partition(": ")
-        raise (ProtocolError if kind == "ProtocolError" else PayloadError)(f"{who} refused a payload: {text}")
-    return codec.tensor_bytes(msg[:-1])

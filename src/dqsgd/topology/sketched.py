@@ -54,7 +54,8 @@ from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
 from dqsgd.topology.group import DOWN, UP
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.registry import topology_of
-from dqsgd.topology.server import opened, phase, refusable, room
+from dqsgd.topology.refusal import opened
+from dqsgd.topology.server import phase, refusable, room
 from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
