@@ -116,21 +116,6 @@ def test_the_loopback_encodes_what_one_rank_encodes(method: str, monkeypatch: py
 
 
 @pytest.mark.slow
-def test_loopback_ddp_rounds_on_cpu() -> None:
-    """The DDP part end to end at world size 1 on gloo: every hook timed, ratios to no hook, no
-    recompilation, the dynamic policy running (on the CPU kernels: a CPU run, not GPU figures)."""
-    from dqsgd.cli.bench.loopback import ddp_times
-
-    res = ddp_times(torch.device("cpu"), ["transformer-small"], [2], rounds=2, steps=1, batch=8,
-                    hooks=("none", "fp16", "qsgd-4bit", "dqsgd"), warmup=2)
-    rows = {r["hook"]: r for r in res["rows"]}
-    assert set(rows) == {"none", "fp16", "qsgd-4bit", "dqsgd"} and rows["none"]["ratio"] == 1.0
-    assert all(r["ms"] > 0 and r["min"] <= r["ratio"] <= r["max"] for r in rows.values())
-    assert res["recompilations"] == 0
-    assert not torch.distributed.is_initialized()
-
-
-@pytest.mark.slow
 def test_simulation_rows_on_cpu() -> None:
     """Simulation steps per second on synthetic data: one row per method, SGD the reference."""
     from dqsgd.cli.bench.gpu import simulation

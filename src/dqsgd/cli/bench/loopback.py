@@ -22,7 +22,7 @@ deferred on a device (each bucket's flag, read once per timing round by :meth:`L
 dynamic widths follow the hook's policy feed (one step late on a device).
 """
 
-import time  # no "from __future__ import annotations": DDP checks the hook's annotations as objects
+# no "from __future__ import annotations": DDP checks the hook's annotations as objects
 from typing import Any, Callable, Sequence
 
 import torch
@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from dqsgd.topology.group import DOWN, Turns, done, then
 
-__all__ = ["LoopbackGroup", "LoopbackHook", "ddp_times", "loopback_hook"]
+__all__ = ["LoopbackGroup", "LoopbackHook", "build_model", "loopback_hook"]
 
 Peers = Callable[[int, torch.Tensor], "list[torch.Tensor] | None"]
 
@@ -166,108 +166,3 @@ def build_model(name: str, width: int = 1024, layers: int = 8) -> tuple[torch.nn
         block = torch.nn.TransformerEncoderLayer(width, max(width // 64, 1), 4 * width, dropout=0.0, batch_first=True)
         return torch.nn.TransformerEncoder(block, layers, enable_nested_tensor=False), (128, width), False
     raise ValueError(f"unknown model {name!r}: resnet18 or transformer")
-
-
-def _register(model: Any, hook: str, world: int, total_steps: int) -> LoopbackHook | None:
-    """PyTorch's hooks as ``dqsgd bench hook`` registers them; dqsgd's methods as the loopback."""
-    if hook in ("none", "fp16", "powersgd-1"):
-        from dqsgd.cli.bench.hook import register_hook as register_torch_hook
-
-        register_torch_hook(model, hook, total_steps)
-        return None
-    loop = LoopbackHook(hook, world, total_steps)
-    model.register_comm_hook(loop, loopback_hook)
-    return loop
-
-
-def _stepper(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor | None) -> Any:
-    opt = torch.optim.SGD(model.parameters(), lr=1e-5)
-
-    def step() -> None:
-        opt.zero_grad()
-        out = model(x)
-        loss = torch.nn.functional.cross_entropy(out, y) if y is not None else out.float().pow(2).mean()
-        loss.backward()
-        opt.step()
-
-    return step
-
-
-def _compiles() -> int:
-    """Graphs compiled by torch.compile plus Triton kernel variants compiled so far (a counter)."""
-    import sys
-
-    total = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if "torch._dynamo" in sys.modules else 0
-    for name in ("dqsgd.kernels.triton_codec", "dqsgd.kernels.triton_crc"):
-        mod = sys.modules.get(name)
-        for k in (getattr(mod, a, None) for a in ("_encode_kernel", "_decode_kernel", "_absmax_kernel", "_crc_level")):
-            caches = getattr(k, "device_caches", None)
-            total += sum(len(c[0]) for c in caches.values()) if caches else 0
-    return total
-
-
-def _rounds(steppers: dict[str, Any], loops: dict[str, LoopbackHook | None], device: torch.device, rounds: int,
-            steps: int) -> tuple[dict[str, list[float]], dict[str, float]]:
-    cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    times: dict[str, list[float]] = {h: [] for h in steppers}
-    peak: dict[str, float] = {h: 0.0 for h in steppers}
-    for _r in range(rounds):
-        for h, step in steppers.items():
-            sync()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            t = time.perf_counter()
-            for _s in range(steps):
-                step()
-            sync()
-            times[h].append((time.perf_counter() - t) / steps)
-            if cuda:
-                peak[h] = max(peak[h], torch.cuda.max_memory_allocated(device) / 2**20)
-            if loops[h] is not None:
-                loops[h].check()
-    return times, peak
-
-
-def ddp_times(device: torch.device, models: list[str], worlds: list[int], rounds: int, steps: int,
-              batch: int, hooks: tuple[str, ...] = HOOKS, warmup: int = 3) -> dict[str, Any]:
-    """Loopback DDP step time of each hook per model and W, as a ratio to no hook in the same round
-    (``batch`` images for resnet18, batch/8 sequences of 128 tokens for the transformers)."""
-    import copy
-    import statistics
-    import tempfile
-
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    own = not dist.is_initialized()
-    if own:
-        store = dist.FileStore(tempfile.mktemp(prefix="dqsgd-bench-gpu-"), 1)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
-    rows, recompiled = [], 0
-    try:
-        for name in models:
-            net, shape, classify = build_model(name)
-            g = torch.Generator().manual_seed(0)
-            x = torch.randn(batch if classify else max(1, batch // 8), *shape, generator=g).to(device)
-            y = torch.randint(0, 10, (batch,), generator=g).to(device) if classify else None
-            for world in worlds:
-                steppers, loops = {}, {}
-                for h in hooks:
-                    model = DDP(copy.deepcopy(net).to(device), device_ids=[device.index] if device.type == "cuda"
-                                else None)
-                    loops[h] = _register(model, h, world, warmup + rounds * steps + 1)
-                    steppers[h] = _stepper(model, x, y)
-                    for _ in range(warmup):
-                        steppers[h]()
-                before = _compiles()
-                times, peak = _rounds(steppers, loops, device, rounds, steps)
-                recompiled += _compiles() - before
-                for h, ts in times.items():
-                    r = [t / b for t, b in zip(ts, times["none"])]
-                    rows.append({"model": name, "world": world, "hook": h, "ms": 1e3 * statistics.median(ts),
-                                 "ratio": statistics.median(r), "min": min(r), "max": max(r),
-                                 "peak_mb_over_none": peak[h] - peak["none"] if device.type == "cuda" else None})
-    finally:
-        if own:
-            dist.destroy_process_group()
-    return {"rows": rows, "recompilations": recompiled, "batch": batch, "rounds": rounds, "steps": steps}
