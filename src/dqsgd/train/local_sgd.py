@@ -45,7 +45,8 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
 from dqsgd.topology.downlink import resolve_downlink_coding
 from dqsgd.topology.downspec import DownlinkSpec
-from dqsgd.topology.step import all_finite, step_for
+from dqsgd.topology.sparse import local_step_for
+from dqsgd.topology.step import all_finite
 from dqsgd.topology.registry import ring_bytes, topology_of
 from dqsgd.train.fragments import Exchanger, Fragment, Pending, Streaming, build_fragments
 from dqsgd.train.local import copy_into, outer_optimizer
@@ -103,7 +104,7 @@ class LocalSGDOptimizer:
         downlink = DownlinkSpec(downlink_bits, resolve_downlink_coding(
             downlink_coding, uplink_coding=config.coding, bits=downlink_bits, vote=config.aggregate == "majority",
             topology=topology))
-        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink)
+        self.step_runner = local_step_for(self.method, topology, sizes, self.workers, seed, downlink)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers, self.step_runner.policy)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
