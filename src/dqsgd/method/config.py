@@ -144,7 +144,7 @@ def _validate(c: MethodConfig) -> None:
     if bits_error:
         _fail(c, bits_error)
     if not q.dynamic and c.policy != "fixed":
-        dynamic = [n for n in _registry().method_schemes() if _registry().quantizer(n).dynamic]
+        dynamic = [n for n in _registry().method_schemes() if _registry().quantizer(n).dynamic and n not in SPARSE]
         _fail(c, f"policy {c.policy!r} needs the {' or '.join(dynamic)} scheme")
     if c.bucket < 0:
         _fail(c, f"bucket must be >= 0 (0 = one bucket), got {c.bucket}")
