@@ -45,6 +45,7 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
 from dqsgd.topology.downlink import resolve_downlink_coding
 from dqsgd.topology.downspec import DownlinkSpec
+from dqsgd.quantizers.sparse import SPARSE_SCHEMES
 from dqsgd.topology.sparse import local_step_for
 from dqsgd.topology.step import all_finite
 from dqsgd.topology.registry import ring_bytes, topology_of
@@ -204,7 +205,9 @@ class LocalSGDOptimizer:
         itemsize = self.params[0].element_size()
         self.traffic["fp32_bytes"] += 4 * numel
         self.traffic["dense_bytes"] += 2 * ring_bytes(numel * itemsize, self.workers)
-        self.traffic["bit_coords"] += method.width(bits) * numel
+        # a sparse method's width is its values' (k of the d coordinates): count the bits it sent per coordinate
+        sparse = method.config.scheme in SPARSE_SCHEMES
+        self.traffic["bit_coords"] += 8 * sum(ex.up[self.rank]) if sparse else method.width(bits) * numel
         self.traffic["coords"] += numel
 
     def compression_stats(self) -> CompressionStats:
