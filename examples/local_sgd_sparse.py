@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import io
-import os
 from typing import Any
 
 import torch
@@ -74,22 +73,16 @@ def run(rank: int, world: int) -> list[str]:
     return lines
 
 
-def main() -> None:
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # not under torchrun: start 2 processes here
-        from dqsgd.cli.launch import spawn_local
-
-        results = spawn_local(run, 2, timeout=60)
-        failed = [r.describe() for r in results if not r.ok]
-        if failed:
-            raise SystemExit("\n".join(failed))
-        print("\n".join(results[0].value))
-        return
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    lines = run(dist.get_rank(), dist.get_world_size())
-    if dist.get_rank() == 0:
-        print("\n".join(lines))
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    from dqsgd.cli.launch import spawn_local, under_torchrun
+
+    if under_torchrun():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        out = run(dist.get_rank(), dist.get_world_size())
+        print("\n".join(out) if dist.get_rank() == 0 else "", end="\n" if dist.get_rank() == 0 else "")
+        dist.destroy_process_group()
+    else:  # start 2 processes here, on 127.0.0.1
+        results = spawn_local(run, 2, timeout=60)
+        bad = [r.describe() for r in results if not r.ok]
+        print("\n".join(bad or results[0].value))
+        raise SystemExit(1 if bad else 0)

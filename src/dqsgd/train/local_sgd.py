@@ -76,7 +76,10 @@ class LocalSGDOptimizer:
     in F fragments of whole tensors, fragment f exchanged every ``local_steps`` steps at offset ⌊f·H/F⌋, its
     exchange running (on a second process group, one background thread) while the next τ < H steps compute
     and its result merged with the progress made since; with ``rounds`` the last exchanges complete at step
-    ``rounds``·H, else at :meth:`finish`.
+    ``rounds``·H, else at :meth:`finish`. ``error_feedback=True`` (a method option): each round's quantization
+    residual is added to the next round's Δ (per fragment); sparse methods ``topk``, ``randk``, ``topk-budget``
+    (options ``topk_ratio``, ``bits``, ``target_bits``/``budget_bits``): indices and quantized values of k
+    coordinates (:mod:`dqsgd.topology.sparse`); the residual and the budget's state are in :meth:`state_dict`.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, local_steps: int,
