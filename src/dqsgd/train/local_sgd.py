@@ -232,6 +232,8 @@ class LocalSGDOptimizer:
     # --- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything to continue exactly, the model's current parameters included."""
+        # first: the streaming state waits for the exchanges in flight, which draw from the quantization generator
+        streaming = {} if self.stream is None else {"streaming": self.stream.streaming_state()}
         policy = self.state.policy
         return {
             "format": FORMAT, "fields": self.fields(), "rank": self.rank,
@@ -240,8 +242,7 @@ class LocalSGDOptimizer:
             "steps": self.steps, "rounds_done": self.rounds_done,
             "policy": None if policy is None else state_to_dict(policy), "bits": self.state.bits,
             "residual": self.state.residuals[self.rank], "qgen": self.qgen[self.rank].get_state(),
-            "link_bytes": self.link_bytes, "traffic": dict(self.traffic),
-            **({} if self.stream is None else {"streaming": self.stream.streaming_state()}),
+            "link_bytes": self.link_bytes, "traffic": dict(self.traffic), **streaming,
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
