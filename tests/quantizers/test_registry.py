@@ -23,12 +23,14 @@ def _gen(seed: int = 7) -> torch.Generator:
 
 
 def test_what_each_scheme_declares() -> None:
-    assert list(QUANTIZERS) == ["identity", "uniform", "sign", "scaled-sign", "ternary", "lowprec", "sketch"]
+    assert list(QUANTIZERS) == ["identity", "uniform", "sign", "scaled-sign", "ternary", "lowprec", "sketch", "topk",
+                                "randk"]
     assert all(q.name == name for name, q in QUANTIZERS.items())
-    assert registry.method_schemes() == ("identity", "uniform", "sign", "ternary", "sketch")
+    assert registry.method_schemes() == ("identity", "uniform", "sign", "ternary", "sketch", "topk", "randk")
     assert {n: q.nominal_bits(5) for n, q in QUANTIZERS.items()} == {
-        "identity": 32, "uniform": 5, "sign": 1, "scaled-sign": 1, "ternary": 2, "lowprec": 5, "sketch": 32}
-    assert {n for n, q in QUANTIZERS.items() if q.dynamic} == {"uniform", "lowprec"}
+        "identity": 32, "uniform": 5, "sign": 1, "scaled-sign": 1, "ternary": 2, "lowprec": 5, "sketch": 32, "topk": 5,
+        "randk": 5}
+    assert {n for n, q in QUANTIZERS.items() if q.dynamic} == {"uniform", "lowprec", "topk", "randk"}
     assert {n for n, q in QUANTIZERS.items() if q.fused} == {"uniform"}
     assert {n for n, q in QUANTIZERS.items() if q.shares_scalers} == {"ternary"}
     assert {n for n, q in QUANTIZERS.items() if not q.segment_scales} == {"identity", "sketch"}
@@ -72,10 +74,10 @@ def test_each_entry_quantizes_as_its_function(layout: Layout) -> None:
 
 
 def test_unknown_schemes_and_scalers_are_clear_errors() -> None:
-    known = "identity, uniform, sign, scaled-sign, ternary, lowprec or sketch"
+    known = "identity, uniform, sign, scaled-sign, ternary, lowprec, sketch, topk or randk"
     with pytest.raises(ValueError, match=f"unknown scheme 'fp8'; use {known}"):
         quantizer("fp8")
-    allowed = r"\('identity', 'uniform', 'sign', 'ternary', 'sketch'\)"
+    allowed = r"\('identity', 'uniform', 'sign', 'ternary', 'sketch', 'topk', 'randk'\)"
     with pytest.raises(ValueError, match=rf"scheme must be one of {allowed}, got 'lowprec'"):
         method_config("qsgd", scheme="lowprec")
     with pytest.raises(ValueError, match="policy 'dqsgd-budget' needs the uniform scheme"):

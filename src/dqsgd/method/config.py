@@ -26,12 +26,14 @@ if TYPE_CHECKING:
     from dqsgd.quantizers.registry import Quantizer
 
 Scheme = str  # a method scheme of the quantizer registry: dqsgd.quantizers.registry.method_schemes()
-PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs", "link"]
+PolicyName = Literal["fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs", "link",
+                     "sparse-budget"]
 CodingName = Literal["fixed", "elias", "zstd", "zstd-aligned", "rans", "ransx", "auto"]
 KernelName = Literal["torch", "fused"]
 
 _ALLOWED: dict[str, tuple[str, ...]] = {
-    "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs", "link"),
+    "policy": ("fixed", "dqsgd", "dqsgd-budget", "dqsgd-coded", "dqsgd-error", "adaptive", "adaqs", "link",
+               "sparse-budget"),
     "coding": ("fixed", "elias", "zstd", "zstd-aligned", "rans", "ransx", "auto"),
     "norm": ("inf", "2"),
     "aggregate": ("mean", "majority"),
@@ -142,7 +144,7 @@ def _validate(c: MethodConfig) -> None:
     if bits_error:
         _fail(c, bits_error)
     if not q.dynamic and c.policy != "fixed":
-        dynamic = [n for n in _registry().method_schemes() if _registry().quantizer(n).dynamic]
+        dynamic = [n for n in _registry().method_schemes() if _registry().quantizer(n).dynamic and n not in SPARSE]
         _fail(c, f"policy {c.policy!r} needs the {' or '.join(dynamic)} scheme")
     if c.bucket < 0:
         _fail(c, f"bucket must be >= 0 (0 = one bucket), got {c.bucket}")
@@ -194,6 +196,30 @@ def _validate(c: MethodConfig) -> None:
         _validate_sketch(c)
     if c.error_feedback and c.aggregate == "majority":
         _fail(c, "error feedback with majority vote is not a defined method; use ef-signsgd (mean of scaled signs)")
+    if c.scheme in SPARSE or c.policy == "sparse-budget":
+        _validate_sparse(c)
+
+
+SPARSE = ("topk", "randk")  # the sparsifiers (dqsgd.quantizers.sparse): Local SGD's sparse pseudo-gradients
+
+
+def _validate_sparse(c: MethodConfig) -> None:
+    if c.scheme not in SPARSE:
+        _fail(c, f"policy 'sparse-budget' chooses the width and density of a sparse scheme ({' or '.join(SPARSE)})")
+    if c.policy not in ("fixed", "sparse-budget"):
+        _fail(c, f"a sparse scheme runs at a fixed width and density (policy 'fixed') or under policy 'sparse-budget', "
+                 f"which prices its messages; not {c.policy!r}")
+    if not 0 < c.topk_ratio <= 1:
+        _fail(c, f"topk_ratio (the density k/d) must be in (0, 1], got {c.topk_ratio}")
+    if c.coding != "fixed" or c.per_tensor or c.bucket or c.norm != "inf":
+        _fail(c, "a sparse message sends its indices and FIXED-coded values with one max-norm scale: leave coding, "
+                 "per_tensor, bucket and norm at their defaults")
+    if c.policy == "sparse-budget":
+        if (c.budget_bits > 0) == (c.target_bits > 0):
+            _fail(c, "the sparse budget needs exactly one of budget_bits > 0 or target_bits > 0 (bits per coordinate "
+                     "and round, indices included)")
+        if c.target_bits and not 0 < c.target_bits <= c.max_bits:
+            _fail(c, f"target_bits {c.target_bits} outside (0, max_bits = {c.max_bits}]")
 
 
 def check_one_message(c: MethodConfig, who: str) -> None:
@@ -202,6 +228,9 @@ def check_one_message(c: MethodConfig, who: str) -> None:
     if c.scheme == "sketch":
         _fail(c, f"sends count sketches in two rounds: the trainer runs it (dqsgd train, "
                  f"dqsgd.topology.sketched.SketchedStep); {who} does not")
+    if c.scheme in SPARSE:
+        _fail(c, f"sends indices and quantized values of Local SGD's pseudo-gradients: Local SGD runs it "
+                 f"(dqsgd.local.LocalSGDOptimizer, dqsgd train with local_steps); {who} does not")
 
 
 def check_fed_policy(c: MethodConfig, who: str) -> None:
@@ -260,6 +289,16 @@ _PRESETS: dict[str, dict[str, Any]] = {
                                      "in a second round, error accumulation on the workers (Ivkin et al. 2019)"),
     "dqsgd-error": dict(scheme="uniform", bits=6, policy="dqsgd-error", eps_q=1e-3,
                         description="DQ-SGD error target [OC]: fewest bits with the quantization term <= eps_q"),
+    "topk": dict(scheme="topk", bits=2, topk_ratio=0.01, error_feedback=True,
+                 description="Local SGD top-k [OC]: the largest 1% of the pseudo-gradient, indices + 2-bit values, "
+                             "error feedback (as SparseLoCo)"),
+    "randk": dict(scheme="randk", bits=4, topk_ratio=0.01,
+                  description="Local SGD random-k [OC]: a uniform 1% of the pseudo-gradient scaled by d/k (unbiased), "
+                              "indices + 4-bit values"),
+    "topk-budget": dict(scheme="topk", bits=2, policy="sparse-budget", target_bits=0.25, max_bits=8,
+                        error_feedback=True,
+                        description="Local SGD top-k under a byte budget [OC]: each round's value width and density "
+                                    "of least predicted error within the round's share of the budget"),
 }
 
 METHODS: dict[str, str] = {name: p["description"] for name, p in _PRESETS.items()}

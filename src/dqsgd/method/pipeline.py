@@ -25,6 +25,7 @@ from dqsgd.policies import (
     AdaptiveRMS, AdaQS, BudgetedDQSGD, CodedBudgetedDQSGD, DQSGDRule, FixedBits, GradStats, LinkPolicy, PolicyState,
     Rounding, Spent, grad_stats,
 )
+from dqsgd.policies.sparse_budget import budget_policy
 from dqsgd.quantizers import Layout, Norm, Quantized, Scheme, dequantize
 
 
@@ -242,4 +243,5 @@ POLICIES: dict[str, Callable[[Method], Any]] = {
                                  max_bits=m.config.max_bits),
     "adaptive": lambda m: AdaptiveRMS(m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
     "adaqs": lambda m: AdaQS(m.numel, m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
+    "sparse-budget": lambda m: budget_policy(m.config, m.numel, m.total_steps),  # one message; the sharded step's own
 }

@@ -21,6 +21,7 @@ from dqsgd.quantizers.identity import IDENTITY
 from dqsgd.quantizers.lowprec import LOWPREC
 from dqsgd.quantizers.sign import SCALED_SIGN, SIGN
 from dqsgd.quantizers.sketch import SKETCH
+from dqsgd.quantizers.sparse import RANDK, TOPK
 from dqsgd.quantizers.ternary import TERNARY
 from dqsgd.quantizers.uniform import UNIFORM
 
@@ -79,6 +80,8 @@ QUANTIZERS: dict[str, Quantizer] = {q.name: q for q in (
     TERNARY,
     LOWPREC,
     SKETCH,
+    TOPK,
+    RANDK,
 )}
 
 

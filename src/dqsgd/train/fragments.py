@@ -46,7 +46,8 @@ from dqsgd.method.config import MethodConfig
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.downspec import DownlinkSpec
-from dqsgd.topology.step import StepOutcome, step_for
+from dqsgd.topology.sparse import local_step_for
+from dqsgd.topology.step import StepOutcome
 from dqsgd.train.local import copy_into
 from dqsgd.train.schedule import check_streaming, due, exchanges, offsets, split
 
@@ -106,7 +107,8 @@ def build_fragments(config: MethodConfig, sizes: list[int], count: int, local_st
         cfg = config if not config.budget_bits or count == 1 else \
             dataclasses.replace(config, budget_bits=config.budget_bits * n // total)
         method = Method(cfg, n, exchanges(steps, local_steps, offset), part)
-        runner = step_for(method, topology, part, workers, seed if f == 0 else seed_for(seed, QUANT, 1 << 20, f), downlink)
+        runner = local_step_for(method, topology, part, workers, seed if f == 0 else seed_for(seed, QUANT, 1 << 20, f),
+                                downlink)
         out.append(Fragment(f, lo, hi, a, a + n, offset, method, runner, method.init_state(workers, runner.policy)))
         a += n
     return out

@@ -65,6 +65,10 @@ class RoundHost(Protocol):
     skipped: int
     optimizer: torch.optim.Optimizer
     qgen: dict[int, torch.Generator]
+    # what the rounds of a sparse method (dqsgd.topology.sparse) replace: its own step object and policy
+    method: Any
+    step_runner: Any
+    policy: Any
 
     def measures_coded(self, step: int) -> bool: ...
 

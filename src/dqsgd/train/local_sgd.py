@@ -45,7 +45,9 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
 from dqsgd.topology.downlink import resolve_downlink_coding
 from dqsgd.topology.downspec import DownlinkSpec
-from dqsgd.topology.step import all_finite, step_for
+from dqsgd.quantizers.sparse import SPARSE_SCHEMES
+from dqsgd.topology.sparse import local_step_for
+from dqsgd.topology.step import all_finite
 from dqsgd.topology.registry import ring_bytes, topology_of
 from dqsgd.train.fragments import Exchanger, Fragment, Pending, Streaming, build_fragments
 from dqsgd.train.local import copy_into, outer_optimizer
@@ -74,7 +76,10 @@ class LocalSGDOptimizer:
     in F fragments of whole tensors, fragment f exchanged every ``local_steps`` steps at offset ⌊f·H/F⌋, its
     exchange running (on a second process group, one background thread) while the next τ < H steps compute
     and its result merged with the progress made since; with ``rounds`` the last exchanges complete at step
-    ``rounds``·H, else at :meth:`finish`.
+    ``rounds``·H, else at :meth:`finish`. ``error_feedback=True`` (a method option): each round's quantization
+    residual is added to the next round's Δ (per fragment); sparse methods ``topk``, ``randk``, ``topk-budget``
+    (options ``topk_ratio``, ``bits``, ``target_bits``/``budget_bits``): indices and quantized values of k
+    coordinates (:mod:`dqsgd.topology.sparse`); the residual and the budget's state are in :meth:`state_dict`.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, local_steps: int,
@@ -103,7 +108,7 @@ class LocalSGDOptimizer:
         downlink = DownlinkSpec(downlink_bits, resolve_downlink_coding(
             downlink_coding, uplink_coding=config.coding, bits=downlink_bits, vote=config.aggregate == "majority",
             topology=topology))
-        self.step_runner = step_for(self.method, topology, sizes, self.workers, seed, downlink)
+        self.step_runner = local_step_for(self.method, topology, sizes, self.workers, seed, downlink)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers, self.step_runner.policy)
         self.qgen = {self.rank: generator(seed, QUANT, self.rank)}
@@ -203,7 +208,9 @@ class LocalSGDOptimizer:
         itemsize = self.params[0].element_size()
         self.traffic["fp32_bytes"] += 4 * numel
         self.traffic["dense_bytes"] += 2 * ring_bytes(numel * itemsize, self.workers)
-        self.traffic["bit_coords"] += method.width(bits) * numel
+        # a sparse method's width is its values' (k of the d coordinates): count the bits it sent per coordinate
+        sparse = method.config.scheme in SPARSE_SCHEMES
+        self.traffic["bit_coords"] += 8 * sum(ex.up[self.rank]) if sparse else method.width(bits) * numel
         self.traffic["coords"] += numel
 
     def compression_stats(self) -> CompressionStats:
@@ -225,6 +232,8 @@ class LocalSGDOptimizer:
     # --- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything to continue exactly, the model's current parameters included."""
+        # first: the streaming state waits for the exchanges in flight, which draw from the quantization generator
+        streaming = {} if self.stream is None else {"streaming": self.stream.streaming_state()}
         policy = self.state.policy
         return {
             "format": FORMAT, "fields": self.fields(), "rank": self.rank,
@@ -233,8 +242,7 @@ class LocalSGDOptimizer:
             "steps": self.steps, "rounds_done": self.rounds_done,
             "policy": None if policy is None else state_to_dict(policy), "bits": self.state.bits,
             "residual": self.state.residuals[self.rank], "qgen": self.qgen[self.rank].get_state(),
-            "link_bytes": self.link_bytes, "traffic": dict(self.traffic),
-            **({} if self.stream is None else {"streaming": self.stream.streaming_state()}),
+            "link_bytes": self.link_bytes, "traffic": dict(self.traffic), **streaming,
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:

@@ -25,7 +25,9 @@ from typing import Any, Callable
 
 import torch
 
+from dqsgd.quantizers.sparse import SPARSE_SCHEMES
 from dqsgd.topology.ledger import Ledger
+from dqsgd.topology.sparse import local_step_for
 from dqsgd.topology.step import StepOutcome, all_finite
 from dqsgd.train.fragments import Exchanger, Fragment, Pending, Streaming, build_fragments, check_streaming
 from dqsgd.train.local import LocalRounds, RoundHost
@@ -184,4 +186,8 @@ class StreamingRounds(LocalRounds, Streaming):
 def rounds_for(tr: RoundHost, momentum: float) -> LocalRounds:
     """The trainer's Local SGD rounds: streaming with ``train.fragments`` > 1 or ``train.overlap_steps`` > 0."""
     cfg = tr.cfg
+    if tr.method.config.scheme in SPARSE_SCHEMES and not cfg.streaming:  # fragments build their own step objects
+        tr.step_runner = local_step_for(tr.method, tr.topology, [tr.method.numel], cfg.workers, tr.seed, tr.downlink)
+        tr.policy = tr.step_runner.policy  # the sharded exchange prices W messages per worker
+        tr.state = tr.method.init_state(cfg.workers, tr.policy)
     return StreamingRounds(tr, momentum, cfg.fragments, cfg.overlap_steps) if cfg.streaming else LocalRounds(tr, momentum)
