@@ -23,9 +23,10 @@ from dqsgd.policies.base import GradStats
 from dqsgd.quantizers.uniform import levels_for_bits
 
 
-def _check_range(name: str, b0: int, lo: int, hi: int) -> None:
+def check_width_range(name: str, b0: int, lo: int, hi: int, start: str = "initial_bits") -> None:
+    """A policy's widths: 2 <= min_bits <= its start width (named ``start``) <= max_bits <= 16."""
     if not 2 <= lo <= b0 <= hi <= 16:
-        raise ValueError(f"{name}: need 2 <= min_bits <= initial_bits <= max_bits <= 16, got {lo}, {b0}, {hi}")
+        raise ValueError(f"{name}: need 2 <= min_bits <= {start} <= max_bits <= 16, got {lo}, {b0}, {hi}")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class AdaptiveRMS:
     needs_grad: bool = False
 
     def __post_init__(self) -> None:
-        _check_range("adaptive", self.initial_bits, self.min_bits, self.max_bits)
+        check_width_range("adaptive", self.initial_bits, self.min_bits, self.max_bits)
         if self.calib_steps < 1:
             raise ValueError("adaptive: calib_steps must be >= 1")
 
@@ -89,7 +90,7 @@ class AdaQS:
     needs_grad: bool = True
 
     def __post_init__(self) -> None:
-        _check_range("adaqs", self.initial_bits, self.min_bits, self.max_bits)
+        check_width_range("adaqs", self.initial_bits, self.min_bits, self.max_bits)
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or self.ref_steps < 1:
             raise ValueError("adaqs: need 0 <= beta1, beta2 < 1 and ref_steps >= 1")
 

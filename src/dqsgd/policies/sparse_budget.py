@@ -35,6 +35,7 @@ import torch
 
 from dqsgd.codecs.sketch_wire import IndexKind, index_message_size, index_width
 from dqsgd.codecs.sparse_wire import sparse_message_size
+from dqsgd.policies.adaptive import check_width_range
 from dqsgd.policies.base import GradStats
 
 __all__ = ["SparseBudget", "SparseBudgetState", "budget_policy", "message_cost"]
@@ -64,9 +65,7 @@ class SparseBudget:
     def __post_init__(self) -> None:
         if self.total_steps < 1 or self.numel < 1:
             raise ValueError(f"sparse budget: need total_steps >= 1 and numel >= 1, got {self.total_steps}, {self.numel}")
-        if not 2 <= self.min_bits <= self.bits <= self.max_bits <= 16:
-            raise ValueError(f"sparse budget: need 2 <= min_bits <= bits <= max_bits <= 16, got "
-                             f"{self.min_bits}, {self.bits}, {self.max_bits}")
+        check_width_range("sparse budget", self.bits, self.min_bits, self.max_bits, start="bits")
         need = self.total_steps * self.cost(1, self.min_bits)
         if self.budget_bits < need:
             raise ValueError(f"infeasible budget: {self.budget_bits} bits cannot pay {self.total_steps} rounds of one "

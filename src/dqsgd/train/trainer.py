@@ -292,6 +292,8 @@ class Trainer:
         ledger (the aggregating process's), the quantization generators and the step counters;
         ``down_residuals``: the error-fed downlink's residuals of the shards this process serves."""
         server = self.transport.is_server
+        # Local SGD's state first: it waits for an exchange in flight, which draws from the generators
+        local = {} if self.local is None else {"local": self.local.state_dict()}
         return {
             "format": STATE_FORMAT,
             "meta": self.run_meta(),
@@ -306,7 +308,7 @@ class Trainer:
             "qgen": {int(w): g.get_state() for w, g in self.qgen.items()},
             "bits": self.state.bits,
             "sim_time_s": self.timer.elapsed,
-            **({} if self.local is None else {"local": self.local.state_dict()}),
+            **local,
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
