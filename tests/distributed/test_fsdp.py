@@ -14,7 +14,7 @@ from dqsgd.fsdp.unit import ShardedMethod
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.topology.agreement import SLOTS
-from dqsgd.topology.scatter import ShardStats
+from dqsgd.topology.refusal import ROOM
 from dqsgd.topology.keys import worker_generator
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import FP32, ExchangeStep
@@ -111,7 +111,7 @@ def test_bytes_handed_equal_counters_and_prediction(w2, w4) -> None:
                 shard = Method(method_config("qsgd-4bit"), c["output"].numel(), fr.STEPS).message_bits(4) // 8
                 agree = 0 if c["unit"] in seen else (world - 1) * (2 + SLOTS) * 8  # the first call compares configs
                 seen.add(c["unit"])
-                status = (world - 1) * (ShardStats.ROOM + 1)  # the all-gather of the status messages
+                status = (world - 1) * (ROOM + 1)  # the all-gather of the status messages
                 assert c["handed"] == (world - 1) * (shard + 1) + status + agree  # each payload with its flag byte
 
 
