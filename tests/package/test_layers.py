@@ -177,8 +177,6 @@ TORCH_PRIVATES_USED = {  # module: the private torch names it reaches, each guar
     "dqsgd.fsdp.comm": ["torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter"],
     # and its AllGather interface class (the quantized parameter all-gather), guarded the same way
     "dqsgd.fsdp.gather": ["torch.distributed.fsdp._fully_shard._fsdp_api.AllGather"],
-    # torch._dynamo's counters: bench gpu reports the recompilations seen after warm-up
-    "dqsgd.cli.bench.loopback": ["torch…_dynamo"],
     # the autograd engine's end-of-backward callback: the hook raises a bucket's error there, with its type
     "dqsgd.ddp.comm_hook": ["torch…_execution_engine"],
 }

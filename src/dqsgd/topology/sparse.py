@@ -14,9 +14,10 @@ width b and density k from the method state (fixed, or the ``sparse-budget`` pol
 4. where a policy state is held, the policy sees Δ̂ and the bits a worker sent (the largest uplink) and
    chooses the next round's (b, k).
 
-Topologies: ``ps`` and ``allgather`` send one message per worker over the whole vector (ps: the
-server's downlink carries the largest uplink's size beside it, so every rank's policy sees the same
-numbers); ``sharded`` cuts the vector into W coordinate shards (:func:`dqsgd.core.sharding.shard_bounds`):
+Topologies, over the transport's groups (:mod:`dqsgd.topology.group`), every message's size
+all-gathered first and checked against its cap (so every rank's policy sees the same numbers):
+``ps`` and ``allgather`` send one message per worker over the whole vector (ps: the server's
+downlink, or its refusal, is broadcast); ``sharded`` cuts the vector into W coordinate shards (:func:`dqsgd.core.sharding.shard_bounds`):
 worker w's k kept coordinates are split among the shards (one message per shard, its values scaled
 on their own), rank j averages shard j and all-gathers its downlink. Every receiver refuses a message
 longer than k coordinates (downlink: W·k) of its shard before allocating. The budget policy needs
@@ -39,11 +40,17 @@ from dqsgd.policies.sparse_budget import budget_policy
 from dqsgd.quantizers import Scheme, dequantize, quantize_identity
 from dqsgd.quantizers.sparse import SPARSE_SCHEMES, density_count, quantize_values, select
 from dqsgd.topology.downspec import DownlinkSpec
+from dqsgd.topology.group import DOWN, UP
+from dqsgd.topology.limits import check_table
+from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
+from dqsgd.topology.refusal import opened
 from dqsgd.topology.registry import topology_of
+from dqsgd.topology.server import SERVER, refusable, room, settle
 from dqsgd.topology.step import StepOutcome, step_for, with_residuals
 
 if TYPE_CHECKING:
-    from dqsgd.topology.links import ShardedTransport, Transport
+    from dqsgd.topology.group import Group
+    from dqsgd.topology.links import Transport
 
 __all__ = ["SparseStep", "local_step_for"]
 
@@ -63,7 +70,7 @@ class SparseStep:
             raise ValueError(f"method {c.name!r}: the sparse downlink's values take 2..16 bits or 32 (fp32), "
                              f"got {downlink_bits}")
         self.sharded = topology_of(topology).sharded
-        if c.policy == "sparse-budget" and topology_of(topology).name == "ps":
+        if c.policy == "sparse-budget" and topology_of(topology).server:
             raise ValueError(f"method {c.name!r}: policy 'sparse-budget' runs on every rank (each chooses the next "
                              f"round's width and density from the average); topology 'ps' keeps it on the server: "
                              f"use sharded or allgather")
@@ -128,7 +135,7 @@ class SparseStep:
         return out
 
     # --- one round ------------------------------------------------------------------------------
-    def run(self, t: Transport | ShardedTransport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
+    def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
         """Steps 1-4 of the module docstring for the local workers ``grads`` over ``t``."""
         ef, d = self.method.config.error_feedback, self.method.numel
@@ -145,9 +152,9 @@ class SparseStep:
             new_res[w] = p - xhat if ef else None
         encode_s = time.perf_counter() - t0
         if self.sharded:
-            update, up, down, spent = self._sharded(t, rows, k, bits, step)  # type: ignore[arg-type]
+            update, up, down, spent = self._sharded(t, rows, k, bits, step)
         else:
-            update, up, down, spent = self._server(t, rows, k, bits, step)  # type: ignore[arg-type]
+            update, up, down, spent = self._server(t, rows, k, bits, step)
         residuals = with_residuals(state, new_res)
         after = (self.method.observe(MethodState(state.policy, residuals), update, step, 8 * spent, self.policy)
                  if state.policy is not None else MethodState(None, residuals, state.bits))
@@ -156,23 +163,74 @@ class SparseStep:
 
     def _server(self, t: Transport, rows: dict[int, list[bytes]], k: int, bits: int,
                 step: int) -> tuple[torch.Tensor, list[list[int]], list[int], int]:
-        gathered = t.gather([r[0] for r in rows.values()], self.up_max(0, k, bits))
-        reply, largest = None, 0
-        if gathered is not None:
-            reply, largest = self.down_message(0, self.average(0, gathered, k, bits), step), max(map(len, gathered))
-        reply, ints = t.broadcast(reply, [largest], self.down_max(0, k))
-        up = [] if gathered is None else [[len(m)] for m in gathered]
-        down = [len(reply)] if topology_of(self.topology).downlink else []
-        return self.down_decode(0, reply, k), up, down, int(ints[0])
+        """``ps`` (rank 0 averages and broadcasts the downlink, or its refusal) and ``allgather`` (every
+        rank averages), over the transport's groups."""
+        kind, groups = topology_of(self.topology), t.exchange_groups()
+        table = self._sizes(groups, rows, [self.up_max(0, k, bits)], step)
+        n = max(row[0] for row in table)
+        msgs = {w: bytes_tensor(rows[w][0], length=n) for w in groups}
+        got = settle(groups, {w: g.gather(msgs[w], SERVER, UP) if kind.server else g.all_gather(msgs[w], UP)
+                              for w, g in groups.items()})
+        received = {w: [tensor_bytes(m, row[0]) for m, row in zip(ms, table)] for w, ms in got.items() if ms is not None}
+        if kind.server:
+            size = self.down_max(0, k)
+            out = {w: refusable(lambda ps=ps: _framed(self.down_message(0, self.average(0, ps, k, bits), step)),
+                                room(size + 9))
+                   if groups[w].rank == SERVER else torch.zeros(room(size + 9), dtype=torch.uint8) for w, ps in
+                   ((w, received.get(w)) for w in groups)}
+            down = settle(groups, {w: g.broadcast(out[w], SERVER, DOWN) for w, g in groups.items()})
+            w0 = next(iter(down))
+            reply = _unframed(opened(down[w0], f"rank {w0}: step {step}: the server (rank {SERVER})"), size)
+        else:
+            w0 = next(iter(received))
+            reply = self.down_message(0, self.average(0, received[w0], k, bits), step)
+        up = table if received else []
+        return self.down_decode(0, reply, k), up, [len(reply)] if kind.downlink else [], n
 
-    def _sharded(self, t: ShardedTransport, rows: dict[int, list[bytes]], k: int, bits: int,
+    def _sharded(self, t: Transport, rows: dict[int, list[bytes]], k: int, bits: int,
                  step: int) -> tuple[torch.Tensor, list[list[int]], list[int], int]:
-        served, up = t.exchange(list(rows.values()), [self.up_max(j, k, bits) for j in range(self.workers)])
-        blocks = {j: self.down_message(j, self.average(j, ps, k, bits), step) for j, ps in served.items()}
-        shared = t.share(blocks, max(self.down_max(j, k) for j in range(self.workers)))
+        """Rank j averages shard j of the W messages it receives and all-gathers its downlink (or its refusal)."""
+        groups = t.exchange_groups()
+        table = self._sizes(groups, rows, [self.up_max(j, k, bits) for j in range(self.workers)], step)
+        recv = settle(groups, {w: g.all_to_all(torch.cat([bytes_tensor(m) for m in rows[w]]), table[g.rank],
+                                               [row[g.rank] for row in table], UP) for w, g in groups.items()})
+        size = room(max(self.down_max(j, k) for j in range(self.workers)) + 9)
+
+        def serve(w: int) -> torch.Tensor:
+            j = groups[w].rank
+            parts = [tensor_bytes(m) for m in recv[w].split([row[j] for row in table])]
+            return refusable(lambda: _framed(self.down_message(j, self.average(j, parts, k, bits), step)), size)
+
+        shared = settle(groups, {w: g.all_gather(serve(w), DOWN) for w, g in groups.items()})
+        w0 = next(iter(shared))
+        msgs = [_unframed(opened(m, f"rank {w0}: step {step}: rank {j} (the server of shard {j})"), self.down_max(j, k))
+                for j, m in enumerate(shared[w0])]
         t.steps += 1
-        update = torch.cat([self.down_decode(j, m, k) for j, m in enumerate(shared)])
-        return update, up, [len(m) for m in shared], max(sum(r) for r in up)
+        update = torch.cat([self.down_decode(j, m, k) for j, m in enumerate(msgs)])
+        return update, table, [len(m) for m in msgs], max(sum(r) for r in table)
+
+    @staticmethod
+    def _sizes(groups: Mapping[int, Group], rows: dict[int, list[bytes]], caps: list[int], step: int) -> list[list[int]]:
+        """Every rank's message sizes (one all-gather), each checked against its cap before anything of
+        that size is allocated."""
+        got = settle(groups, {w: g.all_gather(torch.tensor([len(m) for m in rows[w]], dtype=torch.int64), UP)
+                              for w, g in groups.items()})
+        table = torch.stack(next(iter(got.values()))).tolist()
+        check_table(table, caps, f"step {step}: ")
+        return table
+
+
+def _framed(msg: bytes) -> bytes:
+    """A downlink message with its length in front (8 bytes), so that it may travel padded."""
+    return len(msg).to_bytes(8, "little") + msg
+
+
+def _unframed(data: bytes, cap: int) -> bytes:
+    """The message :func:`_framed` wrote, its length checked against ``cap`` before it is cut out."""
+    n = int.from_bytes(data[:8], "little")
+    if not 0 <= n <= min(cap, len(data) - 8):
+        raise PayloadError(f"a sparse downlink announces {n} bytes; at most {min(cap, len(data) - 8)} fit")
+    return data[8 : 8 + n]
 
 
 def local_step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
