@@ -37,7 +37,7 @@ from dqsgd.topology.group import DOWN, UP, after, release, then
 if TYPE_CHECKING:
     from dqsgd.topology.group import Group
 
-__all__ = ["ServerRank", "Width", "phase", "refusable", "room", "settle"]
+__all__ = ["ServerRank", "Width", "refusable", "room", "settle"]
 
 SERVER = 0
 _BITS = 8  # B_{n+1}, int64, in the downlink message
@@ -158,12 +158,6 @@ def settle(groups: Mapping[int, Group], futures: Mapping[int, torch.futures.Futu
         if f.done():
             groups[w].wait(f)
     return {w: groups[w].wait(f) for w, f in futures.items()}
-
-
-def phase(groups: Mapping[int, Group], issue: Callable[[int, Group], torch.futures.Future]) -> dict[int, Any]:
-    """One collective issued by every local rank (``issue(rank, its group)``), then its results: the ranks
-    of the simulation's in-process group complete it together."""
-    return settle(groups, {w: issue(w, g) for w, g in groups.items()})
 
 
 def refusable(make: Callable[[], bytes], size: int) -> torch.Tensor:
