@@ -57,7 +57,7 @@ from dqsgd.topology.group import DOWN, UP, after, release, then
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.registry import topology_of
 from dqsgd.topology.refusal import opened
-from dqsgd.topology.server import refusable, room, settle
+from dqsgd.topology.server import refusable, releasing, room, settle
 from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
@@ -177,7 +177,8 @@ class SketchedStep:
         coded = {w: got[w].sent for w in grads} if measure_coded else None
         return StepOutcome(update, up, down, 0, new_res, encode_s, coded, 0.0, self.topology, after_)
 
-    def _block_shape(self, j: int) -> tuple[int, int]:
+    def block_shape(self, j: int) -> tuple[int, int]:
+        """The shape of column block j of the sketch (``sharded``)."""
         lo, hi = self.col_bounds[j]
         return (self.cs.rows, hi - lo)
 
@@ -199,13 +200,7 @@ class SketchRank:
     def start(self) -> torch.futures.Future:
         (up, self.up_mine), (self.down_prev, self.down_mine) = self.g.turns.turn(UP), self.g.turns.turn(DOWN)
         f = then(then(up, self._sharded if self.kind.sharded else self._server), self._keep)
-
-        def free(_: torch.futures.Future) -> None:  # a failed step gives up its turns too
-            release(self.up_mine)
-            release(self.down_mine)
-
-        f.add_done_callback(free)
-        return f
+        return releasing(f, self.up_mine, self.down_mine)
 
     def _keep(self, result: tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int]]) -> SketchRank:
         """(T, G_T, the uplink's bytes per worker, the downlink's) kept; the rank's future holds itself."""
@@ -218,6 +213,7 @@ class SketchRank:
         s, shape = self.s, (self.s.cs.rows, self.s.cols)
         ask_size, reply_size = (index_message_size(self.d, n, k) for n, k in
                                 ((s.m, IndexKind.INDICES), (s.k, IndexKind.SPARSE)))
+
         def ask_of(ps: list[bytes]) -> bytes:
             return encode_indices(s.candidates(s.sum_payloads(ps, Scheme.SKETCH, shape)), self.d)
 
@@ -259,6 +255,7 @@ class SketchRank:
         return then(fut, lambda m: opened(m, f"rank {self.r}: step {self.step}: the server (rank 0)")[:size])
 
     def _served(self, cand: torch.Tensor, ask: bytes, reply: bytes) -> tuple:
+        """(T, G_T) from the server's reply, and the step's bytes up (per worker) and down."""
         s = self.s
         chosen, vals = decode_indices(reply, self.d, s.k, IndexKind.SPARSE)
         assert vals is not None
@@ -273,7 +270,7 @@ class SketchRank:
         blocks = [s.sketch_bytes(hi - lo) for lo, hi in s.col_bounds]
 
         def values(shared: list[bytes]) -> torch.futures.Future:
-            table = torch.cat([s.sum_payloads([p], Scheme.SKETCH, s._block_shape(j)) for j, p in enumerate(shared)],
+            table = torch.cat([s.sum_payloads([p], Scheme.SKETCH, s.block_shape(j)) for j, p in enumerate(shared)],
                               dim=1)
             cand = s.candidates(table)
             parts = [cand[(cand >= lo) & (cand < hi)] for lo, hi in s.coord_bounds]
@@ -288,7 +285,7 @@ class SketchRank:
 
             return then(self._round(rows2, sizes2, Scheme.IDENTITY, lambda j: (parts[j].numel(),), True), chosen)
 
-        return then(self._round(rows, blocks, Scheme.SKETCH, s._block_shape, False), values)
+        return then(self._round(rows, blocks, Scheme.SKETCH, s.block_shape, False), values)
 
     def _round(self, rows: list[bytes], sizes: list[int], scheme: Scheme, shape: Callable[[int], tuple[int, ...]],
                last: bool) -> torch.futures.Future:
@@ -311,4 +308,4 @@ class SketchRank:
             return then(out, lambda msgs: [opened(m, f"rank {self.r}: step {self.step}: rank {i} (the server of "
                                                      f"shard {i})")[: sizes[i]] for i, m in enumerate(msgs)])
 
-        return then(after(fut, self.down_prev), serve)  # the previous bucket's downlink issued first
+        return then(after(fut, self.down_prev), serve)  # the previous step's downlink issued first
