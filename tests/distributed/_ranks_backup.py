@@ -20,13 +20,13 @@ def train_backup(rank: int, world: int, cfg: TrainConfig, entry: MethodEntry, fa
     the server the ledger's per-exchange uplink bytes and dropped workers; the final parameters everywhere."""
     t = BackupPSTransport(cfg.backup_workers, timeout=30)
     sent: list[int] = []
-    gather = t.gather
+    gather = t.gather_messages
 
-    def counted(payloads, cap=None):  # type: ignore[no-untyped-def]
-        sent.append(len(payloads[0]) - 1)  # the payload: the message less its flag byte (the ledger's bytes)
-        return gather(payloads, cap)
+    def counted(msg, cap):  # type: ignore[no-untyped-def]
+        sent.append(msg.numel() - 1)  # the payload: the message less its flag byte (the ledger's bytes)
+        return gather(msg, cap)
 
-    t.gather = counted  # type: ignore[method-assign]
+    t.gather_messages = counted  # type: ignore[method-assign]
     with t.guard():
         tr = Trainer(cfg, entry, load_dataset("synthetic"), 0, t)
         metrics = []

@@ -37,7 +37,7 @@ from dqsgd.topology.group import DOWN, UP, after, release, then
 if TYPE_CHECKING:
     from dqsgd.topology.group import Group
 
-__all__ = ["ServerRank", "Width", "phase", "refusable", "room", "settle"]
+__all__ = ["ServerRank", "Width", "refusable", "releasing", "room", "settle"]
 
 SERVER = 0
 _BITS = 8  # B_{n+1}, int64, in the downlink message
@@ -72,14 +72,7 @@ class ServerRank(RankExchange):
         (up, self.up_mine), (down, self.down_mine) = self.g.turns.turn(UP), self.g.turns.turn(DOWN)
         f = then(then(up, self._scalers), self._encode)
         f = then(after(then(f, self._uplink), down), self._serve)
-        f = then(f, self._received)
-
-        def free(_: torch.futures.Future) -> None:  # a failed step gives up its turns too
-            release(self.up_mine)
-            release(self.down_mine)
-
-        f.add_done_callback(free)
-        return f
+        return releasing(then(f, self._received), self.up_mine, self.down_mine)
 
     def _size_table(self) -> Any:
         """By arrival, no size table: each message announces its own size."""
@@ -151,6 +144,12 @@ class ServerRank(RankExchange):
         return self._finish(out, msg[n + _BITS : n + _BITS + 1], None, [n])
 
 
+def releasing(f: torch.futures.Future, *turns: torch.futures.Future) -> torch.futures.Future:
+    """``f``, whose completion gives up ``turns`` (:func:`~dqsgd.topology.group.release`): a failed step's too."""
+    f.add_done_callback(lambda _: [release(m) for m in turns])
+    return f
+
+
 def settle(groups: Mapping[int, Group], futures: Mapping[int, torch.futures.Future]) -> dict[int, Any]:
     """Each local rank's value of its future, for a caller that waits (the trainer); the first failure
     raised is whichever rank met it first."""
@@ -158,12 +157,6 @@ def settle(groups: Mapping[int, Group], futures: Mapping[int, torch.futures.Futu
         if f.done():
             groups[w].wait(f)
     return {w: groups[w].wait(f) for w, f in futures.items()}
-
-
-def phase(groups: Mapping[int, Group], issue: Callable[[int, Group], torch.futures.Future]) -> dict[int, Any]:
-    """One collective issued by every local rank (``issue(rank, its group)``), then its results: the ranks
-    of the simulation's in-process group complete it together."""
-    return settle(groups, {w: issue(w, g) for w, g in groups.items()})
 
 
 def refusable(make: Callable[[], bytes], size: int) -> torch.Tensor:

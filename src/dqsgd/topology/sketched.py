@@ -18,14 +18,16 @@ k = max(1, round(topk_ratio·d)), c = ⌈sketch_cols·k⌉, r = sketch_rows, m =
 (:class:`dqsgd.method.config.MethodConfig`). The hashes come from the run's seed (stream ``SKETCH``). A worker's
 memory (``MethodState.residuals[w]``, checkpointed) is the (2, d) tensor [u_w; e_w].
 
-Topologies, each over its usual transport calls (:mod:`dqsgd.topology.links`):
+Each worker's part of a step is a :class:`SketchRank`: a chain of futures over its group
+(:mod:`dqsgd.topology.group`), every collective issued from the completion of the one before, so the
+simulation's W in-process ranks and one ``torch.distributed`` rank run the same code. Topologies:
 
 * ``ps``: the server gathers the sketches, sends the candidates (an INDICES message of
   :mod:`dqsgd.codecs.sketch_wire`) with the downlink broadcast, gathers the values and broadcasts the
   sparse update (a SPARSE message: T and G_T) with B_{n+1}; a worker refuses an announced downlink
   longer than m (then k) coordinates take before it allocates (:mod:`dqsgd.topology.limits`);
-* ``allgather``: every rank receives every payload and computes C, T and G itself; the broadcasts only
-  check that the ranks agree (nothing crosses a link downward);
+* ``allgather``: every rank receives every payload and computes C, T and G itself (over processes
+  the transport's ``agree`` checks that the ranks hold the same update; nothing crosses a link downward);
 * ``sharded``: the sketch is sharded by columns — rank j sums column block j of every worker's table and
   all-gathers the sum, so every rank holds S and the same C; the values are sharded by coordinates —
   rank j sums a_w[C ∩ shard j] and all-gathers that, so every rank holds V, T and G.
@@ -51,11 +53,11 @@ from dqsgd.kernels import decode_accumulate, read_header
 from dqsgd.method.pipeline import Method, MethodState, ProtocolError
 from dqsgd.quantizers import Layout, Scheme, quantize_identity
 from dqsgd.quantizers.sketch import CountSketch, sketch_message, top_indices
-from dqsgd.topology.group import DOWN, UP
+from dqsgd.topology.group import DOWN, UP, after, release, then
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.registry import topology_of
 from dqsgd.topology.refusal import opened
-from dqsgd.topology.server import phase, refusable, room
+from dqsgd.topology.server import refusable, releasing, room, settle
 from dqsgd.topology.step import StepOutcome, with_residuals
 
 if TYPE_CHECKING:
@@ -148,17 +150,18 @@ class SketchedStep:
     # --- one step -------------------------------------------------------------------------------
     def run(self, t: Transport, grads: Mapping[int, torch.Tensor], state: MethodState, step: int,
             generators: Mapping[int, torch.Generator], measure_coded: bool = False) -> StepOutcome:
-        """Steps 1-5 of the module docstring for the local workers ``grads`` over the transport's
-        groups (:meth:`~dqsgd.topology.links.Transport.exchange_groups`); then the policy (fixed
-        width) observes G. ``measure_coded``: fp32 payloads count their own length."""
+        """Steps 1-5 of the module docstring for the local workers ``grads``: one :class:`SketchRank`
+        per worker over the transport's groups (:meth:`~dqsgd.topology.links.Transport.exchange_groups`),
+        waited for together; then the policy (fixed width) observes G. ``measure_coded``: fp32 payloads
+        count their own length."""
         t0 = time.perf_counter()
         mom_acc = {w: self.accumulate(g, state.residuals[w]) for w, g in grads.items()}
-        acc = {w: a for w, (_, a) in mom_acc.items()}
-        tables = {w: self.cs.sketch(a) for w, a in acc.items()}
+        tables = {w: self.cs.sketch(a) for w, (_, a) in mom_acc.items()}
         encode_s = time.perf_counter() - t0
         groups = t.exchange_groups()
-        run = self._sharded if topology_of(self.topology).sharded else self._server
-        chosen, values, up, down, sent = run(groups, acc, tables, step)
+        got = settle(groups, {w: SketchRank(self, w, groups[w], a, tables[w], step).start()
+                              for w, (_, a) in mom_acc.items()})
+        chosen, values, up, down = got[next(iter(got))].result
         new_res = {w: self.memory_after(u, a, chosen) for w, (u, a) in mom_acc.items()}
         update = self.update_of(chosen, values)
         agree = getattr(t, "agree", None)  # allgather over processes: every rank holds the same update
@@ -167,93 +170,142 @@ class SketchedStep:
         t.steps += 1  # two rounds, one completed step
         residuals = with_residuals(state, new_res)
         if state.policy is not None:
-            after = self.method.observe(MethodState(state.policy, residuals), update, step,
-                                        8 * max((sum(r) for r in up), default=0))
+            after_ = self.method.observe(MethodState(state.policy, residuals), update, step,
+                                         8 * max((sum(r) for r in up), default=0))
         else:
-            after = MethodState(None, residuals, state.bits)
-        coded = {w: sent[w] for w in grads} if measure_coded else None
-        return StepOutcome(update, up, down, 0, new_res, encode_s, coded, 0.0, self.topology, after)
+            after_ = MethodState(None, residuals, state.bits)
+        coded = {w: got[w].sent for w in grads} if measure_coded else None
+        return StepOutcome(update, up, down, 0, new_res, encode_s, coded, 0.0, self.topology, after_)
 
-    def _server(self, groups: Mapping[int, Group], acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor],
-                step: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
-        """``ps`` (rank 0 aggregates and broadcasts C, then T and G_T) and ``allgather`` (every rank does)."""
-        d, shape, kind = self.method.numel, (self.cs.rows, self.cols), topology_of(self.topology)
-        sketches = {w: encode_payload(sketch_message(tables[w])) for w in acc}
-
-        def collect(payloads: Mapping[int, bytes]) -> dict[int, list[bytes] | None]:
-            got = phase(groups, lambda w, g: g.gather(bytes_tensor(payloads[w]), 0, UP) if kind.server
-                        else g.all_gather(bytes_tensor(payloads[w]), UP))
-            return {w: None if ms is None else [tensor_bytes(m) for m in ms] for w, ms in got.items()}
-
-        def answer(what: dict[int, Any], size: int) -> bytes:
-            """Every rank's copy of the aggregator's message (ps: broadcast by rank 0, with its refusal)."""
-            if not kind.server:
-                return next(iter(what.values()))()
-            n = room(size + 1)
-            msgs = {w: refusable(what[w], n) if groups[w].rank == 0 else torch.zeros(n, dtype=torch.uint8) for w in groups}
-            got = phase(groups, lambda w, g: g.broadcast(msgs[w], 0, DOWN))
-            return {w: opened(m, f"rank {w}: step {step}: the server (rank 0)")[:size]
-                    for w, m in got.items()}[next(iter(got))]
-
-        gathered = collect(sketches)
-        ask = answer({w: lambda ps=ps: encode_indices(self.candidates(self.sum_payloads(ps, Scheme.SKETCH, shape)), d)
-                      for w, ps in gathered.items()}, index_message_size(d, self.m, IndexKind.INDICES))
-        cand, _ = decode_indices(ask, d, self.m, IndexKind.INDICES)
-        values = {w: encode_payload(quantize_identity(acc[w][cand])) for w in acc}
-        answers = collect(values)
-
-        def reply_of(ps: list[bytes]) -> bytes:
-            chosen, vals = self.choose(cand, self.sum_payloads(ps, Scheme.IDENTITY, (cand.numel(),)))
-            return encode_indices(chosen, d, vals)
-
-        reply = answer({w: lambda ps=ps: reply_of(ps) for w, ps in answers.items()},
-                       index_message_size(d, self.k, IndexKind.SPARSE))
-        chosen, vals = decode_indices(reply, d, self.k, IndexKind.SPARSE)
-        sent = {w: len(sketches[w]) + len(values[w]) for w in acc}
-        up = [[self.sketch_bytes() + self.values_bytes(cand.numel())] for _ in range(self.workers)]
-        down = [len(ask) + len(reply)] if kind.downlink else []
-        assert vals is not None
-        return chosen, vals, up, down, sent
-
-    def _sharded(self, groups: Mapping[int, Group], acc: dict[int, torch.Tensor], tables: dict[int, torch.Tensor],
-                 step: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int], dict[int, int]]:
-        """Rank j sums column block j of the sketches, then coordinate shard j of the candidates' values."""
-        rows = {w: [encode_payload(sketch_message(tables[w][:, lo:hi].contiguous())) for lo, hi in self.col_bounds]
-                for w in acc}
-        blocks = [self.sketch_bytes(hi - lo) for lo, hi in self.col_bounds]
-        shared = self._round(groups, rows, blocks, Scheme.SKETCH, self._block_shape, step)
-        table = torch.cat([self.sum_payloads([p], Scheme.SKETCH, self._block_shape(j)) for j, p in enumerate(shared)],
-                          dim=1)
-        cand = self.candidates(table)
-        parts = [cand[(cand >= lo) & (cand < hi)] for lo, hi in self.coord_bounds]
-        rows2 = {w: [encode_payload(quantize_identity(acc[w][part])) for part in parts] for w in acc}
-        sizes2 = [self.values_bytes(part.numel()) for part in parts]
-        shared2 = self._round(groups, rows2, sizes2, Scheme.IDENTITY, lambda j: (parts[j].numel(),), step)
-        exact = torch.cat([self.sum_payloads([p], Scheme.IDENTITY, (parts[j].numel(),)) for j, p in enumerate(shared2)])
-        chosen, vals = self.choose(cand, exact)
-        up = [[a + b for a, b in zip(blocks, sizes2)] for _ in range(self.workers)]
-        down = [len(a) + len(b) for a, b in zip(shared, shared2)]
-        sent = {w: sum(map(len, rows[w])) + sum(map(len, rows2[w])) for w in acc}
-        return chosen, vals, up, down, sent
-
-    def _round(self, groups: Mapping[int, Group], rows: Mapping[int, list[bytes]], sizes: list[int], scheme: Scheme,
-               shape: Callable[[int], tuple[int, ...]], step: int) -> list[bytes]:
-        """One sharded round: an all-to-all of every rank's W payloads (``sizes[j]`` bytes for rank j), rank
-        j sums its W, and the W sums are all-gathered (each followed by its server's status byte)."""
-        got = phase(groups, lambda w, g: g.all_to_all(bytes_tensor(b"".join(rows[w])), sizes,
-                                                      [sizes[g.rank]] * g.size, UP))
-
-        def serve(w: int) -> bytes:
-            j = groups[w].rank
-            total = self.sum_payloads([tensor_bytes(p) for p in got[w].split(sizes[j])], scheme, shape(j))
-            return encode_payload(quantize_identity(total) if scheme == Scheme.IDENTITY else sketch_message(total))
-
-        sums = {w: refusable(lambda w=w: serve(w), room(max(sizes) + 1)) for w in groups}
-        gathered = phase(groups, lambda w, g: g.all_gather(sums[w], DOWN))
-        first = next(iter(gathered))
-        return [opened(m, f"rank {first}: step {step}: rank {j} (the server of shard {j})")[: sizes[j]]
-                for j, m in enumerate(gathered[first])]
-
-    def _block_shape(self, j: int) -> tuple[int, int]:
+    def block_shape(self, j: int) -> tuple[int, int]:
+        """The shape of column block j of the sketch (``sharded``)."""
         lo, hi = self.col_bounds[j]
         return (self.cs.rows, hi - lo)
+
+
+class SketchRank:
+    """One worker's part of one step of ``s`` (rank ``rank``, its accumulator ``acc`` and sketch
+    ``table``) over its group, as a chain of futures: :meth:`start` issues the first collective and
+    every later one is issued from a completion callback, so W ranks of one in-process group and one
+    rank of a ``torch.distributed`` group run the same code. Its turns on both legs
+    (:class:`~dqsgd.topology.group.Turns`) are held until its last collective on each (the values'
+    uplink follows the candidates' downlink)."""
+
+    def __init__(self, s: SketchedStep, rank: int, group: Group, acc: torch.Tensor, table: torch.Tensor, step: int):
+        self.s, self.r, self.g, self.acc, self.table, self.step = s, rank, group, acc, table, step
+        self.kind, self.d = topology_of(s.topology), s.method.numel
+        self.sent = 0  # bytes of this rank's payloads
+        self.result: tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int]] | None = None
+
+    def start(self) -> torch.futures.Future:
+        (up, self.up_mine), (self.down_prev, self.down_mine) = self.g.turns.turn(UP), self.g.turns.turn(DOWN)
+        f = then(then(up, self._sharded if self.kind.sharded else self._server), self._keep)
+        return releasing(f, self.up_mine, self.down_mine)
+
+    def _keep(self, result: tuple[torch.Tensor, torch.Tensor, list[list[int]], list[int]]) -> SketchRank:
+        """(T, G_T, the uplink's bytes per worker, the downlink's) kept; the rank's future holds itself."""
+        self.result = result
+        return self
+
+    # --- ps and allgather ------------------------------------------------------------------------
+    def _server(self, _: Any) -> torch.futures.Future:
+        """Sketches up, C down, values up, T and G_T down (ps: rank 0 aggregates; allgather: every rank)."""
+        s, shape = self.s, (self.s.cs.rows, self.s.cols)
+        ask_size, reply_size = (index_message_size(self.d, n, k) for n, k in
+                                ((s.m, IndexKind.INDICES), (s.k, IndexKind.SPARSE)))
+
+        def ask_of(ps: list[bytes]) -> bytes:
+            return encode_indices(s.candidates(s.sum_payloads(ps, Scheme.SKETCH, shape)), self.d)
+
+        f = self._collect(encode_payload(sketch_message(self.table)), False)
+        f = then(after(f, self.down_prev), lambda ps: self._answer(lambda: ask_of(ps), ask_size, False))
+
+        def values(ask: bytes) -> torch.futures.Future:
+            cand, _ = decode_indices(ask, self.d, s.m, IndexKind.INDICES)
+
+            def reply_of(ps: list[bytes]) -> bytes:
+                chosen, vals = s.choose(cand, s.sum_payloads(ps, Scheme.IDENTITY, (cand.numel(),)))
+                return encode_indices(chosen, self.d, vals)
+
+            f = self._collect(encode_payload(quantize_identity(self.acc[cand])), True)
+            f = then(f, lambda ps: self._answer(lambda: reply_of(ps), reply_size, True))
+            return then(f, lambda reply: self._served(cand, ask, reply))
+
+        return then(f, values)
+
+    def _collect(self, payload: bytes, last: bool) -> torch.futures.Future:
+        """Every rank's payload on the server (ps; None elsewhere) or on every rank (allgather)."""
+        self.sent += len(payload)
+        t = bytes_tensor(payload)
+        fut = self.g.gather(t, 0, UP) if self.kind.server else self.g.all_gather(t, UP)
+        if last:
+            release(self.up_mine)
+        return then(fut, lambda ms: None if ms is None else [tensor_bytes(m) for m in ms])
+
+    def _answer(self, make: Callable[[], bytes], size: int, last: bool) -> Any:
+        """The aggregator's message on every rank: ps, rank 0's ``make()`` broadcast (or its refusal,
+        raised on every rank); allgather, each rank's own ``make()`` (the same bytes)."""
+        if not self.kind.server:
+            return make()
+        n = room(size + 1)
+        msg = refusable(make, n) if self.g.rank == 0 else torch.zeros(n, dtype=torch.uint8)
+        fut = self.g.broadcast(msg, 0, DOWN)
+        if last:
+            release(self.down_mine)
+        return then(fut, lambda m: opened(m, f"rank {self.r}: step {self.step}: the server (rank 0)")[:size])
+
+    def _served(self, cand: torch.Tensor, ask: bytes, reply: bytes) -> tuple:
+        """(T, G_T) from the server's reply, and the step's bytes up (per worker) and down."""
+        s = self.s
+        chosen, vals = decode_indices(reply, self.d, s.k, IndexKind.SPARSE)
+        assert vals is not None
+        up = [[s.sketch_bytes() + s.values_bytes(cand.numel())] for _ in range(s.workers)]
+        return chosen, vals, up, [len(ask) + len(reply)] if self.kind.downlink else []
+
+    # --- sharded ---------------------------------------------------------------------------------
+    def _sharded(self, _: Any) -> torch.futures.Future:
+        """Rank j sums column block j of the sketches, then coordinate shard j of the candidates' values."""
+        s = self.s
+        rows = [encode_payload(sketch_message(self.table[:, lo:hi].contiguous())) for lo, hi in s.col_bounds]
+        blocks = [s.sketch_bytes(hi - lo) for lo, hi in s.col_bounds]
+
+        def values(shared: list[bytes]) -> torch.futures.Future:
+            table = torch.cat([s.sum_payloads([p], Scheme.SKETCH, s.block_shape(j)) for j, p in enumerate(shared)],
+                              dim=1)
+            cand = s.candidates(table)
+            parts = [cand[(cand >= lo) & (cand < hi)] for lo, hi in s.coord_bounds]
+            rows2 = [encode_payload(quantize_identity(self.acc[part])) for part in parts]
+            sizes2 = [s.values_bytes(part.numel()) for part in parts]
+
+            def chosen(shared2: list[bytes]) -> tuple:
+                exact = torch.cat([s.sum_payloads([p], Scheme.IDENTITY, (parts[j].numel(),))
+                                   for j, p in enumerate(shared2)])
+                up = [[a + b for a, b in zip(blocks, sizes2)] for _ in range(s.workers)]
+                return (*s.choose(cand, exact), up, [len(a) + len(b) for a, b in zip(shared, shared2)])
+
+            return then(self._round(rows2, sizes2, Scheme.IDENTITY, lambda j: (parts[j].numel(),), True), chosen)
+
+        return then(self._round(rows, blocks, Scheme.SKETCH, s.block_shape, False), values)
+
+    def _round(self, rows: list[bytes], sizes: list[int], scheme: Scheme, shape: Callable[[int], tuple[int, ...]],
+               last: bool) -> torch.futures.Future:
+        """One sharded round: an all-to-all of this rank's W payloads (``sizes[j]`` bytes for rank j),
+        rank j sums its W, and the W sums are all-gathered (each followed by its server's status byte)."""
+        s, j, W = self.s, self.g.rank, self.g.size
+        self.sent += sum(map(len, rows))
+        fut = self.g.all_to_all(bytes_tensor(b"".join(rows)), sizes, [sizes[j]] * W, UP)
+        if last:
+            release(self.up_mine)
+
+        def serve(recv: torch.Tensor) -> torch.futures.Future:
+            def total() -> bytes:
+                got = s.sum_payloads([tensor_bytes(p) for p in recv.split(sizes[j])], scheme, shape(j))
+                return encode_payload(quantize_identity(got) if scheme == Scheme.IDENTITY else sketch_message(got))
+
+            out = self.g.all_gather(refusable(total, room(max(sizes) + 1)), DOWN)
+            if last:
+                release(self.down_mine)
+            return then(out, lambda msgs: [opened(m, f"rank {self.r}: step {self.step}: rank {i} (the server of "
+                                                     f"shard {i})")[: sizes[i]] for i, m in enumerate(msgs)])
+
+        return then(after(fut, self.down_prev), serve)  # the previous step's downlink issued first

@@ -89,22 +89,22 @@ class ArrivalGroup:
         """The W − b first messages on the server (rank ``dst`` = 0), each a payload and its flag byte,
         whose payload bytes the transport records (:attr:`BackupPSTransport.sizes`, ``late``)."""
         t = self.t
-        got = t.gather([tensor_bytes(msg)], cap)
+        got = t.gather_messages(msg, cap)
         if got is None:
             return done(None)
         t.sizes = [max(n - 1, 0) for n in t.sizes]
         self._payload_bytes(0)
         out: list[torch.Tensor | None] = [None] * self.size
-        for w, p in zip(t.used, got):
-            out[w] = bytes_tensor(p, self.device, len(p))
+        for w, m in zip(t.used, got):  # the messages as they arrived, no copy
+            out[w] = m
         return done(out)
 
     def broadcast(self, msg: torch.Tensor, src: int, leg: int) -> torch.futures.Future:
         t, steps, late = self.t, self.t.steps, len(self.t.late)
-        got, _ = t.broadcast(tensor_bytes(msg) if self.rank == src else None, [], msg.numel())
+        got, _ = t.broadcast_message(msg if self.rank == src else None, [], msg.numel())
         t.steps = steps  # the step counts the exchange (dqsgd.topology.step)
         self._payload_bytes(late)  # the stragglers' messages read after the last exchange
-        return done(bytes_tensor(got, self.device, len(got)))
+        return done(got)
 
     def wait(self, fut: torch.futures.Future) -> Any:
         return fut.value()
@@ -186,14 +186,21 @@ class BackupPSTransport(TorchPSTransport):
 
     # --- uplink ---------------------------------------------------------------------------------
     def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes] | None:
+        """:meth:`gather_messages` of the one payload, as bytes."""
         payload = self._one_payload(payloads)
+        got = self.gather_messages(bytes_tensor(payload, "cpu", len(payload)), max_bytes)
+        return None if got is None else [tensor_bytes(m) for m in got]
+
+    def gather_messages(self, msg: torch.Tensor, max_bytes: int) -> list[torch.Tensor] | None:
+        """The server: the W − b first messages (``uint8``, this exchange's, in worker order; their
+        workers :attr:`used`); a worker: None, once its ``msg`` is sent."""
         deadline = time.monotonic() + self.wait_s
         if not self.is_server:
-            head = torch.tensor([self.steps, len(payload)], dtype=torch.int64)
-            for w in self._send(0, head, bytes_tensor(payload, torch.device("cpu"), len(payload)), (UP_HEAD, UP_DATA)):
+            head = torch.tensor([self.steps, msg.numel()], dtype=torch.int64)
+            for w in self._send(0, head, msg.contiguous(), (UP_HEAD, UP_DATA)):
                 self._poll(w, "uplink send to the server (rank 0)", deadline)
             return None
-        got = {0: payload}
+        got = {0: msg}
         self.received[0] += 1
         self._cap = max_bytes
         self.late = []
@@ -206,15 +213,15 @@ class BackupPSTransport(TorchPSTransport):
                 got[src] = data
         self.used = sorted(got)
         self.dropped = [w for w in range(self.workers) if w not in got]
-        self.sizes = [len(got[w]) if w in got else 0 for w in range(self.workers)]
+        self.sizes = [got[w].numel() if w in got else 0 for w in range(self.workers)]
         self._owes_downlink = True
         return [got[w] for w in self.used]
 
-    def _receive(self, max_bytes: int, deadline: float, give_up: Any = None) -> tuple[int, int, bytes]:
+    def _receive(self, max_bytes: int, deadline: float, give_up: Any = None) -> tuple[int, int, torch.Tensor]:
         """The next uplink to arrive: (rank, exchange, payload); an earlier exchange's also goes to
         :attr:`late`. Every live worker has one header receive posted (a receive from *any* rank fails
         as a whole when one peer dies); the first to complete is the next arrival. A receive that fails
-        or stays silent for ``timeout`` marks its rank dead. (-1, -1, b"") if ``give_up()`` turned true."""
+        or stays silent for ``timeout`` marks its rank dead. (-1, -1, an empty tensor) if ``give_up()`` turned true."""
         while True:
             self._post_heads()
             done = [(w.when, src) for src, (w, _) in self._heads.items() if w.done.is_set()]
@@ -230,7 +237,7 @@ class BackupPSTransport(TorchPSTransport):
                 continue
             self._prune()
             if give_up is not None and give_up():
-                return -1, -1, b""
+                return -1, -1, torch.empty(0, dtype=torch.uint8)
             if not self._heads or time.monotonic() > deadline:
                 raise TransportError(f"rank 0: no uplink arrived within {self.wait_s:.0f}s at exchange {self.steps} "
                                      f"(dead ranks: {sorted(self.dead) or 'none known'})")
@@ -248,7 +255,7 @@ class BackupPSTransport(TorchPSTransport):
                     continue
                 self._heads[src] = (_Waiting([work], self.wait_s), head)
 
-    def _body(self, src: int, head: torch.Tensor, max_bytes: int, deadline: float) -> bytes | None:
+    def _body(self, src: int, head: torch.Tensor, max_bytes: int, deadline: float) -> torch.Tensor | None:
         """The payload announced by ``head`` (exchange, size) from ``src``; None if ``src`` died meanwhile."""
         seq, size = (int(v) for v in head.tolist())
         if not 0 <= seq <= self.steps or self.received[src] != seq:
@@ -268,11 +275,17 @@ class BackupPSTransport(TorchPSTransport):
         self.received[src] += 1
         if seq < self.steps:
             self.late.append((seq, src, size))
-        return tensor_bytes(body, size)
+        return body
 
     # --- downlink -------------------------------------------------------------------------------
-    def broadcast(self, payload: bytes | None, ints: Sequence[int],
-                  max_bytes: int) -> tuple[bytes, list[int]]:
+    def broadcast(self, payload: bytes | None, ints: Sequence[int], max_bytes: int) -> tuple[bytes, list[int]]:
+        """:meth:`broadcast_message` of ``payload``, as bytes."""
+        msg = None if payload is None else bytes_tensor(payload, "cpu", len(payload))
+        got, ints = self.broadcast_message(msg, ints, max_bytes)
+        return tensor_bytes(got), ints
+
+    def broadcast_message(self, payload: torch.Tensor | None, ints: Sequence[int],
+                          max_bytes: int) -> tuple[torch.Tensor, list[int]]:
         """A header (status, payload size, number of integers), then the payload followed by the
         integers (int64). A non-server rank's ``ints`` are placeholders: it receives the server's.
         ``max_bytes`` caps the announced payload (an error message: 64 KiB), refused before allocating."""
@@ -298,12 +311,12 @@ class BackupPSTransport(TorchPSTransport):
         if status != OK:
             self._raise_remote(tensor_bytes(body, size).decode(errors="replace"))
         self.steps += 1
-        return tensor_bytes(body, size), body[size:].clone().view(torch.int64).tolist()
+        return body[:size], body[size:].clone().view(torch.int64).tolist()
 
-    def _send_downlink(self, status: int, payload: bytes, ints: Sequence[int]) -> None:
-        head = torch.tensor([status, len(payload), len(ints)], dtype=torch.int64)
+    def _send_downlink(self, status: int, payload: torch.Tensor, ints: Sequence[int]) -> None:
+        head = torch.tensor([status, payload.numel(), len(ints)], dtype=torch.int64)
         tail = torch.tensor([int(v) for v in ints], dtype=torch.int64).view(torch.uint8)
-        body = torch.cat([bytes_tensor(payload, torch.device("cpu"), len(payload)), tail])
+        body = torch.cat([payload.reshape(-1), tail])
         self._prune()
         for dst in range(1, self.workers):
             if dst not in self.dead:
@@ -315,7 +328,7 @@ class BackupPSTransport(TorchPSTransport):
                 self._pending.append((dst, _Waiting(works, self.wait_s), [head, body]))
 
     def _fail_pending_downlink(self, msg: str) -> None:
-        self._send_downlink(FAILED, msg.encode()[:MESSAGE_CAP], ())
+        self._send_downlink(FAILED, bytes_tensor(msg.encode()[:MESSAGE_CAP]), ())
 
     def _raise_remote(self, msg: str) -> None:
         kind, _, text = msg.partition(": ")
