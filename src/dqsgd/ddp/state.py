@@ -21,7 +21,7 @@ from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, method_config
 from dqsgd.topology.names import FP32, check_topology
-from dqsgd.topology.registry import REGISTRY, ring_bytes, topology_of
+from dqsgd.topology.registry import PROCESSES_DEFAULT, REGISTRY, ring_bytes, topology_of
 
 if TYPE_CHECKING:
     from dqsgd.topology.bucket import BucketProtocol
@@ -55,7 +55,7 @@ class HookState:
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
                  seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
-                 topology: str = "sharded", downlink_bits: int | str | None = None, start_iter: int = 0,
+                 topology: str = PROCESSES_DEFAULT, downlink_bits: int | str | None = None, start_iter: int = 0,
                  min_compression_rate: float = 1.0, downlink_feedback: bool = False,
                  allow_unsafe_downlink: bool = False, downlink_coding: str | None = None,
                  downlink_target_bits: float = 0.0, uncompressed_dtype: str | None = None):

@@ -63,7 +63,7 @@ class SparseStep:
             raise ValueError(f"method {c.name!r}: the sparse downlink's values take 2..16 bits or 32 (fp32), "
                              f"got {downlink_bits}")
         self.sharded = topology_of(topology).sharded
-        if c.policy == "sparse-budget" and topology_of(topology).name == "ps":
+        if c.policy == "sparse-budget" and topology_of(topology).server:
             raise ValueError(f"method {c.name!r}: policy 'sparse-budget' runs on every rank (each chooses the next "
                              f"round's width and density from the average); topology 'ps' keeps it on the server: "
                              f"use sharded or allgather")

@@ -48,7 +48,7 @@ from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.quantizers.sparse import SPARSE_SCHEMES
 from dqsgd.topology.sparse import local_step_for
 from dqsgd.topology.step import all_finite
-from dqsgd.topology.registry import ring_bytes, topology_of
+from dqsgd.topology.registry import PROCESSES_DEFAULT, ring_bytes, topology_of
 from dqsgd.train.fragments import Exchanger, Fragment, Pending, Streaming, build_fragments
 from dqsgd.train.local import copy_into, outer_optimizer
 from dqsgd.train.schedule import check_streaming
@@ -84,7 +84,7 @@ class LocalSGDOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, local_steps: int,
                  method: str | MethodConfig = "qsgd-4bit", *, rounds: int | None = None, outer: str = "sgd",
-                 outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = "sharded",
+                 outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = PROCESSES_DEFAULT,
                  downlink_bits: int = 8, seed: int = 0, group: Any = None, timeout: float | None = None,
                  downlink_coding: str | None = None, fragments: int = 1, overlap: int = 0, **method_options: Any):
         check_count("local_steps", local_steps, 1)

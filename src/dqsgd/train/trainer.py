@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from dqsgd.data import Dataset
 from dqsgd.topology.ledger import Ledger
-from dqsgd.topology.registry import topology_of
+from dqsgd.topology.registry import SIMULATED_DEFAULT, run_topology, topology_of
 from dqsgd.method.config import check_fed_policy
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
@@ -65,10 +65,10 @@ class Trainer:
                  transport: Transport | None = None, device: torch.device | str = "cpu"):
         cfg = entry.train_config(cfg)  # the method's own Local SGD keys, if it sets any
         self.cfg, self.entry, self.data, self.seed = cfg, entry, data, seed
-        self.transport = transport or SimTransport(cfg.workers, cfg.topology or "ps")
+        self.transport = transport or SimTransport(cfg.workers, run_topology(cfg.topology, processes=False))
         if self.transport.workers != cfg.workers:
             raise ValueError(f"transport has {self.transport.workers} workers, config says {cfg.workers}")
-        self.topology = str(getattr(self.transport, "topology", "ps"))
+        self.topology = str(getattr(self.transport, "topology", SIMULATED_DEFAULT))
         if cfg.topology and cfg.topology != self.topology:
             raise ValueError(f"train.topology = {cfg.topology!r} but the transport is {self.topology!r}")
         self.device = torch.device(device)
