@@ -40,6 +40,7 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.policies.variance import worker_norms
 from dqsgd.topology.agreement import check_state, refuse_changed
 from dqsgd.topology.sketched import SketchedStep
+from dqsgd.topology.downspec import BEFORE
 from dqsgd.topology.step import ExchangeStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig, resolve_downlink
 from dqsgd.train.local import outer_optimizer
@@ -277,8 +278,7 @@ class Trainer:
         """What identifies this run and rank; a state dict of another run is refused."""
         meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
                 "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
-                "downlink_bits": self.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
-                "downlink_coding": self.downlink_coding, "downlink_target_bits": self.cfg.downlink_target_bits,
+                **self.downlink.fields(),
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
         if self.local is None:
             return meta
@@ -319,9 +319,8 @@ class Trainer:
         saved = sd["meta"]
         # Keys an older state lacks are not compared (its method config, downlink feedback and coding were not
         # recorded; its downlink was fixed, which a coded one equals in every decoded value).
-        later = ("downlink_feedback", "downlink_coding", "downlink_target_bits")
         refuse_changed("the trainer state", saved, self.run_meta(),
-                       lambda k: k in saved or not (k.startswith("method.") or k in later))
+                       lambda k: k in saved or not (k.startswith("method.") or k in BEFORE))
         self.model.load_state_dict(sd["model"])
         self.optimizer.load_state_dict(sd["optimizer"])
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers
