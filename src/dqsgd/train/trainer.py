@@ -103,7 +103,7 @@ class Trainer:
         self.quant_seed = seed_for(seed, QUANT)
         # the downlink, resolved once from the config (dqsgd.topology.downspec) and carried as it is
         self.downlink = resolve_downlink(cfg, entry.config, self.topology)
-        self.downlink_bits, self.downlink_coding = self.downlink.bits, self.downlink.coding
+        self.downlink_bits = self.downlink.bits
         self.step_runner: ExchangeStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink))
