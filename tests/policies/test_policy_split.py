@@ -18,6 +18,7 @@ from dqsgd.method.pipeline import Method
 from dqsgd.policies.base import GradStats
 from dqsgd.policies.split import LegCosts, SplitBudget, choose_pair
 from dqsgd.topology.bucket import BucketProtocol
+from dqsgd.topology.downspec import downlink_of
 from dqsgd.train.config import TrainConfig, build_experiment
 from dqsgd.train.trainer import Trainer
 
@@ -28,7 +29,8 @@ def _protocol(name: str = "dqsgd", workers: int = 4, numel: int = 20_000, steps:
               **kw: object) -> BucketProtocol:
     m = Method(method_config(name, **kw), numel, steps)
     return BucketProtocol(m.config, numel, [numel], topology="sharded", workers=workers, seed=0, total_steps=steps,
-                          downlink_bits="auto", method=m, downlink_feedback=feedback)
+                          method=m, spec=downlink_of({"downlink_bits": "auto", "downlink_feedback": feedback}, m.config,
+                                                     "sharded"))
 
 
 def test_the_protocol_runs_its_split_and_leaves_the_methods_policy_alone() -> None:

@@ -12,6 +12,7 @@ from dqsgd.data import load_dataset
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method, ProtocolError
 from dqsgd.topology.bucket import BucketProtocol
+from dqsgd.topology.downspec import downlink_of
 from dqsgd.topology.exchange import in_process
 from dqsgd.topology.downlink import resolve_downlink_coding
 from dqsgd.train.trainer import Trainer
@@ -23,7 +24,8 @@ def _proto(coding: str | None, dbits: int | str = 8, feedback: bool = False, num
            name: str = "qsgd-4bit") -> BucketProtocol:
     cfg = method_config(name)
     return BucketProtocol(cfg, numel, [numel - 1, 1], topology="sharded", workers=workers, seed=3, total_steps=10,
-                          downlink_bits=dbits, downlink_feedback=feedback, downlink_coding=coding)
+                          spec=downlink_of({"downlink_bits": dbits, "downlink_feedback": feedback, "downlink_coding": coding,
+                                            "allow_unsafe_downlink": True}, cfg, "sharded"))
 
 
 def _grads(numel: int, workers: int, seed: int = 0) -> list[torch.Tensor]:
@@ -105,7 +107,7 @@ def test_defaults_and_refusals() -> None:
     with pytest.raises(ValueError, match="no larger than fixed"):  # a both-leg budget needs auto or fixed
         m = Method(method_config("dqsgd", target_bits=4.0), 20_000, 10)
         BucketProtocol(m.config, 20_000, [20_000], topology="sharded", workers=4, seed=0, total_steps=10,
-                       downlink_bits="auto", method=m, downlink_coding="rans")
+                       method=m, spec=downlink_of({"downlink_bits": "auto", "downlink_coding": "rans"}, m.config, "sharded"))
 
 
 @pytest.mark.parametrize("name,target", [("dqsgd", 3.0), ("dqsgd-coded", 1.0)])
@@ -156,15 +158,14 @@ def test_a_both_leg_budget_of_two_coded_bits_holds_and_sends_a_thirtieth_of_fp32
 
 def test_downlink_target_bits_is_checked() -> None:
     with pytest.raises(ValueError, match="needs downlink_bits = 'auto'"):
-        _proto("auto", 8).__class__(method_config("qsgd-4bit"), 1000, [1000], topology="sharded", workers=2, seed=0,
-                                    total_steps=5, downlink_bits=8, downlink_target_bits=1.0)
+        downlink_of({"downlink_bits": 8, "downlink_target_bits": 1.0}, method_config("qsgd-4bit"), "sharded")
     with pytest.raises(ValueError, match=r"downlink_target_bits must be a number in \[0, 16\]"):
         m = Method(method_config("dqsgd", target_bits=4.0), 1000, 5)
-        BucketProtocol(m.config, 1000, [1000], topology="sharded", workers=2, seed=0, total_steps=5,
-                       downlink_bits="auto", method=m, downlink_target_bits=-1.0)
+        downlink_of({"downlink_bits": "auto", "downlink_target_bits": -1.0}, m.config, "sharded")
     m = Method(method_config("dqsgd", target_bits=4.0), 20_000, 5)
     P = BucketProtocol(m.config, 20_000, [20_000], topology="sharded", workers=4, seed=0, total_steps=5,
-                       downlink_bits="auto", method=m, downlink_target_bits=2.0, downlink_feedback=True)
+                       method=m, spec=downlink_of({"downlink_bits": "auto", "downlink_target_bits": 2.0,
+                                                   "downlink_feedback": True}, m.config, "sharded"))
     up = Method(method_config("dqsgd", target_bits=4.0), 20_000, 5).budget_bits()
     headers = 8 * sum(P.down_sizes(2)) - 2 * 20_000
     assert P.policy.budget_bits == up + int(5 * (headers + 2.0 * 20_000))

@@ -10,6 +10,7 @@ from dqsgd.data import load_dataset
 from dqsgd.ddp import HookState
 from dqsgd.method.config import method_config
 from dqsgd.topology.bucket import BucketProtocol
+from dqsgd.topology.downspec import downlink_of
 from dqsgd.train.checkpoint import load_checkpoint, save_checkpoint
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer
@@ -21,7 +22,8 @@ DATA = load_dataset("synthetic")
 
 def _proto(feedback: bool, bits: int = 2) -> BucketProtocol:
     return BucketProtocol(method_config("qsgd-4bit"), D, [D], topology="sharded", workers=W, seed=5, total_steps=10,
-                          downlink_bits=bits, downlink_feedback=feedback)
+                          spec=downlink_of({"downlink_bits": bits, "downlink_feedback": feedback,
+                                            "allow_unsafe_downlink": True}, method_config("qsgd-4bit"), "sharded"))
 
 
 @pytest.mark.parametrize("bits", [2, 3, 8])

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 from synthetic_runs import entry, train_config
 
 from dqsgd.data import load_dataset
-from dqsgd.topology.downspec import DownlinkSpec, resolve_downlink
+from dqsgd.ddp import HookState
+from dqsgd.method.config import method_config
+from dqsgd.topology.downspec import BEFORE, OPTIONS, DownlinkSpec, downlink_of, resolve_downlink
 from dqsgd.topology.names import AUTO, FP32
+from dqsgd.train.config import TrainConfig
+from dqsgd.train.config import resolve_downlink as train_downlink
 from dqsgd.train.trainer import Trainer
 
 
@@ -39,3 +44,24 @@ def test_the_trainer_carries_its_one_spec_into_the_bucket_protocol() -> None:
     assert tr.downlink == DownlinkSpec(AUTO, "fixed", True, 3.0)
     assert tr.step_runner.downlink is tr.downlink
     assert (P.auto, P.down_coding, P.feedback, P.down_target) == (True, "fixed", True, 3.0)
+    assert {k: tr.run_meta()[k] for k in tr.downlink.fields()} == tr.downlink.fields()  # the run's record
+
+
+@pytest.mark.parametrize("opts", [{}, {"downlink_bits": 4, "downlink_coding": "auto"},
+                                  {"downlink_bits": "auto", "downlink_target_bits": 2.0, "downlink_feedback": True},
+                                  {"downlink_bits": 2, "allow_unsafe_downlink": True}])
+def test_every_surface_resolves_its_options_with_one_function_and_holds_the_spec(opts: dict) -> None:
+    """downlink_of reads a mapping of keyword options or a config's attributes: the hook (its state, its
+    fingerprint, a pickled copy) and the [train] keys hold the very spec it gives."""
+    cfg = method_config("dqsgd")
+    spec = downlink_of(opts, cfg, "sharded")
+    state = HookState("dqsgd", **opts)
+    assert state.downlink == spec and pickle.loads(pickle.dumps(state)).downlink == spec
+    assert {k: state.fields()[k] for k in spec.fields()} == spec.fields()
+    assert train_downlink(TrainConfig(topology="sharded", **opts), cfg, "sharded") == spec
+
+
+def test_the_spec_names_every_option_once() -> None:
+    assert set(DownlinkSpec().fields()) | {"allow_unsafe_downlink"} == set(OPTIONS)
+    assert set(BEFORE) < set(DownlinkSpec().fields())
+    assert downlink_of({}, method_config("qsgd-4bit"), "ps") == DownlinkSpec(8, "fixed")

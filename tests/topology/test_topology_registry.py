@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -24,11 +25,39 @@ def name_comparisons(text: str) -> list[int]:
     return [i for i, line in enumerate(text.splitlines(), 1) if any(p.search(line) for p in COMPARISONS)]
 
 
-def test_no_topology_name_is_compared_as_a_string_outside_the_registry() -> None:
+def name_literals(text: str) -> list[int]:
+    """Lines where a topology's name is written as a bare string (a default: ``x or "ps"``, ``topology:
+    str = "sharded"``, ``f(..., "ps")``, ``{x or 'ps'}`` in an f-string). A name inside a longer string (a
+    docstring, a message) is not one; nor is a class saying which topology it runs (``topology = "ps"``)."""
+    tree = ast.parse(text)
+    says = {id(node.value) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for node in cls.body
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["topology"]}
+    return sorted({node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                   and isinstance(node.value, str) and node.value in REGISTRY and id(node) not in says})
+
+
+def outside_the_registry(find) -> list[str]:
     home = Path(registry.__file__)
-    found = [f"{path.relative_to(SRC.parent)}:{line}" for path in sorted(SRC.rglob("*.py")) if path != home
-             for line in name_comparisons(path.read_text())]
-    assert found == []
+    return [f"{path.relative_to(SRC.parent)}:{line}" for path in sorted(SRC.rglob("*.py")) if path != home
+            for line in find(path.read_text())]
+
+
+def test_no_topology_name_is_compared_as_a_string_outside_the_registry() -> None:
+    assert outside_the_registry(name_comparisons) == []
+
+
+def test_no_topology_name_is_written_as_a_default_outside_the_registry() -> None:
+    """A run's topology comes from the registry (run_topology, SIMULATED_DEFAULT, PROCESSES_DEFAULT, the
+    topology objects), not from a name literal repeated where a default is needed."""
+    assert outside_the_registry(name_literals) == []
+
+
+def test_the_grep_finds_every_form_of_default() -> None:
+    code = ('t = cfg.topology or "ps"\ndef f(topology: str = "sharded"):\n    """Topology ``"ps"`` by default."""\n'
+            'x = getattr(t, "topology", "ps")\nmake("sharded", g)\nmsg = f"topology {t or \'ps\'} here"\n'
+            'err = "use topology \'ps\' here"\nclass T:\n    topology = "allgather"\nd = {"train.topology": "ps"}\n'
+            'y = "allgather" if a else b\nz = SHARDED.name\n')
+    assert name_literals(code) == [1, 2, 4, 5, 6, 10, 11]
 
 
 def test_the_grep_finds_every_form_of_comparison() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dqsgd import __version__
 from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S, check_wait
-from dqsgd.topology.registry import REGISTRY
+from dqsgd.topology.registry import REGISTRY, run_topology
 from dqsgd.train.config import (ConfigError, apply_overrides, build_experiment, check_selection, load_raw, resolve_device,
                                 shipped_configs)
 
@@ -92,7 +92,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.max_restarts and args.transport != "torch":
         raise ConfigError("--max-restarts restarts distributed processes: it needs --transport torch")
     exp, seed = _train_experiment(args)
-    topology = args.topology or exp.train.topology or ("sharded" if args.transport == "torch" else "ps")
+    topology = run_topology(args.topology or exp.train.topology, processes=args.transport == "torch")
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, topology=topology))
     entry = exp.methods[0]
     from dqsgd.experiments.compare import load_data_for  # torch: only once the arguments are valid

@@ -51,6 +51,7 @@ from dqsgd.core.timeouts import TRAIN_COLLECTIVE_S
 from dqsgd.method.pipeline import ProtocolError
 from dqsgd.quantizers import NonFiniteGradientError
 from dqsgd.train.checkpoint import CheckpointError
+from dqsgd.topology.registry import run_topology
 from dqsgd.train.config import ConfigError, ExperimentConfig, MethodEntry
 from dqsgd.train.rundir import RunDirError, RunFinished
 from dqsgd.train.slownodes import check_backup_keys
@@ -318,7 +319,7 @@ def train_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int, args
         return 0
     exp, out, restarts, world = check_distributed(exp, entry, seed, args)
     timeout = float(args.timeout)
-    job = _RankJob(exp, entry, seed, exp.train.topology or "sharded", out, not args.quiet, bool(args.resume),
+    job = _RankJob(exp, entry, seed, run_topology(exp.train.topology, processes=True), out, not args.quiet, bool(args.resume),
                    bool(getattr(args, "overwrite", False)), timeout)
     if under_torchrun():
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -379,7 +380,7 @@ def check_distributed(exp: ExperimentConfig, entry: MethodEntry, seed: int,
     if (restarts or args.resume) and not exp.train.checkpoint_every:
         raise ConfigError("restarting needs checkpoints: add --set train.checkpoint_every=K (steps)")
     if exp.train.backup_workers:
-        check_backup_keys(dataclasses.replace(exp.train, topology=exp.train.topology or "sharded"))
+        check_backup_keys(dataclasses.replace(exp.train, topology=run_topology(exp.train.topology, processes=True)))
     if not under_torchrun():
         world = args.workers if args.workers is not None else exp.train.workers
         _check_world(exp, world, "--workers")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dqsgd.dq.cli import DONE
+from dqsgd.topology.registry import run_topology
 from dqsgd.train.config import ExperimentConfig, MethodEntry, resolve_downlink
 
 
@@ -48,13 +49,13 @@ def train_plan(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argpa
         exp, out_s, restarts, world = check_distributed(exp, entry, seed, args)
         out, device = Path(out_s), "cpu or cuda:LOCAL_RANK (per process)"
         how = "torchrun" if under_torchrun() else f"{world} local processes on 127.0.0.1"
-        lines.append(f"  transport: torch, {how}, topology {exp.train.topology or 'sharded'}, "
+        lines.append(f"  transport: torch, {how}, topology {run_topology(exp.train.topology, processes=True)}, "
                      f"collective timeout {args.timeout:g} s" + (f", up to {restarts} restarts" if restarts else ""))
     else:
         out = Path(args.resume or args.out or default_train_dir(exp.train.name, entry.label, seed))
         device = resolve_device(exp.train.device)
-        lines.append(f"  transport: simulated in this process, topology {exp.train.topology or 'ps'}")
-    _check_downlink(exp, entry, "sharded" if args.transport == "torch" else "ps")
+        lines.append(f"  transport: simulated in this process, topology {run_topology(exp.train.topology, processes=False)}")
+    _check_downlink(exp, entry, processes=args.transport == "torch")
     data = load_data_for(exp)
     lines.append(_setting(exp, data, device))
     action = check_run_dir(out, bool(args.resume), bool(args.overwrite))
@@ -64,13 +65,14 @@ def train_plan(exp: ExperimentConfig, entry: MethodEntry, seed: int, args: argpa
     return [*lines, DONE]
 
 
-def _check_downlink(exp: ExperimentConfig, entry: MethodEntry, default_topology: str) -> None:
-    """The downlink keys as the run resolves them on its topology (``default_topology`` where none is set)."""
+def _check_downlink(exp: ExperimentConfig, entry: MethodEntry, processes: bool) -> None:
+    """The downlink keys as the run resolves them on its topology (its transport's default where none is set:
+    ``processes``: a run over processes)."""
     from dqsgd.core.config_file import ConfigError
 
     cfg = entry.train_config(exp.train)
     try:
-        resolve_downlink(cfg, entry.config, cfg.topology or default_topology)
+        resolve_downlink(cfg, entry.config, run_topology(cfg.topology, processes))
     except ValueError as e:
         raise ConfigError(f"methods.{entry.label}: {e}") from None
 
@@ -88,7 +90,7 @@ def compare_plan(exp: ExperimentConfig, out: Path, resume: bool, only: list[str]
     from dqsgd.train.runner import run_dir
 
     for e in exp.methods:
-        _check_downlink(exp, e, "ps")
+        _check_downlink(exp, e, processes=False)
     p = prepare(exp, out, resume, only, overwrite)
     t = exp.train
     lines = [f"dry run: compare {t.name} (config {exp.source or 'from the command line'})",

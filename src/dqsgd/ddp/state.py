@@ -21,7 +21,7 @@ from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
 from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, method_config
 from dqsgd.topology.names import FP32, check_topology
-from dqsgd.topology.registry import REGISTRY, ring_bytes, topology_of
+from dqsgd.topology.registry import PROCESSES_DEFAULT, REGISTRY, ring_bytes, topology_of
 
 if TYPE_CHECKING:
     from dqsgd.topology.bucket import BucketProtocol
@@ -36,8 +36,9 @@ UNCOMPRESSED_DTYPES = {None: None, "float16": torch.float16, "bfloat16": torch.b
 def _stateful(field_name: str) -> bool:
     """Fields a saved state depends on (the method, its topology and horizon); warm-up, seed and the
     ratio threshold may change on resume."""
-    return field_name.startswith("method.") or field_name in ("topology", "downlink_bits", "downlink_feedback",
-                                                              "downlink_coding", "downlink_target_bits", "total_steps")
+    from dqsgd.topology.downspec import DownlinkSpec
+
+    return field_name.startswith("method.") or field_name in ("topology", *DownlinkSpec().fields(), "total_steps")
 
 
 _COUNT_LOCK = threading.Lock()
@@ -48,14 +49,14 @@ _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "b
 class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
-    __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink_bits",
-                 "downlink_feedback", "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits", "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
+    __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink",
+                 "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
                  "iter", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
                  seed: int = 0, timeout: float | None = HOOK_COLLECTIVE_S, total_steps: int = 1000, *,
-                 topology: str = "sharded", downlink_bits: int | str | None = None, start_iter: int = 0,
+                 topology: str = PROCESSES_DEFAULT, downlink_bits: int | str | None = None, start_iter: int = 0,
                  min_compression_rate: float = 1.0, downlink_feedback: bool = False,
                  allow_unsafe_downlink: bool = False, downlink_coding: str | None = None,
                  downlink_target_bits: float = 0.0, uncompressed_dtype: str | None = None):
@@ -105,17 +106,16 @@ class HookState:
         for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
-        from dqsgd.topology.downspec import resolve_downlink
+        from dqsgd.topology.downspec import downlink_of
 
-        spec = resolve_downlink(FP32 if downlink_bits == "fp32" else downlink_bits, downlink_coding, downlink_feedback,
-                                downlink_target_bits, allow_unsafe_downlink, policy=method.policy,
-                                uplink_coding=method.coding, vote=method.aggregate == "majority", topology=topology)
-        dbits, self.downlink_coding, self.downlink_target_bits = spec.bits, spec.coding, spec.target_bits
+        options = {"downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits, "downlink_coding": downlink_coding,
+                   "downlink_feedback": downlink_feedback, "downlink_target_bits": downlink_target_bits,
+                   "allow_unsafe_downlink": allow_unsafe_downlink}
+        self.downlink: DownlinkSpec = downlink_of(options, method, topology)  # carried to every bucket's protocol
         check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
-        self.downlink_bits = dbits
-        self.downlink_feedback, self.allow_unsafe_downlink = downlink_feedback, allow_unsafe_downlink
+        self.allow_unsafe_downlink = allow_unsafe_downlink
         self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self.uncompressed_dtype = uncompressed_dtype
@@ -186,10 +186,7 @@ class HookState:
         from dqsgd import __version__
 
         out = {f"method.{k}": v for k, v in dataclasses.asdict(self.config).items()}
-        out.update({"topology": self.topology, "downlink_bits": self.downlink_bits,
-                    "downlink_feedback": self.downlink_feedback, "downlink_coding": self.downlink_coding,
-                    "downlink_target_bits": self.downlink_target_bits,
-                    "start_iter": self.start_iter,
+        out.update({"topology": self.topology, **self.downlink.fields(), "start_iter": self.start_iter,
                     "min_compression_rate": self.min_compression_rate, "total_steps": self.total_steps,
                     "uncompressed_dtype": self.uncompressed_dtype,
                     "seed": self.seed, "dqsgd_version": __version__})
@@ -265,11 +262,21 @@ class HookState:
         return dtype if self.uncompressed_dtype is None else UNCOMPRESSED_DTYPES[self.uncompressed_dtype]
 
     @property
-    def downlink(self) -> DownlinkSpec:
-        """The downlink as ``__init__`` resolved it, carried to every bucket's protocol."""
-        from dqsgd.topology.downspec import DownlinkSpec
+    def downlink_bits(self) -> int | str:
+        """The downlink's width as resolved (2..16, 32 = fp32, or ``"auto"``)."""
+        return self.downlink.bits
 
-        return DownlinkSpec(self.downlink_bits, self.downlink_coding, self.downlink_feedback, self.downlink_target_bits)
+    @property
+    def downlink_coding(self) -> str:
+        return self.downlink.coding
+
+    @property
+    def downlink_feedback(self) -> bool:
+        return self.downlink.feedback
+
+    @property
+    def downlink_target_bits(self) -> float:
+        return self.downlink.target_bits
 
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -282,14 +289,14 @@ class HookState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
         from dqsgd.topology.agreement import check_state, refuse_changed
+        from dqsgd.topology.downspec import BEFORE
 
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
         check_state(state, {"fields": dict, "iter": int, "counters": dict, "buckets": dict}, "HookState state_dict")
         check_state(state["counters"], dict.fromkeys(_COUNTERS, int), "HookState state_dict counters")
         # older states: no feedback, a fixed downlink
-        refuse_changed("state_dict", state["fields"], self.fields(), _stateful,
-                       {"downlink_feedback": False, "downlink_coding": "fixed", "downlink_target_bits": 0.0})
+        refuse_changed("state_dict", state["fields"], self.fields(), _stateful, BEFORE)
         self.iter = int(state["iter"])
         for k in _COUNTERS:
             setattr(self, k, state["counters"].get(k, 0))  # older states: no downlink share, no refusals
@@ -299,8 +306,9 @@ class HookState:
     def __getstate__(self) -> dict[str, Any]:
         """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
         init = {k: getattr(self, k) for k in ("config", "seed", "timeout", "total_steps", "topology",
-                                              "start_iter", "min_compression_rate", "uncompressed_dtype", "downlink_feedback",
-                                              "allow_unsafe_downlink", "downlink_coding", "downlink_target_bits")}
+                                              "start_iter", "min_compression_rate", "uncompressed_dtype",
+                                              "allow_unsafe_downlink")}
+        init.update(self.downlink.fields())
         init["downlink_bits"] = "fp32" if self.downlink_bits == 32 else self.downlink_bits
         return {"init": init, "state": self.state_dict()}
 

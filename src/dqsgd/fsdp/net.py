@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from dqsgd.topology.registry import SHARDED
 from dqsgd.transport.torch_dist import TorchShardedTransport, TransportError, make_transport
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def transport(group: dist.ProcessGroup, timeout: float | None) -> TorchShardedTr
     """The transport over ``group`` (made once per group and timeout)."""
     key = (group, timeout)
     if key not in _NETS:
-        _NETS[key] = make_transport("sharded", group, None, timeout)  # type: ignore[assignment]
+        _NETS[key] = make_transport(SHARDED.name, group, None, timeout)  # type: ignore[assignment]
     return _NETS[key]
 
 

@@ -39,7 +39,7 @@ from dqsgd.core.sharding import shard_bounds, shard_sizes
 from dqsgd.topology import downlink, keys, payloads
 from dqsgd.topology.limits import check_table
 from dqsgd.topology.names import (
-    AUTO, DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink, check_downlink_bits, check_downlink_target)
+    DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink)
 from dqsgd.topology.registry import topology_of
 
 if TYPE_CHECKING:
@@ -68,21 +68,19 @@ class BucketProtocol:
     """One bucket of ``numel`` coordinates (tensors of ``param_sizes``) under ``topology`` for ``workers``
     ranks. ``method``: the whole bucket's :class:`~dqsgd.method.pipeline.Method`, built from ``config``
     when not given; :attr:`policy` picks every shard's width (the method's policy, or under
-    ``downlink_bits = "auto"`` its both-leg split, :meth:`_split`). ``downlink_coding``: the downlink's coding
-    (:func:`dqsgd.topology.downlink.resolve_downlink_coding`; None: the uplink's where the downlink is
-    quantized). ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the
-    both-leg budget, bits per coordinate and step; 0: an 8-bit fixed downlink's cost. ``spec``: all four
-    at once, as a run resolved them (:class:`~dqsgd.topology.downspec.DownlinkSpec`), instead of the keywords."""
+    ``downlink_bits = "auto"`` its both-leg split, :meth:`_split`). ``spec``: the downlink as the run
+    resolved it (:class:`~dqsgd.topology.downspec.DownlinkSpec`: width, coding, feedback, both-leg target),
+    read as it is; without one, ``downlink_bits`` with every other option at its default (the coding: the
+    uplink's where the downlink is quantized)."""
 
     def __init__(self, config: MethodConfig, numel: int, param_sizes: Sequence[int], *, topology: str,
                  workers: int, seed: int, total_steps: int, bucket: int = 0, downlink_bits: int | str = 8,
-                 method: Method | None = None, downlink_feedback: bool = False, downlink_coding: str | None = None,
-                 downlink_target_bits: float = 0.0, spec: DownlinkSpec | None = None):
+                 method: Method | None = None, spec: DownlinkSpec | None = None):
         from dqsgd.method.pipeline import Method
+        from dqsgd.topology.downspec import downlink_of
 
-        if spec is not None:  # the run's downlink, resolved once (dqsgd.topology.downspec)
-            downlink_bits, downlink_feedback = spec.bits, spec.feedback
-            downlink_coding, downlink_target_bits = spec.coding, spec.target_bits
+        if spec is None:
+            spec = downlink_of({"downlink_bits": downlink_bits, "allow_unsafe_downlink": True}, config, topology)
 
         self.kind = topology_of(topology)  # what the topology does (dqsgd.topology.registry)
         self.topology, self.workers, self.bucket = self.kind.name, workers, bucket
@@ -96,21 +94,19 @@ class BucketProtocol:
         else:
             self.bounds, self.shards = shard_methods(config, numel, total_steps, param_sizes, count)
         self.vote = config.aggregate == "majority"
-        self.auto = downlink_bits == AUTO
+        self.auto = spec.auto
         if self.auto:
             check_auto_downlink(topology, self.vote, config.policy)
-            downlink_bits = DOWNLINK_PARITY_BITS
-        self.down_bits = SIGN if self.vote else (check_downlink_bits(downlink_bits) if self.kind.sharded else FP32)
-        self.down_coding = downlink.resolve_downlink_coding(downlink_coding, uplink_coding=config.coding,
-                                                            bits=self.down_bits, vote=self.vote, topology=topology)
+        width = DOWNLINK_PARITY_BITS if self.auto else spec.bits
+        self.down_bits = SIGN if self.vote else (width if self.kind.sharded else FP32)
+        self.down_coding = spec.coding
         self.coded_down = self.down_coding != downlink.FIXED
         self.useed, self.dseed = keys.uplink_seed(seed, bucket), keys.downlink_seed(seed, bucket)
         self._sizes: dict[int, list[int]] = {}
-        if downlink_feedback and self.down_bits in (FP32, SIGN):
+        if spec.feedback and self.down_bits in (FP32, SIGN):
             raise ValueError("downlink_feedback needs a quantized downlink: topology 'sharded', downlink_bits 2..16, "
                              "not a majority vote")
-        self.feedback = bool(downlink_feedback)
-        self.down_target = check_downlink_target(downlink_target_bits, self.auto)
+        self.feedback, self.down_target = spec.feedback, spec.target_bits
         # the bucket's bit policy: the method's, or under "auto" the split of one both-leg budget over it
         # (the method keeps its own: whoever runs this bucket asks the protocol)
         self.policy = self._split(total_steps) if self.auto else self.method.policy

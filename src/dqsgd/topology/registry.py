@@ -139,6 +139,12 @@ SIMULATED_DEFAULT = PS.name   # the topology of a simulated run that names none
 PROCESSES_DEFAULT = SHARDED.name  # the topology of a run over processes that names none
 
 
+def run_topology(name: str | None, processes: bool) -> str:
+    """The topology a run runs: the one it names, else its transport's default (:data:`PROCESSES_DEFAULT`
+    over processes, :data:`SIMULATED_DEFAULT` in the simulation)."""
+    return name or (PROCESSES_DEFAULT if processes else SIMULATED_DEFAULT)
+
+
 def topology_of(topology: object, allowed: Sequence[str] | None = None) -> Topology:
     """The topology named ``topology`` (or that object itself) if it is one of ``allowed`` (None: any
     registered), else a ValueError naming them."""

@@ -206,17 +206,15 @@ def resolve_device(name: str) -> "torch.device":
 
 
 def resolve_downlink(cfg: TrainConfig, method: MethodConfig, topology: str) -> DownlinkSpec:
-    """The downlink a run of ``method`` on ``topology`` uses (:func:`dqsgd.topology.downspec.resolve_downlink`
+    """The downlink a run of ``method`` on ``topology`` uses (:func:`dqsgd.topology.downspec.downlink_of`
     with the ``[train]`` keys), every downlink key checked against them (a ``downlink_target_bits``
     without ``downlink_bits = "auto"``, e.g. on ``ps``, is refused): the trainer and ``--dry-run`` both
     call this."""
-    from dqsgd.topology.downspec import resolve_downlink as resolve
+    from dqsgd.topology.downspec import downlink_of
 
     try:
-        return resolve(cfg.downlink_bits, cfg.downlink_coding, cfg.downlink_feedback, cfg.downlink_target_bits,
-                       cfg.allow_unsafe_downlink, policy=method.policy, uplink_coding=method.coding,
-                       vote=method.aggregate == "majority", topology=topology, where="train.",
-                       spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
+        return downlink_of(cfg, method, topology, where="train.",
+                           spell=("train.downlink_feedback = true", "train.allow_unsafe_downlink = true"))
     except ValueError as e:
         raise ValueError(f"{e} (topology {topology!r}, method {method.name!r})") from None
 

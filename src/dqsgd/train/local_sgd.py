@@ -43,12 +43,12 @@ from dqsgd.method.config import MethodConfig, check_fed_policy, method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
-from dqsgd.topology.downlink import resolve_downlink_coding
-from dqsgd.topology.downspec import DownlinkSpec
+from dqsgd.topology.downspec import DownlinkSpec, downlink_of
+from dqsgd.topology.names import AUTO, check_downlink_bits
 from dqsgd.quantizers.sparse import SPARSE_SCHEMES
 from dqsgd.topology.sparse import local_step_for
 from dqsgd.topology.step import all_finite
-from dqsgd.topology.registry import ring_bytes, topology_of
+from dqsgd.topology.registry import PROCESSES_DEFAULT, ring_bytes, topology_of
 from dqsgd.train.fragments import Exchanger, Fragment, Pending, Streaming, build_fragments
 from dqsgd.train.local import copy_into, outer_optimizer
 from dqsgd.train.schedule import check_streaming
@@ -84,7 +84,7 @@ class LocalSGDOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, local_steps: int,
                  method: str | MethodConfig = "qsgd-4bit", *, rounds: int | None = None, outer: str = "sgd",
-                 outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = "sharded",
+                 outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = PROCESSES_DEFAULT,
                  downlink_bits: int = 8, seed: int = 0, group: Any = None, timeout: float | None = None,
                  downlink_coding: str | None = None, fragments: int = 1, overlap: int = 0, **method_options: Any):
         check_count("local_steps", local_steps, 1)
@@ -105,9 +105,10 @@ class LocalSGDOptimizer:
         self.method = Method(config, sum(sizes), rounds or 1, sizes)
         self.transport = make_transport(topology, group, timeout=timeout)
         self.rank, self.workers = self.transport.rank, self.transport.workers
-        downlink = DownlinkSpec(downlink_bits, resolve_downlink_coding(
-            downlink_coding, uplink_coding=config.coding, bits=downlink_bits, vote=config.aggregate == "majority",
-            topology=topology))
+        if downlink_bits != AUTO:  # a width is given (no method default; no safety refusal: it has no such keyword)
+            check_downlink_bits(downlink_bits)
+        downlink = downlink_of({"downlink_bits": downlink_bits, "downlink_coding": downlink_coding,
+                                "allow_unsafe_downlink": True}, config, topology)
         self.step_runner = local_step_for(self.method, topology, sizes, self.workers, seed, downlink)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers, self.step_runner.policy)

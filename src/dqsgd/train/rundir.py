@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 import torch
 
+from dqsgd.topology.registry import run_topology
 from dqsgd.train.runfiles import RunDirError, atomic_write, dir_lock, read_json  # RunDirError, atomic_write: also public here
 
 # Train keys that do not change the trained model or its measured bytes, so resume ignores them:
@@ -185,8 +186,9 @@ def resolved(train: dict[str, Any], method: str, method_config: dict[str, Any], 
 
 
 def _effective(res: dict[str, Any]) -> dict[str, Any]:
-    """Topology "" (the transport's default) as the simulation's ps: `compare` runs record "", `train` the name."""
-    return {**res, "train.topology": "ps"} if res.get("train.topology") == "" else res
+    """Topology "" (the transport's default) as the simulation's default: `compare` runs record "", `train` the
+    name."""
+    return {**res, "train.topology": run_topology("", processes=False)} if res.get("train.topology") == "" else res
 
 
 def resolved_of_run(cfg: Any, entry: Any, seed: int, data_fp: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from dqsgd.data import Dataset
 from dqsgd.topology.ledger import Ledger
-from dqsgd.topology.registry import topology_of
+from dqsgd.topology.registry import SIMULATED_DEFAULT, run_topology, topology_of
 from dqsgd.method.config import check_fed_policy
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
@@ -40,6 +40,7 @@ from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.policies.variance import worker_norms
 from dqsgd.topology.agreement import check_state, refuse_changed
 from dqsgd.topology.sketched import SketchedStep
+from dqsgd.topology.downspec import BEFORE
 from dqsgd.topology.step import ExchangeStep, all_finite, codec_input, step_for
 from dqsgd.train.config import MethodEntry, TrainConfig, resolve_downlink
 from dqsgd.train.local import outer_optimizer
@@ -65,10 +66,10 @@ class Trainer:
                  transport: Transport | None = None, device: torch.device | str = "cpu"):
         cfg = entry.train_config(cfg)  # the method's own Local SGD keys, if it sets any
         self.cfg, self.entry, self.data, self.seed = cfg, entry, data, seed
-        self.transport = transport or SimTransport(cfg.workers, cfg.topology or "ps")
+        self.transport = transport or SimTransport(cfg.workers, run_topology(cfg.topology, processes=False))
         if self.transport.workers != cfg.workers:
             raise ValueError(f"transport has {self.transport.workers} workers, config says {cfg.workers}")
-        self.topology = str(getattr(self.transport, "topology", "ps"))
+        self.topology = str(getattr(self.transport, "topology", SIMULATED_DEFAULT))
         if cfg.topology and cfg.topology != self.topology:
             raise ValueError(f"train.topology = {cfg.topology!r} but the transport is {self.topology!r}")
         self.device = torch.device(device)
@@ -102,7 +103,7 @@ class Trainer:
         self.quant_seed = seed_for(seed, QUANT)
         # the downlink, resolved once from the config (dqsgd.topology.downspec) and carried as it is
         self.downlink = resolve_downlink(cfg, entry.config, self.topology)
-        self.downlink_bits, self.downlink_coding = self.downlink.bits, self.downlink.coding
+        self.downlink_bits = self.downlink.bits
         self.step_runner: ExchangeStep | SketchedStep = (
             SketchedStep(self.method, seed, self.topology, cfg.workers) if entry.config.scheme == "sketch"
             else step_for(self.method, self.topology, sizes, cfg.workers, seed, self.downlink))
@@ -277,8 +278,7 @@ class Trainer:
         """What identifies this run and rank; a state dict of another run is refused."""
         meta = {"method": self.entry.label, "numel": self.numel, "steps": self.cfg.steps, "seed": self.seed,
                 "workers": self.cfg.workers, "rank": self.transport.rank, "topology": self.topology,
-                "downlink_bits": self.downlink_bits, "downlink_feedback": self.cfg.downlink_feedback,
-                "downlink_coding": self.downlink_coding, "downlink_target_bits": self.cfg.downlink_target_bits,
+                **self.downlink.fields(),
                 **{f"method.{k}": v for k, v in dataclasses.asdict(self.entry.config).items()}}
         if self.local is None:
             return meta
@@ -319,9 +319,8 @@ class Trainer:
         saved = sd["meta"]
         # Keys an older state lacks are not compared (its method config, downlink feedback and coding were not
         # recorded; its downlink was fixed, which a coded one equals in every decoded value).
-        later = ("downlink_feedback", "downlink_coding", "downlink_target_bits")
         refuse_changed("the trainer state", saved, self.run_meta(),
-                       lambda k: k in saved or not (k.startswith("method.") or k in later))
+                       lambda k: k in saved or not (k.startswith("method.") or k in BEFORE))
         self.model.load_state_dict(sd["model"])
         self.optimizer.load_state_dict(sd["optimizer"])
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers

@@ -12,13 +12,14 @@ import torch
 
 from dqsgd.topology.group import LocalGroup, local_groups
 from dqsgd.topology.names import check_topology
+from dqsgd.topology.registry import SIMULATED_DEFAULT
 
 
 class SimTransport:
     """``topology``: which network the ledger accounts for (ps, allgather or sharded); for ``sharded``
     the trainer also runs the sharded step (each shard averaged and re-quantized on its own)."""
 
-    def __init__(self, workers: int, topology: str = "ps"):
+    def __init__(self, workers: int, topology: str = SIMULATED_DEFAULT):
         if workers < 1:
             raise ValueError(f"need at least one worker, got {workers}")
         check_topology(topology)

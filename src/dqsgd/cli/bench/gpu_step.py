@@ -79,9 +79,10 @@ def wire_bytes(shapes: list[tuple[int, ...]], hook: str, world: int) -> float:
         return _ring(world, 4 * els)
     from dqsgd.method.config import method_config
     from dqsgd.topology.bucket import BucketProtocol
+    from dqsgd.topology.registry import SHARDED
 
-    proto = BucketProtocol(method_config(hook), n, [int(torch.Size(s).numel()) for s in shapes], topology="sharded",
-                           workers=world, seed=0, total_steps=10, downlink_bits=8)
+    proto = BucketProtocol(method_config(hook), n, [int(torch.Size(s).numel()) for s in shapes],
+                           topology=SHARDED.name, workers=world, seed=0, total_steps=10, downlink_bits=8)
     up = sum(m.message_bits(proto.method.config.bits) // 8 + 1 for m in proto.shards)
     return (world - 1) / world * up + (world - 1) * (max(proto.down_sizes()) + 1)
 
@@ -207,13 +208,14 @@ def host_times(device: torch.device, worlds: list[int], numel: int, rounds: int,
 
     from dqsgd.method.config import method_config
     from dqsgd.topology.bucket import BucketProtocol
+    from dqsgd.topology.registry import SHARDED
     from dqsgd.topology.exchange import in_process
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     cfg = method_config(method)
     rows = []
     for world in worlds:
-        proto = BucketProtocol(cfg, numel, [numel], topology="sharded", workers=world, seed=0,
+        proto = BucketProtocol(cfg, numel, [numel], topology=SHARDED.name, workers=world, seed=0,
                                total_steps=rounds + 2, downlink_bits=8)
         g = torch.Generator().manual_seed(world)
         flats = [torch.randn(numel, generator=g).to(device) for _ in range(world)]
