@@ -185,12 +185,6 @@ class BackupPSTransport(TorchPSTransport):
         self._pending = [p for p in self._pending if not p[1].done.is_set()]
 
     # --- uplink ---------------------------------------------------------------------------------
-    def gather(self, payloads: Sequence[bytes], max_bytes: int) -> list[bytes] | None:
-        """:meth:`gather_messages` of the one payload, as bytes."""
-        payload = self._one_payload(payloads)
-        got = self.gather_messages(bytes_tensor(payload, "cpu", len(payload)), max_bytes)
-        return None if got is None else [tensor_bytes(m) for m in got]
-
     def gather_messages(self, msg: torch.Tensor, max_bytes: int) -> list[torch.Tensor] | None:
         """The server: the W − b first messages (``uint8``, this exchange's, in worker order; their
         workers :attr:`used`); a worker: None, once its ``msg`` is sent."""
@@ -278,12 +272,6 @@ class BackupPSTransport(TorchPSTransport):
         return body
 
     # --- downlink -------------------------------------------------------------------------------
-    def broadcast(self, payload: bytes | None, ints: Sequence[int], max_bytes: int) -> tuple[bytes, list[int]]:
-        """:meth:`broadcast_message` of ``payload``, as bytes."""
-        msg = None if payload is None else bytes_tensor(payload, "cpu", len(payload))
-        got, ints = self.broadcast_message(msg, ints, max_bytes)
-        return tensor_bytes(got), ints
-
     def broadcast_message(self, payload: torch.Tensor | None, ints: Sequence[int],
                           max_bytes: int) -> tuple[torch.Tensor, list[int]]:
         """A header (status, payload size, number of integers), then the payload followed by the
@@ -334,11 +322,6 @@ class BackupPSTransport(TorchPSTransport):
         kind, _, text = msg.partition(": ")
         where = f"rank {self.rank}: the server (rank 0) stopped at step {self.steps}: "
         raise _REMOTE_TYPES.get(kind, TransportError)(where + (text if kind in _REMOTE_TYPES else msg))
-
-    def _one_payload(self, payloads: Sequence[bytes]) -> bytes:
-        if len(payloads) != 1:
-            raise ValueError(f"backup transport: rank {self.rank} sends one payload, got {len(payloads)}")
-        return payloads[0]
 
     def _drain(self) -> None:
         """After the last exchange: read what the live workers still send (their late payloads), then
