@@ -99,10 +99,11 @@ def count_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, repeat: in
     (uplink), the W payloads of its shard decoded and averaged, its shard's downlink encoded, and the
     W shards' downlink payloads decoded. The payloads the other ranks would send are made beforehand
     (this rank's, the same sizes): what is counted is the calls. CPU tensors through Triton's
-    interpreter (``TRITON_INTERPRET=1`` before Triton is first imported)."""
+    interpreter (``TRITON_INTERPRET=1`` before Triton is first imported). The calls take their scratch
+    buffers from one workspace kept across calls, as the exchange does (:mod:`dqsgd.kernels.workspace`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from dqsgd.kernels import HashRNG, device_common
+    from dqsgd.kernels import HashRNG, device_common, workspace
     from dqsgd.method.config import method_config
     from dqsgd.topology import payloads
     from dqsgd.topology.bucket import BucketProtocol
@@ -124,11 +125,14 @@ def count_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, repeat: in
         gathered = [proto.encode_down(j, flat[lo:hi].contiguous(), 1, size) for j, (lo, hi) in enumerate(proto.bounds)]
         m0 = proto.shards[0].numel
 
+        ws: dict = {}  # the rank's workspace for the bucket, as the exchange keeps it (Memory.workspace)
+
         def bucket() -> None:
-            payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
-            avg = proto.reduce(0, received, bits, out=torch.zeros(m0), bad=bad)
-            proto.encode_down(0, avg, 1, size)
-            proto.decode_down(gathered, torch.zeros(n), bad)
+            with workspace.use(ws):
+                payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
+                avg = proto.reduce(0, received, bits, out=torch.zeros(m0), bad=bad)
+                proto.encode_down(0, avg, 1, size)
+                proto.decode_down(gathered, torch.zeros(n), bad)
 
         bucket()  # warm: plans, templates, tables
         with _counting(launches), profile(activities=[ProfilerActivity.CPU]) as prof:

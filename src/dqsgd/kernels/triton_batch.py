@@ -39,6 +39,7 @@ from dqsgd.kernels.triton_codec import (
     BLOCK, GROUPS, HB, STATS, decode_groups, encode_groups, mix64_triton, pow2, segment_span, write_head,
 )
 from dqsgd.kernels.triton_crc import FAN, ROWS, crc_raw, tables_on, crc_verdict
+from dqsgd.kernels.workspace import scratch
 from dqsgd.quantizers import Norm, Scheme
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ def _crc(b: Batch, buf: torch.Tensor, meta: torch.Tensor, stats: torch.Tensor | 
     count_, level, src, dev, verify = int(b.arrays["size"].max()) - 4, 0, buf, buf.device, stats is not None
     while True:
         programs = max(-(-count_ // (FAN * ROWS)), 1)
-        raws = torch.empty(len(b.plans) * programs, dtype=torch.int32, device=dev)
+        raws = scratch(("crc", verify, level), len(b.plans) * programs, torch.int32, dev)
         tab, comb = tables_on(dev, level)
         _crc_batch[(programs, len(b.plans))](src, tab, comb, raws, buf, raws if stats is None else stats,
                                              raws if bad is None else bad, raws if copy is None else copy, meta,
@@ -240,7 +241,7 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
     x = flat.detach().reshape(-1).contiguous()
     nseg = int(b.arrays["seg_at"][-1])
     if b.norm == Norm.MAX:
-        bits = torch.zeros(nseg, dtype=torch.int32, device=dev)
+        bits = scratch("absmax", nseg, torch.int32, dev, zero=True)
         _absmax_batch[(triton.cdiv(int(b.arrays["numels"].max()), BLOCK), len(plans))](
             x, bits, starts, meta, bucket, BLOCK=BLOCK, MODE=mode, STEPS=steps)
         scales = bits.view(torch.float32)
@@ -250,7 +251,8 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
     out = torch.zeros(b.total, dtype=torch.uint8, device=dev)
     base, rest = split_keys(keys)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB)) for p in plans)
-    _encode_batch[(grid, len(plans))](x, scales, scales.reciprocal(), starts, out, heads, _keys_on(rest, dev), meta,
+    rec = torch.reciprocal(scales, out=scratch("rec", nseg, torch.float32, dev))
+    _encode_batch[(grid, len(plans))](x, scales, rec, starts, out, heads, _keys_on(rest, dev), meta,
                                       bucket, signed64(base), BITS=b.bits, LEVELS=levels, WB=pow2(b.bits),
                                       GROUPS=GROUPS, MODE=mode, STEPS=steps, HB=HB)
     _crc(b, out, meta)
@@ -276,10 +278,10 @@ def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weig
     meta, heads, starts = _tables(b, dev)
     mode, steps_, bucket = _mode(b)
     nseg = int(b.arrays["seg_at"][-1])
-    stats = torch.empty(len(plans) * STATS, dtype=torch.int32, device=dev)
-    scales = torch.empty(nseg, dtype=torch.float32, device=dev)
+    stats = scratch("stats", len(plans) * STATS, torch.int32, dev)
+    scales = scratch("scales", nseg, torch.float32, dev)
     _crc(b, buf.reshape(-1), meta, stats, bad, scales.view(torch.uint8))
-    step = scales / step_divisor(dev, plans[0].levels)
+    step = torch.div(scales, step_divisor(dev, plans[0].levels), out=scratch("step", nseg, torch.float32, dev))
     rng = wire.code_range(Scheme.UNIFORM, b.bits, plans[0].levels)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB), 1) for p in plans)
     _decode_batch[(grid, len(plans) // per)](buf, step, starts, out.reshape(-1), stats, bad, heads, meta,

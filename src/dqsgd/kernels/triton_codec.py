@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from dqsgd.kernels.hashrng import signed64
+from dqsgd.kernels.workspace import scratch
 from dqsgd.quantizers import Layout
 
 __all__ = ["Checks", "STATS", "absmax_triton", "accumulate_triton", "encode_triton"]
@@ -358,7 +359,7 @@ def pow2(w: int) -> int:
 def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor:
     """max |x| per segment (float32, ``nseg`` of them) of a contiguous 1-D float tensor."""
     n = flat.numel()
-    bits = torch.zeros(nseg, dtype=torch.int32, device=flat.device)
+    bits = scratch("absmax1", nseg, torch.int32, flat.device, zero=True)
     if not n:
         return bits.view(torch.float32)
     seg = _Segments(layout, n, flat.device)
@@ -385,7 +386,8 @@ def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key:
     seg = _Segments(layout, n, dev)
     grid = (max(triton.cdiv(triton.cdiv(n, 8), GROUPS), triton.cdiv(k, HB)),)
     # the key as int64 bits: a Python int ≥ 2^63 would be typed u64, the others i64, two variants of the kernel
-    _encode_kernel[grid](flat, scales, scales.reciprocal(), seg.starts, payload, head, fl, signed64(key), n,
+    rec = torch.reciprocal(scales, out=scratch("rec1", scales.numel(), torch.float32, dev))
+    _encode_kernel[grid](flat, scales, rec, seg.starts, payload, head, fl, signed64(key), n,
                          payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, BITS=bits, LEVELS=levels,
                          WB=pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, **seg.meta())
     return fl if flags else None

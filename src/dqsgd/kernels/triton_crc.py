@@ -36,6 +36,7 @@ import triton.language as tl
 
 from dqsgd.codecs.threads import multmodp
 from dqsgd.kernels.device_crc import byte_tables, crc32_length_constant, x8n
+from dqsgd.kernels.workspace import scratch
 
 __all__ = ["crc32_triton"]
 
@@ -180,7 +181,8 @@ def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: tor
     decode kernel's ``triton_codec.STATS`` of them) it is compared with the bytes in ``dst`` instead,
     and stats is started: stats[2] = mismatch; ``bad`` (a 0-dim bool), if given, is set on a mismatch.
     ``copy = (to, at)``: bytes [at, at + len(to)) of ``data`` are also copied into ``to`` (uint8) on
-    the way (the decoder's aligned copy of the stored scales)."""
+    the way (the decoder's aligned copy of the stored scales). Inside ``workspace.use`` the returned
+    tensor is a scratch buffer: valid until the next call in that workspace."""
     if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
         raise ValueError(f"crc32 needs a contiguous 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
     n, dev = data.numel(), data.device
@@ -191,7 +193,7 @@ def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: tor
     src, count, level = data, n, 0
     while True:
         programs = max(-(-count // (FAN * ROWS)), 1)  # n = 0: one program of zero bytes (raw 0)
-        raws = torch.empty(programs, dtype=torch.int32, device=dev)
+        raws = scratch(("crc1", verify, level), programs, torch.int32, dev)
         final = programs == 1
         tab, comb = tables_on(dev, level)
         to, at = copy if copy is not None and level == 0 else (raws, 0)

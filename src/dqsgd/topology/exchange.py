@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
+from dqsgd.kernels.workspace import scratch
+from dqsgd.kernels.workspace import use as use_workspace
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.figures import figures_table, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, done, release, then
@@ -132,7 +134,7 @@ class RankExchange:
         if not self.ex.flag_nonfinite or (not codec.device_path(x) and not self.b.method.shares_scalers):
             return x, None
         finite = torch.isfinite(x)
-        x = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        x = x.masked_fill(~finite, 0.0)
         flags = (~finite.all()).to(torch.uint8)
         if self.P.vote:
             flags = flags | ((x == 0).all().to(torch.uint8) * codec.FLAG_ZERO)
@@ -203,6 +205,11 @@ class RankExchange:
         self.encode_s = time.perf_counter() - t0
         return self._size_table()
 
+    def _scratch(self) -> Any:
+        """The codec calls inside take their scratch buffers from this rank's workspace for the bucket
+        (:mod:`dqsgd.kernels.workspace`) on the device path; elsewhere fresh ones."""
+        return use_workspace(self.mem.workspace if codec.device_path(self.x) else None)
+
     def _size_table(self) -> Any:
         """Every rank's payload sizes, or a future of them (:func:`size_table`); for a policy fed the
         workers' norms (the link policy), with this rank's figures riding along (:func:`figures_table`)."""
@@ -228,7 +235,8 @@ class RankExchange:
     def _encode_each(self, scalers: torch.Tensor | None) -> list[torch.Tensor]:
         """:meth:`BucketProtocol.encode`, this rank's memory in and its new residuals staged."""
         res_in = [self.mem.residuals.get(j) for j in range(len(self.P.shards))]
-        out, res = self.P.encode(self.r, self.x, self.bits, self.step, self.mem.generator, res_in, scalers)
+        with self._scratch():
+            out, res = self.P.encode(self.r, self.x, self.bits, self.step, self.mem.generator, res_in, scalers)
         self.mem.staged = {j: t for j, t in enumerate(res) if t is not None} or None
         return out
 
@@ -278,10 +286,11 @@ class RankExchange:
         msgs = recv.split(self.recv_sizes)
         self.flg = torch.stack([m[-1] for m in msgs])  # the flag byte ending each message (no host-made index)
         try:
-            avg = self._average(r, [m[:-1] for m in msgs], self.flg)
-            mine, self.mem.down_staged = P.encode_down_fed(r, avg, self.step, self.mem.down_residual,
-                                                           None if coded else self.dmsg, self.b.payload_flag(avg),
-                                                           self.dbits)
+            with self._scratch():
+                avg = self._average(r, [m[:-1] for m in msgs], self.flg)
+                mine, self.mem.down_staged = P.encode_down_fed(r, avg, self.step, self.mem.down_residual,
+                                                               None if coded else self.dmsg,
+                                                               self.b.payload_flag(avg), self.dbits)
             if coded:  # its exact bytes and the status byte 0 (fixed: zero padded, the last byte 0)
                 mine = torch.cat([mine, torch.zeros(1, dtype=torch.uint8, device=mine.device)])
         except (PayloadError, ProtocolError) as e:  # told to every rank, in the downlink itself
@@ -313,7 +322,8 @@ class RankExchange:
         from dqsgd.codecs import PayloadError
         from dqsgd.method.pipeline import ProtocolError
 
-        out = torch.zeros(self.P.numel, dtype=torch.float32, device=self.x.device)
+        with self._scratch():  # the sum (the outcome is a fresh copy of it, :meth:`_finish`)
+            out = scratch("update", self.P.numel, torch.float32, self.x.device, zero=True)
         flag = self.b.payload_flag(out)
         if self.lengths is not None:  # each message's exact payload, then its status byte
             gathered = [m[:n] for m, n in zip(gathered, self.lengths)]
@@ -323,7 +333,8 @@ class RankExchange:
                                         "a payload")
         else:
             flag |= (status != 0).any()
-        self.P.decode_down([m[:-1] for m in gathered], out, flag, self.dbits)
+        with self._scratch():
+            self.P.decode_down([m[:-1] for m in gathered], out, flag, self.dbits)
         down = [n - 1 for n in self.lengths] if self.lengths is not None else list(self.P.down_sizes(self.dbits))
         return self._finish(out, self.flg, self.P.spent(self.table, self.dbits, down), down)
 
@@ -339,7 +350,7 @@ class RankExchange:
             if bool(bad):
                 out.fill_(float("nan"))
         else:
-            out = torch.where(bad, torch.full((), float("nan"), device=out.device), out)
+            out = out.masked_fill(bad, float("nan"))  # a fresh tensor: the caller keeps it
         return Outcome(out, bad, self.table, down, self.sent, self.side, self.encode_s)
 
     def _across(self, o: Outcome) -> torch.futures.Future:
@@ -391,7 +402,8 @@ class RankExchange:
         msgs = recv.split(self.recv_sizes)
         self.flg = recv[torch.tensor(self.recv_sizes).cumsum(0) - 1]  # the flag byte ending each message
         try:
-            self.avg = self._average(self.j, [m[:-1] for m in msgs], self.flg)
+            with self._scratch():
+                self.avg = self._average(self.j, [m[:-1] for m in msgs], self.flg)
             mine = codec.pad(ShardStats(self.b).partial(self.avg, self.j), self.dmsg)  # its last byte: status 0
         except (PayloadError, ProtocolError) as e:  # told to every rank in the status message
             mine = failure_message(e, self.dmsg, self.x.device)

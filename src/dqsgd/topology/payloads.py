@@ -189,7 +189,7 @@ def packed(payloads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
     st = payloads[0].untyped_storage()
     if all(p.dtype == torch.uint8 and p.dim() == 1 and p.stride(0) == 1
            and p.untyped_storage().data_ptr() == st.data_ptr() for p in payloads):
-        base = torch.empty(0, dtype=torch.uint8, device=payloads[0].device).set_(st, 0, (st.nbytes(),))
+        base = payloads[0].as_strided((st.nbytes(),), (1,), 0)  # a view of the whole storage: no allocation
         return base, [p.storage_offset() for p in payloads]
     at = [0]
     for p in payloads[:-1]:

@@ -32,6 +32,7 @@ class Memory:
     staged: dict[int, torch.Tensor] | None = None  # this step's new residuals, kept once no rank overflowed
     down_residual: torch.Tensor | None = None      # error-fed downlink: this rank's shard server residual e_j
     down_staged: torch.Tensor | None = None        # this step's new e_j, kept once no rank overflowed
+    workspace: dict = field(default_factory=dict, repr=False, compare=False)  # the device codec's scratch buffers
 
     def commit(self, bad: torch.Tensor) -> None:
         """Keep this step's staged memory unless some rank's bucket was non-finite (``bad``)."""
