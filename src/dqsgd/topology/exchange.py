@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
-from dqsgd.kernels.workspace import scratch
-from dqsgd.kernels.workspace import use as use_workspace
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.figures import figures_table, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, done, release, then
@@ -207,7 +205,10 @@ class RankExchange:
 
     def _scratch(self) -> Any:
         """The codec calls inside take their scratch buffers from this rank's workspace for the bucket
-        (:mod:`dqsgd.kernels.workspace`) on the device path; elsewhere fresh ones."""
+        (:mod:`dqsgd.kernels.workspace`) on the device path; elsewhere fresh ones. Imported here: importing
+        the hook loads no kernel module."""
+        from dqsgd.kernels.workspace import use as use_workspace
+
         return use_workspace(self.mem.workspace if codec.device_path(self.x) else None)
 
     def _size_table(self) -> Any:
@@ -321,6 +322,8 @@ class RankExchange:
         server that refused a payload: every rank raises its error (CPU) or flags the bucket (device)."""
         from dqsgd.codecs import PayloadError
         from dqsgd.method.pipeline import ProtocolError
+
+        from dqsgd.kernels.workspace import scratch
 
         with self._scratch():  # the sum (the outcome is a fresh copy of it, :meth:`_finish`)
             out = scratch("update", self.P.numel, torch.float32, self.x.device, zero=True)
