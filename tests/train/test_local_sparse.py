@@ -234,3 +234,24 @@ def test_sparse_methods_are_refused_where_they_cannot_run() -> None:
     from dqsgd.method.config import check_one_message
     with pytest.raises(ValueError, match="Local SGD runs it"):
         check_one_message(method_config("randk"), "the DDP hook")
+
+
+@pytest.mark.parametrize("topology", ["ps", "sharded"])
+def test_a_forged_message_size_is_refused_before_allocating(topology: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose message is longer than k coordinates of its shard can carry: every rank refuses
+    it from the size table (the exchange's one size bound), before any buffer of that size is made."""
+    d, k, bits, workers = 200, 20, 4, 2
+    m = Method(method_config("topk", topk_ratio=k / d, bits=bits), d, 4, [d])
+    step = SparseStep(m, topology, workers, 0, 32)
+    honest = step.compress
+
+    def forged(p: torch.Tensor, k: int, bits: int, gen: torch.Generator) -> tuple[list[bytes], torch.Tensor]:
+        msgs, xhat = honest(p, k, bits, gen)
+        return ([msgs[0] + bytes(10_000)] + msgs[1:] if gen is gens[1] else msgs), xhat
+
+    gens = {w: generator(0, QUANT, w) for w in range(workers)}
+    monkeypatch.setattr(step, "compress", forged)
+    g = torch.Generator().manual_seed(3)
+    deltas = {w: torch.randn(d, generator=g) for w in range(workers)}
+    with pytest.raises(PayloadError, match=r"rank 1 announced a payload of \d+ bytes.*refused before allocating"):
+        step.run(SimTransport(workers, topology), deltas, m.init_state(workers, step.policy), 0, gens)

@@ -40,6 +40,7 @@ from dqsgd.policies.sparse_budget import budget_policy
 from dqsgd.quantizers import Scheme, dequantize, quantize_identity
 from dqsgd.quantizers.sparse import SPARSE_SCHEMES, density_count, quantize_values, select
 from dqsgd.topology.downspec import DownlinkSpec
+from dqsgd.topology.exchange import size_table
 from dqsgd.topology.group import DOWN, UP
 from dqsgd.topology.limits import check_table
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
@@ -174,10 +175,10 @@ class SparseStep:
         received = {w: [tensor_bytes(m, row[0]) for m, row in zip(ms, table)] for w, ms in got.items() if ms is not None}
         if kind.server:
             size = self.down_max(0, k)
-            out = {w: refusable(lambda ps=ps: _framed(self.down_message(0, self.average(0, ps, k, bits), step)),
-                                room(size + 9))
-                   if groups[w].rank == SERVER else torch.zeros(room(size + 9), dtype=torch.uint8) for w, ps in
-                   ((w, received.get(w)) for w in groups)}
+            out = {w: torch.zeros(room(size + 9), dtype=torch.uint8) for w in groups}
+            for w, ps in received.items():  # the server's process: its downlink, or its refusal
+                out[w] = refusable(lambda: _framed(self.down_message(0, self.average(0, ps, k, bits), step)),
+                                   room(size + 9))
             down = settle(groups, {w: g.broadcast(out[w], SERVER, DOWN) for w, g in groups.items()})
             w0 = next(iter(down))
             reply = _unframed(opened(down[w0], f"rank {w0}: step {step}: the server (rank {SERVER})"), size)
@@ -211,11 +212,11 @@ class SparseStep:
 
     @staticmethod
     def _sizes(groups: Mapping[int, Group], rows: dict[int, list[bytes]], caps: list[int], step: int) -> list[list[int]]:
-        """Every rank's message sizes (one all-gather), each checked against its cap before anything of
-        that size is allocated."""
-        got = settle(groups, {w: g.all_gather(torch.tensor([len(m) for m in rows[w]], dtype=torch.int64), UP)
+        """Every rank's message sizes (the exchange's :func:`size_table`), each checked against its cap
+        before anything of that size is allocated."""
+        got = settle(groups, {w: size_table(g, [len(m) for m in rows[w]], False, torch.device("cpu"))
                               for w, g in groups.items()})
-        table = torch.stack(next(iter(got.values()))).tolist()
+        table = next(iter(got.values()))
         check_table(table, caps, f"step {step}: ")
         return table
 
