@@ -147,7 +147,6 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
         from dqsgd.codecs import PayloadError
         from dqsgd.method.pipeline import ProtocolError
         from dqsgd.topology.exchange import Exchange
-        from dqsgd.topology.payloads import fast_path
         from dqsgd.topology.registry import ring_bytes
 
         g, world = exchange_group(group, self.state.timeout), b.proto.workers
@@ -161,8 +160,7 @@ class DQSGDReduceScatter(_base()):  # type: ignore[misc]
             raise type(e)(f"FSDP unit {self.index}: {e}") from e
         b.catch_up(b.step)  # the width of the unit's next step
         out.copy_((o.update if world * scale == 1.0 else o.update * (world * scale)).reshape(out.shape))
-        sizes = 0 if fast_path(b.method) else 8 * world * (world - 1)  # the size table's all-gather
-        side = legs[0].down_sent + sizes + ring_bytes(o.side, world)  # statuses, sizes, TernGrad's scalers
+        side = legs[0].down_sent + ring_bytes(o.side, world)  # statuses, TernGrad's scalers (up_sent: the sizes too)
         self.state.count(legs[0].up_sent, legs[0].up_received, side, b.numel, world, 0 if bool(o.bad) else width,
                          itemsize=x.element_size())
 

@@ -28,5 +28,7 @@ def unit_protocol(config: MethodConfig, numel: int, total_steps: int, pieces: li
                   seed: int) -> BucketProtocol:
     """The unit's sharded protocol: its W shards, its keys (``seed``), no downlink (fp32)."""
     method = ShardedMethod(config, numel, total_steps, pieces, world)
-    return BucketProtocol(config, numel, pieces, topology=SHARDED.name, workers=world, seed=seed,
-                          total_steps=total_steps, method=method, spec=FP32_DOWNLINK)
+    proto = BucketProtocol(config, numel, pieces, topology=SHARDED.name, workers=world, seed=seed,
+                           total_steps=total_steps, method=method, spec=FP32_DOWNLINK)
+    proto.charge_side(scatter=True)  # the sizes and the entropy sample's statistics come out of the budget
+    return proto

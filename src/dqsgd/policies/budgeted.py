@@ -22,6 +22,13 @@ forecast and so lowered k. The same rule with a hindsight constant (t known in a
 0.32 / 0.65 / 0.54 / 0.98 / 0.68 on the same five: that is DQSGD's gain when t is
 tuned, as in the paper's Table 3, and what ``dqsgd-nonconvex`` / ``dqsgd-convex`` offer.
 
+Side traffic. Where an engine sends, every step, bytes beyond the payloads that a fixed-width method
+does not (a coded method's size table; FSDP's entropy sample: :mod:`dqsgd.policies.coded`),
+``side_bits`` is what one worker sends of them per step: each step then costs ``step_bits(B)`` =
+``message_bits(B)`` + ``side_bits`` in every plan and check below, and the exchange adds the side
+bytes it really sent to ``spent_bits`` (:meth:`dqsgd.topology.bucket.BucketProtocol.charge_side`).
+The simulation's ledger counts payloads alone, and its policies have ``side_bits = 0``.
+
 Guarantees (tested): the budget is never overspent — B_n is capped so that the steps left can
 still be paid at min_bits — and the integer widths (rounded to nearest, re-solved every step) make the total land
 within one step's granularity of C when C is reachable.
@@ -36,7 +43,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from dqsgd.policies.base import GradStats, Rounding, integerize
+from dqsgd.policies.base import GradStats, Rounding, Spent, integerize, split_spent
 from dqsgd.theory.formulas import bits_for_levels
 
 
@@ -61,6 +68,7 @@ class BudgetedDQSGD:
     max_bits: int = 16
     name: str = "dqsgd-budget"
     needs_grad: bool = False
+    side_bits: int = 0  # bits one worker sends per step beyond its payloads, paid from the budget (docstring)
     label: ClassVar[str] = "budgeted DQSGD"  # how error messages name the policy
 
     def __post_init__(self) -> None:
@@ -75,17 +83,22 @@ class BudgetedDQSGD:
 
     def check_feasible(self) -> None:
         """Refuse a budget that cannot pay every step at min_bits (sizes known in advance)."""
-        need = self.total_steps * self.message_bits(self.min_bits)
+        need = self.total_steps * self.step_bits(self.min_bits)
         if self.budget_bits < need:
             raise ValueError(
                 f"infeasible budget: {self.budget_bits} bits cannot pay {self.total_steps} steps even at "
-                f"min_bits={self.min_bits} ({self.message_bits(self.min_bits)} bits per message, {need} in all)"
+                f"min_bits={self.min_bits} ({self.step_bits(self.min_bits)} bits per step: its message and "
+                f"{self.side_bits} of side traffic; {need} in all)"
             )
+
+    def step_bits(self, bits: int) -> int:
+        """What a step at width ``bits`` costs the budget: its message and the step's side traffic."""
+        return self.message_bits(bits) + self.side_bits
 
     @property
     def header_bits(self) -> float:
-        """B_pre: bits of a message beyond d·B (header, norm, CRC), from the exact cost."""
-        return self.message_bits(self.min_bits) - self.numel * self.min_bits
+        """B_pre: bits of a step beyond d·B (header, norm, CRC, side traffic), from the exact cost."""
+        return self.step_bits(self.min_bits) - self.numel * self.min_bits
 
     def init(self) -> BudgetState:
         per_step = self.budget_bits / self.total_steps
@@ -95,8 +108,8 @@ class BudgetedDQSGD:
 
     def _affordable(self, bits: int, step: int, spent: int) -> int:
         """The largest width ≤ bits such that the remaining steps can still be paid at min_bits."""
-        left = self.budget_bits - spent - (self.total_steps - step - 1) * self.message_bits(self.min_bits)
-        while bits > self.min_bits and self.message_bits(bits) > left:
+        left = self.budget_bits - spent - (self.total_steps - step - 1) * self.step_bits(self.min_bits)
+        while bits > self.min_bits and self.step_bits(bits) > left:
             bits -= 1
         return bits
 
@@ -142,6 +155,21 @@ class BudgetedDQSGD:
     def tau(self) -> float:
         """Forgetting time and extrapolation horizon of the norm forecast, in steps."""
         return max(10.0, self.total_steps / 20.0)
+
+
+def replace_budget(policy: object, **changes: object) -> object | None:
+    """``policy`` with ``changes`` made to its budgeted policy (itself, or the ``inner`` of the both-leg
+    split); None where it has no budget."""
+    if isinstance(policy, BudgetedDQSGD):
+        return replace(policy, **changes)
+    inner = getattr(policy, "inner", None)
+    return replace(policy, inner=replace(inner, **changes)) if isinstance(inner, BudgetedDQSGD) else None
+
+
+def charged_spent(spent: Spent, side_bits: int) -> Spent:
+    """A step's :data:`~dqsgd.policies.base.Spent` with ``side_bits`` of side traffic added to its total."""
+    total, down = split_spent(spent)
+    return total + side_bits if down is None else (total + side_bits, down)
 
 
 def solve_log_k(total: Callable[[float], float], target: float) -> float:

@@ -27,6 +27,21 @@ with the nominal budget). B_n is the nearest integer, lowered while the step and
 remaining steps at ``min_bits`` would overspend C. Every cost in that check is an upper estimate:
 ``margin`` × the larger of r and the last observed ratio, or fixed(B) when that is smaller.
 
+Side traffic and the sample (the DDP hook and FSDP; :attr:`BudgetedDQSGD.side_bits`). A coded
+message's size is not known in advance, so the engines all-gather a size table every step (S int64
+to each peer; a coded downlink's lengths too): a fixed-width method sends none. Under FSDP no rank
+holds G, so the ranks also all-gather their pieces of the entropy sample, 4 bytes per sampled
+coordinate, in the status message every rank sends anyway (its first 256 bytes are room a fixed
+width sends too, for a refusal). Both are charged to the budget, and under FSDP the sample shrinks
+with the unit (:func:`fit_sample`): it is the largest (at most ``sample``) whose bytes past that room
+cost at most 1/16 of a step's share C/N. Why: on a unit of 10⁴ elements over 4 ranks the full sample
+(every coordinate) sent 30 kB a step against a 1 kB budget share and the 4.6 kB of ``qsgd-4bit``;
+1/16 leaves the levels at least 15/16 of the budget and still samples ~d/500 coordinates (more than
+60 per rank fit the room for free), enough for an entropy whose bias the ratio r absorbs. The hook's
+ranks hold G, so its sample costs nothing and stays. No fallback to the uncoded budget is needed:
+what the charge leaves the levels (at least ≈ 0.6 bits per coordinate at 10⁴ elements and W = 8)
+still buys more than a FIXED budget could (2 bits at the least).
+
 What is guaranteed, and what is measured: the sizes of coded messages are only known once they are
 encoded, so unlike the nominal budget (where every size is known in advance) the "never overspent"
 property rests on the reserve's margin, not on arithmetic. ``tests/policies/test_policy_coded.py`` trains
@@ -40,14 +55,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
 from dqsgd.kernels.levels import value_level_entropies
 from dqsgd.policies.base import GradStats, Rounding, integerize
-from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms
+from dqsgd.policies.budgeted import BudgetedDQSGD, forecast_norms, replace_budget
 from dqsgd.quantizers.constants import levels_for_bits
 
 
@@ -79,6 +94,26 @@ def read_stride(policy: object, numel: int) -> int:
     ``inner``), else 1 (all of it, as AdaQS reads it)."""
     sample = getattr(getattr(policy, "inner", policy), "sample", None)
     return 1 if sample is None else sample_stride(numel, sample)
+
+
+SIDE_SHARE = 16  # FSDP's entropy sample may cost at most 1/SIDE_SHARE of a step's budget share (module docstring)
+
+
+def fit_sample(policy: object, extra: Callable[[int], int]) -> object:
+    """``policy`` (a coded budget, or the both-leg split over one; else as it is) with its ``sample`` cut to
+    the largest whose exchange costs at most 1/:data:`SIDE_SHARE` of a step's budget share: ``extra(n)``,
+    the bytes a sample of at most n coordinates adds to one rank's step, is non-decreasing in n."""
+    inner = getattr(policy, "inner", policy)
+    if not isinstance(inner, CodedBudgetedDQSGD):
+        return policy
+    allow = inner.budget_bits / (8 * SIDE_SHARE * inner.total_steps)
+    lo, hi = 1, inner.sample
+    if extra(hi) <= allow:
+        return policy
+    while lo < hi:  # the largest n in [lo, hi) with extra(n) <= allow (extra(1) is a few bytes: none past the room)
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if extra(mid) <= allow else (lo, mid - 1)
+    return replace_budget(policy, sample=lo)
 
 
 def level_entropies(grad: torch.Tensor, norm: float, widths: range, sample: int = 1 << 16) -> list[float]:
@@ -127,14 +162,14 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
     def fixed_bits(self) -> np.ndarray:
         """fixed(B) for B = min_bits..max_bits (read-only): every update reads it several times, and
         ``message_bits`` builds a header's size on each call."""
-        fixed = np.array([self.message_bits(b) for b in self.widths], dtype=np.float64)
+        fixed = np.array([self.step_bits(b) for b in self.widths], dtype=np.float64)
         fixed.setflags(write=False)
         return fixed
 
     def init(self) -> CodedBudgetState:
         share = self.budget_bits / self.total_steps
         bits = self.min_bits
-        while bits < self.max_bits and self.message_bits(bits + 1) <= share:
+        while bits < self.max_bits and self.step_bits(bits + 1) <= share:
             bits += 1
         return CodedBudgetState(bits, float(bits), 0, (0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), float("nan"),
                                 (), float("nan"), float("nan"))

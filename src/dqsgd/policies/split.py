@@ -179,7 +179,7 @@ class SplitBudget:
     def upper_up(self) -> np.ndarray:
         """Each uplink width's fixed size: exact for the nominal budget, an upper bound of the coded size
         (the coded budget's estimate before the first step)."""
-        return np.array([self.inner.message_bits(u) for u in self.legs.up], dtype=np.float64)
+        return np.array([self.inner.step_bits(u) for u in self.legs.up], dtype=np.float64)
 
     def costs(self, up: np.ndarray, down: np.ndarray | None = None) -> np.ndarray:
         """Both legs' bits of every pair, rows u, columns v; ``down``: the downlink's cost per width

@@ -110,6 +110,34 @@ class BucketProtocol:
         # the bucket's bit policy: the method's, or under "auto" the split of one both-leg budget over it
         # (the method keeps its own: whoever runs this bucket asks the protocol)
         self.policy = self._split(total_steps) if self.auto else self.method.policy
+        self.charged = False  # the policy pays for the side traffic (:meth:`charge_side`)
+
+    def charge_side(self, scatter: bool = False) -> None:
+        """Make a budgeted policy pay for what the engines' exchange (the DDP hook's; FSDP's reduce-scatter,
+        ``scatter``) sends every step beyond the payloads that a fixed-width method does not
+        (:meth:`side_bytes`), its entropy sample first cut to what FSDP's budget affords
+        (:func:`~dqsgd.policies.coded.fit_sample`); the exchange then adds those bytes, as it sends them, to
+        each step's spent bits. The trainer's ledger counts payloads alone: its policies are not charged."""
+        from dqsgd.policies.budgeted import replace_budget
+        from dqsgd.policies.coded import fit_sample
+        from dqsgd.topology.scatter import ShardStats
+
+        if scatter:
+            self.policy = fit_sample(self.policy, lambda n: (self.workers - 1) * ShardStats(self, n).extra)
+        charged = replace_budget(self.policy, side_bits=8 * self.side_bytes(scatter))
+        if charged is not None:
+            self.policy, self.charged = charged, True
+
+    def side_bytes(self, scatter: bool = False) -> int:
+        """Bytes one rank sends per step beyond its payloads and a fixed-width method's messages: the size
+        table's all-gather (S int64 to each peer) unless sizes are known in advance, a coded downlink's
+        lengths (one int64 to each peer), and FSDP's statistics past the status message's room."""
+        from dqsgd.topology.scatter import ShardStats
+
+        peers = self.workers - 1
+        sizes = 0 if payloads.fast_path(self.method) else 8 * len(self.shards) * peers
+        lengths = 8 * peers if self.kind.sharded and self.coded_down and not scatter else 0
+        return sizes + lengths + (peers * ShardStats(self).extra if scatter else 0)
 
     def _split(self, total_steps: int) -> SplitBudget:
         """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is

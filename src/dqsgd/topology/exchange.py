@@ -22,7 +22,8 @@ and read the :class:`Outcome` their futures hold. One step of rank r:
    policy skips the step); the policy is fed (:meth:`BucketState.observe`, the one point).
 
 The bytes each rank sends and receives are counted once, by :meth:`Topology.legs` of the
-protocol's topology, through the ``count`` callback of the caller; a topology that splits the ranks
+protocol's topology with the size tables' all-gathers added, through the ``count`` callback of the
+caller (a charged policy also pays them: :meth:`BucketProtocol.charge_side`); a topology that splits the ranks
 in groups (:meth:`Topology.split`) also gets the bytes of the groups' updates this rank receives, as
 the entries of :attr:`Outcome.down` past its shards' (its legs count them, in the downlink phase).
 """
@@ -38,7 +39,7 @@ import torch
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.figures import figures_table, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, done, release, then
-from dqsgd.topology.refusal import failure_message, refused
+from dqsgd.topology.refusal import ROOM, failure_message, refused
 from dqsgd.topology.registry import Legs
 from dqsgd.topology.scatter import ShardStats
 
@@ -121,6 +122,8 @@ class RankExchange:
         self.r, self.j, self.mem, self.W = rank, self.g.rank, mem, self.g.size  # worker r serves shard j
         self.step, self.bits, self.dbits, self.feeds = step, bits, dbits, feeds
         self.side, self.encode_s, self.send, self.lengths = 0, 0.0, None, None
+        self.tables = self.extra = 0  # bytes of the size table sent to the peers; of all it sent beyond the
+        # payloads and a fixed width's messages, which a charged policy pays (BucketProtocol.charge_side)
         self.norms = self.sample = None  # scatter: G's norms and policy sample, gathered from the ranks
         self.figures: list[list[float]] | None = None  # every rank's (‖x‖², ‖Q(x) − x‖²): a policy fed them
         self.x, self.flags = self._input(flat)
@@ -216,8 +219,11 @@ class RankExchange:
         workers' norms (the link policy), with this rank's figures riding along (:func:`figures_table`)."""
         mine = [p.numel() for p in self.sent]
         if not (self.gathers_figures and getattr(self.P.policy, "needs_worker_norms", False)) or self.outer is not None:
-            return size_table(self.g, mine, codec.fast_path(self.b.method), self.x.device)
+            fixed = codec.fast_path(self.b.method)
+            self.tables = self.extra = 0 if fixed else 8 * len(mine) * (self.W - 1)
+            return size_table(self.g, mine, fixed, self.x.device)
         figures = own_figures(self.P, self.sent, self.x, self.bits)
+        self.tables = self.extra = 8 * (len(mine) + len(figures)) * (self.W - 1)
         return then(figures_table(self.g, mine, figures, self.x.device), self._keep_figures)
 
     def _keep_figures(self, got: tuple[list[list[int]], list[list[float]]]) -> list[list[int]]:
@@ -250,15 +256,15 @@ class RankExchange:
             self.recv_sizes = [row[r] + 1 for row in table]
             self.dmsg = max(self.P.down_sizes(self.dbits)) + 1  # the longest downlink payload and the status byte
             if self.ex.scatter:
-                self.dmsg = ShardStats(self.b).size + 1
+                self.dmsg = ShardStats(self.P).size + 1
             down = [0 if self.P.coded_down else self.dmsg] * self.W  # a coded downlink: counted once its sizes are known
-            self.ex.count(self.P.kind.legs([[n + 1 for n in row] for row in table], down, r))
+            self.ex.count(self.P.kind.legs([[n + 1 for n in row] for row in table], down, r).plus(self.tables))
             fut = self.g.all_to_all(send, [n + 1 for n in table[r]], self.recv_sizes, UP)
         else:
             size = max(row[0] for row in table) + 1
             msg = self.send if self.send is not None and self.send.numel() == size else torch.cat(
                 [codec.pad(self.sent[0], size - 1), self.flags.reshape(1)])
-            self.ex.count(self.P.kind.legs([[row[0] + 1] for row in table], [], r))
+            self.ex.count(self.P.kind.legs([[row[0] + 1] for row in table], [], r).plus(self.tables))
             fut = self.g.all_gather(msg, UP)
         release(self.mine[0])
         return fut
@@ -312,7 +318,8 @@ class RankExchange:
         for j, n in enumerate(self.lengths):  # rank j serves shard j
             check_sizes([n - 1], [caps[j]], f"rank {self.r}: the coded downlink of bucket {self.P.numel}: rank {j} "
                                             f"(the server of shard {j})")
-        self.ex.count(self.P.kind.legs([[0] * self.W for _ in range(self.W)], self.lengths, self.j), False)
+        self.extra += 8 * (self.W - 1)  # the lengths' all-gather: one int64 to each peer
+        self.ex.count(self.P.kind.legs([[0] * self.W] * self.W, self.lengths, self.j).plus(0, 8 * (self.W - 1)), False)
         fut = self.g.all_gather(codec.pad(mine, max(self.lengths)), DOWN)
         release(self.mine[1])
         return fut
@@ -385,7 +392,10 @@ class RankExchange:
     def _feed(self, o: Outcome) -> Outcome:
         """The policy fed, once per process and step, the update every rank holds."""
         if self.feeds:
-            self.b.observe(o.update, self.step, self.spent, o.bad, norms=self.norms, sample=self.sample,
+            from dqsgd.policies.budgeted import charged_spent
+
+            spent = charged_spent(self.spent, 8 * self.extra) if self.P.charged else self.spent
+            self.b.observe(o.update, self.step, spent, o.bad, norms=self.norms, sample=self.sample,
                            workers=self._workers(o))
         return o
 
@@ -407,9 +417,10 @@ class RankExchange:
         try:
             with self._scratch():
                 self.avg = self._average(self.j, [m[:-1] for m in msgs], self.flg)
-            mine = codec.pad(ShardStats(self.b).partial(self.avg, self.j), self.dmsg)  # its last byte: status 0
+            mine = codec.pad(ShardStats(self.P).partial(self.avg, self.j), self.dmsg)  # its last byte: status 0
         except (PayloadError, ProtocolError) as e:  # told to every rank in the status message
             mine = failure_message(e, self.dmsg, self.x.device)
+        self.extra += (self.W - 1) * (mine.numel() - 1 - ROOM)  # the statistics past a fixed width's room
         fut = self.g.all_gather(mine, DOWN)
         release(self.mine[1])
         return fut
@@ -417,7 +428,7 @@ class RankExchange:
     def _scattered(self, gathered: list[torch.Tensor]) -> Outcome:
         """Every rank's status: raise the first refusal, else G's statistics for the policy."""
         refused(gathered, lambda j: f"rank {self.r}: step {self.step}: rank {j} refused a payload it received")
-        self.norms, self.sample = ShardStats(self.b).combine(gathered)
+        self.norms, self.sample = ShardStats(self.P).combine(gathered)
         return self._finish(self.avg, self.flg, self.P.spent_bits(self.table), [])
 
 

@@ -24,6 +24,11 @@ class Legs(NamedTuple):
     down_sent: int
     down_received: int
 
+    def plus(self, up: int, down: int = 0) -> Legs:
+        """With ``up`` more bytes sent and received in the uplink phase, ``down`` in the downlink's (the
+        exchange's size tables: all-gathers)."""
+        return Legs(self.up_sent + up, self.up_received + up, self.down_sent + down, self.down_received + down)
+
 
 def ring_bytes(nbytes: int, world: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of ``nbytes``: 2·(W−1)/W·nbytes."""

@@ -13,7 +13,7 @@ from dqsgd.topology import payloads as codec
 from dqsgd.topology.refusal import ROOM
 
 if TYPE_CHECKING:
-    from dqsgd.topology.state import BucketState
+    from dqsgd.topology.bucket import BucketProtocol
 
 __all__ = ["ShardStats"]
 
@@ -22,18 +22,22 @@ class ShardStats:
     """The statistics of G = [G_0, …, G_{W−1}] that a dynamic policy reads, from the shards the W ranks
     hold: each rank's Σ|G_j|^p (max |G_j| for p = ∞) and Σ G_j² in float64, and, for a policy that
     reads G itself, the elements of its fixed-stride sample inside shard j (float32, zero padded).
-    ‖G‖_∞ is exact; ‖G‖₂² is summed in rank order. A message has room for a refusal's text."""
+    ‖G‖_∞ is exact; ‖G‖₂² is summed in rank order. A message has room for a refusal's text.
+    ``sample``: the statistics of an entropy sample of at most that many coordinates (None: the
+    policy's own; :meth:`~dqsgd.topology.bucket.BucketProtocol.charge_side` prices candidates)."""
 
-    def __init__(self, b: BucketState):
-        from dqsgd.policies.coded import read_stride
+    def __init__(self, P: BucketProtocol, sample: int | None = None):
+        from dqsgd.policies.coded import read_stride, sample_stride
 
-        P = b.proto
-        self.p, self.numel, self.bounds = b.method.p, P.numel, P.bounds
-        self.dynamic = b.method.config.dynamic
-        self.stride = read_stride(P.policy, P.numel) if self.dynamic and P.policy.needs_grad else 0
+        m = P.method
+        self.p, self.numel, self.bounds = m.p, P.numel, P.bounds
+        self.dynamic = m.config.dynamic
+        reads = self.dynamic and P.policy.needs_grad
+        self.stride = 0 if not reads else sample_stride(P.numel, sample) if sample else read_stride(P.policy, P.numel)
         n = max(hi - lo for lo, hi in P.bounds)
         self.sampled = -(-n // self.stride) + 1 if self.stride else 0  # the most multiples of stride in n integers
         self.size = max(16 * self.dynamic + 4 * self.sampled, ROOM)  # room for a refusal (:mod:`dqsgd.topology.refusal`)
+        self.extra = self.size - ROOM  # bytes the statistics add to the status message a fixed width sends too
 
     def partial(self, avg: torch.Tensor, j: int) -> torch.Tensor:
         """Rank j's statistics of its shard ``avg``, as bytes (none for a fixed width)."""
