@@ -5,15 +5,12 @@ rank is fed the statistics of the whole G that no rank holds."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.refusal import ROOM
-
-if TYPE_CHECKING:
-    from dqsgd.topology.bucket import BucketProtocol
 
 __all__ = ["ShardStats"]
 
@@ -26,7 +23,7 @@ class ShardStats:
     ``sample``: the statistics of an entropy sample of at most that many coordinates (None: the
     policy's own; :meth:`~dqsgd.topology.bucket.BucketProtocol.charge_side` prices candidates)."""
 
-    def __init__(self, P: BucketProtocol, sample: int | None = None):
+    def __init__(self, P: Any, sample: int | None = None):  # a BucketProtocol (which builds one: no import cycle)
         from dqsgd.policies.coded import read_stride, sample_stride
 
         m = P.method
