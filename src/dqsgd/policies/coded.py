@@ -35,7 +35,7 @@ coordinate, in the status message every rank sends anyway (its first 256 bytes a
 width sends too, for a refusal). Both are charged to the budget, and under FSDP the sample shrinks
 with the unit (:func:`fit_sample`): it is the largest (at most ``sample``) whose bytes past that room
 cost at most 1/16 of a step's share C/N. Why: on a unit of 10⁴ elements over 4 ranks the full sample
-(every coordinate) sent 30 kB a step against a 1 kB budget share and the 4.6 kB of ``qsgd-4bit``;
+(every coordinate) sent 30 kB a step against a 1.4 kB budget share and the 4.6 kB of ``qsgd-4bit``;
 1/16 leaves the levels at least 15/16 of the budget and still samples ~d/500 coordinates (more than
 60 per rank fit the room for free), enough for an entropy whose bias the ratio r absorbs. The hook's
 ranks hold G, so its sample costs nothing and stays. No fallback to the uncoded budget is needed:
