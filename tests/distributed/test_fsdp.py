@@ -64,7 +64,8 @@ def simulate(method: str, ranks: list[dict], unit: int) -> None:
     pieces = list(ranks[0]["pieces"][unit]) * world
     m = ShardedMethod(method_config(method), numel, fr.STEPS, pieces, world)
     step = ExchangeStep(m, pieces, world, unit_seed(fr.SEED, unit), DownlinkSpec(FP32))
-    state = m.init_state(world)
+    step.protocol.charge_side(scatter=True)  # the budget pays what FSDP's exchange sends beside the payloads
+    state = m.init_state(world, step.protocol.policy)
     gens = {w: worker_generator(unit_seed(fr.SEED, unit), w) for w in range(world)}
     t = SimTransport(world, "sharded")
     n = numel // world

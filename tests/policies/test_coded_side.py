@@ -1,5 +1,6 @@
-"""``dqsgd-coded`` within its budget under the engines (issue 37, point 3): the size tables and FSDP's
-entropy sample are charged to the budget (:meth:`~dqsgd.topology.bucket.BucketProtocol.charge_side`),
+"""``dqsgd-coded`` within its budget under the engines (issue 37, point 3): under FSDP the size tables and
+the entropy sample are charged to the budget (:meth:`~dqsgd.topology.bucket.BucketProtocol.charge_side`;
+the DDP hook counts its size tables, and its budget counts payloads as the trainer's does),
 FSDP's sample shrinks with the unit (:func:`~dqsgd.policies.coded.fit_sample`), and a rank never sends
 more than under ``qsgd-4bit`` where ``qsgd-4bit`` sends less than fp32, on units of 10⁴ to 10⁷ elements.
 
@@ -73,7 +74,7 @@ def run(engine: str, method: str, numel: int, world: int) -> dict:
     b = bucket(engine, method, numel, world)
     P = b.proto
     mems = [b] + [Memory(generator=worker_generator(0, w)) for w in range(1, world)]
-    handed, counted, charged, payloads = [0] * world, 0, [], []
+    handed, payload_wire, counted, charged, payloads = [0] * world, [0] * world, 0, [], []
     observe = b.observe
     b.observe = lambda update, step, spent, *a, **kw: (charged.append(split_spent(spent)[0]),
                                                        observe(update, step, spent, *a, **kw))[1]
@@ -91,8 +92,14 @@ def run(engine: str, method: str, numel: int, world: int) -> dict:
         payloads.append(split_spent(P.spent(o.table, dbits, o.down) if P.kind.sharded and engine != "fsdp"
                                     else P.spent_bits(o.table))[0])
         handed = [h + n for h, n in zip(handed, wire.bytes)]
+        # what the step's payloads (each with its flag byte) and a fixed width's messages alone would hand:
+        # FSDP's status messages at their room, a coded downlink's messages padded to the longest
+        up = [[n + 1 for n in row] for row in o.table]
+        down = [ROOM + 1] * world if engine == "fsdp" else [n + 1 for n in o.down]
+        plain = [P.kind.legs(up, down, r) for r in range(world)]
+        payload_wire = [p + g.up_sent + g.down_sent for p, g in zip(payload_wire, plain)]
         counted += sum(got.up_sent + got.down_sent for got in legs)  # every rank's, a coded downlink's late too
-    return {"handed": handed, "counted": counted, "charged": charged, "payloads": payloads, "proto": P,
+    return {"handed": handed, "payload_wire": payload_wire, "counted": counted, "charged": charged, "payloads": payloads, "proto": P,
             "state": b.policy}
 
 
@@ -109,7 +116,8 @@ REAL = [("fsdp", 10**4, 2), ("fsdp", 10**4, 4), ("fsdp", 10**4, 8), ("fsdp", 10*
 @pytest.mark.parametrize("engine,numel,world", REAL)
 def test_coded_sends_no_more_than_qsgd_4bit(engine: str, numel: int, world: int) -> None:
     """Real exchanges: every rank's handed bytes are what the engine counts (the size tables included);
-    each step's charge past its payloads is the policy's planned side traffic, bit for bit; and every rank
+    what each rank hands beyond its payloads and a fixed width's messages is the side traffic the policy
+    plans for and is charged each step past its payloads, byte for byte; and every rank
     of ``dqsgd-coded`` sends no more than under ``qsgd-4bit``, which sends less than fp32 here."""
     coded, qsgd = run(engine, "dqsgd-coded", numel, world), run(engine, "qsgd-4bit", numel, world)
     for r in range(world):
@@ -118,9 +126,11 @@ def test_coded_sends_no_more_than_qsgd_4bit(engine: str, numel: int, world: int)
     for got in (coded, qsgd):
         assert sum(got["handed"]) == got["counted"]
     P = coded["proto"]
-    side = 8 * P.side_bytes(scatter=engine == "fsdp")
-    assert side > 0 and getattr(getattr(P.policy, "inner", P.policy), "side_bits") == side
-    assert [c - p for c, p in zip(coded["charged"], coded["payloads"])] == [side] * STEPS
+    side = P.side_bytes(scatter=engine == "fsdp")
+    charged = 8 * side if engine == "fsdp" else 0  # the hook's budget counts payloads, as the trainer's ledger
+    assert side > 0 and getattr(getattr(P.policy, "inner", P.policy), "side_bits") == P.side_bits == charged
+    assert [h - p for h, p in zip(coded["handed"], coded["payload_wire"])] == [STEPS * side] * world
+    assert [c - p for c, p in zip(coded["charged"], coded["payloads"])] == [charged] * STEPS
     assert coded["state"].spent == sum(coded["charged"])
 
 
@@ -137,14 +147,16 @@ def qsgd_bytes(engine: str, numel: int, world: int) -> int:
 @pytest.mark.parametrize("numel", SIZES)
 @pytest.mark.parametrize("engine", ["fsdp", "allgather"])
 def test_charged_budget_stays_below_qsgd_4bit(engine: str, numel: int, world: int) -> None:
-    """Every size, from the policy's accounting: the charged spend of a run is at most C (payloads, size
-    tables and FSDP's statistics past the status room), so a rank sends at most C/8 plus the status room and
-    flag bytes (FSDP: its W−1 payloads are part of the W the budget counts), or (W−1)·C/8 plus the flag
-    bytes (allgather: its one payload to each peer); both below ``qsgd-4bit``'s exact bytes where those are
-    below fp32. FSDP's sample costs at most 1/16 of a step's share past the room."""
+    """Every size, from the policy's accounting: the charged spend of a run is at most C (FSDP: payloads,
+    size tables and the statistics past the status room), so a rank sends at most C/8 plus the status room
+    and flag bytes (FSDP: its W−1 payloads are part of the W the budget counts), or (W−1)·C/8 plus the flag
+    bytes and the size tables (the hook's allgather: its one payload to each peer); both below
+    ``qsgd-4bit``'s exact bytes where those are below fp32. FSDP's sample costs at most 1/16 of a step's
+    share past the room."""
     b = bucket(engine, "dqsgd-coded", numel, world, steps=STEPS)
     P, policy = b.proto, b.proto.policy
-    assert policy.side_bits == 8 * P.side_bytes(scatter=engine == "fsdp") > 0
+    side = P.side_bytes(scatter=engine == "fsdp")
+    assert side > 0 and policy.side_bits == (8 * side if engine == "fsdp" else 0)
     q = qsgd_bytes(engine, numel, world)
     assert q < fp32_bytes(engine, numel, world)  # qsgd-4bit is worth it at every size here
     peers, C = world - 1, policy.budget_bits
@@ -154,5 +166,5 @@ def test_charged_budget_stays_below_qsgd_4bit(engine: str, numel: int, world: in
         assert stats <= 0 or policy.sample < 1 << 16
         bound = math.ceil(C / 8) + STEPS * peers * (ROOM + 2)
     else:
-        bound = peers * (math.ceil(C / 8) + STEPS)
+        bound = peers * (math.ceil(C / 8) + STEPS) + STEPS * side
     assert bound <= STEPS * q, (bound, STEPS * q)

@@ -22,12 +22,13 @@ forecast and so lowered k. The same rule with a hindsight constant (t known in a
 0.32 / 0.65 / 0.54 / 0.98 / 0.68 on the same five: that is DQSGD's gain when t is
 tuned, as in the paper's Table 3, and what ``dqsgd-nonconvex`` / ``dqsgd-convex`` offer.
 
-Side traffic. Where an engine sends, every step, bytes beyond the payloads that a fixed-width method
-does not (a coded method's size table; FSDP's entropy sample: :mod:`dqsgd.policies.coded`),
+Side traffic. Where an engine's budget pays, every step, bytes beyond the payloads that a fixed-width
+method does not send (FSDP's: a coded method's size table, its entropy sample: :mod:`dqsgd.policies.coded`),
 ``side_bits`` is what one worker sends of them per step: each step then costs ``step_bits(B)`` =
-``message_bits(B)`` + ``side_bits`` in every plan and check below, and the exchange adds the side
-bytes it really sent to ``spent_bits`` (:meth:`dqsgd.topology.bucket.BucketProtocol.charge_side`).
-The simulation's ledger counts payloads alone, and its policies have ``side_bits = 0``.
+``message_bits(B)`` + ``side_bits`` in every plan and check below, and the exchange adds them to
+each step's ``spent_bits`` (:meth:`dqsgd.topology.bucket.BucketProtocol.charge_side`; they are fixed
+by the layout, and equal the bytes handed to the collectives: tested). The simulation's ledger
+counts payloads alone, and its policies (and the DDP hook's, one engine with it) have ``side_bits = 0``.
 
 Guarantees (tested): the budget is never overspent — B_n is capped so that the steps left can
 still be paid at min_bits — and the integer widths (rounded to nearest, re-solved every step) make the total land

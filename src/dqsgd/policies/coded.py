@@ -27,18 +27,19 @@ with the nominal budget). B_n is the nearest integer, lowered while the step and
 remaining steps at ``min_bits`` would overspend C. Every cost in that check is an upper estimate:
 ``margin`` × the larger of r and the last observed ratio, or fixed(B) when that is smaller.
 
-Side traffic and the sample (the DDP hook and FSDP; :attr:`BudgetedDQSGD.side_bits`). A coded
-message's size is not known in advance, so the engines all-gather a size table every step (S int64
-to each peer; a coded downlink's lengths too): a fixed-width method sends none. Under FSDP no rank
-holds G, so the ranks also all-gather their pieces of the entropy sample, 4 bytes per sampled
-coordinate, in the status message every rank sends anyway (its first 256 bytes are room a fixed
-width sends too, for a refusal). Both are charged to the budget, and under FSDP the sample shrinks
-with the unit (:func:`fit_sample`): it is the largest (at most ``sample``) whose bytes past that room
+Side traffic and the sample (FSDP; :attr:`BudgetedDQSGD.side_bits`). A coded message's size is not
+known in advance, so the engines all-gather a size table every step (S int64 to each peer): a
+fixed-width method sends none. Under FSDP no rank holds G, so the ranks also all-gather their pieces
+of the entropy sample, 4 bytes per sampled coordinate, in the status message every rank sends anyway
+(its first 256 bytes are room a fixed width sends too, for a refusal). Under FSDP both are charged to
+the budget, and the sample shrinks with the unit (:func:`fit_sample`): it is the largest (at most ``sample``) whose bytes past that room
 cost at most 1/16 of a step's share C/N. Why: on a unit of 10⁴ elements over 4 ranks the full sample
 (every coordinate) sent 30 kB a step against a 1.4 kB budget share and the 4.6 kB of ``qsgd-4bit``;
 1/16 leaves the levels at least 15/16 of the budget and still samples ~d/500 coordinates (more than
-60 per rank fit the room for free), enough for an entropy whose bias the ratio r absorbs. The hook's
-ranks hold G, so its sample costs nothing and stays. No fallback to the uncoded budget is needed:
+60 per rank fit the room for free), enough for an entropy whose bias the ratio r absorbs. The DDP
+hook's ranks hold G: its sample costs nothing and stays, and its budget counts payloads as the
+trainer's and the simulation's ledgers do (one engine, the same widths), its size tables counted in
+its statistics alone. No fallback to the uncoded budget is needed:
 what the charge leaves the levels (at least ≈ 0.6 bits per coordinate at 10⁴ elements and W = 8)
 still buys more than a FIXED budget could (2 bits at the least).
 

@@ -110,23 +110,24 @@ class BucketProtocol:
         # the bucket's bit policy: the method's, or under "auto" the split of one both-leg budget over it
         # (the method keeps its own: whoever runs this bucket asks the protocol)
         self.policy = self._split(total_steps) if self.auto else self.method.policy
-        self.charged = False  # the policy pays for the side traffic (:meth:`charge_side`)
+        self.side_bits = 0  # the side traffic the policy pays every step (:meth:`charge_side`)
 
     def charge_side(self, scatter: bool = False) -> None:
-        """Make a budgeted policy pay for what the engines' exchange (the DDP hook's; FSDP's reduce-scatter,
-        ``scatter``) sends every step beyond the payloads that a fixed-width method does not
-        (:meth:`side_bytes`), its entropy sample first cut to what FSDP's budget affords
-        (:func:`~dqsgd.policies.coded.fit_sample`); the exchange then adds those bytes, as it sends them, to
-        each step's spent bits. The trainer's ledger counts payloads alone: its policies are not charged."""
+        """Make a budgeted policy pay for what the exchange (FSDP's reduce-scatter: ``scatter``) sends every
+        step beyond the payloads that a fixed-width method does not (:meth:`side_bytes`), its entropy sample first cut to what FSDP's budget affords
+        (:func:`~dqsgd.policies.coded.fit_sample`); the exchange then adds them to each step's spent bits
+        (tests/policies/test_coded_side.py checks them against the bytes handed to the collectives). The
+        trainer's ledger counts payloads alone, and the DDP hook is one engine with it: not charged."""
         from dqsgd.policies.budgeted import replace_budget
         from dqsgd.policies.coded import fit_sample
         from dqsgd.topology.scatter import ShardStats
 
         if scatter:
             self.policy = fit_sample(self.policy, lambda n: (self.workers - 1) * ShardStats(self, n).extra)
-        charged = replace_budget(self.policy, side_bits=8 * self.side_bytes(scatter))
+        side = 8 * self.side_bytes(scatter)
+        charged = replace_budget(self.policy, side_bits=side)
         if charged is not None:
-            self.policy, self.charged = charged, True
+            self.policy, self.side_bits = charged, side
 
     def side_bytes(self, scatter: bool = False) -> int:
         """Bytes one rank sends per step beyond its payloads and a fixed-width method's messages: the size

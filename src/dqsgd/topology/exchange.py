@@ -23,7 +23,7 @@ and read the :class:`Outcome` their futures hold. One step of rank r:
 
 The bytes each rank sends and receives are counted once, by :meth:`Topology.legs` of the
 protocol's topology with the size tables' all-gathers added, through the ``count`` callback of the
-caller (a charged policy also pays them: :meth:`BucketProtocol.charge_side`); a topology that splits the ranks
+caller (FSDP's budget pays them: :meth:`BucketProtocol.charge_side`); a topology that splits the ranks
 in groups (:meth:`Topology.split`) also gets the bytes of the groups' updates this rank receives, as
 the entries of :attr:`Outcome.down` past its shards' (its legs count them, in the downlink phase).
 """
@@ -39,7 +39,7 @@ import torch
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.figures import figures_table, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, done, release, then
-from dqsgd.topology.refusal import ROOM, failure_message, refused
+from dqsgd.topology.refusal import failure_message, refused
 from dqsgd.topology.registry import Legs
 from dqsgd.topology.scatter import ShardStats
 
@@ -122,8 +122,7 @@ class RankExchange:
         self.r, self.j, self.mem, self.W = rank, self.g.rank, mem, self.g.size  # worker r serves shard j
         self.step, self.bits, self.dbits, self.feeds = step, bits, dbits, feeds
         self.side, self.encode_s, self.send, self.lengths = 0, 0.0, None, None
-        self.tables = self.extra = 0  # bytes of the size table sent to the peers; of all it sent beyond the
-        # payloads and a fixed width's messages, which a charged policy pays (BucketProtocol.charge_side)
+        self.tables = 0  # bytes of the size table sent to the peers (counted in the uplink leg)
         self.norms = self.sample = None  # scatter: G's norms and policy sample, gathered from the ranks
         self.figures: list[list[float]] | None = None  # every rank's (‖x‖², ‖Q(x) − x‖²): a policy fed them
         self.x, self.flags = self._input(flat)
@@ -220,10 +219,10 @@ class RankExchange:
         mine = [p.numel() for p in self.sent]
         if not (self.gathers_figures and getattr(self.P.policy, "needs_worker_norms", False)) or self.outer is not None:
             fixed = codec.fast_path(self.b.method)
-            self.tables = self.extra = 0 if fixed else 8 * len(mine) * (self.W - 1)
+            self.tables = 0 if fixed else 8 * len(mine) * (self.W - 1)
             return size_table(self.g, mine, fixed, self.x.device)
         figures = own_figures(self.P, self.sent, self.x, self.bits)
-        self.tables = self.extra = 8 * (len(mine) + len(figures)) * (self.W - 1)
+        self.tables = 8 * (len(mine) + len(figures)) * (self.W - 1)
         return then(figures_table(self.g, mine, figures, self.x.device), self._keep_figures)
 
     def _keep_figures(self, got: tuple[list[list[int]], list[list[float]]]) -> list[list[int]]:
@@ -318,7 +317,6 @@ class RankExchange:
         for j, n in enumerate(self.lengths):  # rank j serves shard j
             check_sizes([n - 1], [caps[j]], f"rank {self.r}: the coded downlink of bucket {self.P.numel}: rank {j} "
                                             f"(the server of shard {j})")
-        self.extra += 8 * (self.W - 1)  # the lengths' all-gather: one int64 to each peer
         self.ex.count(self.P.kind.legs([[0] * self.W] * self.W, self.lengths, self.j).plus(0, 8 * (self.W - 1)), False)
         fut = self.g.all_gather(codec.pad(mine, max(self.lengths)), DOWN)
         release(self.mine[1])
@@ -394,7 +392,7 @@ class RankExchange:
         if self.feeds:
             from dqsgd.policies.budgeted import charged_spent
 
-            spent = charged_spent(self.spent, 8 * self.extra) if self.P.charged else self.spent
+            spent = charged_spent(self.spent, self.P.side_bits) if self.P.side_bits else self.spent
             self.b.observe(o.update, self.step, spent, o.bad, norms=self.norms, sample=self.sample,
                            workers=self._workers(o))
         return o
@@ -420,7 +418,6 @@ class RankExchange:
             mine = codec.pad(ShardStats(self.P).partial(self.avg, self.j), self.dmsg)  # its last byte: status 0
         except (PayloadError, ProtocolError) as e:  # told to every rank in the status message
             mine = failure_message(e, self.dmsg, self.x.device)
-        self.extra += (self.W - 1) * (mine.numel() - 1 - ROOM)  # the statistics past a fixed width's room
         fut = self.g.all_gather(mine, DOWN)
         release(self.mine[1])
         return fut
