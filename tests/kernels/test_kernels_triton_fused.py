@@ -112,3 +112,21 @@ def test_encode_reads_no_payload_byte_for_its_crc(monkeypatch: pytest.MonkeyPatc
     assert p.numel() > 9 * BLOCK0
     assert levels == [4], levels
     assert launches == {"_absmax_kernel": 1, "_encode_kernel": 1, "_crc_level": 1}, launches
+
+
+@pytest.mark.slow  # the interpreter: a few seconds
+@pytest.mark.parametrize("gap", [1, 3])
+def test_batch_buffer_needs_no_zero_fill(gap: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched encode's buffer is made without a zero fill: the kernels write every byte of every
+    payload and the crc's last level zeroes the gap bytes after each (the hook's flag byte), so
+    whatever the allocator hands back, the bytes are the CPU batch's."""
+    spec = ((2000, Layout(bucket=97)), (3001, Layout(bucket=97)))
+    x = torch.randn(5001, generator=torch.Generator().manual_seed(gap)) * 3
+    keys = [HashRNG(1, 2, j).key for j in range(len(spec))]
+    b = encode_batch(spec, 4, Norm.MAX, gap)
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(0xA5) if k.get("dtype") == torch.uint8
+                        else empty(*a, **k))
+    got = encode_batch_triton(b, x.to(DEVICE), keys).cpu()
+    monkeypatch.undo()
+    assert torch.equal(got, b.encode(x, keys))

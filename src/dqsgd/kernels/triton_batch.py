@@ -52,6 +52,7 @@ __all__ = ["accumulate_batch_triton", "encode_batch_triton", "split_keys", "unmi
 # payload length, the crc's length constant
 X, N, NSEG, SEG, ST, P, K, SCALE, H, NB, LEN, KC = range(12)
 F = 12
+GAP = 8  # the most bytes after a payload the crc's last level zeroes (the hook's gap: 1, its flag byte)
 
 
 @triton.jit
@@ -94,14 +95,15 @@ def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys
 
 @triton.jit(do_not_specialize=["src_at"])
 def _crc_batch(src_ptr, src_at, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr, copy_ptr, meta_ptr, count, programs,
-               ROWS: tl.constexpr, LEVEL0: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
-               NSTATS: tl.constexpr):
+               gap, ROWS: tl.constexpr, LEVEL0: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
+               NSTATS: tl.constexpr, GAP: tl.constexpr):
     """One level of every payload's crc tree (``triton_crc._crc_level``), payload p = program_id(1):
     level 0 reads its bytes (all but the crc's 4) from the buffer, padded in front to ``programs``
     blocks; a level above reads its ``count`` raws of the level below. FINAL writes the crc into the
-    payload, or (VERIFY) compares it with the stored one, starts the payload's stats and sets
-    ``*bad`` on a mismatch; level 0 of a check also copies the payload's scales to
-    ``copy_ptr`` (float32 aligned, at its first segment)."""
+    payload and zeroes the ``gap`` (≤ GAP) bytes after it (so the encode's buffer needs no zero fill:
+    every other byte is written by the encode), or (VERIFY) compares it with the stored one, starts
+    the payload's stats and sets ``*bad`` on a mismatch; level 0 of a check also copies the
+    payload's scales to ``copy_ptr`` (float32 aligned, at its first segment)."""
     p = tl.program_id(1)
     m = meta_ptr + p * 12
     g = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -123,6 +125,9 @@ def _crc_batch(src_ptr, src_at, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, 
         raw = raw ^ tl.load(m + 11).to(tl.int32)
         crc_verdict(raw, buf_ptr + tl.load(m + 5) + tl.load(m + 10) - 4, stats_ptr + p * NSTATS, bad_ptr,
                  2 if VERIFY else 0)
+        if not VERIFY:
+            j = tl.arange(0, GAP)
+            tl.store(buf_ptr + tl.load(m + 5) + tl.load(m + 10) + j, tl.zeros((GAP,), tl.uint8), mask=j < gap)
     tl.store(raw_ptr + p * programs + tl.program_id(0), raw)
 
 
@@ -215,10 +220,11 @@ def _mode(b: Batch) -> tuple[int, int, int]:
 
 def _crc(b: Batch, buf: torch.Tensor, meta: torch.Tensor, stats: torch.Tensor | None = None,
          bad: torch.Tensor | None = None, copy: torch.Tensor | None = None,
-         level0: tuple[torch.Tensor, int] | None = None) -> None:
+         level0: tuple[torch.Tensor, int] | None = None, gap: int = 0) -> None:
     """Every payload's crc written into ``buf`` (or, with ``stats``, checked: see ``_crc_batch``);
     ``level0 = (raws, at)``: the raws of level 0 already computed by the encode (from ``raws[at]``,
-    blocks per payload, payload after payload): the tree starts at level 1."""
+    blocks per payload, payload after payload): the tree starts at level 1; ``gap``: the bytes after
+    each payload that its last level zeroes (at most GAP)."""
     count_, level, src, dev, verify = int(b.arrays["size"].max()) - 4, 0, buf, buf.device, stats is not None
     src_at = 0
     if level0 is not None:
@@ -229,8 +235,8 @@ def _crc(b: Batch, buf: torch.Tensor, meta: torch.Tensor, stats: torch.Tensor | 
         tab, comb = tables_on(dev, level)
         _crc_batch[(programs, len(b.plans))](src, src_at, tab, comb, raws, buf, raws if stats is None else stats,
                                              raws if bad is None else bad, raws if copy is None else copy, meta,
-                                             count_, programs, ROWS=ROWS, LEVEL0=level == 0, FINAL=programs == 1,
-                                             VERIFY=verify, NSTATS=STATS)
+                                             count_, programs, gap, ROWS=ROWS, LEVEL0=level == 0, FINAL=programs == 1,
+                                             VERIFY=verify, NSTATS=STATS, GAP=GAP)
         if programs == 1:
             return
         src, src_at, count_, level = raws, 0, programs, level + 1
@@ -257,7 +263,9 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
         scales = torch.cat([device_scales(x[o : o + p.numel], b.norm, p.layout, p.starts.size - 1, False)
                             for p, o in zip(plans, b.out_at)])
         raws, raw_at = scratch("crc0", len(plans) * blocks, torch.int32, dev, zero=True), 0
-    out = torch.zeros(b.total, dtype=torch.uint8, device=dev)
+    gap = b.total - b.offsets[-1] - b.sizes[-1]  # the bytes after each payload (encode_batch's gap)
+    # every byte but the gaps is written by the kernels, the gaps by the crc's last level: no zero fill
+    out = (torch.empty if gap <= GAP else torch.zeros)(b.total, dtype=torch.uint8, device=dev)
     base, rest = split_keys(keys)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB)) for p in plans)
     rec = torch.reciprocal(scales, out=scratch("rec", scales.numel(), torch.float32, dev))
@@ -265,7 +273,7 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
                                       block_table_on(dev), raws, raw_at, bucket, signed64(base), blocks, BITS=b.bits,
                                       LEVELS=levels, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode, STEPS=steps, HB=HB,
                                       BLOG=body_log(b.bits))
-    _crc(b, out, meta, level0=(raws, raw_at))
+    _crc(b, out, meta, level0=(raws, raw_at), gap=gap if gap <= GAP else 0)
     return out
 
 
