@@ -138,18 +138,28 @@ def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
                          "overflows float32 (norms must be 0 or above s·2^-128)")
 
 
-def _encode_triton(flat: torch.Tensor, scales: torch.Tensor, tpl: Template, layout: Layout, key: int, bits: int,
+def _encode_triton(flat: torch.Tensor, norm: Norm, tpl: Template, layout: Layout, key: int, bits: int,
                    levels: int, check: str) -> torch.Tensor:
-    """The payload by the Triton kernels: header and body (with the refusal flags) in one, then the crc."""
-    from dqsgd.kernels.triton_codec import encode_triton
-    from dqsgd.kernels.triton_crc import crc32_triton
+    """The payload by the Triton kernels: the norm (its zero fill also zeroes the crc's level-0 raws),
+    header and body (with the refusal flags and the crc's level 0 of the bytes written) in one, then
+    the crc's levels above."""
+    from dqsgd.kernels.triton_codec import absmax_bits_triton, encode_triton
+    from dqsgd.kernels.triton_crc import crc32_triton, level0_blocks
 
-    payload = torch.empty(len(tpl.head) + tpl.body_len + 4, dtype=torch.uint8, device=flat.device)
-    flags = encode_triton(flat, scales.contiguous(), layout, key, bits, levels, head_on(tpl, flat.device)[0],
-                          tpl.scale_at, payload, check == "sync")
+    size = len(tpl.head) + tpl.body_len
+    raws = None
+    if norm == Norm.MAX:  # the scales, then the crc's level-0 raws: one buffer, one zero fill, no slicing
+        bits_ = absmax_bits_triton(flat, layout, tpl.nseg, extra=level0_blocks(size)[0])
+        scales, raws = bits_.view(torch.float32), (bits_, tpl.nseg)
+    else:
+        scales = device_scales(flat, norm, layout, tpl.nseg, True).contiguous()
+    payload = torch.empty(size + 4, dtype=torch.uint8, device=flat.device)
+    flags, raws = encode_triton(flat, scales, layout, key, bits, levels, head_on(tpl, flat.device)[0],
+                                tpl.scale_at, payload, check == "sync", raws)
     if flags is not None and any(flags.tolist()):  # the one sync; the messages are worked out only here
+        scales = scales[: tpl.nseg]
         _refuse(scales, _inverse(scales, levels), levels)
-    crc32_triton(payload[:-4], payload[-4:])
+    crc32_triton(payload[:-4], payload[-4:], level0=raws)
     return payload
 
 
@@ -180,9 +190,9 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
         raise ValueError(f"shape {shape}: need ndim ≤ {wire.MAX_NDIM}, every dim < 2^32 and < 2^32 elements")
     tpl = template(shape, bits, Norm(norm), layout, x.dtype)
     dev, levels = flat.device, levels_for_bits(bits)
-    scales = device_scales(flat, norm, layout, tpl.nseg, tri)
     if tri:
-        return _encode_triton(flat, scales, tpl, layout, rng.key, bits, levels, check)
+        return _encode_triton(flat, Norm(norm), tpl, layout, rng.key, bits, levels, check)
+    scales = device_scales(flat, norm, layout, tpl.nseg, tri)
     inv = _inverse(scales, levels)
     if check == "sync":
         _refuse(scales, inv, levels)

@@ -36,9 +36,9 @@ from dqsgd.codecs import wire
 from dqsgd.kernels.device_crc import crc32_length_constant
 from dqsgd.kernels.hashrng import signed64
 from dqsgd.kernels.triton_codec import (
-    BLOCK, GROUPS, HB, STATS, decode_groups, encode_groups, mix64_triton, pow2, segment_span, write_head,
+    BLOCK, GROUPS, HB, STATS, body_log, decode_groups, encode_program, mix64_triton, pow2, segment_span,
 )
-from dqsgd.kernels.triton_crc import FAN, ROWS, crc_raw, tables_on, crc_verdict
+from dqsgd.kernels.triton_crc import FAN, ROWS, block_table_on, crc_raw, crc_verdict, level0_blocks, tables_on
 from dqsgd.kernels.workspace import scratch
 from dqsgd.quantizers import Norm, Scheme
 
@@ -52,6 +52,7 @@ __all__ = ["accumulate_batch_triton", "encode_batch_triton", "split_keys", "unmi
 # payload length, the crc's length constant
 X, N, NSEG, SEG, ST, P, K, SCALE, H, NB, LEN, KC = range(12)
 F = 12
+GAP = 8  # the most bytes after a payload the crc's last level zeroes (the hook's gap: 1, its flag byte)
 
 
 @triton.jit
@@ -74,33 +75,35 @@ def _absmax_batch(x_ptr, out_ptr, starts_ptr, meta_ptr, bucket, BLOCK: tl.conste
         tl.atomic_max(out + seg, bits, mask=ok)
 
 
-@triton.jit(do_not_specialize=["base"])  # a new value every step: no variant per value
-def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys_ptr, meta_ptr, bucket, base,
-                  BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
-                  STEPS: tl.constexpr, HB: tl.constexpr):
-    """Payload p = program_id(1): this program's header bytes and GROUPS·8 coordinates, as ``_encode_kernel``;
-    its key is mix64(base ⊕ keys[p]) (:func:`split_keys`)."""
+@triton.jit(do_not_specialize=["base", "blocks", "raw_at"])  # base: a new value every step; no variant per value
+def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys_ptr, meta_ptr, tab_ptr, raw_ptr,
+                  raw_at, bucket, base, blocks, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr,
+                  GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
+                  BLOG: tl.constexpr):
+    """Payload p = program_id(1): this program's header bytes and GROUPS·8 coordinates, and level 0 of
+    their crc into raws[raw_at + p·blocks:] (every stream padded in front to ``blocks`` blocks), as
+    ``_encode_kernel``; its key is mix64(base ⊕ keys[p]) (:func:`split_keys`)."""
     s = tl.program_id(1)
     m = meta_ptr + s * 12
-    seg0, k, pay = tl.load(m + 3), tl.load(m + 6), out_ptr + tl.load(m + 5)
-    write_head(head_ptr + tl.load(m + 8), scale_ptr + seg0, rec_ptr + seg0, pay, pay, k, tl.load(m + 7),
-                tl.load(m + 2), LEVELS, HB, False)
-    encode_groups(x_ptr + tl.load(m), scale_ptr + seg0, rec_ptr + seg0, starts_ptr + tl.load(m + 4), pay + k,
+    seg0, pay = tl.load(m + 3), out_ptr + tl.load(m + 5)
+    encode_program(x_ptr + tl.load(m), scale_ptr + seg0, rec_ptr + seg0, starts_ptr + tl.load(m + 4), pay,
+                   head_ptr + tl.load(m + 8), pay, tab_ptr, raw_ptr + raw_at + s * blocks,
                    mix64_triton((tl.load(keys_ptr + s) ^ base).to(tl.uint64, bitcast=True)), tl.load(m + 1),
-                   tl.load(m + 9), tl.load(m + 2),
-                   bucket, BITS, LEVELS, WB, GROUPS, MODE, STEPS)
+                   tl.load(m + 9), tl.load(m + 2), bucket, tl.load(m + 6), tl.load(m + 7),
+                   blocks * 2048 - (tl.load(m + 10) - 4), BITS, LEVELS, WB, GROUPS, MODE, STEPS, HB, False, BLOG)
 
 
-@triton.jit
-def _crc_batch(src_ptr, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr, copy_ptr, meta_ptr, count, programs,
-               ROWS: tl.constexpr, LEVEL0: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
-               NSTATS: tl.constexpr):
+@triton.jit(do_not_specialize=["src_at"])
+def _crc_batch(src_ptr, src_at, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr, copy_ptr, meta_ptr, count, programs,
+               gap, ROWS: tl.constexpr, LEVEL0: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
+               NSTATS: tl.constexpr, GAP: tl.constexpr):
     """One level of every payload's crc tree (``triton_crc._crc_level``), payload p = program_id(1):
     level 0 reads its bytes (all but the crc's 4) from the buffer, padded in front to ``programs``
     blocks; a level above reads its ``count`` raws of the level below. FINAL writes the crc into the
-    payload, or (VERIFY) compares it with the stored one, starts the payload's stats and sets
-    ``*bad`` on a mismatch; level 0 of a check also copies the payload's scales to
-    ``copy_ptr`` (float32 aligned, at its first segment)."""
+    payload and zeroes the ``gap`` (≤ GAP) bytes after it (so the encode's buffer needs no zero fill:
+    every other byte is written by the encode), or (VERIFY) compares it with the stored one, starts
+    the payload's stats and sets ``*bad`` on a mismatch; level 0 of a check also copies the
+    payload's scales to ``copy_ptr`` (float32 aligned, at its first segment)."""
     p = tl.program_id(1)
     m = meta_ptr + p * 12
     g = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -110,7 +113,7 @@ def _crc_batch(src_ptr, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr,
         src = src_ptr + tl.load(m + 5)
     else:
         n = count
-        src = src_ptr + p * count
+        src = src_ptr + src_at + p * count
     i = g[:, None] * 256 + q[None, :] - (programs * 256 * ROWS - n)
     ok = (i >= 0) & (i < n)
     v = tl.load(src + i, mask=ok, other=0).to(tl.int32)
@@ -122,6 +125,9 @@ def _crc_batch(src_ptr, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, bad_ptr,
         raw = raw ^ tl.load(m + 11).to(tl.int32)
         crc_verdict(raw, buf_ptr + tl.load(m + 5) + tl.load(m + 10) - 4, stats_ptr + p * NSTATS, bad_ptr,
                  2 if VERIFY else 0)
+        if not VERIFY:
+            j = tl.arange(0, GAP)
+            tl.store(buf_ptr + tl.load(m + 5) + tl.load(m + 10) + j, tl.zeros((GAP,), tl.uint8), mask=j < gap)
     tl.store(raw_ptr + p * programs + tl.program_id(0), raw)
 
 
@@ -213,20 +219,27 @@ def _mode(b: Batch) -> tuple[int, int, int]:
 
 
 def _crc(b: Batch, buf: torch.Tensor, meta: torch.Tensor, stats: torch.Tensor | None = None,
-         bad: torch.Tensor | None = None, copy: torch.Tensor | None = None) -> None:
-    """Every payload's crc written into ``buf`` (or, with ``stats``, checked: see ``_crc_batch``)."""
+         bad: torch.Tensor | None = None, copy: torch.Tensor | None = None,
+         level0: tuple[torch.Tensor, int] | None = None, gap: int = 0) -> None:
+    """Every payload's crc written into ``buf`` (or, with ``stats``, checked: see ``_crc_batch``);
+    ``level0 = (raws, at)``: the raws of level 0 already computed by the encode (from ``raws[at]``,
+    blocks per payload, payload after payload): the tree starts at level 1; ``gap``: the bytes after
+    each payload that its last level zeroes (at most GAP)."""
     count_, level, src, dev, verify = int(b.arrays["size"].max()) - 4, 0, buf, buf.device, stats is not None
+    src_at = 0
+    if level0 is not None:
+        count_, level, (src, src_at) = level0_blocks(count_)[0], 1, level0
     while True:
         programs = max(-(-count_ // (FAN * ROWS)), 1)
         raws = scratch(("crc", verify, level), len(b.plans) * programs, torch.int32, dev)
         tab, comb = tables_on(dev, level)
-        _crc_batch[(programs, len(b.plans))](src, tab, comb, raws, buf, raws if stats is None else stats,
+        _crc_batch[(programs, len(b.plans))](src, src_at, tab, comb, raws, buf, raws if stats is None else stats,
                                              raws if bad is None else bad, raws if copy is None else copy, meta,
-                                             count_, programs, ROWS=ROWS, LEVEL0=level == 0, FINAL=programs == 1,
-                                             VERIFY=verify, NSTATS=STATS)
+                                             count_, programs, gap, ROWS=ROWS, LEVEL0=level == 0, FINAL=programs == 1,
+                                             VERIFY=verify, NSTATS=STATS, GAP=GAP)
         if programs == 1:
             return
-        src, count_, level = raws, programs, level + 1
+        src, src_at, count_, level = raws, 0, programs, level + 1
 
 
 def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
@@ -240,22 +253,27 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
     mode, steps, bucket = _mode(b)
     x = flat.detach().reshape(-1).contiguous()
     nseg = int(b.arrays["seg_at"][-1])
-    if b.norm == Norm.MAX:
-        bits = scratch("absmax", nseg, torch.int32, dev, zero=True)
+    blocks = level0_blocks(int(b.arrays["size"].max()) - 4)[0]
+    if b.norm == Norm.MAX:  # one zero fill for the norms' atomics and the crc's level-0 raws
+        bits = scratch("absmax", nseg + len(plans) * blocks, torch.int32, dev, zero=True)
         _absmax_batch[(triton.cdiv(int(b.arrays["numels"].max()), BLOCK), len(plans))](
             x, bits, starts, meta, bucket, BLOCK=BLOCK, MODE=mode, STEPS=steps)
-        scales = bits.view(torch.float32)
+        scales, raws, raw_at = bits.view(torch.float32), bits, nseg  # the kernels read scales[:nseg] only
     else:
         scales = torch.cat([device_scales(x[o : o + p.numel], b.norm, p.layout, p.starts.size - 1, False)
                             for p, o in zip(plans, b.out_at)])
-    out = torch.zeros(b.total, dtype=torch.uint8, device=dev)
+        raws, raw_at = scratch("crc0", len(plans) * blocks, torch.int32, dev, zero=True), 0
+    gap = b.total - b.offsets[-1] - b.sizes[-1]  # the bytes after each payload (encode_batch's gap)
+    # every byte but the gaps is written by the kernels, the gaps by the crc's last level: no zero fill
+    out = (torch.empty if gap <= GAP else torch.zeros)(b.total, dtype=torch.uint8, device=dev)
     base, rest = split_keys(keys)
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB)) for p in plans)
-    rec = torch.reciprocal(scales, out=scratch("rec", nseg, torch.float32, dev))
+    rec = torch.reciprocal(scales, out=scratch("rec", scales.numel(), torch.float32, dev))
     _encode_batch[(grid, len(plans))](x, scales, rec, starts, out, heads, _keys_on(rest, dev), meta,
-                                      bucket, signed64(base), BITS=b.bits, LEVELS=levels, WB=pow2(b.bits),
-                                      GROUPS=GROUPS, MODE=mode, STEPS=steps, HB=HB)
-    _crc(b, out, meta)
+                                      block_table_on(dev), raws, raw_at, bucket, signed64(base), blocks, BITS=b.bits,
+                                      LEVELS=levels, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode, STEPS=steps, HB=HB,
+                                      BLOG=body_log(b.bits))
+    _crc(b, out, meta, level0=(raws, raw_at), gap=gap if gap <= GAP else 0)
     return out
 
 

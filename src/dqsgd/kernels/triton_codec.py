@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from dqsgd.kernels.hashrng import signed64
+from dqsgd.kernels.triton_crc import block_table_on, crc_scatter, level0_blocks
 from dqsgd.kernels.workspace import scratch
 from dqsgd.quantizers import Layout
 
@@ -138,7 +139,7 @@ def write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nse
                 HB: tl.constexpr, FLAGS: tl.constexpr):
     """This program's HB bytes of the header (bytes 0..k): the template's bytes, and in the scales'
     place the float32 scales r (torch's NaN where inv is not finite). FLAGS: flags |= [r non-finite,
-    inv non-finite] (atomics)."""
+    inv non-finite] (atomics). Returns (bytes, their positions, which are written) for the crc."""
     i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
     j = i - scale_at
     scale = (i < k) & (j >= 0) & (j < 4 * nseg)
@@ -154,17 +155,34 @@ def write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nse
         r_bad = (r.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
         tl.atomic_or(flag_ptr, tl.max((first & r_bad).to(tl.int32)))
         tl.atomic_or(flag_ptr + 1, tl.max((first & inv_bad).to(tl.int32)))
+    return byte.to(tl.int32), i, i < k
 
 
-@triton.jit(do_not_specialize=["key", "k", "scale_at"])  # header sizes vary by shape: no variant per value
-def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, key, n, nbytes, nseg, bucket,
-                   k, scale_at, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
-                   MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, FLAGS: tl.constexpr):
+@triton.jit(do_not_specialize=["key", "k", "scale_at", "pad", "raw_at"])  # sizes vary by shape: no variant per value
+def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr, raw_at, key, n,
+                   nbytes, nseg, bucket, k, scale_at, pad, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr,
+                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
+                   FLAGS: tl.constexpr, BLOG: tl.constexpr):
     """The header's bytes of this program (:func:`write_head`), then stochastic rounding of GROUPS·8
-    coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``)."""
-    write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
-    encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr + k, key.to(tl.uint64, bitcast=True), n, nbytes, nseg, bucket,
-                   BITS, LEVELS, WB, GROUPS, MODE, STEPS)
+    coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``); and level 0 of
+    the crc of the bytes it wrote, XORed into ``raw_ptr`` (``triton_crc.crc_scatter``; ``pad``: the
+    stream's front padding), so the crc reads no payload byte again."""
+    encode_program(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr + raw_at,
+                   key.to(tl.uint64, bitcast=True), n, nbytes, nseg, bucket, k, scale_at, pad, BITS, LEVELS, WB, GROUPS,
+                   MODE, STEPS, HB, FLAGS, BLOG)
+
+
+@triton.jit
+def encode_program(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr, key, n,
+                   nbytes, nseg, bucket, k, scale_at, pad, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr,
+                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
+                   FLAGS: tl.constexpr, BLOG: tl.constexpr):
+    """The work of one :func:`_encode_kernel` program on one payload (``key``: uint64)."""
+    hv, hs, hok = write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nseg, LEVELS, HB, FLAGS)
+    crc_scatter(hv, hs, hok, tab_ptr, raw_ptr, pad, HB, 10)
+    bv, bs, bok = encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr + k, key, n, nbytes, nseg, bucket, BITS,
+                                LEVELS, WB, GROUPS, MODE, STEPS)
+    crc_scatter(bv, bs + k, bok, tab_ptr, raw_ptr, pad, GROUPS * WB, BLOG)
 
 
 @triton.jit
@@ -172,7 +190,8 @@ def encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, body_ptr, key, n, nbyte
                    LEVELS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
                    STEPS: tl.constexpr):
     """Stochastic rounding of this program's GROUPS·8 coordinates (``key``: uint64) and their FIXED
-    packing into the body at ``body_ptr`` (nbytes)."""
+    packing into the body at ``body_ptr`` (nbytes). Returns (bytes, their offsets in the body, which
+    are written) for the crc."""
     g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     t = tl.arange(0, 8)
     idx = g[:, None] * 8 + t[None, :]
@@ -204,7 +223,9 @@ def encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, body_ptr, key, n, nbyte
     straddle = ((d > -8) & (d < 0))[None, :]
     byte = tl.where((d < 0)[None, :], from_lo | tl.where(straddle, hi_l, 0), hi_r) & 0xFF
     at = g[:, None] * BITS + b[None, :]
-    tl.store(body_ptr + at, byte.to(tl.uint8), mask=(b < BITS)[None, :] & (at < nbytes))
+    ok = (b < BITS)[None, :] & (at < nbytes)
+    tl.store(body_ptr + at, byte.to(tl.uint8), mask=ok)
+    return byte.to(tl.int32), at, ok
 
 
 @triton.jit
@@ -358,10 +379,16 @@ def pow2(w: int) -> int:
 
 def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor:
     """max |x| per segment (float32, ``nseg`` of them) of a contiguous 1-D float tensor."""
+    return absmax_bits_triton(flat, layout, nseg).view(torch.float32)
+
+
+def absmax_bits_triton(flat: torch.Tensor, layout: Layout, nseg: int, extra: int = 0) -> torch.Tensor:
+    """The float32 bits (int32) of :func:`absmax_triton`'s norms, followed in the same buffer by
+    ``extra`` zeros (the crc's level-0 raws: one zero fill for both)."""
     n = flat.numel()
-    bits = scratch("absmax1", nseg, torch.int32, flat.device, zero=True)
+    bits = scratch("absmax1", nseg + extra, torch.int32, flat.device, zero=True)
     if not n:
-        return bits.view(torch.float32)
+        return bits
     seg = _Segments(layout, n, flat.device)
     if seg.mode == 1:
         sb = min(BLOCK, pow2(seg.bucket))
@@ -370,27 +397,38 @@ def absmax_triton(flat: torch.Tensor, layout: Layout, nseg: int) -> torch.Tensor
     else:
         _absmax_kernel[(triton.cdiv(n, BLOCK),)](flat, bits, seg.starts, n, seg.nseg, seg.bucket, BLOCK=BLOCK,
                                                  **seg.meta())
-    return bits.view(torch.float32)
+    return bits
 
 
 def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
-                  head: torch.Tensor, scale_at: int, payload: torch.Tensor, flags: bool) -> torch.Tensor | None:
+                  head: torch.Tensor, scale_at: int, payload: torch.Tensor, flags: bool,
+                  raws: tuple[torch.Tensor, int] | None = None) -> tuple[torch.Tensor | None, tuple[torch.Tensor, int]]:
     """Write the header and the FIXED body of ``flat`` (contiguous, 1-D, float32/16/bf16) at ``bits``
     into ``payload`` (uint8: ``head``'s k bytes, then ⌈n·bits/8⌉, then the crc's 4, not written here).
     ``head``: the template's header bytes on the device, the float32 ``scales`` (contiguous, one per
     segment) go in at ``scale_at``; ``key``: the HashRNG key (unsigned). ``inv = s/r`` per segment
     uses torch's correctly rounded ``1/r`` (Triton's float32 division is not correctly rounded on
-    CUDA). Returns [r non-finite, inv non-finite] (int32 on the device) if ``flags``."""
+    CUDA). Returns ([r non-finite, inv non-finite] (int32 on the device) if ``flags``, the crc's
+    level-0 raws of ``payload[:-4]`` for ``triton_crc.crc32_triton(..., level0=)``); ``raws = (buf,
+    at)``: a zeroed int32 buffer with ``level0_blocks(len(payload) - 4)[0]`` elements for them from
+    ``at`` on (else one is made). The kernel reads ``scales[:nseg]`` only (``scales`` may go on)."""
     n, k, dev = flat.numel(), head.numel(), flat.device
     fl = torch.zeros(2, dtype=torch.int32, device=dev) if flags else scales
+    blocks, pad = level0_blocks(payload.numel() - 4)
+    raws = (scratch("crc0", blocks, torch.int32, dev, zero=True), 0) if raws is None else raws
     seg = _Segments(layout, n, dev)
     grid = (max(triton.cdiv(triton.cdiv(n, 8), GROUPS), triton.cdiv(k, HB)),)
     # the key as int64 bits: a Python int ≥ 2^63 would be typed u64, the others i64, two variants of the kernel
     rec = torch.reciprocal(scales, out=scratch("rec1", scales.numel(), torch.float32, dev))
-    _encode_kernel[grid](flat, scales, rec, seg.starts, payload, head, fl, signed64(key), n,
-                         payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, BITS=bits, LEVELS=levels,
-                         WB=pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, **seg.meta())
-    return fl if flags else None
+    _encode_kernel[grid](flat, scales, rec, seg.starts, payload, head, fl, block_table_on(dev), *raws, signed64(key), n,
+                         payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, pad, BITS=bits, LEVELS=levels,
+                         WB=pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, BLOG=body_log(bits), **seg.meta())
+    return (fl if flags else None), raws
+
+
+def body_log(bits: int) -> int:
+    """log2 of the (GROUPS, WB) byte tile an encode program packs (``crc_scatter``'s SIZE)."""
+    return (GROUPS * pow2(bits)).bit_length() - 1
 
 
 def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, weight: float, bits: int, n: int,

@@ -42,6 +42,7 @@ __all__ = ["crc32_triton"]
 
 FAN = 256  # elements per group
 ROWS = 8  # groups per program (combined into one raw)
+BLOCK0 = FAN * ROWS  # bytes per level-0 block
 
 
 @triton.jit
@@ -63,8 +64,8 @@ def _shift(tab_ptr, v):
     return c ^ tl.load(tab_ptr + 768 + ((v >> 24) & 0xFF))
 
 
-@triton.jit(do_not_specialize=["copy_at", "copy_len"])
-def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr, copy_ptr, copy_at, copy_len, n, pad,
+@triton.jit(do_not_specialize=["copy_at", "copy_len", "src_at"])
+def _crc_level(src_ptr, src_at, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr, copy_ptr, copy_at, copy_len, n, pad,
                k_const, ROWS: tl.constexpr, LOOKUPS: tl.constexpr, FINAL: tl.constexpr, VERIFY: tl.constexpr,
                COPY: tl.constexpr):
     """raw_ptr[program] = raw of this program's ROWS groups of 256 elements: each group's raw is
@@ -79,7 +80,7 @@ def _crc_level(src_ptr, tab_ptr, comb_ptr, raw_ptr, dst_ptr, stats_ptr, bad_ptr,
     q = tl.arange(0, 256)
     i = g[:, None] * 256 + q[None, :] - pad
     ok = (i >= 0) & (i < n)
-    v = tl.load(src_ptr + i, mask=ok, other=0).to(tl.int32)
+    v = tl.load(src_ptr + src_at + i, mask=ok, other=0).to(tl.int32)
     if COPY:
         tl.store(copy_ptr + (i - copy_at), v.to(tl.uint8), mask=ok & (i >= copy_at) & (i < copy_at + copy_len))
     raw = crc_raw(v, q, tab_ptr, comb_ptr, ROWS, LOOKUPS)
@@ -98,6 +99,35 @@ def crc_raw(v, q, tab_ptr, comb_ptr, ROWS: tl.constexpr, LOOKUPS: tl.constexpr):
         c = _shift(tab_ptr + q[None, :] * 1024, v)
     rows = _shift(comb_ptr + tl.arange(0, ROWS) * 1024, _xor_rows(c, ROWS))
     return tl.xor_sum(rows, axis=0)
+
+
+@triton.jit
+def _xor_all(c, SIZE: tl.constexpr, LOG: tl.constexpr):
+    """⊕ of all SIZE = 2^LOG elements of ``c`` (any shape) as a tree of halvings: exact in any order."""
+    c = tl.reshape(c, (SIZE,))
+    for s in tl.static_range(LOG - 1):
+        a, b = tl.split(tl.reshape(c, (SIZE >> (s + 1), 2)))
+        c = a ^ b
+    return tl.xor_sum(c, axis=0)
+
+
+@triton.jit
+def crc_scatter(v, s, ok, tab_ptr, raw_ptr, pad, SIZE: tl.constexpr, LOG: tl.constexpr):
+    """Level 0 of the tree for bytes a kernel has just written (the crc fused into the encode): XOR
+    into ``raw_ptr[block]`` the contributions of bytes ``v`` (int32 0..255, SIZE = 2^LOG of them,
+    ``ok`` the valid ones) at stream positions ``s``. The stream is padded in front by ``pad`` zero
+    bytes to whole blocks of BLOCK0 bytes, as ``_crc_level``'s level 0 pads it; the byte at offset
+    o of its block contributes ``TB[o][v]`` (:func:`block_table`), so the raws come out those level
+    0 computes. The valid bytes must span at most BLOCK0 bytes (two blocks): one atomic XOR into
+    each (XOR is associative and commutative: the order of the programs cannot matter)."""
+    t = s + pad
+    blk = tl.where(ok, t // 2048, 0x7FFFFFFFFFFF)
+    c = tl.load(tab_ptr + (t % 2048) * 256 + v, mask=ok, other=0)
+    first = tl.min(tl.reshape(blk, (SIZE,)), axis=0)
+    lo = _xor_all(tl.where(blk == first, c, 0), SIZE, LOG)
+    hi = _xor_all(tl.where(ok & (blk != first), c, 0), SIZE, LOG)
+    tl.atomic_xor(raw_ptr + first, lo, mask=lo != 0)
+    tl.atomic_xor(raw_ptr + first + 1, hi, mask=hi != 0)
 
 
 @triton.jit
@@ -161,7 +191,30 @@ def _level_table(level: int) -> np.ndarray:
     return _int32(np.stack(rows[::-1]))
 
 
+@lru_cache(maxsize=None)
+def block_table() -> np.ndarray:
+    """(BLOCK0, 256): ``TB[o][b]`` = raw of a BLOCK0-byte block that is zero but for byte b at offset
+    o: ``T0[o % 256][b]`` shifted across the groups after its own (level 0's combine tables), so
+    ``raw(block) = ⊕_o TB[o][block[o]]``, which is what ``_crc_level`` computes at level 0."""
+    t0, comb = _level_table(0).astype(np.int64) & 0xFFFFFFFF, _combine_table(0).astype(np.int64) & 0xFFFFFFFF
+    return _int32(np.concatenate([_apply_np(comb[r], t0) for r in range(ROWS)]))
+
+
 _DEVICE_TABLES: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_BLOCK_TABLES: dict[str, torch.Tensor] = {}
+
+
+def block_table_on(device: torch.device) -> torch.Tensor:
+    """:func:`block_table` on ``device`` (flat int32), copied once."""
+    if str(device) not in _BLOCK_TABLES:
+        _BLOCK_TABLES[str(device)] = torch.from_numpy(block_table().reshape(-1).copy()).to(device)
+    return _BLOCK_TABLES[str(device)]
+
+
+def level0_blocks(nbytes: int) -> tuple[int, int]:
+    """(blocks, front padding) of level 0 for a stream of ``nbytes`` (one block at least)."""
+    blocks = max(-(-nbytes // BLOCK0), 1)
+    return blocks, blocks * BLOCK0 - nbytes
 
 
 def tables_on(device: torch.device, level: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,33 +227,38 @@ def tables_on(device: torch.device, level: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def crc32_triton(data: torch.Tensor, dst: torch.Tensor | None = None, stats: torch.Tensor | None = None,
-                 bad: torch.Tensor | None = None, copy: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+                 bad: torch.Tensor | None = None, copy: tuple[torch.Tensor, int] | None = None,
+                 level0: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """``zlib.crc32(data)`` of a 1-D contiguous uint8 tensor as a 0-dim int32 tensor holding its bits
     (``& 0xFFFFFFFF`` of its int64 value), on ``data.device``, with no host sync. ``dst`` (4 uint8
     on the same device), if given, receives it as 4 little-endian bytes; with ``stats`` (int32, the
     decode kernel's ``triton_codec.STATS`` of them) it is compared with the bytes in ``dst`` instead,
     and stats is started: stats[2] = mismatch; ``bad`` (a 0-dim bool), if given, is set on a mismatch.
     ``copy = (to, at)``: bytes [at, at + len(to)) of ``data`` are also copied into ``to`` (uint8) on
-    the way (the decoder's aligned copy of the stored scales). Inside ``workspace.use`` the returned
+    the way (the decoder's aligned copy of the stored scales). ``level0 = (raws, at)``: the raws of
+    level 0 (``level0_blocks(len(data))[0]`` of them, from ``raws[at]`` on) already computed where the
+    bytes were written (:func:`crc_scatter`): the tree starts at level 1 and ``data`` is not read. Inside ``workspace.use`` the returned
     tensor is a scratch buffer: valid until the next call in that workspace."""
     if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
         raise ValueError(f"crc32 needs a contiguous 1-D uint8 tensor, got {data.dtype} {tuple(data.shape)}")
     n, dev = data.numel(), data.device
+    if level0 is not None and copy is not None:
+        raise ValueError("copy needs level 0 of the tree, which level0= skips")
     dst = torch.empty(4, dtype=torch.uint8, device=dev) if dst is None else dst
     k_const = crc32_length_constant(n)
     k_signed = k_const - (1 << 32) if k_const >= 1 << 31 else k_const
     verify = 0 if stats is None else 1 if bad is None else 2
-    src, count, level = data, n, 0
+    src, src_at, count, level = (data, 0, n, 0) if level0 is None else (*level0, level0_blocks(n)[0], 1)
     while True:
         programs = max(-(-count // (FAN * ROWS)), 1)  # n = 0: one program of zero bytes (raw 0)
         raws = scratch(("crc1", verify, level), programs, torch.int32, dev)
         final = programs == 1
         tab, comb = tables_on(dev, level)
         to, at = copy if copy is not None and level == 0 else (raws, 0)
-        _crc_level[(programs,)](src, tab, comb, raws, dst, raws if stats is None else stats,
+        _crc_level[(programs,)](src, src_at, tab, comb, raws, dst, raws if stats is None else stats,
                                 raws if bad is None else bad, to, at, to.numel() if to is not raws else 0, count,
                                 programs * FAN * ROWS - count, k_signed, ROWS=ROWS, LOOKUPS=1 if level == 0 else 4,
                                 FINAL=final, VERIFY=verify, COPY=to is not raws)
         if final:
             return raws.reshape(())
-        src, count, level = raws, programs, level + 1
+        src, src_at, count, level = raws, 0, programs, level + 1
