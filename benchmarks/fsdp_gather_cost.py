@@ -14,6 +14,7 @@
    all-gather; the W decodes; the status relay; the rest: the final write and bookkeeping), against
    ``dist.all_gather_into_tensor`` of the float32 shards (FSDP's own all-gather) in the same rounds.
    Rank 0's best round; on a machine with fewer cores than ranks the ranks wait for each other's CPU.
+   ``cpu``: the CPU seconds rank 0's process spent per call (its gloo threads included).
 
 Figures are the best of ``repeats`` interleaved rounds of ``calls`` calls, so that a busy machine
 slows every column alike.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -97,6 +99,7 @@ def rank_call(rank: int, world: int, numel: int, bits: int, block: int, calls: i
     import dqsgd.fsdp.gather as gather
 
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", "`torch.distributed.all_gather_into_tensor` is deprecated")
     state = dfsdp.FSDPState("sgd", param_bits=bits, param_block=block, timeout=120)
     ag = gather.DQSGDAllGather(state, 0)
     group = dist.group.WORLD
@@ -130,11 +133,11 @@ def rank_call(rank: int, world: int, numel: int, bits: int, block: int, calls: i
         dist.barrier()
         for k in spent:
             spent[k] = 0.0
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for _ in range(calls):
             ag(out, chunk, group)
-        total = (time.perf_counter() - t) / calls
-        row = {"fp32 all-gather": fp32, "dqsgd call": total, **{k: v / calls for k, v in spent.items()}}
+        total, cpu = (time.perf_counter() - t) / calls, (time.process_time() - cpu) / calls
+        row = {"fp32 all-gather": fp32, "dqsgd call": total, **{k: v / calls for k, v in spent.items()}, "cpu": cpu}
         row["rest"] = total - sum(row[k] for k in PHASES)
         if r and (not best or row["dqsgd call"] < best["dqsgd call"]):
             best = row
@@ -145,7 +148,7 @@ def call_rows(world: int, numel: int, bits_list: list[int], block: int, calls: i
     from dqsgd.cli.launch import spawn_local
 
     print(f"\nwhole all-gather call, W = {world} gloo ranks on loopback, one thread each, rank 0's ms per call:")
-    cols = ("fp32 all-gather", "dqsgd call", *PHASES, "rest")
+    cols = ("fp32 all-gather", "dqsgd call", *PHASES, "rest", "cpu")
     print(f"{'bits':>4} " + " ".join(f"{c:>15}" for c in cols))
     for bits in bits_list:
         res = spawn_local(rank_call, world, (numel, bits, block, calls, repeats), timeout=120, deadline=600)
