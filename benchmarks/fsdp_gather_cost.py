@@ -32,14 +32,9 @@ import torch
 
 def per_call_ms(fns: dict[str, Callable[[], Any]], calls: int, repeats: int) -> dict[str, float]:
     """Best mean milliseconds per call of each callable over ``repeats`` interleaved rounds."""
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            for _ in range(calls):
-                f()
-            best[k] = min(best[k], (time.perf_counter() - t) / calls * 1e3)
-    return best
+    from codec_call_cost import per_call_us  # benchmarks/ is the script's directory
+
+    return {k: v / 1e3 for k, v in per_call_us(fns, calls, repeats).items()}
 
 
 def torch_ops_encode(x: torch.Tensor, bits: int, block: int) -> bytes:

@@ -9,10 +9,18 @@ the unsharded parameters that the forward and backward compute with. The sharded
 optimizer updates are not touched.
 
 Here every rank quantizes its chunk block-wise (``param_block`` coordinates per max-norm scale,
-``param_bits`` bits: s = 2^(b−1) − 1 levels, codes through the project codec, FIXED coding), the
+``param_bits`` bits: s = 2^(b−1) − 1 levels, FIXED coding of the project's wire format), the
 ranks all-gather the payloads (sizes first, each checked against the bound of a payload of n
-elements), and every rank writes the W dequantized chunks — its own too, so all ranks compute
-with the same weights — into ``out``. ``param_bits = 32`` sends the float32 values (lossless).
+elements), every rank decodes the W payloads into a buffer of its own, the ranks exchange their
+verdicts (a refusal anywhere raises on every rank), and only then is the buffer copied into ``out``:
+the W dequantized chunks — its own too, so all ranks compute with the same weights.
+``param_bits = 32`` sends the float32 values (lossless).
+
+The codec runs in compiled loops: the encode is one pass for the block norms and one that rounds
+and packs (:mod:`dqsgd.kernels.rounding`: the bytes of ``encode(quantize_uniform(...), FIXED)``),
+the decode one pass that checks and dequantizes
+(:meth:`~dqsgd.kernels.codec.FixedPlan.accumulate`), each a few times a ``copy_`` of the shard
+(``benchmarks/fsdp_gather_cost.py``; they were 40 to 150 times one in torch ops).
 
 Per coordinate x_i of a block with r = max|x|: round-to-nearest gives |Q(x)_i − x_i| ≤ r/(2s),
 stochastic rounding |Q(x)_i − x_i| < r/s with E[Q(x)_i] = x_i (float32 arithmetic adds at most a
