@@ -9,10 +9,18 @@ the unsharded parameters that the forward and backward compute with. The sharded
 optimizer updates are not touched.
 
 Here every rank quantizes its chunk block-wise (``param_block`` coordinates per max-norm scale,
-``param_bits`` bits: s = 2^(b−1) − 1 levels, codes through the project codec, FIXED coding), the
+``param_bits`` bits: s = 2^(b−1) − 1 levels, FIXED coding of the project's wire format), the
 ranks all-gather the payloads (sizes first, each checked against the bound of a payload of n
-elements), and every rank writes the W dequantized chunks — its own too, so all ranks compute
-with the same weights — into ``out``. ``param_bits = 32`` sends the float32 values (lossless).
+elements), every rank decodes the W payloads into a buffer of its own, the ranks exchange their
+verdicts (a refusal anywhere raises on every rank), and only then is the buffer copied into ``out``:
+the W dequantized chunks — its own too, so all ranks compute with the same weights.
+``param_bits = 32`` sends the float32 values (lossless).
+
+The codec runs in compiled loops: the encode is one pass for the block norms and one that rounds
+and packs (:mod:`dqsgd.kernels.rounding`: the bytes of ``encode(quantize_uniform(...), FIXED)``),
+the decode one pass that checks and dequantizes
+(:meth:`~dqsgd.kernels.codec.FixedPlan.accumulate`), each a few times a ``copy_`` of the shard
+(``benchmarks/fsdp_gather_cost.py``; they were 40 to 150 times one in torch ops).
 
 Per coordinate x_i of a block with r = max|x|: round-to-nearest gives |Q(x)_i − x_i| ≤ r/(2s),
 stochastic rounding |Q(x)_i − x_i| < r/s with E[Q(x)_i] = x_i (float32 arithmetic adds at most a
@@ -66,17 +74,24 @@ def param_bound(scale: torch.Tensor | float, bits: int, rounding: str) -> torch.
 
 
 def encode_shard(x: torch.Tensor, bits: int, rounding: str, block: int, seed: int) -> bytes:
-    """One rank's payload of its parameter chunk ``x`` (float32, finite)."""
-    from dqsgd.codecs import Coding, encode
-    from dqsgd.quantizers import Layout, quantize_identity, quantize_uniform
+    """One rank's payload of its parameter chunk ``x`` (float32), or ``b""`` when ``x`` holds NaN or
+    Inf. Quantized widths go through the fused kernel of :mod:`dqsgd.kernels.rounding`: the bytes of
+    ``encode(quantize_uniform(x, bits, …, layout=Layout(bucket=block)), FIXED)`` with round-to-nearest
+    or the ``torch.rand`` uniforms of a generator seeded with ``seed``."""
+    from dqsgd.quantizers import Layout, NonFiniteGradientError
 
     if bits == 32:
-        return encode(quantize_identity(x), Coding.FIXED)
-    if rounding == "nearest":
-        q = quantize_uniform(x, bits, layout=Layout(bucket=block), rng=_Nearest())
-    else:
-        q = quantize_uniform(x, bits, torch.Generator().manual_seed(seed), layout=Layout(bucket=block))
-    return encode(q, Coding.FIXED)
+        from dqsgd.codecs import Coding, encode
+        from dqsgd.quantizers import quantize_identity
+
+        return encode(quantize_identity(x), Coding.FIXED) if bool(torch.isfinite(x).all()) else b""
+    from dqsgd.kernels.rounding import NEAREST, encode_rounded
+
+    u = NEAREST if rounding == "nearest" else torch.rand(x.numel(), generator=torch.Generator().manual_seed(seed))
+    try:
+        return encode_rounded(x, bits, Layout(bucket=block), u if rounding == "nearest" else u.numpy())
+    except NonFiniteGradientError:
+        return b""
 
 
 def payload_cap(numel: int, bits: int, block: int) -> int:
@@ -88,21 +103,39 @@ def payload_cap(numel: int, bits: int, block: int) -> int:
     return max_payload_bytes(numel, bits, layout=Layout(bucket=block if bits != 32 else 0), coding=Coding.FIXED)
 
 
-def decode_shard(payload: bytes, numel: int, bits: int, block: int) -> torch.Tensor:
-    """The dequantized chunk of one rank; PayloadError for anything that is not a finite payload of
-    ``numel`` parameters at this width and block."""
-    from dqsgd.codecs import PayloadError, decode
-    from dqsgd.quantizers import Layout, Scheme, dequantize
+def decode_shard(payload: bytes, numel: int, bits: int, block: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The dequantized chunk of one rank, written into ``out`` (a zeroed float32 CPU tensor of
+    ``numel``) or a new tensor; PayloadError for anything that is not a finite payload of ``numel``
+    parameters at this width and block (``out`` may then hold part of it: the all-gather decodes into
+    a buffer of its own, and writes FSDP's output only once every rank's payloads have passed).
 
+    A payload with the header an honest rank writes (:meth:`~dqsgd.kernels.codec.FixedPlan.matches`)
+    is checked and decoded in one compiled pass (:meth:`~dqsgd.kernels.codec.FixedPlan.accumulate`:
+    crc, scales, padding, code range, finite values, with the bytes of ``dequantize(decode(payload))``);
+    any other (32 bits, or a header that differs) through :func:`dqsgd.codecs.decode`, which says
+    what is wrong with it."""
+    import numpy as np
+
+    from dqsgd.codecs import PayloadError, decode
+    from dqsgd.kernels.codec import fixed_plan
+    from dqsgd.quantizers import Layout, Norm, Scheme, dequantize
+
+    v = torch.zeros(numel) if out is None else out
+    if bits != 32:
+        plan = fixed_plan(numel, bits, Norm.MAX, Layout(bucket=block))
+        arr = np.frombuffer(payload, dtype=np.uint8)
+        if plan.matches(arr):
+            plan.accumulate(arr, v)
+            return v
     q = decode(payload, max_numel=numel)
     scheme, layout = (Scheme.IDENTITY, Layout()) if bits == 32 else (Scheme.UNIFORM, Layout(bucket=block))
     if q.numel != numel or q.scheme != scheme or (bits != 32 and (q.bits != bits or q.layout != layout)):
         raise PayloadError(f"parameter payload: {q.scheme.name} of {q.numel} elements at {q.bits} bits, "
                            f"expected {scheme.name} of {numel} at {bits} bits, blocks of {block}")
-    v = dequantize(q).reshape(-1).to(torch.float32)
-    if not bool(torch.isfinite(v).all()):
+    d = dequantize(q).reshape(-1).to(torch.float32)
+    if not bool(torch.isfinite(d).all()):
         raise PayloadError("parameter payload decodes to NaN or Inf")
-    return v
+    return v.copy_(d)
 
 
 class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
@@ -140,8 +173,7 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
                              f"{world} ranks (need output = W · input)")
         bits, block = int(st.param_bits), st.param_block  # type: ignore[arg-type]
         x = input_tensor.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
-        finite = bool(torch.isfinite(x).all())
-        mine = encode_shard(x, bits, st.param_rounding, block, self.seed(rank, self.calls)) if finite else b""
+        mine = encode_shard(x, bits, st.param_rounding, block, self.seed(rank, self.calls))
         t = transport(group, st.timeout)
         what = f"FSDP unit {self.index} parameter all-gather"
         payloads = t.all_gather_bytes(mine, what, payload_cap(n, bits, block))
@@ -149,18 +181,17 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
         if empty:  # every rank sees the same sizes, so every rank raises this
             raise ValueError(f"rank {rank}: {what} {self.calls}: the parameter shard of rank(s) {empty} holds NaN "
                              "or Inf; nothing was gathered")
-        chunks, error = [], None
         from dqsgd.codecs import PayloadError
 
+        chunks, error = torch.zeros(world, n), None  # FSDP's output is written once every payload passed
         try:
-            chunks = [decode_shard(p, n, bits, block) for p in payloads]
+            for w, p in enumerate(payloads):
+                decode_shard(p, n, bits, block, chunks[w])
         except PayloadError as e:
             error = e
         side = relay_refusal(group, st.timeout, error, f"rank {rank}: FSDP unit {self.index}, parameter all-gather "
                                                        f"{self.calls}")
-        out = output_tensor.view(world, n)
-        for w, v in enumerate(chunks):
-            out[w].copy_(v.to(device=out.device, dtype=out.dtype))
+        output_tensor.view(world, n).copy_(chunks)
         wide = max(len(p) for p in payloads)  # the all-gather moves every payload padded to the longest
         st.count_params((world - 1) * wide, side + (world - 1) * 8, (world - 1) * 4 * n)
         st.gather_calls[self.index] = self.calls + 1

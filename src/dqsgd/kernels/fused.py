@@ -132,7 +132,7 @@ def _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, cbuf):  
 
 
 @njit(cache=True, inline="always")
-def _pack_chunk(cbuf, m, i0, width, offset, out):  # pragma: no cover - compiled
+def pack_chunk(cbuf, m, i0, width, offset, out):  # pragma: no cover - compiled
     """bitpack's kernels on one chunk: values i0 … i0+m−1 of the stream (i0 a multiple of 8).
 
     Widths 1..8 call the kernel with a *constant* width, so LLVM inlines and specialises
@@ -170,7 +170,7 @@ def encode_range(x, starts, inv, sf, one_bit, key, width, offset, out, c_lo, c_h
         i0 = c * CHUNK
         m = min(CHUNK, n - i0)
         seg = _quantize_chunk(x, i0, m, seg, starts, inv, sf, one_bit, key, hbuf, cbuf)
-        _pack_chunk(cbuf, m, i0, width, offset, out)
+        pack_chunk(cbuf, m, i0, width, offset, out)
 
 
 @njit(cache=True, nogil=True)
@@ -225,7 +225,7 @@ def _summed(part):  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _unpack_chunk(body, i0, m, width, offset, cbuf):  # pragma: no cover - compiled
-    """Inverse of ``_pack_chunk`` (constant widths for the same reason)."""
+    """Inverse of ``pack_chunk`` (constant widths for the same reason)."""
     src = body[i0 * width // 8 :]
     dst = cbuf[:m]
     if width == 16:
