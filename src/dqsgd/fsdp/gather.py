@@ -54,14 +54,6 @@ def _all_gather_base() -> type:
     return AllGather
 
 
-class _Nearest:
-    """The uniform source of round-to-nearest: with u = ½ the stochastic quantizer rounds a level
-    fraction f up exactly when f > ½."""
-
-    def uniform(self, n: int, device: torch.device | str | None = None) -> torch.Tensor:
-        return torch.full((n,), 0.5, dtype=torch.float32, device=device)
-
-
 def param_bound(scale: torch.Tensor | float, bits: int, rounding: str) -> torch.Tensor | float:
     """The most |Q(x)_i − x_i| of a block of max-norm ``scale`` in exact arithmetic: r/(2s) for
     round-to-nearest, r/s for stochastic rounding (0 for 32 bits)."""
@@ -87,9 +79,10 @@ def encode_shard(x: torch.Tensor, bits: int, rounding: str, block: int, seed: in
         return encode(quantize_identity(x), Coding.FIXED) if bool(torch.isfinite(x).all()) else b""
     from dqsgd.kernels.rounding import NEAREST, encode_rounded
 
-    u = NEAREST if rounding == "nearest" else torch.rand(x.numel(), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    u = NEAREST if rounding == "nearest" else torch.rand(x.numel(), generator=g).numpy()
     try:
-        return encode_rounded(x, bits, Layout(bucket=block), u if rounding == "nearest" else u.numpy())
+        return encode_rounded(x, bits, Layout(bucket=block), u)
     except NonFiniteGradientError:
         return b""
 
