@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["DOWN", "UP", "Group", "LocalGroup", "TorchGroup", "Turns", "after", "done", "local_groups", "release",
+__all__ = ["DOWN", "UP", "Group", "LocalGroup", "TorchGroup", "Turns", "after", "done", "gather_ints", "local_groups", "release",
            "then"]
 
 UP, DOWN = 0, 1  # the legs: the uplink's collectives, the downlink's
@@ -40,6 +40,13 @@ def done(value: Any = None) -> Future:
     f: Future = Future()
     f.set_result(value)
     return f
+
+
+def gather_ints(group: Group, values: Sequence[int]) -> list[list[int]]:
+    """Every rank's ``values`` (same length everywhere), in rank order, waited for on the uplink leg
+    (the rank agreement, :func:`dqsgd.topology.agreement.agree`)."""
+    rows = group.wait(group.all_gather(torch.tensor([int(v) for v in values], dtype=torch.int64, device=group.device), UP))
+    return [r.tolist() for r in rows]
 
 
 def release(f: Future) -> None:
