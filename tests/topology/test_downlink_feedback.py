@@ -129,7 +129,9 @@ def test_hook_state_dict_keeps_the_downlink_residual() -> None:
     HookState("qsgd-4bit", downlink_bits=8).load_state_dict({**old, "fields": {**old["fields"], "downlink_bits": 8}})
     u = HookState("qsgd-4bit", downlink_bits=2, downlink_feedback=True)
     u.__setstate__(s.__getstate__())  # pickling keeps the options
-    assert u.downlink_feedback and not u.allow_unsafe_downlink
+    assert u.downlink.feedback
+    unsafe = HookState("qsgd-4bit", downlink_bits=2, allow_unsafe_downlink=True)
+    unsafe.__setstate__(unsafe.__getstate__())  # refused without allow_unsafe_downlink
 
 
 def test_a_low_width_without_feedback_is_refused_naming_the_fix() -> None:

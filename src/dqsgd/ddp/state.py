@@ -43,7 +43,7 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink",
-                 "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
+                 "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
                  "iter", "_init", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
@@ -109,7 +109,6 @@ class HookState:
         check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
-        self.allow_unsafe_downlink = allow_unsafe_downlink
         self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self.uncompressed_dtype = uncompressed_dtype

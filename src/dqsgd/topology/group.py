@@ -23,8 +23,8 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["DOWN", "UP", "Group", "LocalGroup", "TorchGroup", "Turns", "after", "done", "gather_ints", "local_groups", "release",
-           "then"]
+__all__ = ["DOWN", "UP", "Group", "LocalGroup", "TorchGroup", "Turns", "after", "done", "gather_ints", "local_groups",
+           "release", "then"]
 
 UP, DOWN = 0, 1  # the legs: the uplink's collectives, the downlink's
 Future = torch.futures.Future
