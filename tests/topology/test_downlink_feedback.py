@@ -140,6 +140,9 @@ def test_a_low_width_without_feedback_is_refused_naming_the_fix() -> None:
     HookState("qsgd-2bit", downlink_bits=3, downlink_feedback=True)
     HookState("qsgd-2bit", downlink_bits=2, allow_unsafe_downlink=True)
     HookState("qsgd-2bit", downlink_bits=4)
+    for flag in ("downlink_feedback", "allow_unsafe_downlink"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False, got 1"):
+            HookState("qsgd-2bit", downlink_bits=3, **{flag: 1})
     HookState("signsgd", downlink_bits=2)  # a vote's downlink is its signs: the width is not used
     HookState("qsgd-2bit", downlink_bits=2, topology="allgather")  # no downlink
     for kw, what in [({"downlink_bits": "fp32"}, "fp32"), ({"topology": "allgather"}, "allgather")]:

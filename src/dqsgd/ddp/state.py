@@ -97,14 +97,9 @@ class HookState:
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
         check_topology(topology, [n for n, t in REGISTRY.items() if t.hook])  # a topology registered later too
-        for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
         from dqsgd.topology.downspec import downlink_of
 
-        options = {"downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits, "downlink_coding": downlink_coding,
-                   "downlink_feedback": downlink_feedback, "downlink_target_bits": downlink_target_bits,
-                   "allow_unsafe_downlink": allow_unsafe_downlink}
+        options = {**self._init, "downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits}  # downlink_*: its options
         self.downlink: DownlinkSpec = downlink_of(options, method, topology)  # carried to every bucket's protocol
         check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed
