@@ -202,7 +202,7 @@ class HookState:
         """The bucket's state, built on first use. DDP rebuilds its buckets after the first iteration:
         a bucket of another size starts afresh; the same elements in another parameter order keep
         their policy and step (new layouts; error-feedback residuals restart, their positions moved)."""
-        from dqsgd.topology.keys import worker_generator
+        from dqsgd.topology.bucket import worker_generator
         from dqsgd.topology.state import BucketState
 
         b, n = self._buckets.get(index), grad.numel()
