@@ -30,10 +30,12 @@ Parsing is bounded: each field is checked against the bytes that remain before i
 ``numel`` against the caller's ``max_numel``, so forged sizes are refused before anything is
 allocated.  Segment counts are computed arithmetically, never by materialising the layout.
 
-**Code ranges** (:func:`code_range`, :func:`top_code`, :func:`range_error`). Which codes a payload may carry: the range of a (scheme, bits, levels), checked on encode and decode. Width b = 1 allows {−1, +1}, b ≥ 2 allows [−2^(b−1), 2^(b−1) − 1]; within that UNIFORM needs
-|c| ≤ levels, SIGN c ∈ {−1, +1}, TERNARY c ∈ {−1, 0, +1}, LOWPREC any (:mod:`dqsgd.codecs.wire`).
-The check reads the codes (:func:`range_error`, one compiled pass) or, where the encoder's caller
-counted them already, their level histogram (:func:`histogram_range_error`, no pass).
+**Code ranges** (:func:`code_range`, :func:`top_code`, :func:`range_error`). Which codes a payload may
+carry: the range of a (scheme, bits, levels), checked on encode and decode. Width b = 1 allows {−1, +1},
+b ≥ 2 allows [−2^(b−1), 2^(b−1) − 1]; within that UNIFORM needs |c| ≤ levels, SIGN c ∈ {−1, +1}, TERNARY
+c ∈ {−1, 0, +1}, LOWPREC any (:mod:`dqsgd.codecs.wire`). The check reads the codes (:func:`range_error`,
+one compiled pass) or, where the encoder's caller counted them already, their level histogram
+(:func:`histogram_range_error`, no pass).
 """
 
 from __future__ import annotations

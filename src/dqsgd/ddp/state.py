@@ -99,7 +99,7 @@ class HookState:
         check_topology(topology, [n for n, t in REGISTRY.items() if t.hook])  # a topology registered later too
         from dqsgd.topology.downspec import downlink_of
 
-        options = {**self._init, "downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits}  # downlink_*: its options
+        options = {**self._init, "downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits}  # downlink_*
         self.downlink: DownlinkSpec = downlink_of(options, method, topology)  # carried to every bucket's protocol
         check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed

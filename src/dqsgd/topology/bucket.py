@@ -27,11 +27,12 @@ entropy coding; payload sizes then vary, so a receiver takes each shard's exact 
 engines exchange the sizes first) and the budget is charged the bytes really sent.
 
 Keys (written once for the trainer, both transports, the hook and FSDP). Worker ``w``'s payload for
-shard ``j`` (of ``shards``) of bucket ``bucket`` at step ``n`` rounds with the counter-based uniforms ``HashRNG(seed_for(seed, QUANT, bucket), n, w·shards + j)``; shard ``j``'s
-downlink with ``HashRNG(seed_for(seed, DOWNLINK, bucket), n, j)``; schemes that draw from a
-``torch.Generator`` (TernGrad) use worker ``w``'s ``generator(seed, QUANT, w, bucket)``, drawn
-shard after shard. Bucket 0 is the trainer's whole model: ``seed_for`` ignores trailing zeros, so
-its keys are ``seed_for(seed, QUANT)`` and ``generator(seed, QUANT, w)``.
+shard ``j`` (of ``shards``) of bucket ``bucket`` at step ``n`` rounds with the counter-based uniforms
+``HashRNG(seed_for(seed, QUANT, bucket), n, w·shards + j)``; shard ``j``'s downlink with
+``HashRNG(seed_for(seed, DOWNLINK, bucket), n, j)``; schemes that draw from a ``torch.Generator``
+(TernGrad) use worker ``w``'s ``generator(seed, QUANT, w, bucket)``, drawn shard after shard. Bucket 0
+is the trainer's whole model: ``seed_for`` ignores trailing zeros, so its keys are ``seed_for(seed,
+QUANT)`` and ``generator(seed, QUANT, w)``.
 """
 
 from __future__ import annotations

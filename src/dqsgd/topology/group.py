@@ -45,7 +45,8 @@ def done(value: Any = None) -> Future:
 def gather_ints(group: Group, values: Sequence[int]) -> list[list[int]]:
     """Every rank's ``values`` (same length everywhere), in rank order, waited for on the uplink leg
     (the rank agreement, :func:`dqsgd.topology.agreement.agree`)."""
-    rows = group.wait(group.all_gather(torch.tensor([int(v) for v in values], dtype=torch.int64, device=group.device), UP))
+    mine = torch.tensor([int(v) for v in values], dtype=torch.int64, device=group.device)
+    rows = group.wait(group.all_gather(mine, UP))
     return [r.tolist() for r in rows]
 
 

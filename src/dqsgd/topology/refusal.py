@@ -1,11 +1,12 @@
 """How a payload is refused, and how a refusal reaches every rank.
 
-**Sizes.** One size bound for everything a peer announces, refused before a byte is allocated. A receiver always knows how many elements a payload may carry, hence the most bytes any valid
-coding of them can take (:meth:`dqsgd.method.pipeline.Method.max_payload_bytes`, the downlink's exact size,
-:func:`dqsgd.codecs.sketch_wire.index_message_size` for Sketched SGD's index messages);
-a peer's announced size above that cap raises :class:`~dqsgd.codecs.PayloadError` naming the peer
-and the cap. Every rank sees the same announcements (they travel in an all-gather), so every rank
-refuses together and nobody waits.
+**Sizes.** One size bound for everything a peer announces, refused before a byte is allocated. A
+receiver always knows how many elements a payload may carry, hence the most bytes any valid coding of
+them can take (:meth:`dqsgd.method.pipeline.Method.max_payload_bytes`, the downlink's exact size,
+:func:`dqsgd.codecs.sketch_wire.index_message_size` for Sketched SGD's index messages); a peer's
+announced size above that cap raises :class:`~dqsgd.codecs.PayloadError` naming the peer and the cap.
+Every rank sees the same announcements (they travel in an all-gather), so every rank refuses together
+and nobody waits.
 
 Every received size goes through :func:`check_sizes`, and a cap is never optional: the transports
 (``gather``, ``broadcast``, ``exchange``, ``share``, the backup workers' point-to-point messages),
