@@ -64,7 +64,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     out = Exchange(b, count=count).start({group.rank: (grad, group, b)})[group.rank]
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
-    def done(f: torch.futures.Future) -> None:
+    def finish(f: torch.futures.Future) -> None:
         try:
             o = f.value()
             if o.update.device.type == "cpu" and bool(o.bad):
@@ -78,7 +78,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
                 state._error = e
             result.set_result(torch.full_like(grad, float("nan")))  # DDP's bucket meanwhile
 
-    out.add_done_callback(done)
+    out.add_done_callback(finish)
     return result
 
 
