@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from dqsgd.codecs import PayloadError
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.group import DOWN, then
 
@@ -44,6 +43,8 @@ def check_sizes(sizes: Sequence[int], caps: Sequence[int], who: str) -> None:
     ``caps[j]`` caps ``sizes[j]``; one cap applies to every size. A cap that is not an integer
     (None: a caller that gave none) is a TypeError: no peer message goes unbounded.
     """
+    from dqsgd.codecs import PayloadError  # here: importing the hook loads no codec
+
     caps = list(caps) * len(sizes) if len(caps) == 1 else list(caps)
     if len(caps) != len(sizes):
         raise ValueError(f"{len(caps)} caps for {len(sizes)} sizes")
@@ -74,6 +75,7 @@ def failure_message(err: Exception, size: int, device: torch.device) -> torch.Te
 def raise_if_refused(msg: torch.Tensor, head: str) -> None:
     """Raise the error ``msg`` carries (PayloadError or ProtocolError, its text after ``head``) if its
     status byte is set."""
+    from dqsgd.codecs import PayloadError
     from dqsgd.method.pipeline import ProtocolError
 
     if int(msg[-1]):
