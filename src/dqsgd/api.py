@@ -25,7 +25,7 @@ from dqsgd.codecs.header import PEEK_BYTES, Header, PayloadError, peek_shape
 from dqsgd.codecs.wire import body_width, decode as decode_payload, read_header
 from dqsgd.kernels import HashRNG, decode_accumulate, encode_uniform_fast
 from dqsgd.quantizers import Layout, Norm, Scheme, dequantize, quantizer
-from dqsgd.quantizers.finite import narrows, overflow
+from dqsgd.quantizers.base import narrows, overflow
 
 __all__ = ["DEFAULT_MAX_DECODE_BYTES", "DEFAULT_MAX_NUMEL", "decode", "decode_into", "encode", "encode_tensor"]
 
@@ -213,7 +213,7 @@ def _decode_host(buf: bytes | bytearray | memoryview, cap: int, numel: int | Non
 def _narrowed(acc: torch.Tensor, h: Header) -> torch.Tensor:
     """``acc`` in the payload's dtype, chunk by chunk; a value beyond that dtype (a forged scale:
     finite in float32, ±inf after rounding) is refused. float32's own range was checked by the
-    decoder before it added anything (:mod:`dqsgd.quantizers.finite`)."""
+    decoder before it added anything (:mod:`dqsgd.quantizers.base`)."""
     if h.dtype == torch.float32:
         return acc
     out = torch.empty(acc.numel(), dtype=h.dtype)
@@ -225,7 +225,7 @@ def _narrowed(acc: torch.Tensor, h: Header) -> torch.Tensor:
 
 
 def _refuse_narrowing(values: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    """The finite-output rule's narrowed form (:mod:`dqsgd.quantizers.finite`): float32 ``values``,
+    """The finite-output rule's narrowed form (:mod:`dqsgd.quantizers.base`): float32 ``values``,
     not yet in any output, must fit ``dtype`` (a host read of their largest magnitude)."""
     if narrows(dtype) and values.numel():
         if (why := overflow(float(values.abs().amax()), dtype, what)) is not None:
@@ -245,7 +245,7 @@ def decode_into(payload: Payload, out: torch.Tensor, weight: float = 1.0) -> tor
     Raises:
       PayloadError: as :func:`decode`, or a payload of another element count than ``out``, or
         whose values ``weight·x̂`` would not be finite in ``out``'s dtype (refused before anything
-        is added: :mod:`dqsgd.quantizers.finite`). Errors in the body are found while adding:
+        is added: :mod:`dqsgd.quantizers.base`). Errors in the body are found while adding:
         ``out`` then holds a partial sum.
       ValueError: ``out`` is not a floating-point tensor.
     """

@@ -202,7 +202,7 @@ def test_coded_rows_and_a_rows_own_downlink_target(bench: Any) -> None:
     assert bench.method_problem(a.method) == "" and bench.downlink(a) == "auto"
     opts = bench.downlink_options(a)
     assert opts == {"downlink_feedback": True, "allow_unsafe_downlink": False, "downlink_target_bits": 1.0}
-    assert HookState("dqsgd-coded", downlink_bits="auto", **opts).downlink_target_bits == 1.0
+    assert HookState("dqsgd-coded", downlink_bits="auto", **opts).downlink.target_bits == 1.0
     a.method = "dqsgd@auto"  # the flag's value
     assert bench.downlink_options(a)["downlink_target_bits"] == 2.0
     a.method = "qsgd-2bit@4"  # not a budgeted split: no target

@@ -163,10 +163,10 @@ def test_downlink_coding_defaults_pickles_and_guards_checkpoints() -> None:
     configuration (an older state, saved without it, meant a fixed downlink), refused where nothing is
     quantized; a coded step's spend (bits, downlink bits) survives a checkpoint."""
     coded = HookState("dqsgd-coded", total_steps=20)
-    assert coded.downlink_coding == "auto" and coded.fields()["downlink_coding"] == "auto"
-    assert HookState("qsgd-4bit").downlink_coding == "fixed"
-    assert HookState("qsgd-4bit", downlink_coding="rans").downlink_coding == "rans"
-    assert pickle.loads(pickle.dumps(HookState("qsgd-4bit", downlink_coding="ransx"))).downlink_coding == "ransx"
+    assert coded.downlink.coding == "auto" and coded.fields()["downlink_coding"] == "auto"
+    assert HookState("qsgd-4bit").downlink.coding == "fixed"
+    assert HookState("qsgd-4bit", downlink_coding="rans").downlink.coding == "rans"
+    assert pickle.loads(pickle.dumps(HookState("qsgd-4bit", downlink_coding="ransx"))).downlink.coding == "ransx"
     with pytest.raises(ValueError, match="an fp32 downlink"):
         HookState("qsgd-4bit", downlink_bits="fp32", downlink_coding="auto")
     with pytest.raises(ValueError, match="downlink_coding must be one of"):

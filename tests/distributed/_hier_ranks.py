@@ -64,7 +64,7 @@ def sharded_step(method: str, workers: int, topology: str = NAME) -> tuple[Any, 
 
 def run_steps(step: Any, t: Any, workers: list[int]) -> tuple[list[torch.Tensor], list[int]]:
     """STEPS steps of ``step`` over transport ``t`` for the local ``workers``: the updates and widths."""
-    from dqsgd.topology.keys import worker_generator
+    from dqsgd.topology.bucket import worker_generator
 
     state, updates, bits = step.method.init_state(step.workers, step.policy), [], []
     for s in range(STEPS):

@@ -126,7 +126,7 @@ def oversized_payload(rank: int, world: int, topology: str) -> dict[str, Any]:
     from dqsgd.codecs import PayloadError
     from dqsgd.method.config import method_config
     from dqsgd.topology.exchange import size_table
-    from dqsgd.topology.limits import check_table
+    from dqsgd.topology.refusal import check_table
 
     method = Method(method_config("qsgd-4bit"), 5000, 10)
     cap = method.max_payload_bytes(4)

@@ -18,7 +18,7 @@ from dqsgd.method.config import method_config
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.group import local_groups
-from dqsgd.topology.keys import worker_generator
+from dqsgd.topology.bucket import worker_generator
 from dqsgd.topology.registry import ring_bytes
 from dqsgd.topology.state import BucketState, Memory
 

@@ -15,7 +15,7 @@ from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.topology.agreement import SLOTS
 from dqsgd.topology.refusal import ROOM
-from dqsgd.topology.keys import worker_generator
+from dqsgd.topology.bucket import worker_generator
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.step import FP32, ExchangeStep
 from dqsgd.transport.sim import SimTransport

@@ -55,7 +55,7 @@ def test_the_topologys_traffic_count_is_the_bytes_its_collectives_move(world: in
     hook (its ``count``)."""
     from dqsgd.topology.exchange import Exchange
     from dqsgd.topology.group import local_groups
-    from dqsgd.topology.keys import worker_generator
+    from dqsgd.topology.bucket import worker_generator
     from dqsgd.topology.registry import topology_of
     from dqsgd.topology.state import BucketState, Memory
 

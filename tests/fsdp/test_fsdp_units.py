@@ -14,7 +14,7 @@ from dqsgd.fsdp.unit import unit_protocol
 from dqsgd.method.config import method_config
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.group import local_groups
-from dqsgd.topology.keys import worker_generator
+from dqsgd.topology.bucket import worker_generator
 from dqsgd.topology.state import BucketState, Memory
 
 

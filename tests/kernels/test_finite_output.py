@@ -1,4 +1,4 @@
-"""One finite-output rule for every decoder (dqsgd.quantizers.finite): host and device, ``decode``,
+"""One finite-output rule for every decoder (dqsgd.quantizers.base): host and device, ``decode``,
 ``decode_into``, the torch-ops device decoder and the Triton kernels (on the CPU through Triton's
 interpreter) refuse a payload whose values would not be finite in the output's dtype, before anything
 is added, and decode one whose values fit.

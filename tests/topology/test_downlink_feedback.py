@@ -129,7 +129,9 @@ def test_hook_state_dict_keeps_the_downlink_residual() -> None:
     HookState("qsgd-4bit", downlink_bits=8).load_state_dict({**old, "fields": {**old["fields"], "downlink_bits": 8}})
     u = HookState("qsgd-4bit", downlink_bits=2, downlink_feedback=True)
     u.__setstate__(s.__getstate__())  # pickling keeps the options
-    assert u.downlink_feedback and not u.allow_unsafe_downlink
+    assert u.downlink.feedback
+    unsafe = HookState("qsgd-4bit", downlink_bits=2, allow_unsafe_downlink=True)
+    unsafe.__setstate__(unsafe.__getstate__())  # refused without allow_unsafe_downlink
 
 
 def test_a_low_width_without_feedback_is_refused_naming_the_fix() -> None:
@@ -138,6 +140,9 @@ def test_a_low_width_without_feedback_is_refused_naming_the_fix() -> None:
     HookState("qsgd-2bit", downlink_bits=3, downlink_feedback=True)
     HookState("qsgd-2bit", downlink_bits=2, allow_unsafe_downlink=True)
     HookState("qsgd-2bit", downlink_bits=4)
+    for flag in ("downlink_feedback", "allow_unsafe_downlink"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False, got 1"):
+            HookState("qsgd-2bit", downlink_bits=3, **{flag: 1})
     HookState("signsgd", downlink_bits=2)  # a vote's downlink is its signs: the width is not used
     HookState("qsgd-2bit", downlink_bits=2, topology="allgather")  # no downlink
     for kw, what in [({"downlink_bits": "fp32"}, "fp32"), ({"topology": "allgather"}, "allgather")]:

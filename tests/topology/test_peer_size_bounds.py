@@ -1,4 +1,4 @@
-"""One size bound for every peer message (dqsgd.topology.limits): Sketched SGD's index messages, a
+"""One size bound for every peer message (dqsgd.topology.refusal): Sketched SGD's index messages, a
 cap that is never optional, and non-finite sketches refused on every topology. The forged
 announcement over real processes is tests/distributed/test_peer_limits.py."""
 
@@ -17,7 +17,7 @@ from dqsgd.codecs.wire import read_header
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.topology.group import UP, LocalGroup
-from dqsgd.topology.limits import check_sizes
+from dqsgd.topology.refusal import check_sizes
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.server import room
 from dqsgd.topology.sketched import SketchedStep

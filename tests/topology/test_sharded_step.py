@@ -14,7 +14,7 @@ from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.ledger import Ledger, wire_traffic
 from dqsgd.method.pipeline import Method
 from dqsgd.theory import formulas as theory
-from dqsgd.topology.limits import check_table
+from dqsgd.topology.refusal import check_table
 from dqsgd.topology.step import ExchangeStep
 from dqsgd.train.config import MethodEntry, TrainConfig
 from dqsgd.train.trainer import Trainer

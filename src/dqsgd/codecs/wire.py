@@ -61,7 +61,7 @@ from dqsgd.codecs.header import (
 )
 from dqsgd.codecs.rans import RansError, level_histogram, rans_decode, rans_encode
 from dqsgd.codecs.ransx import ransx_decode_uncounted, ransx_encode
-from dqsgd.codecs.ranges import (  # noqa: F401 - MAX_CODE_BITS and scheme_error: also wire.*
+from dqsgd.codecs.header import (  # noqa: F401 - MAX_CODE_BITS and scheme_error: also wire.*
     MAX_CODE_BITS, code_range, histogram_range_error, range_error, scheme_error,
 )
 from dqsgd.codecs.threads import crc32

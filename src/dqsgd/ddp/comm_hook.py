@@ -18,7 +18,7 @@ from dqsgd.ddp.state import HookState
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.topology.state import BucketState
 from dqsgd.topology.exchange import Exchange
-from dqsgd.topology.group import UP, release, then
+from dqsgd.topology.group import UP, done, release, then
 from dqsgd.topology.registry import Legs, ring_bytes
 
 
@@ -40,9 +40,7 @@ def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torc
 def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     world = dist.get_world_size(state.process_group or dist.group.WORLD)
     if world == 1:  # nothing to send: the gradient as it is (no quantization noise, no traffic)
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        fut.set_result(grad)
-        return fut
+        return done(grad)
     state.agree()  # first call: every rank runs the same configuration (else all raise, naming the fields)
     if state.iter < state.start_iter or grad.numel() < world:
         return _allreduce(state, grad, world)
@@ -66,7 +64,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     out = Exchange(b, count=count).start({group.rank: (grad, group, b)})[group.rank]
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
-    def done(f: torch.futures.Future) -> None:
+    def finish(f: torch.futures.Future) -> None:
         try:
             o = f.value()
             if o.update.device.type == "cpu" and bool(o.bad):
@@ -80,7 +78,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
                 state._error = e
             result.set_result(torch.full_like(grad, float("nan")))  # DDP's bucket meanwhile
 
-    out.add_done_callback(done)
+    out.add_done_callback(finish)
     return result
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,14 +34,6 @@ STATE_VERSION = 2
 UNCOMPRESSED_DTYPES = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _stateful(field_name: str) -> bool:
-    """Fields a saved state depends on (the method, its topology and horizon); warm-up, seed and the
-    ratio threshold may change on resume."""
-    from dqsgd.topology.downspec import DownlinkSpec
-
-    return field_name.startswith("method.") or field_name in ("topology", *DownlinkSpec().fields(), "total_steps")
-
-
 _COUNT_LOCK = threading.Lock()
 _COUNTERS = ("bytes_sent", "bytes_received", "fp32_bytes", "allreduce_bytes", "bit_coords", "coords", "steps",
              "down_sent", "down_received", "refusals")  # bytes_*: both phases; down_*: the downlink's part
@@ -50,8 +43,8 @@ class HookState:
     """State of :func:`dqsgd.ddp.hook` for one DDP model (one per model, like ``PowerSGDState``)."""
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink",
-                 "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
-                 "iter", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
+                 "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
+                 "iter", "_init", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
@@ -81,6 +74,7 @@ class HookState:
         ``uncompressed_dtype`` (the link policy, ``dqsgd-link``): the dtype a bucket the policy sends
         uncompressed is all-reduced in, ``"float16"`` or ``"bfloat16"`` (None: the bucket's own dtype);
         the policy prices that choice at its bytes."""
+        self._init = {k: v for k, v in locals().items() if k not in ("self", "process_group")}  # what pickling keeps
         if isinstance(method, str):
             method = method_config(method)  # raises ValueError naming the registered methods
         if not isinstance(method, MethodConfig):
@@ -103,19 +97,13 @@ class HookState:
             raise TypeError("process_group must be a torch.distributed ProcessGroup or None, "
                             f"got {type(process_group).__name__}")
         check_topology(topology, [n for n, t in REGISTRY.items() if t.hook])  # a topology registered later too
-        for name, flag in (("downlink_feedback", downlink_feedback), ("allow_unsafe_downlink", allow_unsafe_downlink)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
         from dqsgd.topology.downspec import downlink_of
 
-        options = {"downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits, "downlink_coding": downlink_coding,
-                   "downlink_feedback": downlink_feedback, "downlink_target_bits": downlink_target_bits,
-                   "allow_unsafe_downlink": allow_unsafe_downlink}
+        options = {**self._init, "downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits}  # downlink_*
         self.downlink: DownlinkSpec = downlink_of(options, method, topology)  # carried to every bucket's protocol
         check_rate("min_compression_rate", min_compression_rate)
         self.config, self.process_group, self.seed = method, process_group, seed
         self.timeout, self.total_steps, self.topology = timeout, total_steps, topology
-        self.allow_unsafe_downlink = allow_unsafe_downlink
         self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self.uncompressed_dtype = uncompressed_dtype
@@ -165,19 +153,15 @@ class HookState:
         """One bucket's exchange: (sent, received) in the uplink and the downlink phase; ``refused``:
         sent uncompressed (warm-up, too small, not worth compressing). Called from completion callbacks too."""
         with _COUNT_LOCK:
-            self._add(up, down, numel, itemsize, width, world, refused)
-
-    def _add(self, up: tuple[int, int], down: tuple[int, int], numel: int, itemsize: int, width: int, world: int,
-             refused: bool) -> None:
-        self.bytes_sent += up[0] + down[0]
-        self.bytes_received += up[1] + down[1]
-        self.down_sent += down[0]
-        self.down_received += down[1]
-        self.refusals += int(refused)
-        self.fp32_bytes += 4 * numel
-        self.allreduce_bytes += 2 * ring_bytes(numel * itemsize, world)
-        self.bit_coords += width * numel
-        self.coords += numel
+            self.bytes_sent += up[0] + down[0]
+            self.bytes_received += up[1] + down[1]
+            self.down_sent += down[0]
+            self.down_received += down[1]
+            self.refusals += int(refused)
+            self.fp32_bytes += 4 * numel
+            self.allreduce_bytes += 2 * ring_bytes(numel * itemsize, world)
+            self.bit_coords += width * numel
+            self.coords += numel
 
     def fields(self) -> dict[str, Any]:
         """Everything the ranks must share, by name: the method and every option, the topology, the
@@ -197,16 +181,11 @@ class HookState:
         different states differ) across the hook's ranks once (a fixed-size all-gather on the uplink
         group): every rank raises the same RankDisagreement naming the fields that differ."""
         from dqsgd.topology.agreement import agree
+        from dqsgd.topology.group import gather_ints
 
-        if self._agreed:
-            return
-        group = self.group()
-
-        def gather(ints: list[int]) -> list[list[int]]:
-            return [r.tolist() for r in group.all_gather(torch.tensor(ints, dtype=torch.int64), 0).wait()]
-
-        agree({**self.fields(), "progress.iter": self.iter}, gather, group.rank)
-        self._agreed = True
+        if not self._agreed:
+            agree({**self.fields(), "progress.iter": self.iter}, partial(gather_ints, self.group()), self.group().rank)
+            self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
     def group(self) -> TorchGroup:
@@ -223,7 +202,7 @@ class HookState:
         """The bucket's state, built on first use. DDP rebuilds its buckets after the first iteration:
         a bucket of another size starts afresh; the same elements in another parameter order keep
         their policy and step (new layouts; error-feedback residuals restart, their positions moved)."""
-        from dqsgd.topology.keys import worker_generator
+        from dqsgd.topology.bucket import worker_generator
         from dqsgd.topology.state import BucketState
 
         b, n = self._buckets.get(index), grad.numel()
@@ -266,18 +245,6 @@ class HookState:
         """The downlink's width as resolved (2..16, 32 = fp32, or ``"auto"``)."""
         return self.downlink.bits
 
-    @property
-    def downlink_coding(self) -> str:
-        return self.downlink.coding
-
-    @property
-    def downlink_feedback(self) -> bool:
-        return self.downlink.feedback
-
-    @property
-    def downlink_target_bits(self) -> float:
-        return self.downlink.target_bits
-
     # --- checkpointing --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed job needs to continue exactly: per-bucket policy states (the budget
@@ -289,14 +256,17 @@ class HookState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; bucket states apply when DDP first calls the hook on them."""
         from dqsgd.topology.agreement import check_state, refuse_changed
-        from dqsgd.topology.downspec import BEFORE
+        from dqsgd.topology.downspec import BEFORE, DownlinkSpec
 
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a dqsgd HookState state_dict (version {STATE_VERSION})")
         check_state(state, {"fields": dict, "iter": int, "counters": dict, "buckets": dict}, "HookState state_dict")
         check_state(state["counters"], dict.fromkeys(_COUNTERS, int), "HookState state_dict counters")
-        # older states: no feedback, a fixed downlink
-        refuse_changed("state_dict", state["fields"], self.fields(), _stateful, BEFORE)
+        # the fields a saved state depends on (the method, its topology, downlink and horizon; warm-up, seed and the
+        # ratio threshold may change on resume); older states: no feedback, a fixed downlink
+        stateful = ("topology", "total_steps", *DownlinkSpec().fields())
+        refuse_changed("state_dict", state["fields"], self.fields(), lambda f: f.startswith("method.") or f in stateful,
+                       BEFORE)
         self.iter = int(state["iter"])
         for k in _COUNTERS:
             setattr(self, k, state["counters"].get(k, 0))  # older states: no downlink share, no refusals
@@ -304,16 +274,9 @@ class HookState:
         self._agreed = False  # the ranks compare their progress again at the next backward
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickling keeps the configuration and :meth:`state_dict`, not the process group (as PowerSGD)."""
-        init = {k: getattr(self, k) for k in ("config", "seed", "timeout", "total_steps", "topology",
-                                              "start_iter", "min_compression_rate", "uncompressed_dtype",
-                                              "allow_unsafe_downlink")}
-        init.update(self.downlink.fields())
-        init["downlink_bits"] = "fp32" if self.downlink_bits == 32 else self.downlink_bits
-        return {"init": init, "state": self.state_dict()}
+        """Pickling keeps the constructor's arguments and :meth:`state_dict`, not the process group (as PowerSGD)."""
+        return {"init": self._init, "state": self.state_dict()}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        init = dict(d["init"])
-        config = init.pop("config")
-        self.__init__(config, None, **{k: init.pop(k) for k in ("seed", "timeout", "total_steps")}, **init)
+        self.__init__(**d["init"])  # type: ignore[misc]
         self.load_state_dict(d["state"])

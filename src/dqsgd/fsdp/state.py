@@ -140,7 +140,7 @@ class FSDPState:
                                  f"earlier {u.numel} over {u.proto.workers}")
             return u
         from dqsgd.fsdp.unit import unit_protocol
-        from dqsgd.topology.keys import worker_generator
+        from dqsgd.topology.bucket import worker_generator
         from dqsgd.topology.state import BucketState
 
         seed = unit_seed(self.seed, index, self.replica)

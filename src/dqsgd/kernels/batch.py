@@ -32,8 +32,8 @@ from dqsgd.kernels import fused
 from dqsgd.kernels.codec import MIN_CHUNKS_PER_THREAD, FixedPlan, max_norms, fixed_plan, inverse_norms
 from dqsgd.kernels.fused_batch import accumulate_many_range, encode_many_range
 from dqsgd.quantizers import Layout, Norm, Scheme
-from dqsgd.codecs.ranges import top_code
-from dqsgd.quantizers.finite import step_bound
+from dqsgd.codecs.header import top_code
+from dqsgd.quantizers.base import step_bound
 
 __all__ = ["Batch", "decode_batch", "encode_batch"]
 
@@ -182,7 +182,7 @@ class Batch:
         return int(wrong[0]) if wrong.size else None
 
     def _first_beyond(self, steps: np.ndarray, weight: float) -> int | None:
-        """The first payload that breaks the finite-output rule (:mod:`dqsgd.quantizers.finite`): a
+        """The first payload that breaks the finite-output rule (:mod:`dqsgd.quantizers.base`): a
         segment holding a coordinate whose largest |w·x̂| is not a finite float32 (None: none)."""
         a, plan = self.arrays, self.plans[0]
         bound = step_bound(steps, top_code(Scheme.UNIFORM, self.bits, plan.levels), weight)

@@ -30,14 +30,14 @@ from dqsgd.codecs import Coding, PayloadError, encode as encode_payload
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.bitpack import packed_size
 from dqsgd.codecs.header import MAX_NUMEL, Header, write_header
-from dqsgd.codecs.ranges import top_code
+from dqsgd.codecs.header import top_code
 from dqsgd.codecs.wire import read_header
 from dqsgd.codecs.threads import crc32, run_split
 from dqsgd.kernels import fused, recent
 from dqsgd.kernels.hashrng import HashRNG
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, Quantized, Scheme, levels_for_bits
 from dqsgd.quantizers.base import RAW_SCHEMES
-from dqsgd.quantizers.finite import overflow, step_bound
+from dqsgd.quantizers.base import overflow, step_bound
 from dqsgd.quantizers.segments import check_bits, flat_float, require_finite, segment_reduce
 
 __all__ = [
@@ -226,7 +226,7 @@ def decode_accumulate(payload: bytes | bytearray | memoryview, out: torch.Tensor
 
     Raises:
       PayloadError: whatever ``decode`` refuses, and values ``w·x̂`` that would not be finite
-        (:mod:`dqsgd.quantizers.finite`: refused before anything is added). Body errors (codes out
+        (:mod:`dqsgd.quantizers.base`: refused before anything is added). Body errors (codes out
         of range) are found while accumulating: ``out`` then holds a partial sum and must be discarded.
       ValueError: ``out`` is not a contiguous float32 CPU buffer of the payload's numel.
     """
@@ -284,7 +284,7 @@ def _check_code_spans(spans: list[tuple[int, int]], allowed: tuple[int, int], bo
 
 
 def _refuse_beyond(bound: np.ndarray, h: Header, starts: np.ndarray | None = None) -> None:
-    """The finite-output rule (:mod:`dqsgd.quantizers.finite`) for a float32 accumulator, before
+    """The finite-output rule (:mod:`dqsgd.quantizers.base`) for a float32 accumulator, before
     anything is added: ``bound`` holds the largest |w·x̂| (per segment of ``starts``, where a
     segment with no coordinate decodes nothing; NaN: a NaN value)."""
     if starts is not None and h.layout.sizes is not None:

@@ -12,7 +12,7 @@ import torch
 from dqsgd.codecs import Coding, PayloadError
 from dqsgd.codecs import wire  # its validators, so both paths accept and refuse the same payloads
 from dqsgd.codecs.header import MAX_NUMEL, Header, parse_header
-from dqsgd.codecs.ranges import top_code
+from dqsgd.codecs.header import top_code
 from dqsgd.kernels.codec import decode_accumulate
 from dqsgd.kernels.device_common import (
     LazyBytes, Template, head_on, kernel, per_element, seg_ids_of, template, use_triton,
@@ -20,7 +20,7 @@ from dqsgd.kernels.device_common import (
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_pack import padding_bits, unpack_device
 from dqsgd.quantizers import Scheme
-from dqsgd.quantizers.finite import beyond, overflow, step_bound
+from dqsgd.quantizers.base import beyond, overflow, step_bound
 
 __all__ = ["decode_accumulate_device", "decode_device"]
 
@@ -181,7 +181,7 @@ def _accumulate(payload: torch.Tensor, out: torch.Tensor, weight: float, h: Head
 
 
 def _over(steps: torch.Tensor, h: Header, weight: float) -> torch.Tensor:
-    """The finite-output rule's flag (:mod:`dqsgd.quantizers.finite`), a 0-dim device bool made where
+    """The finite-output rule's flag (:mod:`dqsgd.quantizers.base`), a 0-dim device bool made where
     the steps are (no sync): some segment's scale times the top code, times ``weight``, overflows
     float32. It joins the other checks' flags: read in their one sync, or ORed into ``bad``."""
     bound = step_bound(steps, top_code(h.scheme, h.bits, h.levels), weight)
@@ -248,7 +248,7 @@ def decode_accumulate_device(payload: torch.Tensor, out: torch.Tensor, weight: f
     shape), its header bytes outside the scales are compared with the expected ones on the device,
     and the scales are read on the device (the returned header is the caller's, with its
     placeholder scales). Then the crc (``device_crc``), the padding bits, the code range and the
-    finite-output rule (:mod:`dqsgd.quantizers.finite`: some scale times the top code, times
+    finite-output rule (:mod:`dqsgd.quantizers.base`: some scale times the top code, times
     ``weight``, overflows float32; computed on the device from the scales where they already are,
     so it needs no sync of its own) are device flags: ``check="sync"`` reads them (8 integers) and raises on a bad payload, leaving
     ``out`` untouched; ``check="defer"`` ORs them into ``bad`` (a 0-dim bool tensor on the device)
@@ -274,7 +274,7 @@ def decode_device(payload: torch.Tensor, *, max_numel: int = MAX_NUMEL, header: 
     in :func:`decode_accumulate_device`).
 
     A float16/bfloat16 payload whose values would be ±inf in its dtype (a forged scale) is refused
-    as the host decoder refuses it (:mod:`dqsgd.quantizers.finite`, narrowed form: the values' largest
+    as the host decoder refuses it (:mod:`dqsgd.quantizers.base`, narrowed form: the values' largest
     magnitude, a device flag): ``check="sync"`` reads the flag (one more sync, narrow dtypes only),
     ``"defer"`` ORs it into ``bad``."""
     _check_args(payload, check, bad)

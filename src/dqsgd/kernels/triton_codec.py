@@ -260,7 +260,7 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, 
     """Unpack GROUPS·8 codes; WRITE: out += w·(c·step). CHECK: stats = [header differs, non-finite
     scale, -, padding bits, min c, max c, zero count, a code outside [lo_ok, hi_ok] or a forbidden
     zero, w·(top·step) not finite for a coordinate's step (the finite-output rule,
-    :mod:`dqsgd.quantizers.finite`; top = max(-lo_ok, hi_ok))] (atomics; the header's k bytes are
+    :mod:`dqsgd.quantizers.base`; top = max(-lo_ok, hi_ok))] (atomics; the header's k bytes are
     checked by the first ⌈k/HB⌉ programs); BAD: a failed check also sets *bad."""
     decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
                    bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, WRITE, CHECK, HB,

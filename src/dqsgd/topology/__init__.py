@@ -19,12 +19,12 @@ topology=..., workers=W, seed=..., bucket=i, total_steps=N, downlink_bits=b)``):
 * shards: ``sharded`` cuts the bucket into W contiguous shards (:func:`dqsgd.core.sharding.shard_bounds`),
   each a vector of its own (``P.shards[j]`` is its :class:`~dqsgd.method.pipeline.Method`); ``ps`` and
   ``allgather`` have one shard, the whole bucket.
-* keys (:mod:`dqsgd.topology.keys`): worker w's payload for shard j of bucket i at step n rounds
+* keys (:mod:`dqsgd.topology.bucket`): worker w's payload for shard j of bucket i at step n rounds
   with ``HashRNG(seed_for(seed, QUANT, i), n, w·S + j)`` (S shards); the downlink of shard j with
   ``HashRNG(seed_for(seed, DOWNLINK, i), n, j)``. Bucket 0 is the trainer's whole model.
 * vote (signSGD): :func:`dqsgd.quantizers.majority_vote` — ``sign(Σ_{voters} c_w)``, ties -> +1, no
   voter -> 0; the vote's downlink is its signs at 1 bit.
-* sizes (:mod:`dqsgd.topology.limits`): one bound per payload, checked before any allocation.
+* sizes (:mod:`dqsgd.topology.refusal`): one bound per payload, checked before any allocation.
 * rank agreement (:mod:`dqsgd.topology.agreement`): a fixed-size fingerprint of the configuration
   compared across ranks with a fixed-size collective; every rank raises the same error.
 * topologies (:mod:`dqsgd.topology.registry`): one object per topology — its shard count, collectives,

@@ -25,6 +25,14 @@ is no longer unbiased step by step, but nothing is lost: Σ_{n≤N} Q_d(x_n) = �
 Coded downlink (``downlink_coding``, :mod:`dqsgd.topology.downlink`): the same codes carried by an
 entropy coding; payload sizes then vary, so a receiver takes each shard's exact bytes (the
 engines exchange the sizes first) and the budget is charged the bytes really sent.
+
+Keys (written once for the trainer, both transports, the hook and FSDP). Worker ``w``'s payload for
+shard ``j`` (of ``shards``) of bucket ``bucket`` at step ``n`` rounds with the counter-based uniforms
+``HashRNG(seed_for(seed, QUANT, bucket), n, w·shards + j)``; shard ``j``'s downlink with
+``HashRNG(seed_for(seed, DOWNLINK, bucket), n, j)``; schemes that draw from a ``torch.Generator``
+(TernGrad) use worker ``w``'s ``generator(seed, QUANT, w, bucket)``, drawn shard after shard. Bucket 0
+is the trainer's whole model: ``seed_for`` ignores trailing zeros, so its keys are ``seed_for(seed,
+QUANT)`` and ``generator(seed, QUANT, w)``.
 """
 
 from __future__ import annotations
@@ -35,15 +43,16 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from dqsgd.core.rng import DOWNLINK, QUANT, seed_for
 from dqsgd.core.sharding import shard_bounds, shard_sizes
-from dqsgd.topology import downlink, keys, payloads
-from dqsgd.topology.limits import check_table
+from dqsgd.kernels import HashRNG
+from dqsgd.topology import downlink, payloads
+from dqsgd.topology.refusal import check_table
 from dqsgd.topology.names import (
     DOWNLINK_PARITY_BITS, FP32, SAFE_DOWNLINK_BITS, check_auto_downlink)
 from dqsgd.topology.registry import topology_of
 
 if TYPE_CHECKING:
-    from dqsgd.kernels import HashRNG
     from dqsgd.method.config import MethodConfig
     from dqsgd.method.pipeline import Method
     from dqsgd.policies.base import Spent
@@ -51,6 +60,31 @@ if TYPE_CHECKING:
     from dqsgd.topology.downspec import DownlinkSpec
 
 SIGN = payloads.SIGN
+
+
+def uplink_seed(seed: int, bucket: int = 0) -> int:
+    """The HashRNG seed of every uplink payload of ``bucket``."""
+    return seed_for(seed, QUANT, bucket)
+
+
+def downlink_seed(seed: int, bucket: int = 0) -> int:
+    """The HashRNG seed of every downlink payload of ``bucket``."""
+    return seed_for(seed, DOWNLINK, bucket)
+
+
+def uplink_rng(useed: int, step: int, worker: int, shard: int, shards: int) -> HashRNG:
+    """The uniforms of worker ``worker``'s payload for shard ``shard`` (``useed = uplink_seed(...)``)."""
+    return HashRNG(useed, step, worker * shards + shard)
+
+
+def downlink_rng(dseed: int, step: int, shard: int) -> HashRNG:
+    """The uniforms of shard ``shard``'s downlink payload (``dseed = downlink_seed(...)``)."""
+    return HashRNG(dseed, step, shard)
+
+
+def worker_generator(seed: int, worker: int, bucket: int = 0) -> torch.Generator:
+    """Worker ``worker``'s ``torch.Generator`` for ``bucket`` (schemes without hash uniforms)."""
+    return torch.Generator().manual_seed(seed_for(seed, QUANT, worker, bucket))
 
 
 def shard_methods(config: MethodConfig, numel: int, total_steps: int, param_sizes: Sequence[int],
@@ -101,7 +135,7 @@ class BucketProtocol:
         self.down_bits = SIGN if self.vote else (width if self.kind.sharded else FP32)
         self.down_coding = spec.coding
         self.coded_down = self.down_coding != downlink.FIXED
-        self.useed, self.dseed = keys.uplink_seed(seed, bucket), keys.downlink_seed(seed, bucket)
+        self.useed, self.dseed = uplink_seed(seed, bucket), downlink_seed(seed, bucket)
         self._sizes: dict[int, list[int]] = {}
         if spec.feedback and self.down_bits in (FP32, SIGN):
             raise ValueError("downlink_feedback needs a quantized downlink: topology 'sharded', downlink_bits 2..16, "
@@ -172,10 +206,10 @@ class BucketProtocol:
 
     # --- keys and sizes -------------------------------------------------------------------------
     def uplink_rng(self, step: int, worker: int, shard: int) -> HashRNG:
-        return keys.uplink_rng(self.useed, step, worker, shard, len(self.shards))
+        return uplink_rng(self.useed, step, worker, shard, len(self.shards))
 
     def downlink_rng(self, step: int, shard: int) -> HashRNG:
-        return keys.downlink_rng(self.dseed, step, shard)
+        return downlink_rng(self.dseed, step, shard)
 
     def caps(self, bits: int) -> list[int]:
         """The most bytes a valid payload for each shard can take at width ``bits``."""

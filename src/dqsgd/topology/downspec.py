@@ -64,7 +64,11 @@ def resolve_downlink(bits: object = None, coding: object = None, feedback: bool 
     """The run's :class:`DownlinkSpec`: the width (None or 0: the method's default), its safety (a
     width below 4 bits needs ``feedback`` or ``allow_unsafe``), the coding (None: the uplink's for a
     quantized downlink) and the both-leg target, each checked once (ValueError naming the option;
-    ``where``: the options' prefix in the caller's interface, e.g. ``"train."``)."""
+    ``where``: the options' prefix in the caller's interface, e.g. ``"train."``; TypeError where a flag is
+    not a bool)."""
+    for name, flag in (("downlink_feedback", feedback), ("allow_unsafe_downlink", allow_unsafe)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{where}{name} must be True or False, got {flag!r}")
     try:
         width = resolve_downlink_bits(bits, policy=policy, topology=topology, vote=vote)
     except ValueError as e:

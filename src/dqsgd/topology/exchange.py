@@ -39,7 +39,7 @@ import torch
 from dqsgd.topology import payloads as codec
 from dqsgd.topology.figures import figures_table, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, done, release, then
-from dqsgd.topology.refusal import failure_message, refused
+from dqsgd.topology.refusal import check_sizes, failure_message, refused
 from dqsgd.topology.registry import Legs
 from dqsgd.topology.scatter import ShardStats
 
@@ -310,8 +310,6 @@ class RankExchange:
 
     def _coded(self, mine: torch.Tensor, rows: list[torch.Tensor]) -> torch.futures.Future:
         """A coded downlink's lengths are known: check them, count them, all-gather the messages."""
-        from dqsgd.topology.limits import check_sizes
-
         self.lengths = [int(n) for n in torch.cat(rows).tolist()]
         caps = self.P.down_caps(self.dbits)
         for j, n in enumerate(self.lengths):  # rank j serves shard j

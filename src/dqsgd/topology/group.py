@@ -23,8 +23,8 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["DOWN", "UP", "Group", "LocalGroup", "TorchGroup", "Turns", "after", "done", "local_groups", "release",
-           "then"]
+__all__ = ["DOWN", "UP", "Group", "LocalGroup", "TorchGroup", "Turns", "after", "done", "gather_ints", "local_groups",
+           "release", "then"]
 
 UP, DOWN = 0, 1  # the legs: the uplink's collectives, the downlink's
 Future = torch.futures.Future
@@ -40,6 +40,14 @@ def done(value: Any = None) -> Future:
     f: Future = Future()
     f.set_result(value)
     return f
+
+
+def gather_ints(group: Group, values: Sequence[int]) -> list[list[int]]:
+    """Every rank's ``values`` (same length everywhere), in rank order, waited for on the uplink leg
+    (the rank agreement, :func:`dqsgd.topology.agreement.agree`)."""
+    mine = torch.tensor([int(v) for v in values], dtype=torch.int64, device=group.device)
+    rows = group.wait(group.all_gather(mine, UP))
+    return [r.tolist() for r in rows]
 
 
 def release(f: Future) -> None:

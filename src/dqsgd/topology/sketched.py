@@ -25,7 +25,7 @@ simulation's W in-process ranks and one ``torch.distributed`` rank run the same 
 * ``ps``: the server gathers the sketches, sends the candidates (an INDICES message of
   :mod:`dqsgd.codecs.sketch_wire`) with the downlink broadcast, gathers the values and broadcasts the
   sparse update (a SPARSE message: T and G_T) with B_{n+1}; a worker refuses an announced downlink
-  longer than m (then k) coordinates take before it allocates (:mod:`dqsgd.topology.limits`);
+  longer than m (then k) coordinates take before it allocates (:mod:`dqsgd.topology.refusal`);
 * ``allgather``: every rank receives every payload and computes C, T and G itself (over processes
   the transport's ``agree`` checks that the ranks hold the same update; nothing crosses a link downward);
 * ``sharded``: the sketch is sharded by columns — rank j sums column block j of every worker's table and

@@ -42,7 +42,7 @@ from dqsgd.quantizers.sparse import SPARSE_SCHEMES, density_count, quantize_valu
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.exchange import size_table
 from dqsgd.topology.group import DOWN, UP
-from dqsgd.topology.limits import check_table
+from dqsgd.topology.refusal import check_table
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.refusal import opened
 from dqsgd.topology.registry import topology_of

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from dqsgd.codecs import PayloadError
 from dqsgd.method.pipeline import ProtocolError
 from dqsgd.topology.group import Turns, done
-from dqsgd.topology.limits import check_sizes
+from dqsgd.topology.refusal import check_sizes
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.transport.torch_dist import TorchPSTransport, TransportError
 

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from dqsgd.core.ranges import check_timeout
 from dqsgd.topology.agreement import RankDisagreement
 from dqsgd.topology.group import TorchGroup
-from dqsgd.topology.limits import check_sizes
+from dqsgd.topology.refusal import check_sizes
 from dqsgd.topology.registry import topology_of
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 
