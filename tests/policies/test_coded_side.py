@@ -21,7 +21,7 @@ from dqsgd.fsdp.state import FSDPState
 from dqsgd.policies.base import split_spent
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.group import local_groups
-from dqsgd.topology.keys import worker_generator
+from dqsgd.topology.bucket import worker_generator
 from dqsgd.topology.refusal import ROOM
 from dqsgd.topology.scatter import ShardStats
 from dqsgd.topology.state import Memory
