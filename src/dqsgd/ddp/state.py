@@ -19,7 +19,7 @@ import torch.distributed as dist
 from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, method_config
+from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, link_default, method_config
 from dqsgd.topology.names import FP32, check_topology
 from dqsgd.topology.registry import PROCESSES_DEFAULT, REGISTRY, ring_bytes, topology_of
 
@@ -51,7 +51,7 @@ class HookState:
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink",
                  "allow_unsafe_downlink", "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
-                 "iter", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
+                 "iter", "link", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
@@ -86,6 +86,7 @@ class HookState:
         if not isinstance(method, MethodConfig):
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
+        method = link_default(method)  # "dqsgd", "dqsgd-coded": the budget from the link the hook measures
         check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
         if method.policy == "link" and not topology_of(topology).feeds_norms:
             check_fed_policy(method, f"the DDP hook on topology {topology!r}")
@@ -119,6 +120,7 @@ class HookState:
         self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self.uncompressed_dtype = uncompressed_dtype
+        self.link: tuple[float, float] | None = None  # (Mbit/s, latency s) measured at the first call (link_mbit 0)
         self._buckets: dict[int, BucketState] = {}
         self._loaded: dict[int, dict[str, Any]] = {}
         self._group: TorchGroup | None = None
@@ -206,6 +208,10 @@ class HookState:
             return [r.tolist() for r in group.all_gather(torch.tensor(ints, dtype=torch.int64), 0).wait()]
 
         agree({**self.fields(), "progress.iter": self.iter}, gather, group.rank)
+        if self.config.policy == "link" and not self.config.link_mbit:  # no bucket in flight yet
+            from dqsgd.policies.linktime import measure_link
+
+            self.link = measure_link(group)
         self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
@@ -248,7 +254,11 @@ class HookState:
         from dqsgd.policies.linktime import UNCOMPRESSED
         from dqsgd.topology.bucket import BucketProtocol, replace_kernel
 
-        proto = BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
+        config = replace_kernel(self.config, "fused")
+        if self.link is not None:  # the measured link, as if stated (the same figures on every rank)
+            config = dataclasses.replace(config, link_mbit=self.link[0],
+                                         link_latency_ms=config.link_latency_ms or 1e3 * self.link[1])
+        proto = BucketProtocol(config, n, sizes, topology=self.topology, workers=world,
                                seed=self.seed, total_steps=self.total_steps, bucket=index,
                                spec=self.downlink)
         if isinstance(proto.policy, LinkPolicy):

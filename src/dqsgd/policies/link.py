@@ -20,17 +20,21 @@ every rank that holds the same statistics takes the same one.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
+
+import torch
 
 from dqsgd.codecs.auto import CPU_NS
 from dqsgd.codecs.header import Coding
 from dqsgd.policies.base import GradStats
-from dqsgd.policies.coded import level_entropies
+from dqsgd.policies.coded import level_entropies, sample_stride
 from dqsgd.policies.linktime import UNCOMPRESSED, Choice, TimeModel, choose, objective
 from dqsgd.policies.variance import pooled_variance, smoothed
+from dqsgd.quantizers.constants import levels_for_bits
 
-__all__ = ["DEFAULT_CODEC_NS", "LinkPolicy", "LinkState"]
+__all__ = ["DEFAULT_CODEC_NS", "LinkPolicy", "LinkState", "rounding_variances"]
 
 # The codings the policy prices, ns per coordinate (encode + decode): AUTO's model of FIXED and RANSX.
 DEFAULT_CODEC_NS: tuple[tuple[str, float], ...] = (("fixed", CPU_NS[Coding.FIXED]), ("rans", CPU_NS[Coding.RANSX]))
@@ -123,17 +127,20 @@ class LinkPolicy:
         return TimeModel(self.mbit, self.latency_s, self.compute_s, ns,
                          wire, self.messages, int(round(self.header_bits)), self.dtype_bytes)
 
-    def decide(self, model: TimeModel, norm: float, sigma2: float, workers: int) -> tuple[Choice, float]:
-        """(the argmin choice, its J) for ‖G‖ = ``norm``, σ̂² and W."""
+    def decide(self, model: TimeModel, norm: float, sigma2: float, workers: int,
+               q: tuple[Sequence[float], Sequence[float]] | None = None) -> tuple[Choice, float]:
+        """(the argmin choice, its J) for ‖G‖ = ``norm``, σ̂² and W; ``q``: the (uplink, downlink) rounding
+        variance of a message by width − 1 (None: the bound q(B))."""
         c = choose(model, d=self.numel, norm=norm, sigma2=sigma2, workers=workers, min_bits=self.min_bits,
-                   max_bits=self.max_bits, uncompressed=self.uncompressed, downs=self.down_widths)
-        return c, objective(model, c, d=self.numel, norm=norm, sigma2=sigma2, workers=workers)
+                   max_bits=self.max_bits, uncompressed=self.uncompressed, downs=self.down_widths, q=q)
+        return c, objective(model, c, d=self.numel, norm=norm, sigma2=sigma2, workers=workers, q=q)
 
     def update(self, state: LinkState, stats: GradStats) -> LinkState:
-        sigma2, workers = state.sigma2, state.workers
+        sigma2, workers, spread = state.sigma2, state.workers, 1.0
         if state.pending:
             s, m, w, v = state.pending
             sigma2, workers = smoothed(sigma2, pooled_variance(s, m, int(w), v), self.smoothing), int(w)
+            spread = max(1.0, s / (w * m)) if m > 0 else 1.0  # a worker's ‖g_w‖² over ‖G‖², on average
         state = replace(state, sigma2=sigma2, workers=workers, pending=())
         if math.isnan(sigma2) or not math.isfinite(stats.norm):
             return state
@@ -145,6 +152,28 @@ class LinkPolicy:
                            down_bits=top if sigma2 <= 0 else self.down_widths[0])
         if stats.grad is None:
             raise ValueError("the link policy needs the aggregated gradient in GradStats.grad (needs_grad = True)")
-        entropy = tuple(level_entropies(stats.grad, stats.norm, range(self.min_bits, self.max_bits + 1), self.sample))
-        choice, j = self.decide(self.model(entropy), stats.norm, sigma2, workers)
+        widths = range(self.min_bits, self.max_bits + 1)
+        entropy = tuple(level_entropies(stats.grad, stats.norm, widths, self.sample))
+        down = [0.0] * (self.min_bits - 1) + rounding_variances(stats.grad, stats.norm, widths, self.sample)
+        choice, j = self.decide(self.model(entropy), stats.norm, sigma2, workers, ([spread * v for v in down], down))
         return replace(state, bits=choice.up, down_bits=choice.down, coding=choice.coding, objective=j)
+
+
+def rounding_variances(grad: torch.Tensor, norm: float, widths: range, sample: int = 1 << 16) -> list[float]:
+    """E‖Q_B(g) − g‖² of unbiased stochastic rounding of ``grad`` at each width in ``widths`` (scale
+    ``norm``: step Δ_B = norm/s_B): Σ_i Δ_B²·f_i·(1 − f_i), f_i the fractional part of |g_i|/Δ_B — the
+    variance of rounding |g_i| up with probability f_i. Exact over the same fixed stride of at most
+    ``sample`` coordinates as :func:`~dqsgd.policies.coded.level_entropies`, scaled by d / (coordinates
+    read). At most the bound d·norm²/(4·s_B²) (f(1 − f) ≤ 1/4); the bound q(B) = d·norm²/(6·s_B²) takes
+    f uniform, which gradients far below their max-norm are not (there f ≈ |g|/Δ: Σ ≈ Δ·‖g‖₁)."""
+    g = grad.detach().reshape(-1)
+    if g.numel() == 0 or not norm > 0:
+        return [0.0] * len(widths)
+    x = g[:: sample_stride(g.numel(), sample)].to(torch.float64).abs().cpu()
+    scale = g.numel() / x.numel()
+    out = []
+    for b in widths:
+        step = float(norm) / levels_for_bits(b)
+        f = torch.frac(x / step)
+        out.append(scale * step * step * float(f.mul(1.0 - f).sum()))
+    return out
