@@ -86,7 +86,8 @@ class HookState:
         if not isinstance(method, MethodConfig):
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
-        method = link_default(method)  # "dqsgd", "dqsgd-coded": the budget from the link the hook measures
+        if topology_of(topology).feeds_norms:  # "dqsgd", "dqsgd-coded": the budget from the link the hook measures
+            method = link_default(method)
         check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
         if method.policy == "link" and not topology_of(topology).feeds_norms:
             check_fed_policy(method, f"the DDP hook on topology {topology!r}")

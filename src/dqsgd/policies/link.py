@@ -136,11 +136,10 @@ class LinkPolicy:
         return c, objective(model, c, d=self.numel, norm=norm, sigma2=sigma2, workers=workers, q=q)
 
     def update(self, state: LinkState, stats: GradStats) -> LinkState:
-        sigma2, workers, spread = state.sigma2, state.workers, 1.0
+        sigma2, workers = state.sigma2, state.workers
         if state.pending:
             s, m, w, v = state.pending
             sigma2, workers = smoothed(sigma2, pooled_variance(s, m, int(w), v), self.smoothing), int(w)
-            spread = max(1.0, s / (w * m)) if m > 0 else 1.0  # a worker's ‖g_w‖² over ‖G‖², on average
         state = replace(state, sigma2=sigma2, workers=workers, pending=())
         if math.isnan(sigma2) or not math.isfinite(stats.norm):
             return state
@@ -154,8 +153,9 @@ class LinkPolicy:
             raise ValueError("the link policy needs the aggregated gradient in GradStats.grad (needs_grad = True)")
         widths = range(self.min_bits, self.max_bits + 1)
         entropy = tuple(level_entropies(stats.grad, stats.norm, widths, self.sample))
-        down = [0.0] * (self.min_bits - 1) + rounding_variances(stats.grad, stats.norm, widths, self.sample)
-        choice, j = self.decide(self.model(entropy), stats.norm, sigma2, workers, ([spread * v for v in down], down))
+        # q(B) at G's own magnitudes for both legs (as the bound q(B) takes ‖G‖ for both)
+        q = [0.0] * (self.min_bits - 1) + rounding_variances(stats.grad, stats.norm, widths, self.sample)
+        choice, j = self.decide(self.model(entropy), stats.norm, sigma2, workers, (q, q))
         return replace(state, bits=choice.up, down_bits=choice.down, coding=choice.coding, objective=j)
 
 
