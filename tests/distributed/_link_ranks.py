@@ -16,7 +16,7 @@ def link_run(rank: int, world: int, kw: dict[str, Any]) -> dict[str, Any]:
     kwargs ``kw``, method options under "method"): per step the local bucket, the averaged one, the
     policy state after it and this rank's bytes sent in it."""
     kw = dict(kw)
-    cfg = method_config("dqsgd-link", **kw.pop("method", {}))
+    cfg = kw.pop("config", None) or method_config(kw.pop("name", "dqsgd-link"), **kw.pop("method", {}))
     state = dqsgd.ddp.HookState(cfg, None, seed=3, timeout=60.0, total_steps=20, **kw)
     buckets: list = []
     model = ddp_model(state, buckets, linear())
@@ -28,6 +28,8 @@ def link_run(rank: int, world: int, kw: dict[str, Any]) -> dict[str, Any]:
         out["bits"].append(state.current_bits())
         out["policy"].append(state._buckets[0].policy)
     out["buckets"] = [(i, local, sizes, fut.value().clone()) for i, local, sizes, fut in buckets]
+    out["config"], out["link"] = state.config, state.link
+    out["priced_mbit"] = getattr(state._buckets[0].proto.policy, "mbit", None)
     return out
 
 
@@ -41,5 +43,8 @@ def trainer_run(rank: int, world: int) -> dict[str, Any]:
     return {"bits": [r.bits for r in ledger.records], "policy": repr(tr.state.policy)}
 
 
-def link_cases(rank: int, world: int, cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"trainer": trainer_run(rank, world), **{name: link_run(rank, world, kw) for name, kw in cases.items()}}
+def link_cases(rank: int, world: int, cases: dict[str, dict[str, Any]],
+               defaults: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``cases``: dqsgd-link runs; ``defaults``: runs of other methods (the default dqsgd, the stated budget)."""
+    runs = {name: link_run(rank, world, kw) for name, kw in {**cases, **(defaults or {})}.items()}
+    return {"trainer": trainer_run(rank, world), **runs}

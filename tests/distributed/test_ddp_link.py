@@ -14,7 +14,7 @@ import _engine_ranks as er
 import _link_ranks as lr
 from dqsgd.cli.launch import spawn_local
 from dqsgd.ddp import HookState
-from dqsgd.method.config import method_config
+from dqsgd.method.config import MethodConfig, method_config
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.group import local_groups
@@ -30,10 +30,18 @@ CASES = {2: {"slow": SLOW, "slow-ag": {**SLOW, "topology": "allgather"}, "fast":
          4: {"slow": SLOW, "fast": FAST}}
 
 
+# The default dqsgd (the link policy on the measured link) and the stated budget, beside the budget
+# config that "dqsgd" was before the default changed (its preset's fields, under another name).
+BEFORE = MethodConfig(name="dqsgd-before", scheme="uniform", bits=6, policy="dqsgd-budget", target_bits=4.5)
+DEFAULTS = {"default": {"name": "dqsgd"}, "default-coded": {"name": "dqsgd-coded"},
+            "budget": {"name": "dqsgd-budget"}, "before": {"config": BEFORE}}
+
+
 @pytest.fixture(scope="module", params=[2, 4])
 def runs(request) -> tuple[int, list[dict]]:
     world = request.param
-    results = spawn_local(lr.link_cases, world, (CASES[world],), timeout=120, deadline=500)
+    results = spawn_local(lr.link_cases, world, (CASES[world], DEFAULTS if world == 2 else None), timeout=120,
+                          deadline=500)
     assert all(r.ok for r in results), [r.describe() for r in results]
     return world, [r.value for r in results]
 
@@ -116,3 +124,36 @@ def test_the_trainer_over_processes_is_fed_and_equals_the_simulation(runs) -> No
         assert v["trainer"]["bits"] == [r.bits for r in ledger.records]
         assert v["trainer"]["policy"] == repr(sim.state.policy)
     assert sim.state.policy.workers == world and sim.state.policy.sigma2 > 0
+
+
+@pytest.mark.timeout(600)
+def test_the_default_dqsgd_runs_the_link_policy_on_the_link_it_measured(runs) -> None:
+    """HookState("dqsgd") and ("dqsgd-coded"): the link policy under their own names, link_mbit 0, the link
+    measured once and agreed (the same Mbit/s and latency on every rank), and the bucket's policy priced
+    at exactly that rate; every rank then takes the same widths."""
+    world, values = runs
+    if "default" not in values[0]:
+        pytest.skip("the defaults run at W = 2")
+    for name, method in (("default", "dqsgd"), ("default-coded", "dqsgd-coded")):
+        per = [v[name] for v in values]
+        config = per[0]["config"]
+        assert (config.name, config.policy, config.coding, config.link_mbit) == (method, "link", "auto", 0.0)
+        mbit, latency = per[0]["link"]
+        assert mbit > 0 and latency >= 0 and all(r["link"] == (mbit, latency) for r in per)
+        assert all(r["priced_mbit"] == mbit for r in per)
+        assert all(r["bits"] == per[0]["bits"] for r in per) and per[0]["bits"][0] == {0: 4}
+
+
+@pytest.mark.timeout(600)
+def test_the_stated_budget_is_still_there_with_the_bytes_of_before(runs) -> None:
+    """HookState("dqsgd-budget") is the budgeted DQSGD that "dqsgd" was (target 4.5 bits, the both-leg split
+    downlink): step by step the same widths, bytes and updates as the former preset's config, bit for bit."""
+    world, values = runs
+    if "budget" not in values[0]:
+        pytest.skip("the defaults run at W = 2")
+    for v in values:
+        budget, before = v["budget"], v["before"]
+        assert budget["config"].policy == "dqsgd-budget" and budget["config"].target_bits == 4.5
+        assert budget["link"] is None
+        assert budget["bits"] == before["bits"] and budget["sent"] == before["sent"]
+        assert all(torch.equal(a[3], b[3]) for a, b in zip(budget["buckets"], before["buckets"], strict=True))
