@@ -29,7 +29,9 @@ def link_run(rank: int, world: int, kw: dict[str, Any]) -> dict[str, Any]:
         out["policy"].append(state._buckets[0].policy)
     out["buckets"] = [(i, local, sizes, fut.value().clone()) for i, local, sizes, fut in buckets]
     out["config"], out["link"] = state.config, state.link
-    out["priced_mbit"] = getattr(state._buckets[0].proto.policy, "mbit", None)
+    policy = state._buckets[0].proto.policy
+    out["priced_mbit"], out["priced_codec"] = getattr(policy, "mbit", None), getattr(policy, "codec_ns", None)
+    out["config_mbit"] = state._buckets[0].proto.method.config.link_mbit
     return out
 
 

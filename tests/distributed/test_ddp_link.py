@@ -15,6 +15,7 @@ import _link_ranks as lr
 from dqsgd.cli.launch import spawn_local
 from dqsgd.ddp import HookState
 from dqsgd.method.config import MethodConfig, method_config
+from dqsgd.policies.link import DEFAULT_CODEC_NS
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.group import local_groups
@@ -129,8 +130,9 @@ def test_the_trainer_over_processes_is_fed_and_equals_the_simulation(runs) -> No
 @pytest.mark.timeout(600)
 def test_the_default_dqsgd_runs_the_link_policy_on_the_link_it_measured(runs) -> None:
     """HookState("dqsgd") and ("dqsgd-coded"): the link policy under their own names, link_mbit 0, the link
-    measured once and agreed (the same Mbit/s and latency on every rank), and the bucket's policy priced
-    at exactly that rate; every rank then takes the same widths."""
+    and the codec measured once and agreed (the same Mbit/s, latency and codec slowdown k on every rank),
+    the bucket's policy priced at exactly that rate and at k times AUTO's codec model, AUTO run at k times
+    the rate; every rank then takes the same widths."""
     world, values = runs
     if "default" not in values[0]:
         pytest.skip("the defaults run at W = 2")
@@ -138,9 +140,11 @@ def test_the_default_dqsgd_runs_the_link_policy_on_the_link_it_measured(runs) ->
         per = [v[name] for v in values]
         config = per[0]["config"]
         assert (config.name, config.policy, config.coding, config.link_mbit) == (method, "link", "auto", 0.0)
-        mbit, latency = per[0]["link"]
-        assert mbit > 0 and latency >= 0 and all(r["link"] == (mbit, latency) for r in per)
+        mbit, latency, slowdown = per[0]["link"]
+        assert mbit > 0 and latency >= 0 and slowdown > 0 and all(r["link"] == (mbit, latency, slowdown) for r in per)
         assert all(r["priced_mbit"] == mbit for r in per)
+        assert all(r["priced_codec"] == tuple((c, v * slowdown) for c, v in DEFAULT_CODEC_NS) for r in per)
+        assert all(r["config_mbit"] == mbit * slowdown for r in per)  # AUTO's rate: the same order of codings
         assert all(r["bits"] == per[0]["bits"] for r in per) and per[0]["bits"][0] == {0: 4}
 
 

@@ -116,6 +116,11 @@ class LinkPolicy:
                              "or an fp32 downlink")
         return replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=(down_width,))
 
+    def measured(self, mbit: float, slowdown: float) -> LinkPolicy:
+        """This policy on a measured link of ``mbit`` Mbit/s with the codec ``slowdown`` times AUTO's model
+        (:func:`~dqsgd.policies.linktime.codec_slowdown`)."""
+        return replace(self, mbit=mbit, codec_ns=tuple((c, v * slowdown) for c, v in self.codec_ns))
+
     def model(self, entropy: tuple[float, ...]) -> TimeModel:
         """The time model of the stated figures with wire bits B (fixed) and min(B, H_B) (coded rows);
         ``entropy``: H_B for B = min_bits..max_bits (empty: every row at B)."""

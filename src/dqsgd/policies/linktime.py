@@ -29,8 +29,8 @@ from typing import Any
 
 from dqsgd.quantizers.constants import levels_for_bits
 
-__all__ = ["UNCOMPRESSED", "Choice", "LinkEstimate", "TimeModel", "agree", "choose", "measure_link", "objective",
-           "time_codec"]
+__all__ = ["UNCOMPRESSED", "Choice", "LinkEstimate", "TimeModel", "agree", "choose", "codec_slowdown", "measure_link",
+           "objective", "time_codec"]
 
 UNCOMPRESSED = 0  # the width that stands for "the bucket in its dtype"
 
@@ -225,3 +225,24 @@ def measure_link(group: Any, nbytes: int = 1 << 21, repeats: int = 2) -> tuple[f
     lat, spb = agree([latency, s_per_byte],
                      lambda v: group.wait(group.max_reduce(torch.tensor(v, dtype=torch.float64), 0)).tolist())
     return 8e-6 / spb, lat
+
+
+def codec_slowdown(group: Any, n: int = 1 << 18, width: int = 4, repeats: int = 2) -> float:
+    """k: this machine's encode + decode nanoseconds per coordinate of the coded row's coding (RANSX, at
+    ``width`` on n Gaussian coordinates, the least of ``repeats``) over AUTO's model of it,
+    :data:`dqsgd.codecs.auto.CPU_NS`. Every rank of ``group`` times it at the same moment, so the ranks'
+    contention for the machine's cores is in it; the ranks' figures are max-reduced (the same k on every
+    rank). The caller prices every coding's modelled cost times k, and runs AUTO at k times the link's
+    rate: the same order of codings at every size (both sides of AUTO's comparison divided by k)."""
+    import torch
+
+    from dqsgd.codecs.auto import CPU_NS
+    from dqsgd.codecs.header import Coding
+    from dqsgd.codecs.wire import decode, encode
+    from dqsgd.quantizers.uniform import quantize_uniform
+
+    q = quantize_uniform(torch.randn(n, generator=torch.Generator().manual_seed(0)), width,
+                         torch.Generator().manual_seed(1))
+    ns = time_codec(lambda w, c: decode(encode(q, Coding.RANSX)), [width], ["rans"], n, repeats)["rans"][0]
+    k = max(ns / CPU_NS[Coding.RANSX], 1e-3)
+    return agree([k], lambda v: group.wait(group.max_reduce(torch.tensor(v, dtype=torch.float64), 0)).tolist())[0]
