@@ -198,6 +198,13 @@ def time_codec(roundtrip: Callable[[int, str], object], widths: Sequence[int], c
     return out
 
 
+def max_over(group: Any) -> Callable[[list[float]], list[float]]:
+    """:func:`agree`'s ``reduce_max`` over a :class:`dqsgd.topology.group.Group`: one max all-reduce, float64."""
+    import torch
+
+    return lambda v: group.wait(group.max_reduce(torch.tensor(v, dtype=torch.float64), 0)).tolist()
+
+
 def measure_link(group: Any, nbytes: int = 1 << 21, repeats: int = 2) -> tuple[float, float]:
     """(Mbit/s, latency s) of one direction of the exchange as ``group`` (a :class:`dqsgd.topology.group.Group`
     of W ranks) runs it: the least of ``repeats`` timed all-to-alls of one byte per rank (the latency) and of
@@ -222,8 +229,7 @@ def measure_link(group: Any, nbytes: int = 1 << 21, repeats: int = 2) -> tuple[f
     per = max(1, nbytes // w)
     latency = timed(1)
     s_per_byte = max(timed(per) - latency, 1e-12) / (per * w)
-    lat, spb = agree([latency, s_per_byte],
-                     lambda v: group.wait(group.max_reduce(torch.tensor(v, dtype=torch.float64), 0)).tolist())
+    lat, spb = agree([latency, s_per_byte], max_over(group))
     return 8e-6 / spb, lat
 
 
@@ -245,4 +251,4 @@ def codec_slowdown(group: Any, n: int = 1 << 18, width: int = 4, repeats: int = 
                          torch.Generator().manual_seed(1))
     ns = time_codec(lambda w, c: decode(encode(q, Coding.RANSX)), [width], ["rans"], n, repeats)["rans"][0]
     k = max(ns / CPU_NS[Coding.RANSX], 1e-3)
-    return agree([k], lambda v: group.wait(group.max_reduce(torch.tensor(v, dtype=torch.float64), 0)).tolist())[0]
+    return agree([k], max_over(group))[0]
