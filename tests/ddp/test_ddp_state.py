@@ -37,7 +37,7 @@ def test_per_tensor_layout_restarts_in_each_shard() -> None:
 
 
 def test_reordered_bucket_keeps_policy_and_step() -> None:
-    s = HookState("dqsgd-budget")
+    s = HookState("dqsgd")
     b = s.bucket(0, torch.zeros(N), SIZES, 0, 2)
     b.step, policy = 5, b.policy
     b2 = s.bucket(0, torch.zeros(N), SIZES[::-1], 0, 2)  # DDP's rebuilt order
@@ -46,7 +46,7 @@ def test_reordered_bucket_keeps_policy_and_step() -> None:
 
 
 def test_state_dict_round_trip_and_pickle() -> None:
-    s = HookState("dqsgd-budget", seed=4, total_steps=50, downlink_bits="fp32", start_iter=2)
+    s = HookState("dqsgd", seed=4, total_steps=50, downlink_bits="fp32", start_iter=2)
     b = s.bucket(0, torch.zeros(N), SIZES, 0, 2)
     b.step = 3
     b.record(torch.randn(N), 2, 1000, torch.tensor(False))
@@ -64,15 +64,15 @@ def test_state_dict_round_trip_and_pickle() -> None:
         b.catch_up(2)
         assert c.policy == b.policy and c.bits == b.bits
     with pytest.raises(ValueError, match="elements"):
-        v = HookState("dqsgd-budget", seed=4, total_steps=50, downlink_bits="fp32")
+        v = HookState("dqsgd", seed=4, total_steps=50, downlink_bits="fp32")
         v.load_state_dict(s.state_dict())
         v.bucket(0, torch.zeros(N + 3), [N + 3], 0, 2)
 
 
 def test_resume_into_a_permuted_first_bucket_warns() -> None:
-    s = HookState("dqsgd-budget")
+    s = HookState("dqsgd")
     s.bucket(0, torch.zeros(N), SIZES[::-1], 0, 2).step = 4
-    t = HookState("dqsgd-budget")
+    t = HookState("dqsgd")
     t.load_state_dict(s.state_dict())
     with pytest.warns(UserWarning, match="parameter order"):
         b = t.bucket(0, torch.zeros(N), SIZES, 0, 2)
@@ -80,7 +80,7 @@ def test_resume_into_a_permuted_first_bucket_warns() -> None:
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
-@pytest.mark.parametrize("method", ["qsgd-4bit", "qsgd-8bit", "dqsgd-budget"])
+@pytest.mark.parametrize("method", ["qsgd-4bit", "qsgd-8bit", "dqsgd"])
 def test_in_place_messages_are_the_concatenated_shard_payloads(world: int, method: str) -> None:
     """The send buffer the CPU hook encodes in place holds, byte for byte, every encode_shard payload
     followed by its flag; the padded downlink is the padded encode_downlink; decoding with the
@@ -162,7 +162,7 @@ def test_downlink_coding_defaults_pickles_and_guards_checkpoints() -> None:
     """The coded downlink: the uplink's coding by default, kept by pickling, part of the saved
     configuration (an older state, saved without it, meant a fixed downlink), refused where nothing is
     quantized; a coded step's spend (bits, downlink bits) survives a checkpoint."""
-    coded = HookState("dqsgd-coded-budget", total_steps=20)
+    coded = HookState("dqsgd-coded", total_steps=20)
     assert coded.downlink_coding == "auto" and coded.fields()["downlink_coding"] == "auto"
     assert HookState("qsgd-4bit").downlink_coding == "fixed"
     assert HookState("qsgd-4bit", downlink_coding="rans").downlink_coding == "rans"
@@ -177,8 +177,8 @@ def test_downlink_coding_defaults_pickles_and_guards_checkpoints() -> None:
     old = coded.state_dict()
     del old["fields"]["downlink_coding"]
     with pytest.raises(ValueError, match="downlink_coding: 'fixed' saved, 'auto' here"):
-        HookState("dqsgd-coded-budget", total_steps=20).load_state_dict(old)
-    HookState("dqsgd-coded-budget", total_steps=20, downlink_coding="fixed").load_state_dict(old)
+        HookState("dqsgd-coded", total_steps=20).load_state_dict(old)
+    HookState("dqsgd-coded", total_steps=20, downlink_coding="fixed").load_state_dict(old)
     b = coded.bucket(0, torch.zeros(N), SIZES, 0, 2)
     b.record(torch.randn(N), 0, (9000, 4000), torch.tensor(False))
     c = pickle.loads(pickle.dumps(coded)).bucket(0, torch.zeros(N), SIZES, 0, 2)
@@ -195,7 +195,7 @@ def test_coded_record_keeps_the_entropy_sample_and_learns_as_from_the_bucket(dow
     from dqsgd.policies.base import grad_stats
 
     n = 200_003  # stride 4: the sample has 50,001 coordinates
-    s = HookState("dqsgd-coded-budget", total_steps=20, downlink_bits=downlink_bits)
+    s = HookState("dqsgd-coded", total_steps=20, downlink_bits=downlink_bits)
     b = s.bucket(0, torch.zeros(n), [n], 0, 2)
     g = torch.randn(n, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.01, 1.0, n)
     b.record(g, 0, 90_000, torch.tensor(False))
@@ -219,4 +219,19 @@ def test_repr_names_method_budget_topology_and_downlink() -> None:
     assert repr(HookState("qsgd-4bit", topology="sharded", downlink_bits=8)) == (
         "<HookState method='qsgd-4bit' (4 bits), topology=sharded, downlink=8, total_steps=1000, steps=0>")
     assert "topology=allgather, downlink=none" in repr(HookState("qsgd-4bit", topology="allgather"))
-    assert "target 4.5 bits/coordinate" in repr(HookState("dqsgd-budget", total_steps=10))
+    assert "target 4.5 bits/coordinate" in repr(HookState("dqsgd", total_steps=10))
+
+
+def test_the_default_dqsgd_is_the_stated_budget_and_the_link_policy_is_opt_in() -> None:
+    """HookState("dqsgd") / ("dqsgd-coded") run their stated budgets (the both-leg "auto" downlink on
+    sharded, nothing to measure); the link policy runs only when asked for (dqsgd-link), measuring the link
+    at the first call only with link_mbit 0."""
+    from dqsgd.method.config import method_config
+
+    for name, policy, target in (("dqsgd", "dqsgd-budget", 4.5), ("dqsgd-coded", "dqsgd-coded", 1.0)):
+        s = HookState(name, total_steps=10)
+        assert (s.config.name, s.config.policy, s.config.target_bits, s.config.link_mbit) == (name, policy, target, 0.0)
+        assert s.downlink_bits == "auto" and s.link is None
+    link = HookState(method_config("dqsgd-link", link_mbit=0.0))
+    assert (link.config.policy, link.config.link_mbit, link.link) == ("link", 0.0, None)  # measured at the first call
+    assert HookState("dqsgd-link").config.link_mbit == 100.0  # the preset states its link

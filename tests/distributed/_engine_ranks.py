@@ -23,9 +23,7 @@ METHODS = ("qsgd-4bit", "dqsgd", "signsgd", "terngrad")
 TOPOLOGIES = ("sharded", "allgather")
 # Sharded only: dqsgd at a budget whose pair of widths (uplink, downlink "auto") moves within STEPS at W = 2 and 4;
 # dqsgd-coded, whose downlink is entropy-coded by default (its budget charged the coded bytes).
-VARIANTS = {"dqsgd-t3": ("dqsgd", {"target_bits": 3.0}), "dqsgd-coded": ("dqsgd-coded-budget", {})}
-# "dqsgd" over processes and in the hook is the link policy (test_ddp_link.py): the cases run its stated budget
-NAMES = {"dqsgd": ("dqsgd-budget", {})}
+VARIANTS = {"dqsgd-t3": ("dqsgd", {"target_bits": 3.0}), "dqsgd-coded": ("dqsgd-coded", {})}
 CASES = [(m, t) for m in METHODS for t in TOPOLOGIES] + [(m, "sharded") for m in VARIANTS]
 
 
@@ -33,7 +31,7 @@ def config_of(method: str) -> Any:
     """The method config of a case label (a registered name, or a :data:`VARIANTS` label)."""
     from dqsgd.method.config import method_config
 
-    name, overrides = {**NAMES, **VARIANTS}.get(method, (method, {}))
+    name, overrides = VARIANTS.get(method, (method, {}))
     return method_config(name, **overrides)
 SEED = 7
 

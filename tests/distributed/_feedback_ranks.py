@@ -9,7 +9,7 @@ import torch
 
 import _engine_ranks as er
 
-METHODS = ("qsgd-4bit", "dqsgd-budget")
+METHODS = ("qsgd-4bit", "dqsgd")
 DOWN = 2  # below the safe width: only with the error-fed downlink
 
 

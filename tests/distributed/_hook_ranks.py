@@ -92,8 +92,8 @@ def w3_cases(rank: int, world: int, cases: list[tuple[str, dict]], reps: int) ->
 
 
 def w2_cases(rank: int, world: int) -> dict[str, Any]:
-    return {"amp": amp_overflow(rank, world, "qsgd-4bit", "sharded"), "amp-ag": amp_overflow(rank, world, "dqsgd-budget", "allgather"),
-            "resume": resume(rank, world, "dqsgd-budget", 3, 7),
+    return {"amp": amp_overflow(rank, world, "qsgd-4bit", "sharded"), "amp-ag": amp_overflow(rank, world, "dqsgd", "allgather"),
+            "resume": resume(rank, world, "dqsgd", 3, 7),
             "resume-fed": resume(rank, world, "qsgd-4bit", 3, 7, downlink_bits=2, downlink_feedback=True),
             "warmup": warmup(rank, world, "qsgd-4bit", 2),
             "zero": zero_bucket(rank, world, "signsgd", "sharded"), "zero-ag": zero_bucket(rank, world, "signsgd", "allgather")}

@@ -15,7 +15,7 @@ from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.topology import payloads as ddp_codec
 
-CASES = [("qsgd-4bit", {}), ("qsgd-4bit", {"topology": "allgather"}), ("dqsgd-budget", {}),
+CASES = [("qsgd-4bit", {}), ("qsgd-4bit", {"topology": "allgather"}), ("dqsgd", {}),
          ("qsgd-4bit", {"downlink_bits": 2, "downlink_feedback": True})]
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.distributed
 
 W, REPS, SEED = 3, 32, 3
 SHARDED, ALLGATHER = {}, {"topology": "allgather"}
-CASES = [("qsgd-4bit", SHARDED), ("qsgd-4bit", ALLGATHER), ("dqsgd-budget", SHARDED), ("dqsgd-budget", ALLGATHER),
+CASES = [("qsgd-4bit", SHARDED), ("qsgd-4bit", ALLGATHER), ("dqsgd", SHARDED), ("dqsgd", ALLGATHER),
          ("terngrad", SHARDED), ("signsgd", SHARDED), ("ef-signsgd", SHARDED), ("sgd", SHARDED),
          ("qsgd-4bit", {"downlink_bits": "fp32"})]
 
@@ -51,7 +51,7 @@ def reference(method: str, kw: dict, locals_: list[torch.Tensor], sizes: list[in
 
 
 @pytest.mark.timeout(500)
-@pytest.mark.parametrize("method,kw", [c for c in CASES if c[0] in ("qsgd-4bit", "dqsgd-budget")])
+@pytest.mark.parametrize("method,kw", [c for c in CASES if c[0] in ("qsgd-4bit", "dqsgd")])
 def test_hooked_bucket_equals_reference_bitwise(w3: list[dict], method: str, kw: dict) -> None:
     runs = [r["runs"][key(method, kw)] for r in w3]
     assert all(r["bits"] == runs[0]["bits"] for r in runs)  # every rank picks the same width every step
@@ -67,9 +67,9 @@ def test_hooked_bucket_equals_reference_bitwise(w3: list[dict], method: str, kw:
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(r["runs"], runs[0]["runs"]))
     assert all(r["down"] == runs[0]["down"] for r in runs)  # and the same downlink width
-    if method == "dqsgd-budget":
+    if method == "dqsgd":
         assert {b[0] for b in runs[0]["bits"]} <= set(range(2, 17))
-    if method == "dqsgd-budget" and kw == SHARDED:  # downlink_bits "auto": a safe width every step (no feedback)
+    if method == "dqsgd" and kw == SHARDED:  # downlink_bits "auto": a safe width every step (no feedback)
         assert {d[0] for d in runs[0]["down"]} <= set(range(4, 17))
 
 

@@ -31,17 +31,16 @@ CASES = {2: {"slow": SLOW, "slow-ag": {**SLOW, "topology": "allgather"}, "fast":
          4: {"slow": SLOW, "fast": FAST}}
 
 
-# The default dqsgd (the link policy on the measured link) and the stated budget, beside the budget
-# config that "dqsgd" was before the default changed (its preset's fields, under another name).
+# Opt-in: dqsgd-link with link_mbit 0 (the link measured); the default dqsgd (the stated budget) beside the
+# budget config that "dqsgd" has always been (its preset's fields, under another name).
 BEFORE = MethodConfig(name="dqsgd-before", scheme="uniform", bits=6, policy="dqsgd-budget", target_bits=4.5)
-DEFAULTS = {"default": {"name": "dqsgd"}, "default-coded": {"name": "dqsgd-coded"},
-            "budget": {"name": "dqsgd-budget"}, "before": {"config": BEFORE}}
+OTHERS = {"measured": {"method": {"link_mbit": 0.0}}, "budget": {"name": "dqsgd"}, "before": {"config": BEFORE}}
 
 
 @pytest.fixture(scope="module", params=[2, 4])
 def runs(request) -> tuple[int, list[dict]]:
     world = request.param
-    results = spawn_local(lr.link_cases, world, (CASES[world], DEFAULTS if world == 2 else None), timeout=120,
+    results = spawn_local(lr.link_cases, world, (CASES[world], OTHERS if world == 2 else None), timeout=120,
                           deadline=500)
     assert all(r.ok for r in results), [r.describe() for r in results]
     return world, [r.value for r in results]
@@ -128,33 +127,35 @@ def test_the_trainer_over_processes_is_fed_and_equals_the_simulation(runs) -> No
 
 
 @pytest.mark.timeout(600)
-def test_the_default_dqsgd_runs_the_link_policy_on_the_link_it_measured(runs) -> None:
-    """HookState("dqsgd") and ("dqsgd-coded"): the link policy under their own names, link_mbit 0, the link
-    and the codec measured once and agreed (the same Mbit/s, latency and codec slowdown k on every rank),
-    the bucket's policy priced at exactly that rate and at k times AUTO's codec model, AUTO run at k times
-    the rate; every rank then takes the same widths."""
+def test_dqsgd_link_at_link_mbit_0_runs_on_the_link_it_measured(runs) -> None:
+    """HookState(method_config("dqsgd-link", link_mbit=0.0)): the link and the codec measured once and agreed
+    (the same Mbit/s, latency and codec slowdown k on every rank), the bucket's policy priced at exactly
+    that rate and at k times AUTO's codec model, AUTO run at k times the rate; every rank then takes the
+    same widths. The trainer over processes runs the same measured figures on every rank, its entry (the
+    run's record) keeping link_mbit 0."""
     world, values = runs
-    if "default" not in values[0]:
-        pytest.skip("the defaults run at W = 2")
-    for name, method in (("default", "dqsgd"), ("default-coded", "dqsgd-coded")):
-        per = [v[name] for v in values]
-        config = per[0]["config"]
-        assert (config.name, config.policy, config.coding, config.link_mbit) == (method, "link", "auto", 0.0)
-        mbit, latency, slowdown = per[0]["link"]
-        assert mbit > 0 and latency >= 0 and slowdown > 0 and all(r["link"] == (mbit, latency, slowdown) for r in per)
-        assert all(r["priced_mbit"] == mbit for r in per)
-        assert all(r["priced_codec"] == tuple((c, v * slowdown) for c, v in DEFAULT_CODEC_NS) for r in per)
-        assert all(r["config_mbit"] == mbit * slowdown for r in per)  # AUTO's rate: the same order of codings
-        assert all(r["bits"] == per[0]["bits"] for r in per) and per[0]["bits"][0] == {0: 4}
+    if "measured" not in values[0]:
+        pytest.skip("the measured link runs at W = 2")
+    per = [v["measured"] for v in values]
+    config = per[0]["config"]
+    assert (config.name, config.policy, config.coding, config.link_mbit) == ("dqsgd-link", "link", "auto", 0.0)
+    mbit, latency, slowdown = per[0]["link"]
+    assert mbit > 0 and latency >= 0 and slowdown > 0 and all(r["link"] == (mbit, latency, slowdown) for r in per)
+    assert all(r["priced_mbit"] == mbit for r in per)
+    assert all(r["priced_codec"] == tuple((c, v * slowdown) for c, v in DEFAULT_CODEC_NS) for r in per)
+    assert all(r["config_mbit"] == mbit * slowdown for r in per)  # AUTO's rate: the same order of codings
+    assert all(r["bits"] == per[0]["bits"] for r in per) and per[0]["bits"][0] == {0: 4}
+    trainer = [v["measured-trainer"] for v in values]
+    assert all(t == trainer[0] for t in trainer) and trainer[0]["entry_mbit"] == 0.0 and trainer[0]["mbit"] > 0
 
 
 @pytest.mark.timeout(600)
-def test_the_stated_budget_is_still_there_with_the_bytes_of_before(runs) -> None:
-    """HookState("dqsgd-budget") is the budgeted DQSGD that "dqsgd" was (target 4.5 bits, the both-leg split
-    downlink): step by step the same widths, bytes and updates as the former preset's config, bit for bit."""
+def test_the_default_dqsgd_is_the_stated_budget_with_its_bytes(runs) -> None:
+    """HookState("dqsgd") is the budgeted DQSGD (target 4.5 bits, the both-leg split downlink), nothing
+    measured: step by step the same widths, bytes and updates as the preset's fields by hand, bit for bit."""
     world, values = runs
     if "budget" not in values[0]:
-        pytest.skip("the defaults run at W = 2")
+        pytest.skip("the default runs at W = 2")
     for v in values:
         budget, before = v["budget"], v["before"]
         assert budget["config"].policy == "dqsgd-budget" and budget["config"].target_bits == 4.5

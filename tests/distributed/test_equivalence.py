@@ -22,9 +22,9 @@ pytestmark = pytest.mark.distributed
 # coded_every = 2: the entropy-coded uplink sizes of steps 0, 2, ..., 14, all-gathered across the ranks.
 CFG = TrainConfig(name="eq", dataset="synthetic", model="mlp", workers=4, steps=15, batch_size=16, lr=0.1,
                   momentum=0.9, eval_every=100, coded_every=2)
-ENTRIES = [MethodEntry("dqsgd", method_config("dqsgd-budget")), MethodEntry("terngrad", method_config("terngrad"))]
+ENTRIES = [MethodEntry("dqsgd", method_config("dqsgd")), MethodEntry("terngrad", method_config("terngrad"))]
 # sharded: the MLP's 55,210 parameters are not divisible by W = 4; signSGD's majority vote runs per shard.
-SHARDED = [MethodEntry("dqsgd", method_config("dqsgd-budget")), MethodEntry("signsgd", method_config("signsgd"))]
+SHARDED = [MethodEntry("dqsgd", method_config("dqsgd")), MethodEntry("signsgd", method_config("signsgd"))]
 CASES = [(topo, CFG, e, 0) for topo in ("ps", "allgather") for e in ENTRIES] + [
     ("sharded", CFG, e, 0) for e in SHARDED]
 

@@ -10,7 +10,7 @@ from dqsgd.cli.launch import spawn_local
 pytestmark = pytest.mark.distributed
 
 
-@pytest.mark.parametrize("method", ["dqsgd-budget", "qsgd-4bit"])
+@pytest.mark.parametrize("method", ["dqsgd", "qsgd-4bit"])
 def test_past_total_steps_warns_once_and_keeps_the_last_width(method: str) -> None:
     results = spawn_local(hr.past_horizon, 2, (method, 3, 7), timeout=60, deadline=300)
     assert all(r.ok for r in results), [r.describe() for r in results]

@@ -13,7 +13,7 @@ from dqsgd.train.metrics import read_jsonl
 
 pytestmark = pytest.mark.distributed
 
-SMALL = ["--config", "table1-mnist", "--method", "dqsgd-budget", "--set", 'train.dataset="synthetic"',
+SMALL = ["--config", "table1-mnist", "--method", "dqsgd", "--set", 'train.dataset="synthetic"',
          "--set", 'train.model="mlp"', "--set", "train.steps=5", "--quiet"]
 
 

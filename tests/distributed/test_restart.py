@@ -24,7 +24,7 @@ from dqsgd.train.metrics import read_jsonl
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")]
 
 STEPS = 160  # bitwise equality holds at any length; 160 leaves 110 steps after the kill at 50
-ARGS = ["--config", "table1-mnist", "--method", "dqsgd-budget", "--quiet", "--set", 'train.dataset="synthetic"',
+ARGS = ["--config", "table1-mnist", "--method", "dqsgd", "--quiet", "--set", 'train.dataset="synthetic"',
         "--set", 'train.model="mlp"', "--set", f"train.steps={STEPS}", "--set", "train.workers=2",
         "--set", "train.batch_size=16", "--set", "train.checkpoint_every=10", "--set", "train.eval_every=50",
         "--set", "train.threads=1", "--set", 'train.topology="sharded"']  # the torch transport's default, simulated too

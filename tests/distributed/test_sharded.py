@@ -20,7 +20,7 @@ pytestmark = pytest.mark.distributed
 CFG = TrainConfig(name="sh", dataset="synthetic", model="mlp", workers=3, steps=8, batch_size=16, lr=0.1,
                   momentum=0.9, eval_every=100, topology="sharded")
 ENTRIES = [
-    MethodEntry("dqsgd-auto", method_config("dqsgd-budget", coding="auto")),        # variable-size payloads
+    MethodEntry("dqsgd-auto", method_config("dqsgd", coding="auto")),        # variable-size payloads
     MethodEntry("terngrad", method_config("terngrad")),                       # shared per-tensor scalers
     MethodEntry("qsgd-bucket", method_config("qsgd", bits=3, bucket=1000, kernel="fused")),
     MethodEntry("sgd-fp32", method_config("sgd")),

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.distributed
 
-SMALL = ["--config", "table1-mnist", "--method", "dqsgd-budget", "--set", 'train.dataset="synthetic"',
+SMALL = ["--config", "table1-mnist", "--method", "dqsgd", "--set", 'train.dataset="synthetic"',
          "--set", 'train.model="mlp"', "--set", "train.steps=3", "--quiet"]
 
 

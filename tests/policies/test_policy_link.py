@@ -66,9 +66,6 @@ def j_by_hand(p, up, down, coding, norm, sigma2):
     return (1 + (q(up) / W + q(down)) / sigma2) * (p.compute_s + t(up) + t(down))
 
 
-
-
-
 @pytest.mark.parametrize("mbit", [1.0, 30.0, 300.0, 3000.0])
 @pytest.mark.parametrize("rans_ns", [4.0, 11.0, 80.0])
 @pytest.mark.parametrize("sigma2", [1.0, 1e3, 1e5])

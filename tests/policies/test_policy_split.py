@@ -174,11 +174,11 @@ def test_config_accepts_auto_and_refuses_other_words() -> None:
 def test_hook_state_resolves_and_refuses_auto() -> None:
     from dqsgd.ddp import HookState
 
-    assert HookState("dqsgd-budget").downlink_bits == "auto"
-    assert HookState("dqsgd-budget", topology="allgather").downlink_bits == 8
+    assert HookState("dqsgd").downlink_bits == "auto"
+    assert HookState("dqsgd", topology="allgather").downlink_bits == 8
     assert HookState("qsgd-4bit").downlink_bits == 8
-    assert HookState("dqsgd-budget", downlink_bits=6).downlink_bits == 6
+    assert HookState("dqsgd", downlink_bits=6).downlink_bits == 6
     with pytest.raises(ValueError, match="needs a budgeted policy"):
         HookState("qsgd-4bit", downlink_bits="auto")
     with pytest.raises(ValueError, match="topology 'allgather'"):
-        HookState("dqsgd-budget", topology="allgather", downlink_bits="auto")
+        HookState("dqsgd", topology="allgather", downlink_bits="auto")

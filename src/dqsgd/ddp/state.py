@@ -19,7 +19,7 @@ import torch.distributed as dist
 from dqsgd.core.comm_stats import CompressionStats
 from dqsgd.core.ranges import check_count, check_rate, check_seed, check_timeout
 from dqsgd.core.timeouts import HOOK_COLLECTIVE_S
-from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, link_default, method_config
+from dqsgd.method.config import MethodConfig, check_fed_policy, check_one_message, method_config
 from dqsgd.topology.names import FP32, check_topology
 from dqsgd.topology.registry import PROCESSES_DEFAULT, REGISTRY, ring_bytes, topology_of
 
@@ -86,8 +86,6 @@ class HookState:
         if not isinstance(method, MethodConfig):
             raise TypeError("method must be a method name or a dqsgd.method.config.MethodConfig, "
                             f"got {type(method).__name__}")
-        if topology_of(topology).feeds_norms:  # "dqsgd", "dqsgd-coded": the budget from the link the hook measures
-            method = link_default(method)
         check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
         if method.policy == "link" and not topology_of(topology).feeds_norms:
             check_fed_policy(method, f"the DDP hook on topology {topology!r}")

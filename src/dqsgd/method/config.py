@@ -301,14 +301,6 @@ _PRESETS: dict[str, dict[str, Any]] = {
                                     "of least predicted error within the round's share of the budget"),
 }
 
-# The stated budget by name: today's "dqsgd" and "dqsgd-coded" wherever they run (the DDP hook and
-# dqsgd train --transport torch take those two names' budget from the link: :func:`link_default`).
-_PRESETS["dqsgd-budget"] = dict(_PRESETS["dqsgd"], description="DQSGD with the stated budget (target_bits 4.5 or "
-                                "budget_bits): what dqsgd is in the simulation, also in the DDP hook and over processes")
-_PRESETS["dqsgd-coded-budget"] = dict(_PRESETS["dqsgd-coded"], description="dqsgd-coded with the stated budget of coded "
-                                      "bits (target_bits 1.0 or budget_bits), also in the DDP hook and over processes")
-LINK_DEFAULT = ("dqsgd", "dqsgd-coded")  # the names whose budget comes from the link where one is observed
-
 METHODS: dict[str, str] = {name: p["description"] for name, p in _PRESETS.items()}
 _QSGD_ALIAS = re.compile(r"^qsgd-(\d+)bits?(?:-(" + "|".join(map(re.escape, get_args(CodingName))) + r"))?$")
 FIELDS = tuple(f.name for f in dataclasses.fields(MethodConfig))
@@ -329,20 +321,6 @@ def method_config(name: str, **overrides: Any) -> MethodConfig:
     for key, value in overrides.items():
         _check_type(name, key, value)
     return MethodConfig(**{**base, "name": name, **overrides})
-
-
-def link_default(c: MethodConfig) -> MethodConfig:
-    """The method where a link is observed (the DDP hook, dqsgd train over processes): ``dqsgd`` and
-    ``dqsgd-coded`` at their preset budget become the link policy (``dqsgd-link``'s settings, under
-    their own name) with ``link_mbit`` 0, the link the surface measures, unless ``link_mbit`` is stated;
-    a stated budget (``budget_bits``, another ``target_bits``, the names ``dqsgd-budget`` and
-    ``dqsgd-coded-budget``) and every other method are returned as they are. docs/ddp-hook.md, "The default"."""
-    preset = _PRESETS.get(c.name, {})
-    if c.name not in LINK_DEFAULT or c.policy != preset["policy"] or c.budget_bits or c.target_bits != preset["target_bits"]:
-        return c
-    link = {k: v for k, v in _PRESETS["dqsgd-link"].items() if k != "description"}
-    return dataclasses.replace(c, **{**link, "link_mbit": c.link_mbit}, target_bits=0.0,
-                               description=f"{c.name}: the budget from the link (the link policy, dqsgd-link's settings)")
 
 
 def _check_type(name: str, key: str, value: Any) -> None:

@@ -233,7 +233,7 @@ def _link_mbit(c: MethodConfig) -> float:
     if not c.link_mbit > 0:
         raise ValueError(f"method {c.name!r}: the link policy with link_mbit = 0 takes the link's rate from the DDP "
                          "hook's or dqsgd train --transport torch's measurement; here there is no link to measure: "
-                         "state link_mbit (the link's Mbit/s), or use dqsgd-budget / dqsgd-coded-budget")
+                         "state link_mbit (the link's Mbit/s), or use a stated budget (dqsgd, dqsgd-coded)")
     return c.link_mbit
 
 

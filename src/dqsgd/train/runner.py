@@ -244,7 +244,7 @@ def run_facts(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr
     """
     return {
         "method": entry.label,
-        "method_config": dataclasses.asdict(tr.entry.config),  # over processes: dqsgd's link policy, if it runs it
+        "method_config": dataclasses.asdict(entry.config),
         "train_config": dataclasses.asdict(cfg),
         "dataset": data.name,
         "stand_in_for": data.stand_in_for,
@@ -264,7 +264,7 @@ def summarize(cfg: TrainConfig, entry: MethodEntry, data: Dataset, seed: int, tr
               acc: float, loss: float, wall: float) -> dict[str, Any]:
     return {
         "method": entry.label,
-        "method_config": dataclasses.asdict(tr.entry.config),  # over processes: dqsgd's link policy, if it runs it
+        "method_config": dataclasses.asdict(entry.config),
         "dataset": data.name,
         "stand_in_for": data.stand_in_for,
         "model": cfg.model,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from dqsgd.data import Dataset
 from dqsgd.topology.ledger import Ledger
 from dqsgd.topology.registry import SIMULATED_DEFAULT, run_topology, topology_of
-from dqsgd.method.config import MethodConfig, check_fed_policy, link_default
+from dqsgd.method.config import MethodConfig, check_fed_policy
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
@@ -59,21 +59,19 @@ _STATE_KEYS = {"meta": dict, "next_step": int, "skipped": int, "model": dict, "o
 __all__ = ["STATE_FORMAT", "StepResult", "Trainer", "codec_input", "record_of"]
 
 
-def observed_link(entry: MethodEntry, transport: Transport) -> tuple[MethodEntry, MethodConfig]:
-    """``dqsgd`` and ``dqsgd-coded`` at their preset budget over processes: (the entry with the link policy,
-    :func:`~dqsgd.method.config.link_default`; the config the method runs, on the link the transport's
-    exchange group measures, :func:`~dqsgd.policies.linktime.measure_link`, the same figures on every
-    rank). The entry keeps ``link_mbit`` 0, so the checkpoint's record does not hold a measurement: a
-    resumed run measures the link again."""
-    config = link_default(entry.config)
-    entry = entry if config is entry.config else dataclasses.replace(entry, config=config)
-    if config.policy == "link" and not config.link_mbit:
-        from dqsgd.policies.linktime import measure_link
+def measured_link(config: MethodConfig, transport: Transport) -> MethodConfig:
+    """The config a link policy with ``link_mbit`` 0 runs over processes (opt-in: ``dqsgd-link`` with
+    ``link_mbit`` 0): on the link the transport's exchange group measures,
+    :func:`~dqsgd.policies.linktime.measure_link`, the same figures on every rank; every other config as
+    it is. The entry (and so the run's record and checkpoint) keeps ``link_mbit`` 0: a resumed run
+    measures the link again."""
+    if config.policy != "link" or config.link_mbit:
+        return config
+    from dqsgd.policies.linktime import measure_link
 
-        groups = transport.exchange_groups()  # type: ignore[attr-defined]
-        mbit, latency = measure_link(next(iter(groups.values())))
-        config = dataclasses.replace(config, link_mbit=mbit, link_latency_ms=config.link_latency_ms or 1e3 * latency)
-    return entry, config
+    groups = transport.exchange_groups()  # type: ignore[attr-defined]
+    mbit, latency = measure_link(next(iter(groups.values())))
+    return dataclasses.replace(config, link_mbit=mbit, link_latency_ms=config.link_latency_ms or 1e3 * latency)
 
 
 class Trainer:
@@ -111,8 +109,7 @@ class Trainer:
                           if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
         processes, config = len(self.transport.local_workers) != cfg.workers, entry.config
         if processes and topology_of(self.topology).feeds_norms and not cfg.local:  # a link to measure
-            entry, config = observed_link(entry, self.transport)
-            self.entry = entry
+            config = measured_link(config, self.transport)
         # hand_worker_norms needs every worker's vector; the exchange of a topology that feeds them gathers their norms itself
         if processes and not topology_of(self.topology).feeds_norms:
             check_fed_policy(entry.config, f"a run over processes (--transport torch) on topology {self.topology!r}")
