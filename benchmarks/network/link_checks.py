@@ -1,11 +1,12 @@
-"""Issue 39's checks on ``bench_network.py`` folders: does the default ``dqsgd`` (the link policy) reach
+"""Issue 39's checks on ``bench_network.py`` folders: does the row ``dqsgd`` (in the link-w4-*
+folders: the link policy on a measured link, then the default; now ``dqsgd-link`` at ``link_mbit`` 0) reach
 the target sooner than every PowerSGD rank at 100 Mbit/s, no later than fp32 DDP at 1 Gbit/s, and
 within 10 % of the best fixed row of its cell?
 
     python benchmarks/network/link_checks.py results/network/link-w4-mlp1024 [...]
 
 Prints one Markdown row per (folder, rate): the medians over repeats, each check's answer, and the
-mean uplink width and fp32-bytes ratio of the default's repeats (what the policy chose).
+mean uplink width and fp32-bytes ratio of that row's repeats (what the policy chose).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def rows(folder: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    print("| folder | rate | default dqsgd, time to target (s) | against PowerSGD / fp32 | best fixed row; "
-          "within 10 % | default's mean uplink bits / fp32-bytes ratio, per repeat |")
+    print("| folder | rate | link policy (row `dqsgd`), time to target (s) | against PowerSGD / fp32 | best fixed row; "
+          "within 10 % | its mean uplink bits / fp32-bytes ratio, per repeat |")
     print("|---|---|---|---|---|---|")
     for f in argv:
         print("\n".join(rows(Path(f))))
