@@ -220,3 +220,18 @@ def test_repr_names_method_budget_topology_and_downlink() -> None:
         "<HookState method='qsgd-4bit' (4 bits), topology=sharded, downlink=8, total_steps=1000, steps=0>")
     assert "topology=allgather, downlink=none" in repr(HookState("qsgd-4bit", topology="allgather"))
     assert "target 4.5 bits/coordinate" in repr(HookState("dqsgd", total_steps=10))
+
+
+def test_the_default_dqsgd_is_the_stated_budget_and_the_link_policy_is_opt_in() -> None:
+    """HookState("dqsgd") / ("dqsgd-coded") run their stated budgets (the both-leg "auto" downlink on
+    sharded, nothing to measure); the link policy runs only when asked for (dqsgd-link), measuring the link
+    at the first call only with link_mbit 0."""
+    from dqsgd.method.config import method_config
+
+    for name, policy, target in (("dqsgd", "dqsgd-budget", 4.5), ("dqsgd-coded", "dqsgd-coded", 1.0)):
+        s = HookState(name, total_steps=10)
+        assert (s.config.name, s.config.policy, s.config.target_bits, s.config.link_mbit) == (name, policy, target, 0.0)
+        assert s.downlink_bits == "auto" and s.link is None
+    link = HookState(method_config("dqsgd-link", link_mbit=0.0))
+    assert (link.config.policy, link.config.link_mbit, link.link) == ("link", 0.0, None)  # measured at the first call
+    assert HookState("dqsgd-link").config.link_mbit == 100.0  # the preset states its link

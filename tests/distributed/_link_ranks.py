@@ -16,7 +16,7 @@ def link_run(rank: int, world: int, kw: dict[str, Any]) -> dict[str, Any]:
     kwargs ``kw``, method options under "method"): per step the local bucket, the averaged one, the
     policy state after it and this rank's bytes sent in it."""
     kw = dict(kw)
-    cfg = method_config("dqsgd-link", **kw.pop("method", {}))
+    cfg = kw.pop("config", None) or method_config(kw.pop("name", "dqsgd-link"), **kw.pop("method", {}))
     state = dqsgd.ddp.HookState(cfg, None, seed=3, timeout=60.0, total_steps=20, **kw)
     buckets: list = []
     model = ddp_model(state, buckets, linear())
@@ -28,6 +28,10 @@ def link_run(rank: int, world: int, kw: dict[str, Any]) -> dict[str, Any]:
         out["bits"].append(state.current_bits())
         out["policy"].append(state._buckets[0].policy)
     out["buckets"] = [(i, local, sizes, fut.value().clone()) for i, local, sizes, fut in buckets]
+    out["config"], out["link"] = state.config, state.link
+    policy = state._buckets[0].proto.policy
+    out["priced_mbit"], out["priced_codec"] = getattr(policy, "mbit", None), getattr(policy, "codec_ns", None)
+    out["config_mbit"] = state._buckets[0].proto.method.config.link_mbit
     return out
 
 
@@ -41,5 +45,28 @@ def trainer_run(rank: int, world: int) -> dict[str, Any]:
     return {"bits": [r.bits for r in ledger.records], "policy": repr(tr.state.policy)}
 
 
-def link_cases(rank: int, world: int, cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"trainer": trainer_run(rank, world), **{name: link_run(rank, world, kw) for name, kw in cases.items()}}
+def measured_trainer(rank: int, world: int) -> dict[str, Any]:
+    """``dqsgd train --transport torch`` on sharded with ``dqsgd-link`` at ``link_mbit`` 0: the link_mbit its
+    entry (the run's record) states and the one its method runs (the measured link), after one step."""
+    import _engine_ranks as er
+    from dqsgd.data import load_dataset
+    from dqsgd.train.config import MethodEntry
+    from dqsgd.train.trainer import Trainer
+    from dqsgd.transport import make_transport
+
+    entry = MethodEntry("dqsgd-link", method_config("dqsgd-link", link_mbit=0.0))
+    tr = Trainer(er.train_config("sharded", world), entry, load_dataset("synthetic"), er.SEED,
+                 make_transport("sharded", timeout=60.0))
+    tr.step()
+    return {"entry_mbit": tr.entry.config.link_mbit, "mbit": tr.method.config.link_mbit,
+            "latency_ms": tr.method.config.link_latency_ms}
+
+
+def link_cases(rank: int, world: int, cases: dict[str, dict[str, Any]],
+               others: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``cases``: dqsgd-link runs; ``others``: more hook runs (the measured link, the default dqsgd, its
+    budget's config by hand) and the trainer over processes on a measured link."""
+    runs = {name: link_run(rank, world, kw) for name, kw in {**cases, **(others or {})}.items()}
+    if others:
+        runs["measured-trainer"] = measured_trainer(rank, world)
+    return {"trainer": trainer_run(rank, world), **runs}

@@ -14,7 +14,8 @@ import _engine_ranks as er
 import _link_ranks as lr
 from dqsgd.cli.launch import spawn_local
 from dqsgd.ddp import HookState
-from dqsgd.method.config import method_config
+from dqsgd.method.config import MethodConfig, method_config
+from dqsgd.policies.link import DEFAULT_CODEC_NS
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.topology.exchange import Exchange
 from dqsgd.topology.group import local_groups
@@ -30,10 +31,17 @@ CASES = {2: {"slow": SLOW, "slow-ag": {**SLOW, "topology": "allgather"}, "fast":
          4: {"slow": SLOW, "fast": FAST}}
 
 
+# Opt-in: dqsgd-link with link_mbit 0 (the link measured); the default dqsgd (the stated budget) beside the
+# budget config that "dqsgd" has always been (its preset's fields, under another name).
+BEFORE = MethodConfig(name="dqsgd-before", scheme="uniform", bits=6, policy="dqsgd-budget", target_bits=4.5)
+OTHERS = {"measured": {"method": {"link_mbit": 0.0}}, "budget": {"name": "dqsgd"}, "before": {"config": BEFORE}}
+
+
 @pytest.fixture(scope="module", params=[2, 4])
 def runs(request) -> tuple[int, list[dict]]:
     world = request.param
-    results = spawn_local(lr.link_cases, world, (CASES[world],), timeout=120, deadline=500)
+    results = spawn_local(lr.link_cases, world, (CASES[world], OTHERS if world == 2 else None), timeout=120,
+                          deadline=500)
     assert all(r.ok for r in results), [r.describe() for r in results]
     return world, [r.value for r in results]
 
@@ -116,3 +124,41 @@ def test_the_trainer_over_processes_is_fed_and_equals_the_simulation(runs) -> No
         assert v["trainer"]["bits"] == [r.bits for r in ledger.records]
         assert v["trainer"]["policy"] == repr(sim.state.policy)
     assert sim.state.policy.workers == world and sim.state.policy.sigma2 > 0
+
+
+@pytest.mark.timeout(600)
+def test_dqsgd_link_at_link_mbit_0_runs_on_the_link_it_measured(runs) -> None:
+    """HookState(method_config("dqsgd-link", link_mbit=0.0)): the link and the codec measured once and agreed
+    (the same Mbit/s, latency and codec slowdown k on every rank), the bucket's policy priced at exactly
+    that rate and at k times AUTO's codec model, AUTO run at k times the rate; every rank then takes the
+    same widths. The trainer over processes runs the same measured figures on every rank, its entry (the
+    run's record) keeping link_mbit 0."""
+    world, values = runs
+    if "measured" not in values[0]:
+        pytest.skip("the measured link runs at W = 2")
+    per = [v["measured"] for v in values]
+    config = per[0]["config"]
+    assert (config.name, config.policy, config.coding, config.link_mbit) == ("dqsgd-link", "link", "auto", 0.0)
+    mbit, latency, slowdown = per[0]["link"]
+    assert mbit > 0 and latency >= 0 and slowdown > 0 and all(r["link"] == (mbit, latency, slowdown) for r in per)
+    assert all(r["priced_mbit"] == mbit for r in per)
+    assert all(r["priced_codec"] == tuple((c, v * slowdown) for c, v in DEFAULT_CODEC_NS) for r in per)
+    assert all(r["config_mbit"] == mbit * slowdown for r in per)  # AUTO's rate: the same order of codings
+    assert all(r["bits"] == per[0]["bits"] for r in per) and per[0]["bits"][0] == {0: 4}
+    trainer = [v["measured-trainer"] for v in values]
+    assert all(t == trainer[0] for t in trainer) and trainer[0]["entry_mbit"] == 0.0 and trainer[0]["mbit"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_the_default_dqsgd_is_the_stated_budget_with_its_bytes(runs) -> None:
+    """HookState("dqsgd") is the budgeted DQSGD (target 4.5 bits, the both-leg split downlink), nothing
+    measured: step by step the same widths, bytes and updates as the preset's fields by hand, bit for bit."""
+    world, values = runs
+    if "budget" not in values[0]:
+        pytest.skip("the default runs at W = 2")
+    for v in values:
+        budget, before = v["budget"], v["before"]
+        assert budget["config"].policy == "dqsgd-budget" and budget["config"].target_bits == 4.5
+        assert budget["link"] is None
+        assert budget["bits"] == before["bits"] and budget["sent"] == before["sent"]
+        assert all(torch.equal(a[3], b[3]) for a, b in zip(budget["buckets"], before["buckets"], strict=True))

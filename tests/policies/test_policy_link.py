@@ -14,7 +14,7 @@ from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
 from dqsgd.policies import GradStats, state_from_dict, state_to_dict
 from dqsgd.policies.coded import level_entropies
-from dqsgd.policies.link import LinkPolicy, LinkState
+from dqsgd.policies.link import LinkPolicy, LinkState, rounding_variances
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.policies.variance import pooled_variance, worker_norms
 from dqsgd.train.trainer import Trainer
@@ -26,22 +26,36 @@ NORM = float(G.abs().max())
 
 def policy(mbit=100.0, rans_ns=11.0, **kw):
     kw = {"compute_s": 0.01, "latency_s": 1e-4, "down_widths": (UNCOMPRESSED, 4, 8), **kw}
-    return LinkPolicy(D, mbit, 400.0, 4, min_bits=2, max_bits=12, codec_ns=(("fixed", 2.5), ("rans", rans_ns)), **kw)
+    kw = {"codec_ns": (("fixed", 2.5), ("rans", rans_ns)), **kw}
+    return LinkPolicy(D, mbit, 400.0, 4, min_bits=2, max_bits=12, **kw)
 
 
 def stepped(p, sigma2, norm=NORM, workers=W):
     """The state after one step whose workers' norms give σ̂² = ``sigma2`` exactly (Σ‖g_i‖² − W‖ḡ‖²
     = W(W−1)σ²)."""
-    state = p.observe_workers(p.init(), workers * (workers - 1) * sigma2 + workers, 1.0, workers)
-    return p.update(state, GradStats(0, norm, 0.0, 0, G * (norm / NORM)))
+    g = G * (norm / NORM)
+    m = float(g.double().dot(g.double()))
+    state = p.observe_workers(p.init(), workers * (workers - 1) * sigma2 + workers * m, m, workers)
+    return p.update(state, GradStats(0, norm, 0.0, 0, g))
+
+
+def variance_by_hand(g, norm, b):
+    """E‖Q_B(g) − g‖² of stochastic rounding at step Δ = norm/s_B, coordinate by coordinate: |g| lies
+    between the levels kΔ and (k+1)Δ and goes up with probability f = |g|/Δ − k: variance Δ²·f·(1 − f)."""
+    step = norm / (2 ** (b - 1) - 1)
+    u = g.double().abs() / step
+    f = u - u.floor()
+    return float((step * step * f * (1 - f)).sum())
 
 
 def j_by_hand(p, up, down, coding, norm, sigma2):
-    """J = ρ·T written out from the docs, independently of linktime.py."""
-    entropy = level_entropies(G * (norm / NORM), norm, range(p.min_bits, p.max_bits + 1), p.sample)
+    """J = ρ·T written out from the docs, independently of linktime.py: ρ from the rounding variance at
+    G's own magnitudes, both legs."""
+    g = G * (norm / NORM)
+    entropy = level_entropies(g, norm, range(p.min_bits, p.max_bits + 1), p.sample)
 
     def q(b):
-        return 0.0 if b == UNCOMPRESSED else D * norm ** 2 / (6 * (2 ** (b - 1) - 1) ** 2)
+        return 0.0 if b == UNCOMPRESSED else variance_by_hand(g, norm, b)
 
     def t(b):
         if b == UNCOMPRESSED:
@@ -105,8 +119,8 @@ def test_bad_settings_are_refused():
         policy(down_widths=(1,))
     with pytest.raises(ValueError, match="throughput"):
         policy(mbit=0.0)
-    with pytest.raises(ValueError, match="link_mbit > 0"):
-        method_config("dqsgd-link", link_mbit=0.0)
+    with pytest.raises(ValueError, match="no link to measure: state link_mbit"):  # 0: measured, where a link is
+        Method(method_config("dqsgd-link", link_mbit=0.0), D, 10)
     with pytest.raises(ValueError, match="coding 'auto'"):
         method_config("dqsgd-link", coding="fixed")
 
@@ -166,3 +180,44 @@ def test_paths_that_do_not_feed_the_link_policy_refuse_it() -> None:
     for who, make in makers.items():
         with pytest.raises(ValueError, match=f"policy 'link' .*; {who} does not feed it"):
             make()
+
+
+def test_the_rounding_variance_is_the_expected_squared_error_coordinate_by_coordinate():
+    """rounding_variances is Σ Δ²·f(1 − f) over the sample, scaled to d: on the lattice 0, half-way between
+    levels the most (Δ²/4 a coordinate: never above d·norm²/(4·s²)), and on G the by-hand sum."""
+    widths = range(2, 9)
+    assert rounding_variances(G, NORM, widths, sample=D) == pytest.approx(
+        [variance_by_hand(G, NORM, b) for b in widths], rel=1e-12)
+    stride = 4  # a sample of D/4 coordinates: the strided ones' sum, times 4
+    assert rounding_variances(G, NORM, widths, sample=D // stride) == pytest.approx(
+        [stride * variance_by_hand(G[::stride], NORM, b) for b in widths], rel=1e-12)
+    s = 2 ** (3 - 1) - 1  # 3 bits: 3 levels, Δ = 1 at norm 3
+    lattice = torch.tensor([0.0, 1.0, -2.0, 3.0])
+    assert rounding_variances(lattice, 3.0, range(3, 4)) == [0.0]
+    half = torch.tensor([0.5, -1.5, 2.5, 2.5])
+    assert rounding_variances(half, 3.0, range(3, 4)) == [4 * 0.25] == [4 * 3.0 ** 2 / (4 * s * s)]
+    assert rounding_variances(torch.zeros(5), 0.0, widths) == [0.0] * len(widths)
+
+
+def test_gradients_far_below_their_max_norm_are_sent_narrower_than_the_bound_says():
+    """One large coordinate and D − 1 small ones: the expected rounding variance (≈ Δ·‖g‖₁) is far below the
+    bound d·norm²/(6 s²) that takes the fractions uniform, so on a slow link the policy's argmin (brute force,
+    by hand) is a narrower width than the argmin under the bound — the choice the bound made too wide."""
+    g = torch.full((D,), 1e-3)
+    g[0] = 1.0
+    p = policy(mbit=10.0, down_widths=(8,), codec_ns=(("fixed", 2.5),))  # widths at their FIXED size
+    m, sigma2 = float(g.double().dot(g.double())), 1.0
+    state = p.observe_workers(p.init(), W * (W - 1) * sigma2 + W * m, m, W)  # σ̂² = sigma2
+    got = p.update(state, GradStats(0, 1.0, 0.0, 0, g))
+    entropy = level_entropies(g, 1.0, range(2, 13), p.sample)
+
+    def j(up, coding, noise):
+        t = [D * dict(p.codec_ns)[coding] * 1e-9 + p.latency_s
+             + (round(p.header_bits) + D * (b if coding == "fixed" else min(b, entropy[b - 2]))) / (p.mbit * 1e6)
+             for b in (up, 8)]
+        return (1 + (noise(up) / W + noise(8)) / sigma2) * (p.compute_s + sum(t))
+
+    every = [(u, "fixed") for u in range(2, 13)]
+    exact = min(every, key=lambda x: j(*x, lambda b: variance_by_hand(g, 1.0, b)))
+    bound = min(every, key=lambda x: j(*x, lambda b: D / (6 * (2 ** (b - 1) - 1) ** 2)))
+    assert (got.bits, got.coding) == exact and exact[0] < bound[0], (exact, bound)

@@ -44,7 +44,7 @@ class HookState:
 
     __slots__ = ("config", "process_group", "seed", "timeout", "total_steps", "topology", "downlink",
                  "nonfinite_step", "start_iter", "min_compression_rate", "uncompressed_dtype",
-                 "iter", "_init", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
+                 "iter", "link", "_init", "_buckets", "_group", "_loaded", "_agreed", "_queued", "_error", "_futures",
                  *_COUNTERS)
 
     def __init__(self, method: str | MethodConfig = "qsgd", process_group: dist.ProcessGroup | None = None,
@@ -107,6 +107,8 @@ class HookState:
         self.nonfinite_step: int | None = None  # the first step some rank's bucket was NaN/Inf (said once)
         self.start_iter, self.min_compression_rate, self.iter = start_iter, float(min_compression_rate), 0
         self.uncompressed_dtype = uncompressed_dtype
+        # (Mbit/s, latency s, the codec's cost over AUTO's model) measured at the first call (link_mbit 0)
+        self.link: tuple[float, float, float] | None = None
         self._buckets: dict[int, BucketState] = {}
         self._loaded: dict[int, dict[str, Any]] = {}
         self._group: TorchGroup | None = None
@@ -183,9 +185,15 @@ class HookState:
         from dqsgd.topology.agreement import agree
         from dqsgd.topology.group import gather_ints
 
-        if not self._agreed:
-            agree({**self.fields(), "progress.iter": self.iter}, partial(gather_ints, self.group()), self.group().rank)
-            self._agreed = True
+        if self._agreed:
+            return
+        group = self.group()
+        agree({**self.fields(), "progress.iter": self.iter}, partial(gather_ints, group), group.rank)
+        if self.config.policy == "link" and not self.config.link_mbit:  # no bucket in flight yet
+            from dqsgd.policies.linktime import codec_slowdown, measure_link
+
+            self.link = (*measure_link(group), codec_slowdown(group))
+        self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
     def group(self) -> TorchGroup:
@@ -227,13 +235,19 @@ class HookState:
         from dqsgd.policies.linktime import UNCOMPRESSED
         from dqsgd.topology.bucket import BucketProtocol, replace_kernel
 
-        proto = BucketProtocol(replace_kernel(self.config, "fused"), n, sizes, topology=self.topology, workers=world,
+        config = replace_kernel(self.config, "fused")
+        if self.link is not None:  # the measured link and codec (the same figures on every rank): AUTO at k × the rate
+            config = dataclasses.replace(config, link_mbit=self.link[0] * self.link[2],
+                                         link_latency_ms=config.link_latency_ms or 1e3 * self.link[1])
+        proto = BucketProtocol(config, n, sizes, topology=self.topology, workers=world,
                                seed=self.seed, total_steps=self.total_steps, bucket=index,
                                spec=self.downlink)
         if isinstance(proto.policy, LinkPolicy):
             quantized = topology_of(self.topology).sharded and self.downlink_bits != FP32
             proto.policy = proto.policy.sending(self.send_dtype(dtype).itemsize,
                                                 int(self.downlink_bits) if quantized else UNCOMPRESSED)
+            if self.link is not None:  # the policy prices the link's own rate and the codec at k × AUTO's model
+                proto.policy = proto.policy.measured(self.link[0], self.link[2])
         return proto
 
     def send_dtype(self, dtype: torch.dtype) -> torch.dtype:

@@ -171,9 +171,9 @@ def _validate(c: MethodConfig) -> None:
             _fail(c, "the coded budget needs coding 'auto' (it spends coded bytes; auto never exceeds the "
                      "fixed size, which bounds its cost estimates)")
     if c.policy == "link":
-        if not c.link_mbit > 0 or c.coding != "auto":
-            _fail(c, "the link policy needs link_mbit > 0 (the link's Mbit/s) and coding 'auto' (which then sends "
-                     "the coding of least modelled time, as the policy prices it)")
+        if c.coding != "auto":
+            _fail(c, "the link policy needs coding 'auto' (which then sends the coding of least modelled time, as "
+                     "the policy prices it)")
         if not all(math.isfinite(v) and v >= 0 for v in (c.link_latency_ms, c.compute_ms)):
             _fail(c, f"link_latency_ms and compute_ms must be finite and >= 0, got {c.link_latency_ms}, {c.compute_ms}")
     if c.policy == "dqsgd-error" and not (c.eps_q > 0 and c.smoothness > 0 and c.lr > 0):

@@ -227,6 +227,16 @@ def _dqsgd_error(m: Method) -> DQSGDRule:
     return DQSGDRule(k, n, c.alpha, c.convex, c.bits, c.min_bits, c.max_bits, Rounding(c.rounding), name="dqsgd-error")
 
 
+def _link_mbit(c: MethodConfig) -> float:
+    """The link policy's rate: ``link_mbit`` 0 is the link a surface measures (the DDP hook, dqsgd train over
+    processes), which then builds the method with the measured rate; elsewhere there is none to measure."""
+    if not c.link_mbit > 0:
+        raise ValueError(f"method {c.name!r}: the link policy with link_mbit = 0 takes the link's rate from the DDP "
+                         "hook's or dqsgd train --transport torch's measurement; here there is no link to measure: "
+                         "state link_mbit (the link's Mbit/s), or use a stated budget (dqsgd, dqsgd-coded)")
+    return c.link_mbit
+
+
 # The bit policies by name (``MethodConfig.policy``): each builds the policy of a method.
 POLICIES: dict[str, Callable[[Method], Any]] = {
     "fixed": lambda m: FixedBits(m.config.nominal_bits()),
@@ -237,7 +247,7 @@ POLICIES: dict[str, Callable[[Method], Any]] = {
                                             m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
     "dqsgd-coded": lambda m: CodedBudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
                                                 m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
-    "link": lambda m: LinkPolicy(max(m.numel, 1), m.config.link_mbit, m.message_bits(m.config.min_bits)
+    "link": lambda m: LinkPolicy(max(m.numel, 1), _link_mbit(m.config), m.message_bits(m.config.min_bits)
                                  - m.numel * m.config.min_bits, m.config.bits, compute_s=m.config.compute_ms / 1e3,
                                  latency_s=m.config.link_latency_ms / 1e3, min_bits=m.config.min_bits,
                                  max_bits=m.config.max_bits),

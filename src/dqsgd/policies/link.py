@@ -20,17 +20,21 @@ every rank that holds the same statistics takes the same one.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
+
+import torch
 
 from dqsgd.codecs.auto import CPU_NS
 from dqsgd.codecs.header import Coding
 from dqsgd.policies.base import GradStats
-from dqsgd.policies.coded import level_entropies
+from dqsgd.policies.coded import level_entropies, sample_stride
 from dqsgd.policies.linktime import UNCOMPRESSED, Choice, TimeModel, choose, objective
 from dqsgd.policies.variance import pooled_variance, smoothed
+from dqsgd.quantizers.constants import levels_for_bits
 
-__all__ = ["DEFAULT_CODEC_NS", "LinkPolicy", "LinkState"]
+__all__ = ["DEFAULT_CODEC_NS", "LinkPolicy", "LinkState", "rounding_variances"]
 
 # The codings the policy prices, ns per coordinate (encode + decode): AUTO's model of FIXED and RANSX.
 DEFAULT_CODEC_NS: tuple[tuple[str, float], ...] = (("fixed", CPU_NS[Coding.FIXED]), ("rans", CPU_NS[Coding.RANSX]))
@@ -112,6 +116,11 @@ class LinkPolicy:
                              "or an fp32 downlink")
         return replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=(down_width,))
 
+    def measured(self, mbit: float, slowdown: float) -> LinkPolicy:
+        """This policy on a measured link of ``mbit`` Mbit/s with the codec ``slowdown`` times AUTO's model
+        (:func:`~dqsgd.policies.linktime.codec_slowdown`)."""
+        return replace(self, mbit=mbit, codec_ns=tuple((c, v * slowdown) for c, v in self.codec_ns))
+
     def model(self, entropy: tuple[float, ...]) -> TimeModel:
         """The time model of the stated figures with wire bits B (fixed) and min(B, H_B) (coded rows);
         ``entropy``: H_B for B = min_bits..max_bits (empty: every row at B)."""
@@ -123,11 +132,13 @@ class LinkPolicy:
         return TimeModel(self.mbit, self.latency_s, self.compute_s, ns,
                          wire, self.messages, int(round(self.header_bits)), self.dtype_bytes)
 
-    def decide(self, model: TimeModel, norm: float, sigma2: float, workers: int) -> tuple[Choice, float]:
-        """(the argmin choice, its J) for ‖G‖ = ``norm``, σ̂² and W."""
+    def decide(self, model: TimeModel, norm: float, sigma2: float, workers: int,
+               q: tuple[Sequence[float], Sequence[float]] | None = None) -> tuple[Choice, float]:
+        """(the argmin choice, its J) for ‖G‖ = ``norm``, σ̂² and W; ``q``: the (uplink, downlink) rounding
+        variance of a message by width − 1 (None: the bound q(B))."""
         c = choose(model, d=self.numel, norm=norm, sigma2=sigma2, workers=workers, min_bits=self.min_bits,
-                   max_bits=self.max_bits, uncompressed=self.uncompressed, downs=self.down_widths)
-        return c, objective(model, c, d=self.numel, norm=norm, sigma2=sigma2, workers=workers)
+                   max_bits=self.max_bits, uncompressed=self.uncompressed, downs=self.down_widths, q=q)
+        return c, objective(model, c, d=self.numel, norm=norm, sigma2=sigma2, workers=workers, q=q)
 
     def update(self, state: LinkState, stats: GradStats) -> LinkState:
         sigma2, workers = state.sigma2, state.workers
@@ -145,6 +156,29 @@ class LinkPolicy:
                            down_bits=top if sigma2 <= 0 else self.down_widths[0])
         if stats.grad is None:
             raise ValueError("the link policy needs the aggregated gradient in GradStats.grad (needs_grad = True)")
-        entropy = tuple(level_entropies(stats.grad, stats.norm, range(self.min_bits, self.max_bits + 1), self.sample))
-        choice, j = self.decide(self.model(entropy), stats.norm, sigma2, workers)
+        widths = range(self.min_bits, self.max_bits + 1)
+        entropy = tuple(level_entropies(stats.grad, stats.norm, widths, self.sample))
+        # q(B) at G's own magnitudes for both legs (as the bound q(B) takes ‖G‖ for both)
+        q = [0.0] * (self.min_bits - 1) + rounding_variances(stats.grad, stats.norm, widths, self.sample)
+        choice, j = self.decide(self.model(entropy), stats.norm, sigma2, workers, (q, q))
         return replace(state, bits=choice.up, down_bits=choice.down, coding=choice.coding, objective=j)
+
+
+def rounding_variances(grad: torch.Tensor, norm: float, widths: range, sample: int = 1 << 16) -> list[float]:
+    """E‖Q_B(g) − g‖² of unbiased stochastic rounding of ``grad`` at each width in ``widths`` (scale
+    ``norm``: step Δ_B = norm/s_B): Σ_i Δ_B²·f_i·(1 − f_i), f_i the fractional part of |g_i|/Δ_B — the
+    variance of rounding |g_i| up with probability f_i. Exact over the same fixed stride of at most
+    ``sample`` coordinates as :func:`~dqsgd.policies.coded.level_entropies`, scaled by d / (coordinates
+    read). At most the bound d·norm²/(4·s_B²) (f(1 − f) ≤ 1/4); the bound q(B) = d·norm²/(6·s_B²) takes
+    f uniform, which gradients far below their max-norm are not (there f ≈ |g|/Δ: Σ ≈ Δ·‖g‖₁)."""
+    g = grad.detach().reshape(-1)
+    if g.numel() == 0 or not norm > 0:
+        return [0.0] * len(widths)
+    x = g[:: sample_stride(g.numel(), sample)].to(torch.float64).abs().cpu()
+    scale = g.numel() / x.numel()
+    out = []
+    for b in widths:
+        step = float(norm) / levels_for_bits(b)
+        f = torch.frac(x / step)
+        out.append(scale * step * step * float(f.mul(1.0 - f).sum()))
+    return out

@@ -25,10 +25,12 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from dqsgd.quantizers.constants import levels_for_bits
 
-__all__ = ["UNCOMPRESSED", "Choice", "LinkEstimate", "TimeModel", "agree", "choose", "objective", "time_codec"]
+__all__ = ["UNCOMPRESSED", "Choice", "LinkEstimate", "TimeModel", "agree", "choose", "codec_slowdown", "measure_link",
+           "objective", "time_codec"]
 
 UNCOMPRESSED = 0  # the width that stands for "the bucket in its dtype"
 
@@ -92,9 +94,21 @@ def quant_noise(d: int, norm: float, width: int) -> float:
     return 0.0 if width == UNCOMPRESSED else d * norm * norm / (6.0 * levels_for_bits(width) ** 2)
 
 
-def objective(model: TimeModel, choice: Choice, *, d: int, norm: float, sigma2: float, workers: int) -> float:
-    """J = ρ·T of the module docstring: predicted seconds to the full-precision accuracy / N_0."""
-    rho = 1.0 + (quant_noise(d, norm, choice.up) / workers + quant_noise(d, norm, choice.down)) / sigma2
+def noise(d: int, norm: float, width: int, q: Sequence[float] | None) -> float:
+    """The rounding variance of one message at ``width``: ``q[width − 1]`` where the caller knows it (the
+    expected variance at the gradient's own magnitudes, :func:`dqsgd.policies.link.rounding_variances`),
+    else the bound :func:`quant_noise`; 0 uncompressed."""
+    if width == UNCOMPRESSED or q is None:
+        return quant_noise(d, norm, width)
+    return q[width - 1]
+
+
+def objective(model: TimeModel, choice: Choice, *, d: int, norm: float, sigma2: float, workers: int,
+              q: tuple[Sequence[float], Sequence[float]] | None = None) -> float:
+    """J = ρ·T of the module docstring: predicted seconds to the full-precision accuracy / N_0;
+    ``q``: (uplink, downlink) rounding variance of one message by width − 1 in place of the bound q(B)."""
+    up, down = (None, None) if q is None else q
+    rho = 1.0 + (noise(d, norm, choice.up, up) / workers + noise(d, norm, choice.down, down)) / sigma2
     t = model.compute_s + model.direction_s(d, choice.up, choice.coding) + model.direction_s(d, choice.down, choice.coding)
     return rho * t
 
@@ -112,7 +126,8 @@ def candidates(model: TimeModel, min_bits: int = 2, max_bits: int = 16, uncompre
 
 
 def choose(model: TimeModel, *, d: int, norm: float, sigma2: float, workers: int, min_bits: int = 2,
-           max_bits: int = 16, uncompressed: bool = True, downs: Sequence[int] | None = None) -> Choice:
+           max_bits: int = 16, uncompressed: bool = True, downs: Sequence[int] | None = None,
+           q: tuple[Sequence[float], Sequence[float]] | None = None) -> Choice:
     """The candidate of least J (all of them are priced: a few hundred); ties go to the earliest in :func:`candidates`
     (uncompressed first, then codings by name, narrower first), so every rank picks the same one."""
     if not (d > 0 and workers > 0 and math.isfinite(norm) and norm >= 0 and math.isfinite(sigma2) and sigma2 > 0):
@@ -121,7 +136,7 @@ def choose(model: TimeModel, *, d: int, norm: float, sigma2: float, workers: int
     cands = candidates(model, min_bits, max_bits, uncompressed, downs)
     if not cands:
         raise ValueError("no candidate: state at least one coding or allow uncompressed")
-    j = [objective(model, c, d=d, norm=norm, sigma2=sigma2, workers=workers) for c in cands]
+    j = [objective(model, c, d=d, norm=norm, sigma2=sigma2, workers=workers, q=q) for c in cands]
     return cands[min(range(len(cands)), key=j.__getitem__)]  # the first of least J
 
 
@@ -181,3 +196,59 @@ def time_codec(roundtrip: Callable[[int, str], object], widths: Sequence[int], c
             row.append(cache[key])
         out[c] = row
     return out
+
+
+def max_over(group: Any) -> Callable[[list[float]], list[float]]:
+    """:func:`agree`'s ``reduce_max`` over a :class:`dqsgd.topology.group.Group`: one max all-reduce, float64."""
+    import torch
+
+    return lambda v: group.wait(group.max_reduce(torch.tensor(v, dtype=torch.float64), 0)).tolist()
+
+
+def measure_link(group: Any, nbytes: int = 1 << 21, repeats: int = 2) -> tuple[float, float]:
+    """(Mbit/s, latency s) of one direction of the exchange as ``group`` (a :class:`dqsgd.topology.group.Group`
+    of W ranks) runs it: the least of ``repeats`` timed all-to-alls of one byte per rank (the latency) and of
+    ``nbytes`` split evenly over the ranks (one direction of an ``nbytes`` payload, as an uplink's all-to-all
+    or a ring all-reduce's half); the throughput is ``nbytes`` over the large one's seconds less the
+    latency, so the model prices a plain all-reduce of ``nbytes`` (two directions) at what such a ring
+    takes. Every rank calls it at the same point; the ranks' figures are then agreed by a max-reduce (the
+    slowest rank governs), so every rank holds the same two numbers."""
+    import torch
+
+    w = group.size
+
+    def timed(per: int) -> float:
+        send, sizes = torch.zeros(per * w, dtype=torch.uint8), [per] * w
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            group.wait(group.all_to_all(send, sizes, sizes, 0))
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    per = max(1, nbytes // w)
+    latency = timed(1)
+    s_per_byte = max(timed(per) - latency, 1e-12) / (per * w)
+    lat, spb = agree([latency, s_per_byte], max_over(group))
+    return 8e-6 / spb, lat
+
+
+def codec_slowdown(group: Any, n: int = 1 << 18, width: int = 4, repeats: int = 2) -> float:
+    """k: this machine's encode + decode nanoseconds per coordinate of the coded row's coding (RANSX, at
+    ``width`` on n Gaussian coordinates, the least of ``repeats``) over AUTO's model of it,
+    :data:`dqsgd.codecs.auto.CPU_NS`. Every rank of ``group`` times it at the same moment, so the ranks'
+    contention for the machine's cores is in it; the ranks' figures are max-reduced (the same k on every
+    rank). The caller prices every coding's modelled cost times k, and runs AUTO at k times the link's
+    rate: the same order of codings at every size (both sides of AUTO's comparison divided by k)."""
+    import torch
+
+    from dqsgd.codecs.auto import CPU_NS
+    from dqsgd.codecs.header import Coding
+    from dqsgd.codecs.wire import decode, encode
+    from dqsgd.quantizers.uniform import quantize_uniform
+
+    q = quantize_uniform(torch.randn(n, generator=torch.Generator().manual_seed(0)), width,
+                         torch.Generator().manual_seed(1))
+    ns = time_codec(lambda w, c: decode(encode(q, Coding.RANSX)), [width], ["rans"], n, repeats)["rans"][0]
+    k = max(ns / CPU_NS[Coding.RANSX], 1e-3)
+    return agree([k], max_over(group))[0]

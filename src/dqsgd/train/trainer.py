@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from dqsgd.data import Dataset
 from dqsgd.topology.ledger import Ledger
 from dqsgd.topology.registry import SIMULATED_DEFAULT, run_topology, topology_of
-from dqsgd.method.config import check_fed_policy
+from dqsgd.method.config import MethodConfig, check_fed_policy
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
@@ -57,6 +57,21 @@ _STATE_KEYS = {"meta": dict, "next_step": int, "skipped": int, "model": dict, "o
                "residuals": dict, "qgen": dict, "bits": int, "ledger": (dict, None)}
 
 __all__ = ["STATE_FORMAT", "StepResult", "Trainer", "codec_input", "record_of"]
+
+
+def measured_link(config: MethodConfig, transport: Transport) -> MethodConfig:
+    """The config a link policy with ``link_mbit`` 0 runs over processes (opt-in: ``dqsgd-link`` with
+    ``link_mbit`` 0): on the link the transport's exchange group measures,
+    :func:`~dqsgd.policies.linktime.measure_link`, the same figures on every rank; every other config as
+    it is. The entry (and so the run's record and checkpoint) keeps ``link_mbit`` 0: a resumed run
+    measures the link again."""
+    if config.policy != "link" or config.link_mbit:
+        return config
+    from dqsgd.policies.linktime import measure_link
+
+    groups = transport.exchange_groups()  # type: ignore[attr-defined]
+    mbit, latency = measure_link(next(iter(groups.values())))
+    return dataclasses.replace(config, link_mbit=mbit, link_latency_ms=config.link_latency_ms or 1e3 * latency)
 
 
 class Trainer:
@@ -92,10 +107,13 @@ class Trainer:
         # Local SGD: this optimizer is the outer one, on the averaged pseudo-gradient (dqsgd.train.local)
         self.optimizer = (outer_optimizer(self.params, cfg.outer_optimizer, cfg.outer_lr, cfg.outer_momentum)
                           if cfg.local else torch.optim.SGD(self.params, lr=self.lr, momentum=momentum))
+        processes, config = len(self.transport.local_workers) != cfg.workers, entry.config
+        if processes and topology_of(self.topology).feeds_norms and not cfg.local:  # a link to measure
+            config = measured_link(config, self.transport)
         # hand_worker_norms needs every worker's vector; the exchange of a topology that feeds them gathers their norms itself
-        if len(self.transport.local_workers) != cfg.workers and not topology_of(self.topology).feeds_norms:
+        if processes and not topology_of(self.topology).feeds_norms:
             check_fed_policy(entry.config, f"a run over processes (--transport torch) on topology {self.topology!r}")
-        self.method = Method(entry.config, self.numel, cfg.rounds, sizes)  # the policy counts exchanges
+        self.method = Method(config, self.numel, cfg.rounds, sizes)  # the policy counts exchanges
         shards = partition_shards(cfg.partition, data.train.y, cfg.workers, cfg.dirichlet_alpha, cfg.batch_size, seed)
         self.batches = WorkerBatches(len(data.train.y), cfg.workers, cfg.batch_size, seed, shards)
         self.qgen = {w: generator(seed, QUANT, w) for w in self.transport.local_workers}
