@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from dqsgd.topology.state import BucketState
 
 STATE_VERSION = 2
-UNCOMPRESSED_DTYPES = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 _COUNT_LOCK = threading.Lock()
@@ -83,12 +82,9 @@ class HookState:
         check_one_message(method, "the DDP hook")  # whatever min_compression_rate says
         if method.policy == "link" and not topology_of(topology).feeds_norms:
             check_fed_policy(method, f"the DDP hook on topology {topology!r}")
-        if uncompressed_dtype not in UNCOMPRESSED_DTYPES:
-            raise ValueError(f"uncompressed_dtype must be one of {sorted(UNCOMPRESSED_DTYPES, key=str)}, "
-                             f"got {uncompressed_dtype!r}")
-        if uncompressed_dtype is not None and method.policy != "link":
-            raise ValueError(f"uncompressed_dtype is the dtype the link policy (dqsgd-link) may send a bucket in; "
-                             f"method {method.name!r} has policy {method.policy!r}")
+        from dqsgd.policies.linktime import check_uncompressed_dtype
+
+        check_uncompressed_dtype(uncompressed_dtype, method.name, method.policy)
         check_seed("seed", seed)
         check_timeout("timeout", timeout)
         check_count("total_steps (the policy horizon N)", total_steps, 1)
@@ -232,27 +228,22 @@ class HookState:
         a CPU and a GPU send the same bytes. The link policy may also send the bucket uncompressed
         (:meth:`send_dtype`) and prices the hook's downlink (:meth:`LinkPolicy.sending`)."""
         from dqsgd.policies.link import LinkPolicy
-        from dqsgd.policies.linktime import UNCOMPRESSED
+        from dqsgd.policies.linktime import UNCOMPRESSED, on_measured
         from dqsgd.topology.bucket import BucketProtocol, replace_kernel
 
-        config = replace_kernel(self.config, "fused")
-        if self.link is not None:  # the measured link and codec (the same figures on every rank): AUTO at k × the rate
-            config = dataclasses.replace(config, link_mbit=self.link[0] * self.link[2],
-                                         link_latency_ms=config.link_latency_ms or 1e3 * self.link[1])
+        config = on_measured(replace_kernel(self.config, "fused"), self.link)  # the same figures on every rank
         proto = BucketProtocol(config, n, sizes, topology=self.topology, workers=world,
                                seed=self.seed, total_steps=self.total_steps, bucket=index,
                                spec=self.downlink)
         if isinstance(proto.policy, LinkPolicy):
             quantized = topology_of(self.topology).sharded and self.downlink_bits != FP32
             proto.policy = proto.policy.sending(self.send_dtype(dtype).itemsize,
-                                                int(self.downlink_bits) if quantized else UNCOMPRESSED)
-            if self.link is not None:  # the policy prices the link's own rate and the codec at k × AUTO's model
-                proto.policy = proto.policy.measured(self.link[0], self.link[2])
+                                                int(self.downlink_bits) if quantized else UNCOMPRESSED, self.link)
         return proto
 
     def send_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype the link policy's uncompressed bucket of ``dtype`` is all-reduced in."""
-        return dtype if self.uncompressed_dtype is None else UNCOMPRESSED_DTYPES[self.uncompressed_dtype]
+        return dtype if self.uncompressed_dtype is None else getattr(torch, self.uncompressed_dtype)
 
     @property
     def downlink_bits(self) -> int | str:

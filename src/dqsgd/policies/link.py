@@ -106,15 +106,17 @@ class LinkPolicy:
         pooled_variance(sum_sq, mean_sq, workers, quant_var)  # refuse bad figures now, not a step later
         return replace(state, pending=(float(sum_sq), float(mean_sq), float(workers), float(quant_var)))
 
-    def sending(self, dtype_bytes: int, down_width: int) -> LinkPolicy:
+    def sending(self, dtype_bytes: int, down_width: int, link: tuple[float, float, float] | None = None) -> LinkPolicy:
         """This policy for a caller that can also send the bucket uncompressed, ``dtype_bytes`` per
         coordinate (the DDP hook: a plain all-reduce), and whose downlink is ``down_width`` (UNCOMPRESSED:
-        the dtype; else a fixed width the policy prices but does not choose)."""
+        the dtype; else a fixed width the policy prices but does not choose); on the link the caller
+        measured, ``link`` = (Mbit/s, latency s, the codec's slowdown k) (:meth:`measured`), if any."""
         if down_width != UNCOMPRESSED and not self.min_bits <= down_width <= self.max_bits:
             raise ValueError(f"{self.label}: it prices the downlink among its widths: a downlink of {down_width} "
                              f"bits needs min_bits <= {down_width} <= max_bits (here {self.min_bits}..{self.max_bits}), "
                              "or an fp32 downlink")
-        return replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=(down_width,))
+        policy = replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=(down_width,))
+        return policy if link is None else policy.measured(link[0], link[2])
 
     def measured(self, mbit: float, slowdown: float) -> LinkPolicy:
         """This policy on a measured link of ``mbit`` Mbit/s with the codec ``slowdown`` times AUTO's model

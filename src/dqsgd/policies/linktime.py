@@ -29,8 +29,8 @@ from typing import Any
 
 from dqsgd.quantizers.constants import levels_for_bits
 
-__all__ = ["UNCOMPRESSED", "Choice", "LinkEstimate", "TimeModel", "agree", "choose", "codec_slowdown", "measure_link",
-           "objective", "time_codec"]
+__all__ = ["UNCOMPRESSED", "UNCOMPRESSED_DTYPES", "Choice", "LinkEstimate", "TimeModel", "agree", "check_uncompressed_dtype",
+           "choose", "codec_slowdown", "measure_link", "objective", "on_measured", "time_codec"]
 
 UNCOMPRESSED = 0  # the width that stands for "the bucket in its dtype"
 
@@ -203,6 +203,31 @@ def max_over(group: Any) -> Callable[[list[float]], list[float]]:
     import torch
 
     return lambda v: group.wait(group.max_reduce(torch.tensor(v, dtype=torch.float64), 0)).tolist()
+
+
+UNCOMPRESSED_DTYPES = ("bfloat16", "float16")  # the 16-bit dtypes a caller may allow an uncompressed bucket in
+
+
+def check_uncompressed_dtype(dtype: str | None, method: str, policy: str) -> None:
+    """``HookState(uncompressed_dtype=...)``: None (a bucket sent uncompressed keeps its dtype) or the name of
+    a 16-bit dtype the link policy may all-reduce it in; only the link policy (``policy == "link"``) sends
+    buckets uncompressed by choice."""
+    if dtype is not None and dtype not in UNCOMPRESSED_DTYPES:
+        raise ValueError(f"uncompressed_dtype must be one of {[None, *UNCOMPRESSED_DTYPES]}, got {dtype!r}")
+    if dtype is not None and policy != "link":
+        raise ValueError(f"uncompressed_dtype is the dtype the link policy (dqsgd-link) may send a bucket in; "
+                         f"method {method!r} has policy {policy!r}")
+
+
+def on_measured(config: Any, link: tuple[float, float, float] | None) -> Any:
+    """A method configuration (a dataclass with ``link_mbit`` and ``link_latency_ms``) on the link a surface
+    measured: ``link`` = (Mbit/s, latency s, k) from :func:`measure_link` and :func:`codec_slowdown`, the
+    same figures on every rank; None: ``config`` as stated. The rate is k × the link's, so that AUTO, which
+    compares modelled codec time with link time, codes at the order k × the model implies
+    (:func:`codec_slowdown`); a latency the configuration states is kept."""
+    if link is None:
+        return config
+    return replace(config, link_mbit=link[0] * link[2], link_latency_ms=config.link_latency_ms or 1e3 * link[1])
 
 
 def measure_link(group: Any, nbytes: int = 1 << 21, repeats: int = 2) -> tuple[float, float]:
