@@ -67,11 +67,10 @@ def measured_link(config: MethodConfig, transport: Transport) -> MethodConfig:
     measures the link again."""
     if config.policy != "link" or config.link_mbit:
         return config
-    from dqsgd.policies.linktime import measure_link
+    from dqsgd.policies.linktime import measure_link, on_measured
 
     groups = transport.exchange_groups()  # type: ignore[attr-defined]
-    mbit, latency = measure_link(next(iter(groups.values())))
-    return dataclasses.replace(config, link_mbit=mbit, link_latency_ms=config.link_latency_ms or 1e3 * latency)
+    return on_measured(config, (*measure_link(next(iter(groups.values()))), 1.0))  # the link only: codec as modelled
 
 
 class Trainer:
