@@ -10,8 +10,8 @@
    ratio to ``copy_`` of the same float32 shard timed in the same rounds. Both paths are checked to
    give the same payload bytes and the same decoded floats first.
 2. With ``--world W`` > 1: one unit's whole all-gather call (``DQSGDAllGather.__call__``) on W gloo
-   ranks over loopback, one thread each, split into its phases (encode; the size exchange and payload
-   all-gather; the W decodes; the status relay; the rest: the final write and bookkeeping), against
+   ranks over loopback, one thread each, split into its phases (encode; the one all-gather of the
+   frames; the W checks and decodes; the rest: framing, the final write and bookkeeping), against
    ``dist.all_gather_into_tensor`` of the float32 shards (FSDP's own all-gather) in the same rounds.
    Rank 0's best round; on a machine with fewer cores than ranks the ranks wait for each other's CPU.
    ``cpu``: the CPU seconds rank 0's process spent per call (its gloo threads included).
@@ -84,7 +84,7 @@ def codec_rows(numel: int, bits_list: list[int], block: int, calls: int, repeats
                   f"{old / c:10.0f}x {new / c:7.1f}x {old / new:7.1f}x")
 
 
-PHASES = ("encode", "exchange", "decode", "relay")
+PHASES = ("encode", "exchange", "decode")
 
 
 def rank_call(rank: int, world: int, numel: int, bits: int, block: int, calls: int, repeats: int) -> dict[str, float]:
@@ -109,11 +109,10 @@ def rank_call(rank: int, world: int, numel: int, bits: int, block: int, calls: i
                 spent[name] += time.perf_counter() - t
         return call
 
-    tr = gather.transport(group, state.timeout)
-    tr.all_gather_bytes = timed("exchange", tr.all_gather_bytes)  # type: ignore[method-assign]
+    g = gather.exchange_group(group, state.timeout)
+    g.wait = timed("exchange", g.wait)  # type: ignore[method-assign]
     gather.encode_shard = timed("encode", gather.encode_shard)
-    gather.decode_shard = timed("decode", gather.decode_shard)
-    gather.relay_refusal = timed("relay", gather.relay_refusal)
+    gather.opened = timed("decode", gather.opened)
     out = torch.empty(world * numel)
     chunk = out[rank * numel:(rank + 1) * numel]
     chunk.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(rank)) * 0.02)

@@ -6,7 +6,7 @@ all-gather at 8 and 4 bits, measured as handed to the process group (gloo, CPU, 
 The model is ``dqsgd bench fsdp``'s MLP (each Linear its own FSDP unit, 3.1M parameters at the
 default sizes); the gradient reduce-scatter stays FSDP's own (``compress(..., gradients=False)``), so
 only the parameter leg differs. Per step: payload bytes one rank sent (every all-gather of the forward
-and the backward), the side bytes (size exchange, status), and FSDP's fp32 all-gather for the same
+and the backward), the side bytes (the frames' headers), and FSDP's fp32 all-gather for the same
 calls, (W−1)·4·n per call.
 """
 

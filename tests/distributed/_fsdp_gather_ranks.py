@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import dqsgd.fsdp as dfsdp
@@ -32,9 +33,14 @@ def model(world: int, state: dfsdp.FSDPState | None, param_dtype: torch.dtype | 
     return m
 
 
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "broadcast", "gather",
+               "reduce_scatter_single", "barrier")
+
+
 class Recorder:
     """Every parameter all-gather: unit, this rank's chunk as FSDP handed it (float32), the W
-    dequantized chunks written to the output, and the unit's sharded parameters before the call."""
+    dequantized chunks written to the output, the unit's sharded parameters before the call, and
+    the torch.distributed collectives the call issued."""
 
     def __init__(self, m: nn.Module):
         self.calls: list[dict[str, Any]] = []
@@ -44,9 +50,24 @@ class Recorder:
 
         def call(comm, output_tensor, input_tensor, group, async_op=False):
             x = input_tensor.detach().float().clone()
-            work = rec._orig(comm, output_tensor, input_tensor, group, async_op)
+            issued = []
+            origs = {name: getattr(dist, name) for name in COLLECTIVES}
+
+            def counted(name):
+                def fn(*a, **kw):
+                    issued.append(name)
+                    return origs[name](*a, **kw)
+                return fn
+
+            for name in COLLECTIVES:
+                setattr(dist, name, counted(name))
+            try:
+                work = rec._orig(comm, output_tensor, input_tensor, group, async_op)
+            finally:
+                for name, fn in origs.items():
+                    setattr(dist, name, fn)
             rec.calls.append({"unit": comm.index, "step": rec.step, "input": x, "output": output_tensor.detach().float().clone(),
-                              "dtype": str(output_tensor.dtype)})
+                              "dtype": str(output_tensor.dtype), "collectives": issued})
             return work
 
         gather.DQSGDAllGather.__call__ = call
@@ -120,8 +141,10 @@ def cases(rank: int, world: int, extras: bool) -> dict[str, Any]:
 
 def forged(rank: int, world: int, timeout: float) -> dict[str, tuple[str, float]]:
     """Rank W−1 forges its parameter payload (after one clean step, which compiles the codec's
-    kernels): past its cap; at 4 bits where 8 are agreed (a size under the cap that fails the
-    width check); a flipped body byte. Each rank's error and the seconds until it was raised."""
+    kernels): past its cap (its frame announces the length, the bytes past the cap cut); at 4 bits
+    where 8 are agreed (a length under the cap that fails the width check); a flipped body byte; none
+    at all (the empty payload of a shard holding NaN or Inf). Each rank's error and the seconds until
+    it was raised."""
     state = dfsdp.FSDPState("sgd", seed=SEED, param_bits=8, timeout=timeout)
     train(model(world, state), rank, range(1))
     orig, out = gather.encode_shard, {}
@@ -133,7 +156,8 @@ def forged(rank: int, world: int, timeout: float) -> dict[str, tuple[str, float]
 
     forgeries = {"oversize": lambda x, bits, *a: orig(x, bits, *a) + bytes(1 << 16),
                  "width": lambda x, bits, *a: orig(x, 4, *a),
-                 "corrupt": lambda x, bits, *a: flip(orig(x, bits, *a))}
+                 "corrupt": lambda x, bits, *a: flip(orig(x, bits, *a)),
+                 "nonfinite": lambda x, bits, *a: b""}
     for name, how in forgeries.items():
         gather.encode_shard = how if rank == world - 1 else orig
         try:

@@ -13,7 +13,7 @@ import torch
 
 import _fsdp_gather_ranks as gr
 from dqsgd.cli.launch import spawn_local
-from dqsgd.fsdp.gather import param_bound, payload_cap
+from dqsgd.fsdp.gather import HEADER, param_bound, payload_cap
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -65,6 +65,8 @@ def test_lossless_all_gather_equals_default_fsdp_bitwise(w2, w4) -> None:
         for r in ranks:
             assert all(torch.equal(a, b) for a, b in zip(r["lossless"]["params"], r["default"]["params"]))
             assert r["lossless"]["stats"]["param_calls"] == len(r["lossless"]["calls"]) > 0
+            for case in ("lossless", "q8", "q4"):  # one collective per all-gather: no size exchange, no relay
+                assert all(c["collectives"] == ["all_gather"] for c in r[case]["calls"]), case
     for r in w2:  # bf16 mixed precision composes: the same weights as FSDP's own bf16 all-gather
         assert all(torch.equal(a, b) for a, b in zip(r["bf16_lossless"]["params"], r["bf16_default"]["params"]))
         assert all(c["dtype"] == "torch.bfloat16" for c in r["bf16_lossless"]["calls"])
@@ -115,6 +117,7 @@ def test_bytes_handed_equal_the_payload_bound(w2, w4) -> None:
                 sizes = [c["input"].numel() for c in calls]
                 assert st["fp32_ag_bytes"] == sum((world - 1) * 4 * n for n in sizes)
                 assert st["param_bytes_sent"] == sum((world - 1) * payload_cap(n, bits, BLOCK) for n in sizes), case
+                assert st["param_side_bytes"] == (world - 1) * HEADER.size * len(sizes), case  # the frames' headers
             assert r["q4"]["stats"]["param_bytes_sent"] < r["q8"]["stats"]["param_bytes_sent"] < r["q8"]["stats"][
                 "fp32_ag_bytes"]
 
@@ -122,8 +125,9 @@ def test_bytes_handed_equal_the_payload_bound(w2, w4) -> None:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_forged_parameter_payload_stops_every_rank_promptly(world: int) -> None:
-    """Rank W−1 forges its payload: past the cap, at another width, with a flipped byte; every rank
-    raises a PayloadError naming it within seconds, far below the 60 s collective timeout."""
+    """Rank W−1 forges its payload: past the cap, at another width, with a flipped byte, or sends the
+    non-finite shard's refusal; every rank raises an error naming it within seconds, far below the 60 s
+    collective timeout, from the one all-gather's bytes (no rank relays a verdict)."""
     results = spawn_local(gr.forged, world, (60.0,), timeout=120, deadline=350)
     assert all(r.ok for r in results), [r.describe() for r in results]
     for rank, r in enumerate(results):
@@ -133,9 +137,13 @@ def test_a_forged_parameter_payload_stops_every_rank_promptly(world: int) -> Non
         assert "refused before allocating" in err and seconds < 20.0, (err, seconds)
         for name in ("width", "corrupt"):
             err, seconds = r.value[name]
-            assert err.startswith(f"PayloadError: rank {rank}: FSDP unit 0, "), (name, err)
-            assert "refused a payload it received" in err and seconds < 20.0, (name, err, seconds)
+            assert err.startswith(f"PayloadError: rank {rank}: FSDP unit 0 parameter all-gather 0: every rank refuses "
+                                  f"the payload of rank {world - 1}: "), (name, err)
+            assert seconds < 20.0, (name, err, seconds)
         assert "expected UNIFORM of" in r.value["width"][0], r.value["width"][0]
+        err, seconds = r.value["nonfinite"]
+        assert err == (f"ValueError: rank {rank}: FSDP unit 0 parameter all-gather 0: the parameter shard of rank(s) "
+                       f"[{world - 1}] holds NaN or Inf; nothing was gathered") and seconds < 20.0, (err, seconds)
 
 
 @pytest.mark.timeout(900)

@@ -6,7 +6,7 @@ from torch import nn
 
 import dqsgd.fsdp as dfsdp
 from dqsgd.codecs import PayloadError
-from dqsgd.fsdp.gather import decode_shard, encode_shard, param_bound, payload_cap
+from dqsgd.fsdp.gather import HEADER, decode_shard, encode_shard, frame, opened, param_bound, payload_cap
 
 
 @pytest.mark.parametrize("kw", [{"param_bits": 2}, {"param_bits": True}, {"param_rounding": "up"},
@@ -41,3 +41,50 @@ def test_a_payload_of_another_width_or_length_is_refused() -> None:
         decode_shard(encode_shard(x[:99], 8, "nearest", 16, 0), 100, 8, 16)
     with pytest.raises(PayloadError, match="expected UNIFORM of 100 at 8 bits, blocks of 32"):
         decode_shard(encode_shard(x, 8, "nearest", 16, 0), 100, 8, 32)
+
+
+def _open(frames: list[torch.Tensor], cap: int, n: int, bits: int = 8) -> torch.Tensor:
+    out = torch.zeros(len(frames), n)
+    opened(frames, cap, "rank 0: FSDP unit 2 parameter all-gather", 5,
+           lambda w, p: decode_shard(p, n, bits, 16, out[w]))
+    return out
+
+
+def test_frames_have_one_size_and_open_to_the_decoded_payloads() -> None:
+    """Every rank's frame is HEADER.size + cap bytes whatever it carries, and opening the W frames
+    decodes exactly the W payloads: no sizes need to travel before them."""
+    xs = [torch.randn(100, generator=torch.Generator().manual_seed(w)) for w in range(3)]
+    cap = payload_cap(100, 8, 16)
+    payloads = [encode_shard(x, 8, "nearest", 16, 0) for x in xs]
+    frames = [frame(p, cap) for p in payloads]
+    assert {f.numel() for f in frames} | {frame(b"", cap).numel()} == {HEADER.size + cap}
+    got = _open(frames, cap, 100)
+    for w, p in enumerate(payloads):
+        assert torch.equal(got[w], decode_shard(p, 100, 8, 16))
+
+
+def test_every_refusal_names_the_sender() -> None:
+    """What each rank raises from the gathered frames alone (all ranks hold the same bytes, so all
+    raise it): a length past the cap, an unknown status, non-finite shards, a payload the decode refuses."""
+    x = torch.randn(100)
+    cap = payload_cap(100, 8, 16)
+    good = frame(encode_shard(x, 8, "nearest", 16, 0), cap)
+    long = frame(encode_shard(x, 8, "nearest", 16, 0) + bytes(9), cap)
+    assert long.numel() == good.numel()
+    with pytest.raises(PayloadError, match=rf"^rank 0: FSDP unit 2 parameter all-gather: rank 1 announced a payload "
+                                           rf"of {cap + 9} bytes; .* at most {cap} bytes here"):
+        _open([good, long, good], cap, 100)
+    odd = good.clone()
+    odd[8] = 7
+    with pytest.raises(PayloadError, match="rank 2 sent a frame of status 7"):
+        _open([good, good, odd], cap, 100)
+    with pytest.raises(ValueError, match=r"all-gather 5: the parameter shard of rank\(s\) \[0, 2\] holds NaN"):
+        _open([frame(b"", cap), good, frame(b"", cap)], cap, 100)
+    narrow = frame(encode_shard(x, 4, "nearest", 16, 0), cap)
+    with pytest.raises(PayloadError, match="all-gather 5: every rank refuses the payload of rank 1: .*expected "
+                                           "UNIFORM of 100 at 8 bits"):
+        _open([good, narrow, good], cap, 100)
+    flipped = good.clone()
+    flipped[-6] ^= 0xFF
+    with pytest.raises(PayloadError, match="every rank refuses the payload of rank 0"):
+        _open([flipped, good], cap, 100)

@@ -30,20 +30,24 @@ the error never enters the weights.
 
 from __future__ import annotations
 
+import struct
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from dqsgd.core.rng import QUANT, seed_for
-from dqsgd.fsdp.net import Done, exchange_group, transport
+from dqsgd.fsdp.net import Done, exchange_group
+from dqsgd.topology.group import DOWN
 
 if TYPE_CHECKING:
     from dqsgd.fsdp.state import FSDPState
 
 PARAM_STREAM = 0x5041  # the parameter leg's randomness, apart from the gradient keys of the same unit
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+HEADER = struct.Struct("<QB7x")  # a frame's payload length and status, 16 bytes
+FINE, NONFINITE = 0, 1  # the statuses: a payload; the shard holds NaN or Inf (no payload)
 
 
 def _all_gather_base() -> type:
@@ -166,38 +170,56 @@ class DQSGDAllGather(_all_gather_base()):  # type: ignore[misc]
                              f"{world} ranks (need output = W · input)")
         bits, block = int(st.param_bits), st.param_block  # type: ignore[arg-type]
         x = input_tensor.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
-        mine = encode_shard(x, bits, st.param_rounding, block, self.seed(rank, self.calls))
-        t = transport(group, st.timeout)
-        what = f"FSDP unit {self.index} parameter all-gather"
-        payloads = t.all_gather_bytes(mine, what, payload_cap(n, bits, block))
-        empty = [w for w, p in enumerate(payloads) if not p]
-        if empty:  # every rank sees the same sizes, so every rank raises this
-            raise ValueError(f"rank {rank}: {what} {self.calls}: the parameter shard of rank(s) {empty} holds NaN "
-                             "or Inf; nothing was gathered")
-        from dqsgd.codecs import PayloadError
-
-        chunks, error = torch.zeros(world, n), None  # FSDP's output is written once every payload passed
-        try:
-            for w, p in enumerate(payloads):
-                decode_shard(p, n, bits, block, chunks[w])
-        except PayloadError as e:
-            error = e
-        side = relay_refusal(group, st.timeout, error, f"rank {rank}: FSDP unit {self.index}, parameter all-gather "
-                                                       f"{self.calls}")
+        cap = payload_cap(n, bits, block)
+        mine = frame(encode_shard(x, bits, st.param_rounding, block, self.seed(rank, self.calls)), cap)
+        g = exchange_group(group, st.timeout)
+        frames = g.wait(g.all_gather(mine, DOWN))  # the one collective: every rank gets the same W frames
+        chunks = torch.zeros(world, n)  # FSDP's output is written once every payload passed
+        opened(frames, cap, f"rank {rank}: FSDP unit {self.index} parameter all-gather", self.calls,
+               lambda w, p: decode_shard(p, n, bits, block, chunks[w]))
         output_tensor.view(world, n).copy_(chunks)
-        wide = max(len(p) for p in payloads)  # the all-gather moves every payload padded to the longest
-        st.count_params((world - 1) * wide, side + (world - 1) * 8, (world - 1) * 4 * n)
+        st.count_params((world - 1) * cap, (world - 1) * HEADER.size, (world - 1) * 4 * n)
         st.gather_calls[self.index] = self.calls + 1
         st.seconds += time.perf_counter() - t0
         return Done() if async_op else None
 
 
-def relay_refusal(group: dist.ProcessGroup, timeout: float | None, error: Exception | None, where: str) -> int:
-    """Every rank raises the error of a payload that some rank of ``group`` refused (the exchange's
-    status message, :func:`dqsgd.topology.refusal.relay`), naming ``where`` and the refusing rank;
-    else returns the bytes this rank handed to the group."""
-    from dqsgd.topology.refusal import ROOM, relay
+def frame(payload: bytes, cap: int) -> torch.Tensor:
+    """One rank's message of the all-gather: a header (the payload's length and a status: 0, a payload;
+    1, the shard holds NaN or Inf and ``payload`` is empty), then the payload zero-padded to ``cap``
+    bytes — every rank's message has the size ``HEADER.size + cap`` that every rank computes, so no
+    sizes travel. A payload longer than ``cap`` (which no honest encode writes) keeps its length in the
+    header and is cut: every rank then refuses it by that length."""
+    out = torch.zeros(HEADER.size + cap, dtype=torch.uint8)
+    out[: HEADER.size] = torch.frombuffer(bytearray(HEADER.pack(len(payload), FINE if payload else NONFINITE)),
+                                          dtype=torch.uint8)
+    body = payload[:cap]
+    if body:
+        out[HEADER.size: HEADER.size + len(body)] = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+    return out
 
-    g = exchange_group(group, timeout)
-    g.wait(relay(g, error, lambda j: f"{where}: rank {j} refused a payload it received"))
-    return (g.size - 1) * (ROOM + 1)  # one status message to every peer
+
+def opened(frames: Sequence[torch.Tensor], cap: int, what: str, call: int,
+           decode: Callable[[int, bytes], object]) -> None:
+    """Check the W gathered frames in rank order and ``decode(w, payload)`` each. Every rank holds the
+    same bytes and runs the same checks, so every rank raises the same error, naming the sender: a
+    status that is neither 0 nor 1 or a length above ``cap`` (PayloadError), shards holding NaN or Inf
+    (ValueError, naming them all), or a payload that ``decode`` refuses (its PayloadError)."""
+    from dqsgd.codecs import PayloadError
+    from dqsgd.topology.refusal import check_sizes
+
+    heads = [HEADER.unpack(bytes(f[: HEADER.size].numpy())) for f in frames]
+    for w, (length, status) in enumerate(heads):
+        if status not in (FINE, NONFINITE):
+            raise PayloadError(f"{what}: rank {w} sent a frame of status {status} (0: a payload, 1: a shard "
+                               "holding NaN or Inf): refused")
+        check_sizes([length], [cap], f"{what}: rank {w}")
+    empty = [w for w, (_, status) in enumerate(heads) if status == NONFINITE]
+    if empty:
+        raise ValueError(f"{what} {call}: the parameter shard of rank(s) {empty} holds NaN or Inf; nothing was "
+                         "gathered")
+    for w, (f, (length, _)) in enumerate(zip(frames, heads)):
+        try:
+            decode(w, f[HEADER.size: HEADER.size + length].numpy().tobytes())
+        except PayloadError as e:
+            raise PayloadError(f"{what} {call}: every rank refuses the payload of rank {w}: {e}") from e

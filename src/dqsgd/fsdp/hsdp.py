@@ -106,13 +106,23 @@ class ReplicateLeg:
         """A payload refused in one replica group stops the whole grid: the hook keeps the error of a
         refused payload for the end of backward() (its replica group's ranks raise it there); one
         all-gather of the exchange's status messages over the shard group (inside the node) then makes
-        every rank of the node raise it now, naming the refusing rank (:func:`dqsgd.fsdp.gather.relay_refusal`)."""
-        from dqsgd.fsdp.gather import relay_refusal
-
+        every rank of the node raise it now, naming the refusing rank (:func:`relay_refusal`)."""
         if self._shard is None or dist.get_world_size(self._shard) == 1:
             return
         relay_refusal(self._shard, self.state.timeout, self.state.pending_error,
                       f"rank {dist.get_rank(self._shard)}: FSDP unit {self.index}, replicate leg {self.calls}")
+
+
+def relay_refusal(group: dist.ProcessGroup, timeout: float | None, error: Exception | None, where: str) -> int:
+    """Every rank raises the error of a payload that some rank of ``group`` refused (the exchange's
+    status message, :func:`dqsgd.topology.refusal.relay`), naming ``where`` and the refusing rank;
+    else returns the bytes this rank handed to the group."""
+    from dqsgd.fsdp.net import exchange_group
+    from dqsgd.topology.refusal import ROOM, relay
+
+    g = exchange_group(group, timeout)
+    g.wait(relay(g, error, lambda j: f"{where}: rank {j} refused a payload it received"))
+    return (g.size - 1) * (ROOM + 1)  # one status message to every peer
 
 
 def _self_group() -> dist.ProcessGroup:

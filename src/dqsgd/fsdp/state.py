@@ -172,8 +172,8 @@ class FSDPState:
         self.calls += 1
 
     def count_params(self, sent: int, side: int, fp32: int) -> None:
-        """One parameter all-gather: the payload bytes this rank handed to the group, the size
-        exchange's and the status bytes, and what FSDP's fp32 all-gather sends per rank, (W−1)·4·n."""
+        """One parameter all-gather: the payload bytes this rank handed to the group, its frames' headers,
+        and what FSDP's fp32 all-gather sends per rank, (W−1)·4·n."""
         self.param_sent += sent
         self.param_side += side
         self.param_fp32 += fp32

@@ -7,7 +7,7 @@ all-gather, ``rep:<method>`` for HSDP's cross-node leg when the ranks form nodes
 Bytes are what each rank hands to the process group per step, for gradients and for the parameter
 all-gathers: FSDP's own reduce-scatter sends (W−1)/W of its input, its all-gathers each unit's shard
 to the W−1 others in forward and backward; dqsgd's are counted by :class:`~dqsgd.fsdp.FSDPState`
-(payloads, size exchange, status, policy statistics, exact warm-up calls).
+(payloads, size exchange, status, policy statistics, exact warm-up calls; the all-gather's frame headers).
 
 With ``--rates`` (root, a source checkout) the W ranks run in network namespaces joined by a bridge
 whose links are shaped with tc/tbf to each rate (``benchmarks/network/netns.py``, as ``dqsgd bench
@@ -181,7 +181,7 @@ def _bench_rank(rank: int, world: int, args: argparse.Namespace, wire: Callable[
                      "dqsgd_ms": dq_ms}
         if nodes > 1:  # HSDP: the cross-node leg's share of "bytes"
             out[name]["cross_bytes"] = (after[1] - before[1]) / args.steps
-        # the parameter all-gathers: dqsgd's (payloads, sizes and status) as counted, or FSDP's exact fp32
+        # the parameter all-gathers: dqsgd's (payloads and frame headers) as counted, or FSDP's exact fp32
         out[name]["param_bytes"] = ((_param_bytes(fsdp) - ag_before) / args.steps if variant(name).param_bits
                                     is not None else exact_param_bytes(model, world, nodes))
         if wire is not None:
