@@ -43,40 +43,55 @@ def model(mesh: Any, kind: str) -> nn.Module:
 
 
 class Recorder:
-    """Every replicate-leg call: unit, its input (the reduce-scatter's output), its output, and the
-    widths the unit's hook bucket used (uplink, downlink)."""
+    """Every replicate-leg call: unit, its input (the reduce-scatter's output), its output, the widths
+    the unit's hook bucket used (uplink, downlink), and whether the leg was left in flight to finish
+    at the end of the backward (its output then read after the backward: :meth:`settle`)."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self._orig = ReplicateLeg.__call__
+        self._later: list[tuple[dict[str, Any], torch.Tensor]] = []
         rec = self
 
         def call(leg: ReplicateLeg, reduce_output: torch.Tensor) -> None:
             x = reduce_output.detach().clone()
             rec._orig(leg, reduce_output)
             b = leg.state._buckets.get(leg.index)
-            rec.calls.append({"unit": leg.index, "input": x, "output": reduce_output.detach().clone(),
-                              "pieces": leg.pieces, "bits": None if b is None else b.bits})
+            later = leg.overlap is not None and any(held is leg for held, _, _ in leg.overlap.legs)
+            c = {"unit": leg.index, "input": x, "output": None if later else reduce_output.detach().clone(),
+                 "pieces": leg.pieces, "bits": None if b is None else b.bits, "deferred": later}
+            if later:
+                rec._later.append((c, reduce_output.detach()))
+            rec.calls.append(c)
 
         ReplicateLeg.__call__ = call  # type: ignore[method-assign]
+
+    def settle(self) -> None:
+        """After a backward: the outputs of the legs that finished at its end."""
+        for c, out in self._later:
+            c["output"] = out.clone()
+        self._later = []
 
     def close(self) -> None:
         ReplicateLeg.__call__ = self._orig  # type: ignore[method-assign]
 
 
-def train(m: nn.Module, rank: int, steps: range) -> None:
+def train(m: nn.Module, rank: int, steps: range, rec: Recorder | None = None) -> None:
     opt = torch.optim.SGD(m.parameters(), lr=LR)
     for s in steps:
         m(batch(rank, s)).square().mean().backward()
+        if rec is not None:
+            rec.settle()
         opt.step()
         opt.zero_grad()
 
 
 def run(rank: int, R: int, S: int, kind: str, hook: dict | None, fsdp: dict | None = None,
-        timeout: float = 60.0, factor: float | None = None) -> dict[str, Any]:
+        timeout: float = 60.0, factor: float | None = None, overlap: bool = True) -> dict[str, Any]:
     """STEPS SGD steps: ``hook`` None: FSDP's own HSDP (2-D mesh), else the replicate leg with
     HookState(**hook) (and FSDPState(**fsdp) on the intra-node legs when given); ``factor``: FSDP's
-    gradient divide factor on every unit (with sum-only collectives: gloo has no PREMUL_SUM)."""
+    gradient divide factor on every unit (with sum-only collectives: gloo has no PREMUL_SUM);
+    ``overlap=False``: every replicate leg waits for its result (no leg left in flight)."""
     mesh = grid(R, S)
     m = model(mesh, kind)
     if factor is not None:
@@ -90,10 +105,12 @@ def run(rank: int, R: int, S: int, kind: str, hook: dict | None, fsdp: dict | No
     if fsdp is not None:
         state = dfsdp.FSDPState(**{"seed": SEED, "timeout": timeout, **fsdp})
     if rep is not None or state is not None:
-        dfsdp.compress(m, state, replicate=rep)
+        for comm in dfsdp.compress(m, state, replicate=rep):
+            if isinstance(comm, ReplicateLeg) and not overlap:
+                comm.overlap = None
     rec = Recorder()
     try:
-        train(m, rank, range(STEPS))
+        train(m, rank, range(STEPS), rec)
     finally:
         rec.close()
     return {"params": params(m), "calls": rec.calls, "stats": None if rep is None else rep.compression_stats(),
@@ -102,6 +119,7 @@ def run(rank: int, R: int, S: int, kind: str, hook: dict | None, fsdp: dict | No
 
 LOSSLESS = {"method": "sgd", "downlink_bits": "fp32", "min_compression_rate": 0.0}
 Q4 = {"method": "qsgd-4bit"}
+DQSGD = {"method": "dqsgd", "min_compression_rate": 0.0}
 
 
 def cases(rank: int, world: int, R: int, S: int) -> dict[str, Any]:
@@ -109,6 +127,8 @@ def cases(rank: int, world: int, R: int, S: int) -> dict[str, Any]:
             "lossless_2d": run(rank, R, S, "2d", LOSSLESS), "lossless_1d": run(rank, R, S, "1d", LOSSLESS),
             "q4_2d": run(rank, R, S, "2d", Q4), "q4_1d": run(rank, R, S, "1d", Q4),
             "q4_fp32down": run(rank, R, S, "1d", {**Q4, "downlink_bits": "fp32"}),
+            "q4_2d_waiting": run(rank, R, S, "2d", Q4, overlap=False),
+            "dqsgd_1d": run(rank, R, S, "1d", DQSGD), "dqsgd_1d_waiting": run(rank, R, S, "1d", DQSGD, overlap=False),
             "both": run(rank, R, S, "2d", Q4, {"method": "qsgd-4bit", "param_bits": 8}),
             "rs_lossless_2d": run(rank, R, S, "2d", None, {"method": "sgd", "min_compression_rate": 0.0}),
             "native_factor": run(rank, R, S, "2d", None, factor=3.0),

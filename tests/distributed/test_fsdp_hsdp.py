@@ -89,6 +89,24 @@ def test_compressed_leg_equals_the_sharded_simulation_bitwise(grid) -> None:
 
 
 @pytest.mark.timeout(900)
+def test_the_overlapped_leg_equals_the_waiting_leg_bitwise(grid) -> None:
+    """The replicate legs left in flight during the backward and finished at its end give the
+    gradients — hence every leg's output and the parameters after every step — of legs that each wait
+    for their result, bit for bit (qsgd-4bit on the 2-D mesh, dqsgd's dynamic policy on the 1-D one);
+    where FSDP divides the shard after the hook (a gradient divide factor) the leg waits."""
+    (R, S), ranks = grid
+    for r in ranks:
+        for case in ("q4_2d", "dqsgd_1d"):
+            on, off = r[case], r[f"{case}_waiting"]
+            assert len(on["calls"]) == 2 * hr.STEPS and all(c["deferred"] for c in on["calls"]), case
+            assert not any(c["deferred"] for c in off["calls"]), case
+            assert _same(on["params"], off["params"]), case
+            assert _same([c["output"] for c in on["calls"]], [c["output"] for c in off["calls"]]), case
+            assert _same([c["input"] for c in on["calls"]], [c["input"] for c in off["calls"]]), case
+        assert not any(c["deferred"] for c in r["lossless_factor"]["calls"])
+
+
+@pytest.mark.timeout(900)
 def test_both_legs_compressed(grid) -> None:
     """The intra-node reduce-scatter and all-gather compressed too (FSDPState beside the replicate
     HookState): the replicas end with the same parameters, which differ from FSDP's own."""

@@ -185,7 +185,7 @@ def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool
     DDP hook (a 2-D mesh's own all-reduce is emptied). Returns the installed comms and replicate
     legs. Call after ``fully_shard`` and before the first forward."""
     from dqsgd.fsdp.gather import DQSGDAllGather
-    from dqsgd.fsdp.hsdp import ReplicateLeg, empty_native_all_reduce, replica_groups
+    from dqsgd.fsdp.hsdp import Overlap, ReplicateLeg, empty_native_all_reduce, replica_groups
 
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -204,6 +204,7 @@ def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool
                            f"is the version dqsgd is tested with); this torch is {torch.__version__}")
     _check_options(state, replicate)
     comms, shapes, index, group, replicas = [], {}, 0, None, None
+    overlap = Overlap()  # the replicate legs left in flight by a backward, settled at its end
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
@@ -221,7 +222,7 @@ def compress(model: torch.nn.Module, state: FSDPState | None, *, gradients: bool
                                  "replicate leg needs one")
             group, replicas = replica_groups(groups[0], replicate, index)
             empty_native_all_reduce(groups[0])
-            leg = ReplicateLeg(replicate, index, pieces, groups[0], last=index == 0, shard=group)
+            leg = ReplicateLeg(replicate, index, pieces, groups[0], last=index == 0, shard=group, overlap=overlap)
             module.set_all_reduce_hook(leg)
             comms.append(leg)
             if state is not None:

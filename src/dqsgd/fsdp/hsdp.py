@@ -76,17 +76,63 @@ class ShardBucket:
         return self._pieces
 
 
+class Overlap:
+    """The replicate legs of one model that a backward left in flight, settled at its end: every leg's
+    future waited for, one refusal relay over the shard group, then each result written into its shard."""
+
+    def __init__(self) -> None:
+        self.legs: list[tuple[ReplicateLeg, Any, torch.Tensor]] = []
+        self.task: int | None = None  # the autograd graph task whose end settles the legs
+        self.backwards = 0
+
+    def queue(self) -> bool:
+        """Whether a leg may finish at the end of the running backward: the settling callback is queued
+        (once per backward, before the hook queues its own, so that the node learns of a refusal first).
+        Legs that a failed backward left unsettled are dropped (its optimizer step cannot have run)."""
+        current = getattr(torch._C, "_current_graph_task_id", None)
+        task = -1 if current is None else int(current())
+        if task < 0:  # not inside a backward pass (a direct call): the leg waits at once
+            return False
+        if self.task == task:
+            return True
+        self.legs, self.task = [], None
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self.settle)
+        except RuntimeError:
+            return False
+        self.task = task
+        return True
+
+    def settle(self) -> None:
+        legs, self.legs, self.task = self.legs, [], None
+        if not legs:
+            return
+        outs = [fut.wait() for _, fut, _ in legs]
+        self.backwards += 1
+        units = sorted({leg.index for leg, _, _ in legs})
+        legs[0][0]._relay(f"FSDP units {units}, replicate legs of backward {self.backwards}")
+        for (leg, _, flat), out in zip(legs, outs):
+            leg._write(out, flat)
+
+
 class ReplicateLeg:
     """FSDP's all-reduce hook for one unit: its reduced shard averaged across the replica group by
-    :func:`dqsgd.ddp.hook` (bucket ``unit``), written back in place. Synchronous: the shard is
-    complete when the call returns. ``last``: the unit FSDP reduces last in a backward (the hook
-    counts a step there)."""
+    :func:`dqsgd.ddp.hook` (bucket ``unit``), written back in place. ``last``: the unit FSDP reduces
+    last in a backward (the hook counts a step there).
+
+    **Overlapped** where FSDP's code after the hook leaves the shard as the hook wrote it (the shard
+    becomes the gradient as it is: reduce dtype = parameter dtype, float32 or bfloat16, no divide
+    factor or forced sum, no gradient to accumulate into, no CPU offload or post-accumulate-grad hook;
+    a CPU tensor): the hook's exchange runs while autograd goes on with the backward of the next units,
+    and ``overlap`` (an :class:`Overlap` the model's legs share) waits for it, relays refusals and
+    writes the shard at the end of ``backward()``, before anything can read the gradients. Elsewhere
+    (or with ``overlap=None``) the call waits: the shard is complete when it returns."""
 
     def __init__(self, state: HookState, unit: int, pieces: Sequence[int] | None, param_group: Any, last: bool,
-                 shard: dist.ProcessGroup | None = None):
+                 shard: dist.ProcessGroup | None = None, overlap: Overlap | None = None):
         self.state, self.index, self.last, self.calls = state, unit, last, 0
         self.pieces = None if pieces is None else tuple(int(p) for p in pieces)
-        self._group, self._shard = param_group, shard
+        self._group, self._shard, self.overlap = param_group, shard, overlap
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         from dqsgd.ddp import hook
@@ -94,15 +140,37 @@ class ReplicateLeg:
         n = reduce_output.numel()
         pieces = self.pieces if self.pieces is not None and sum(self.pieces) == n else (n,)
         flat = reduce_output.reshape(-1)
-        out = hook(self.state, ShardBucket(self.index, flat, pieces, self.last)).wait()
+        later = self.overlap is not None and self._as_is(reduce_output) and self.overlap.queue()
+        fut = hook(self.state, ShardBucket(self.index, flat, pieces, self.last))
+        self.calls += 1
+        if later:
+            self.overlap.legs.append((self, fut, flat))  # type: ignore[union-attr]
+            return
+        out = fut.wait()
+        self._relay(f"FSDP unit {self.index}, replicate leg {self.calls - 1}")
+        self._write(out, flat)
+
+    def _as_is(self, reduce_output: torch.Tensor) -> bool:
+        """Whether FSDP turns the shard into the parameters' gradients as it is, so that it may be
+        written after the call (see the class's text)."""
+        g = self._group
+        if (reduce_output.device.type != "cpu" or reduce_output.dtype not in (torch.float32, torch.bfloat16)
+                or getattr(g, "gradient_divide_factor", None) is not None
+                or getattr(g, "force_sum_reduction_for_comms", True)):
+            return False
+        params = getattr(g, "fsdp_params", None)
+        return bool(params) and all(
+            fp.sharded_param.grad is None and fp.sharded_param.dtype == reduce_output.dtype
+            and not getattr(fp, "offload_to_cpu", True) and not getattr(fp.sharded_param, "_post_accumulate_grad_hooks",
+                                                                         None) for fp in params)
+
+    def _write(self, out: torch.Tensor, flat: torch.Tensor) -> None:
         if getattr(self._group, "gradient_divide_factor", None) is not None:  # FSDP sums across replicas
             out = out * dist.get_world_size(self.state.process_group)
-        self._relay()
-        self.calls += 1
         if out.data_ptr() != flat.data_ptr():  # warm-up's plain all-reduce works in place
             flat.copy_(out.reshape(-1))
 
-    def _relay(self) -> None:
+    def _relay(self, where: str) -> None:
         """A payload refused in one replica group stops the whole grid: the hook keeps the error of a
         refused payload for the end of backward() (its replica group's ranks raise it there); one
         all-gather of the exchange's status messages over the shard group (inside the node) then makes
@@ -110,7 +178,7 @@ class ReplicateLeg:
         if self._shard is None or dist.get_world_size(self._shard) == 1:
             return
         relay_refusal(self._shard, self.state.timeout, self.state.pending_error,
-                      f"rank {dist.get_rank(self._shard)}: FSDP unit {self.index}, replicate leg {self.calls}")
+                      f"rank {dist.get_rank(self._shard)}: {where}")
 
 
 def relay_refusal(group: dist.ProcessGroup, timeout: float | None, error: Exception | None, where: str) -> int:
