@@ -45,7 +45,7 @@ def model(mesh: Any, kind: str) -> nn.Module:
 class Recorder:
     """Every replicate-leg call: unit, its input (the reduce-scatter's output), its output, the widths
     the unit's hook bucket used (uplink, downlink), and whether the leg was left in flight to finish
-    at the end of the backward (its output then read after the backward: :meth:`settle`)."""
+    while the backward went on (its output then read after the backward: :meth:`settle`)."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -57,7 +57,7 @@ class Recorder:
             x = reduce_output.detach().clone()
             rec._orig(leg, reduce_output)
             b = leg.state._buckets.get(leg.index)
-            later = leg.overlap is not None and any(held is leg for held, _, _ in leg.overlap.legs)
+            later = leg.overlap is not None and leg.overlap.holds(leg)
             c = {"unit": leg.index, "input": x, "output": None if later else reduce_output.detach().clone(),
                  "pieces": leg.pieces, "bits": None if b is None else b.bits, "deferred": later}
             if later:

@@ -77,42 +77,22 @@ class ShardBucket:
 
 
 class Overlap:
-    """The replicate legs of one model that a backward left in flight, settled at its end: every leg's
-    future waited for, one refusal relay over the shard group, then each result written into its shard."""
+    """The replicate legs of one model left in flight by the running backward: each leg's write of its
+    result into its shard (a future), waited for by the leg that FSDP reduces last, which then relays
+    refusals over the shard group once for them all."""
 
     def __init__(self) -> None:
-        self.legs: list[tuple[ReplicateLeg, Any, torch.Tensor]] = []
-        self.task: int | None = None  # the autograd graph task whose end settles the legs
-        self.backwards = 0
+        self.legs: list[tuple[ReplicateLeg, torch.futures.Future]] = []
 
-    def queue(self) -> bool:
-        """Whether a leg may finish at the end of the running backward: the settling callback is queued
-        (once per backward, before the hook queues its own, so that the node learns of a refusal first).
-        Legs that a failed backward left unsettled are dropped (its optimizer step cannot have run)."""
-        current = getattr(torch._C, "_current_graph_task_id", None)
-        task = -1 if current is None else int(current())
-        if task < 0:  # not inside a backward pass (a direct call): the leg waits at once
-            return False
-        if self.task == task:
-            return True
-        self.legs, self.task = [], None
-        try:
-            torch.autograd.Variable._execution_engine.queue_callback(self.settle)
-        except RuntimeError:
-            return False
-        self.task = task
-        return True
+    def holds(self, leg: ReplicateLeg) -> bool:
+        return any(held is leg for held, _ in self.legs)
 
-    def settle(self) -> None:
-        legs, self.legs, self.task = self.legs, [], None
-        if not legs:
-            return
-        outs = [fut.wait() for _, fut, _ in legs]
-        self.backwards += 1
-        units = sorted({leg.index for leg, _, _ in legs})
-        legs[0][0]._relay(f"FSDP units {units}, replicate legs of backward {self.backwards}")
-        for (leg, _, flat), out in zip(legs, outs):
-            leg._write(out, flat)
+    def wait(self) -> list[int]:
+        """Wait for every leg's write (a failed leg raises its error here); their units."""
+        legs, self.legs = self.legs, []
+        for _, written in legs:
+            written.wait()
+        return [leg.index for leg, _ in legs]
 
 
 class ReplicateLeg:
@@ -123,10 +103,12 @@ class ReplicateLeg:
     **Overlapped** where FSDP's code after the hook leaves the shard as the hook wrote it (the shard
     becomes the gradient as it is: reduce dtype = parameter dtype, float32 or bfloat16, no divide
     factor or forced sum, no gradient to accumulate into, no CPU offload or post-accumulate-grad hook;
-    a CPU tensor): the hook's exchange runs while autograd goes on with the backward of the next units,
-    and ``overlap`` (an :class:`Overlap` the model's legs share) waits for it, relays refusals and
-    writes the shard at the end of ``backward()``, before anything can read the gradients. Elsewhere
-    (or with ``overlap=None``) the call waits: the shard is complete when it returns."""
+    a CPU tensor), inside a backward and for every unit but the ``last``: the call returns once the
+    hook has issued the exchange, which runs while autograd goes on with the backward of the next
+    units; the result is written into the shard when it arrives. The ``last`` leg (and any leg that
+    cannot overlap) waits: for its own result, for the writes of the legs left in flight (in
+    ``overlap``, which the model's legs share), then relays refusals once. The hook's end-of-backward
+    callback also waits for every write, so the gradients are complete when ``backward()`` returns."""
 
     def __init__(self, state: HookState, unit: int, pieces: Sequence[int] | None, param_group: Any, last: bool,
                  shard: dist.ProcessGroup | None = None, overlap: Overlap | None = None):
@@ -140,14 +122,20 @@ class ReplicateLeg:
         n = reduce_output.numel()
         pieces = self.pieces if self.pieces is not None and sum(self.pieces) == n else (n,)
         flat = reduce_output.reshape(-1)
-        later = self.overlap is not None and self._as_is(reduce_output) and self.overlap.queue()
+        ov = self.overlap
+        if ov is not None and ov.holds(self):  # a backward that never reached the last unit (it failed)
+            self._relay(f"FSDP units {ov.wait()}, replicate legs left by an unfinished backward")
         fut = hook(self.state, ShardBucket(self.index, flat, pieces, self.last))
         self.calls += 1
-        if later:
-            self.overlap.legs.append((self, fut, flat))  # type: ignore[union-attr]
+        if ov is not None and not self.last and self.state._queued and self._as_is(reduce_output):
+            written = fut.then(lambda f: self._write(f.value(), flat))
+            self.state._futures.append(written)  # waited for by the hook's end-of-backward callback too
+            ov.legs.append((self, written))
             return
         out = fut.wait()
-        self._relay(f"FSDP unit {self.index}, replicate leg {self.calls - 1}")
+        units = [] if ov is None else ov.wait()
+        self._relay(f"FSDP unit {self.index}, replicate leg {self.calls - 1}" +
+                    (f" (and the legs of units {units} in flight)" if units else ""))
         self._write(out, flat)
 
     def _as_is(self, reduce_output: torch.Tensor) -> bool:
