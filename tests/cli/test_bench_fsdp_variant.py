@@ -14,6 +14,7 @@ from dqsgd.cli.bench.fsdp import Variant, variant
     ("ag8", Variant("ag8", param_bits=8)),
     ("qsgd-4bit+ag4", Variant("qsgd-4bit+ag4", method="qsgd-4bit", param_bits=4)),
     ("rep:dqsgd", Variant("rep:dqsgd", replicate="dqsgd")),
+    ("rep:dqsgd+wait", Variant("rep:dqsgd+wait", replicate="dqsgd", wait=True)),
     ("fsdp bf16+rep:qsgd-4bit+ag32", Variant("fsdp bf16+rep:qsgd-4bit+ag32", bf16=True, param_bits=32,
                                              replicate="qsgd-4bit")),
 ])
@@ -24,6 +25,11 @@ def test_variant_names_the_legs(name: str, want: Variant) -> None:
 def test_an_empty_part_is_refused() -> None:
     with pytest.raises(ValueError, match="an empty part"):
         variant("qsgd-4bit++ag8")
+
+
+def test_wait_needs_a_replicate_leg() -> None:
+    with pytest.raises(ValueError, match=r"\+wait applies to a replicate leg"):
+        variant("qsgd-4bit+wait")
 
 
 @pytest.mark.parametrize("nodes", ["0", "3"])

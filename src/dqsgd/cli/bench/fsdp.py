@@ -41,13 +41,15 @@ class Variant:
     a method for the intra-node reduce-scatter (``qsgd-4bit``), the parameter all-gather's width
     (``ag8``, ``ag4``, ``ag32``) or, with nodes > 1, HSDP's replicate-leg method (``rep:qsgd-4bit``).
     ``qsgd-4bit+ag8``: both intra-node legs; ``ag8``: the all-gather only; ``rep:dqsgd``: the
-    cross-node leg only."""
+    cross-node leg only; ``+wait``: every replicate leg waits for its result instead of overlapping
+    the backward of the remaining units (to measure the overlap)."""
 
     name: str
     bf16: bool = False
     method: str | None = None
     param_bits: int | None = None
     replicate: str | None = None
+    wait: bool = False
 
 
 def variant(name: str) -> Variant:
@@ -60,10 +62,14 @@ def variant(name: str) -> Variant:
             fields["param_bits"] = int(part[2:])
         elif part.startswith("rep:"):
             fields["replicate"] = part[4:]
+        elif part == "wait":
+            fields["wait"] = True
         elif part:
             fields["method"] = part
         else:
             raise ValueError(f"variant {name!r}: an empty part")
+    if fields.get("wait") and "replicate" not in fields:
+        raise ValueError(f"variant {name!r}: +wait applies to a replicate leg (rep:<method>)")
     return Variant(name, **fields)
 
 
@@ -103,7 +109,9 @@ def mlp(sizes: list[int], world: int, name: str, total_steps: int, seed: int,
             raise ValueError(f"variant {name!r}: a replicate leg needs nodes > 1 (HSDP)")
         rep = HookState(v.replicate, mesh.get_group("replicate"), seed=seed, total_steps=total_steps, timeout=120)
     if state is not None or rep is not None:
-        compress(model, state, gradients=v.method is not None, replicate=rep)
+        for comm in compress(model, state, gradients=v.method is not None, replicate=rep):
+            if v.wait and hasattr(comm, "overlap"):
+                comm.overlap = None  # the replicate leg waits for its result
     return model, [s for s in (state, rep) if s is not None]
 
 
