@@ -9,11 +9,14 @@ the unsharded parameters that the forward and backward compute with. The sharded
 optimizer updates are not touched.
 
 Here every rank quantizes its chunk block-wise (``param_block`` coordinates per max-norm scale,
-``param_bits`` bits: s = 2^(b−1) − 1 levels, FIXED coding of the project's wire format), the
-ranks all-gather the payloads (sizes first, each checked against the bound of a payload of n
-elements), every rank decodes the W payloads into a buffer of its own, the ranks exchange their
-verdicts (a refusal anywhere raises on every rank), and only then is the buffer copied into ``out``:
-the W dequantized chunks — its own too, so all ranks compute with the same weights.
+``param_bits`` bits: s = 2^(b−1) − 1 levels, FIXED coding of the project's wire format) and the
+ranks all-gather the payloads in one collective: each sends a frame of the size every rank computes
+(:func:`frame`: a header with the payload's length and status, then the payload padded to the bound
+of a payload of n elements, which a fixed-coded payload fills exactly). Every rank checks the W
+frames and decodes the W payloads into a buffer of its own (:func:`opened`); as all ranks hold the
+same bytes and run the same checks, a refusal raises the same error on every rank without any
+verdict being exchanged. Only then is the buffer copied into ``out``: the W dequantized chunks —
+its own too, so all ranks compute with the same weights.
 ``param_bits = 32`` sends the float32 values (lossless).
 
 The codec runs in compiled loops: the encode is one pass for the block norms and one that rounds
