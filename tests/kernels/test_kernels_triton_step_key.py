@@ -1,0 +1,77 @@
+"""The step's key in a device tensor (``workspace.step_key``): the encode kernels read the HashRNG key
+from a 1-element int64 tensor, so calls made with the same arguments and buffers at every step (what a
+CUDA graph captured once replays) write each step's bytes once the caller has written that step's key
+into the tensor (``workspace.write_key``). Run on the CPU through Triton's interpreter (see
+test_kernels_triton): the bytes equal the eager calls' with each step's key, and numba's."""
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("DQSGD_TRITON_TEST_DEVICE", "cpu") != "cpu":
+    pytest.skip("run on the CPU through Triton's interpreter", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+pytest.importorskip("triton", reason="the triton package (the 'gpu' extra) is not installed")
+
+from dqsgd.codecs import Coding  # noqa: E402
+from dqsgd.kernels import HashRNG, device_common, encode_uniform_fast, workspace  # noqa: E402
+from dqsgd.kernels.batch import encode_batch  # noqa: E402
+from dqsgd.kernels.device import encode_uniform_device  # noqa: E402
+from dqsgd.kernels.triton_batch import encode_batch_triton, split_keys  # noqa: E402
+from dqsgd.quantizers import Layout, Norm  # noqa: E402
+
+SPEC = ((700, Layout(bucket=97)), (701, Layout(bucket=97)), (650, Layout(bucket=97)))
+
+
+@pytest.fixture(autouse=True)
+def triton_on_cpu():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton was set up for a GPU (TRITON_INTERPRET unset)")
+    device_common.set_triton(True)
+    yield
+    device_common.set_triton(None)
+
+
+def uplink_keys(step: int) -> list[int]:
+    return [HashRNG(5, step, 3 * len(SPEC) + j).key for j in range(len(SPEC))]  # rank 3's shards
+
+
+@pytest.mark.slow  # the interpreter: a few seconds
+@pytest.mark.parametrize("bits", [1, 4, 11])
+def test_same_call_every_step_with_the_key_tensor_written_in_place(bits: int) -> None:
+    n = sum(m for m, _ in SPEC)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(bits)) * 3
+    b = encode_batch(SPEC, bits, Norm.MAX, 1)
+    avg = x[: SPEC[0][0]].clone()
+    up, down = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    ws: dict = {}
+
+    def captured() -> tuple[torch.Tensor, torch.Tensor]:
+        """The calls as a graph would hold them: step 0's arguments, the same buffers; only the tensors' keys move."""
+        with workspace.use(ws):
+            return (encode_batch_triton(b, x, uplink_keys(0), key=up),
+                    encode_uniform_device(avg, bits, HashRNG(9, 0, 2), layout=Layout(bucket=97), check="defer",
+                                          key=down))
+
+    seen = set()
+    for step in (1, 2, 7):
+        workspace.write_key(up, split_keys(uplink_keys(step))[0])
+        workspace.write_key(down, HashRNG(9, step, 2).key)
+        sent, pay = captured()
+        eager = encode_batch_triton(b, x, uplink_keys(step))  # its own buffers, the key written by the call
+        assert torch.equal(sent, eager), step
+        assert torch.equal(sent, b.encode(x, uplink_keys(step))), step  # numba
+        rng = HashRNG(9, step, 2)
+        assert torch.equal(pay, encode_uniform_device(avg, bits, rng, layout=Layout(bucket=97), check="defer")), step
+        want = encode_uniform_fast(avg, bits, rng, layout=Layout(bucket=97), coding=Coding.FIXED)
+        assert bytes(pay.numpy()) == want, step
+        seen.add((bytes(sent.numpy()), bytes(pay.numpy())))
+    assert len(seen) == 3  # each step its own uniforms: the key is what moved
+
+
+def test_a_key_tensor_of_the_wrong_kind_is_refused() -> None:
+    x = torch.randn(100)
+    for bad in (torch.zeros(1, dtype=torch.int32), torch.zeros(2, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="1-element int64"):
+            encode_uniform_device(x, 4, HashRNG(1, 2, 3), key=bad)
