@@ -74,6 +74,8 @@ def test_two_steps_launch_the_same_work_but_for_the_key_tensors_contents() -> No
     assert one and [(k, g) for k, g, _, _ in one] == [(k, g) for k, g, _, _ in two]
     differ = {(k, name) for (k, _, a, _), (_, _, b, _) in zip(one, two) for name in a if a[name] != b[name]}
     assert not differ, differ  # no scalar argument changes: the key is not one any more
+    # both decodes (the W payloads of a shard, the S downlink payloads) write their sums without reading `out`
+    assert [a["FRESH"] for k, _, a, _ in one if k == "_decode_batch"] == [True] * 2 * world
     for step, launches in ((1, one), (2, two)):
         keys = [(k, key[1]) for k, _, _, key in launches if key is not None]
         up = {split_keys([proto.uplink_rng(step, w, j).key for j in range(world)])[0] for w in range(world)}

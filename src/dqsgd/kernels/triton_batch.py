@@ -2,8 +2,8 @@
 every payload of a batch, a grid of (blocks, payloads).
 
 Program (i, p) does block i of payload p with the one-payload kernels' own code
-(:mod:`dqsgd.kernels.triton_codec`: ``write_head``, ``encode_groups``; :mod:`dqsgd.kernels.triton_decode`: ``decode_groups``;
-:mod:`dqsgd.kernels.triton_crc`: the crc's levels), reading payload p's numbers (where its input, its
+(:mod:`dqsgd.kernels.triton_codec`: ``write_head``, ``encode_groups``; :mod:`dqsgd.kernels.triton_decode`:
+``decode_groups``; :mod:`dqsgd.kernels.triton_crc`: the crc's levels), reading payload p's numbers (where its input, its
 scales and its bytes lie, its header) from one int64 table (``_meta``, built once per batch and
 device): the same bytes and sums as one call per payload. A block past a shorter payload's end is
 masked off, as the last block of one payload is.
@@ -17,7 +17,8 @@ masked off, as the last block of one payload is.
 * decode: the crc check (which starts every payload's stats and copies its scales), then one launch
   (``_decode_batch``) whose program (i, t) adds block i of the R payloads of target t in their order
   (the W payloads of a shard: one target; the S shards of a downlink: S targets of one payload), so
-  every coordinate receives its payloads in order without atomics. Every check ORs into ``bad``.
+  every coordinate receives its payloads in order without atomics; the sum is held in registers and
+  written once (``fresh``: without reading ``out`` first). Every check ORs into ``bad``.
 
 The checks are deferred (the hook's no-sync path): a non-finite shard or a too small norm writes a
 NaN scale, which every decoder refuses.
@@ -87,7 +88,8 @@ def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys
     seg0, pay = tl.load(m + 3), out_ptr + tl.load(m + 5)
     encode_program(x_ptr + tl.load(m), scale_ptr + seg0, rec_ptr + seg0, starts_ptr + tl.load(m + 4), pay,
                    head_ptr + tl.load(m + 8), pay, tab_ptr, raw_ptr + raw_at + s * blocks,
-                   mix64_triton((tl.load(keys_ptr + s) ^ tl.load(base_ptr)).to(tl.uint64, bitcast=True)), tl.load(m + 1),
+                   mix64_triton((tl.load(keys_ptr + s) ^ tl.load(base_ptr)).to(tl.uint64, bitcast=True)),
+                   tl.load(m + 1),
                    tl.load(m + 9), tl.load(m + 2), bucket, tl.load(m + 6), tl.load(m + 7),
                    blocks * 2048 - (tl.load(m + 10) - 4), BITS, LEVELS, WB, GROUPS, MODE, STEPS, HB, False, BLOG)
 
@@ -133,17 +135,36 @@ def _crc_batch(src_ptr, src_at, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, 
 @triton.jit
 def _decode_batch(buf_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, head_ptr, meta_ptr, w, bucket, lo_ok,
                   hi_ok, zero_ok, R: tl.constexpr, BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
-                  MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, NSTATS: tl.constexpr):
-    """Target t = program_id(1): payloads t·R … t·R + R − 1 in order, each as ``_decode_kernel``
-    (checks into its stats and ``*bad``, then out[X:] += w·(c·step))."""
+                  MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, NSTATS: tl.constexpr,
+                  FRESH: tl.constexpr):
+    """Target t = program_id(1): payloads t·R … t·R + R − 1 (all added at payload t·R's place), each
+    decoded and checked as ``_decode_kernel`` (checks into its stats and ``*bad``), their terms summed
+    in registers in payload order, acc = acc + w·(c·step) (the order and roundings of one add per
+    payload), and the sums written once: one read (none with FRESH: acc starts at +0.0, what a zeroed
+    ``out`` holds) and one write of the target's slice of ``out``, whatever R."""
+    m0 = meta_ptr + tl.program_id(1) * R * 12
+    dst = out_ptr + tl.load(m0)
+    g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    idx = g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    seen = idx < 0
+    if FRESH:
+        acc = tl.zeros((GROUPS, 8), tl.float32)
+    else:
+        most = tl.load(m0 + 1)
+        for r in range(1, R):
+            most = tl.maximum(most, tl.load(m0 + r * 12 + 1))
+        acc = tl.load(dst + idx, mask=idx < most, other=0.0)
     for r in range(0, R):
         p = tl.program_id(1) * R + r
         m = meta_ptr + p * 12
         n, nseg, k, pay = tl.load(m + 1), tl.load(m + 2), tl.load(m + 6), buf_ptr + tl.load(m + 5)
-        decode_groups(pay + k, step_ptr + tl.load(m + 3), starts_ptr + tl.load(m + 4), out_ptr + tl.load(m),
-                       stats_ptr + p * NSTATS, bad_ptr, pay, head_ptr + tl.load(m + 8), w, n, tl.load(m + 9), nseg, bucket,
-                       k, tl.load(m + 7), (n * BITS) % 8, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, True,
-                       True, HB, True)
+        term, _, ok = decode_groups(pay + k, step_ptr + tl.load(m + 3), starts_ptr + tl.load(m + 4),
+                                    stats_ptr + p * NSTATS, bad_ptr, pay, head_ptr + tl.load(m + 8), w, n,
+                                    tl.load(m + 9), nseg, bucket, k, tl.load(m + 7), (n * BITS) % 8, lo_ok, hi_ok,
+                                    zero_ok, BITS, WB, GROUPS, MODE, STEPS, True, HB, True)
+        acc = tl.where(ok, acc + term, acc)
+        seen = seen | ok
+    tl.store(dst + idx, acc, mask=seen)
 
 
 # ------------------------------------------------------------------------------------ host side
@@ -282,9 +303,13 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int], key: 
     return out
 
 
-def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weight: float, bad: torch.Tensor) -> None:
+def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weight: float, bad: torch.Tensor,
+                            fresh: bool = False) -> None:
     """:meth:`Batch.accumulate` on ``buf``'s device, checks deferred into ``bad``: the crc check
-    (one launch per level, which also copies the scales), ``r/levels``, and one decode launch."""
+    (one launch per level, which also copies the scales), ``r/levels``, and one decode launch, which
+    sums the payloads of each place in registers and writes it once. ``fresh``: ``out``'s slices are
+    not read (their sums are written as if they held zeros, bit for bit), one read of 4 bytes per
+    coordinate less, for a caller whose ``out`` starts at zero."""
     from dqsgd.kernels.device_decode import step_divisor
 
     dev, plans = buf.device, b.plans
@@ -310,4 +335,5 @@ def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weig
     _decode_batch[(grid, len(plans) // per)](buf, step, starts, out.reshape(-1), stats, bad, heads, meta,
                                              float(np.float32(weight)), bucket, rng.lo, rng.hi, int(rng.zero_ok),
                                              R=per, BITS=b.bits, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode,
-                                             STEPS=steps_, HB=HB, NSTATS=STATS, enable_fp_fusion=False)
+                                             STEPS=steps_, HB=HB, NSTATS=STATS, FRESH=fresh,
+                                             enable_fp_fusion=False)

@@ -56,17 +56,21 @@ def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, 
     zero, w·(top·step) not finite for a coordinate's step (the finite-output rule,
     :mod:`dqsgd.quantizers.base`; top = max(-lo_ok, hi_ok))] (atomics; the header's k bytes are
     checked by the first ⌈k/HB⌉ programs); BAD: a failed check also sets *bad."""
-    decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
-                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, WRITE, CHECK, HB,
-                   BAD)
+    term, idx, ok = decode_groups(body_ptr, step_ptr, starts_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes,
+                                  nseg, bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS,
+                                  CHECK, HB, BAD)
+    if WRITE:
+        o = tl.load(out_ptr + idx, mask=ok, other=0.0)
+        tl.store(out_ptr + idx, o + term, mask=ok)
 
 
 @triton.jit
-def decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
+def decode_groups(body_ptr, step_ptr, starts_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
                    bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
-                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
-                   CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
-    """The work of one :func:`_decode_kernel` program on one payload."""
+                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, CHECK: tl.constexpr,
+                   HB: tl.constexpr, BAD: tl.constexpr):
+    """The work of one :func:`_decode_kernel` program on one payload but the add: its checks (CHECK), and
+    (terms w·(c·step), their coordinates, which are in the payload) for the caller to add."""
     if CHECK:
         _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB, BAD)
         if tl.program_id(0) == 0:
@@ -96,15 +100,12 @@ def decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, p
         tl.atomic_add(stats_ptr + 6, tl.sum((ok & (c == 0)).to(tl.int32)))
         outside = ok & ((c < lo_ok) | (c > hi_ok) | ((c == 0) & (zero_ok == 0)))
         _flag(stats_ptr + 7, bad_ptr, tl.max(outside.to(tl.int32)), BAD)
-    if CHECK or WRITE:
-        st = tl.load(step_ptr + segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
+    st = tl.load(step_ptr + segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
     if CHECK:
         top = tl.maximum(-lo_ok, hi_ok).to(tl.float32)
         over = ok & (tl.abs(w * (top * st)) > 3.4028234663852886e38)
         _flag(stats_ptr + 8, bad_ptr, tl.max(over.to(tl.int32)), BAD)
-    if WRITE:
-        o = tl.load(out_ptr + idx, mask=ok, other=0.0)
-        tl.store(out_ptr + idx, o + w * (c.to(tl.float32) * st), mask=ok)
+    return w * (c.to(tl.float32) * st), idx, ok
 
 
 

@@ -322,7 +322,7 @@ class BucketProtocol:
             return v if out is None else out.copy_(v)
         if out is None:
             out = torch.zeros(m.numel, dtype=torch.float32, device=received[0].device)
-        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / len(received))
+        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / len(received), fresh=True)
         return out
 
     # --- downlink leg ---------------------------------------------------------------------------
@@ -374,7 +374,8 @@ class BucketProtocol:
     def decode_down(self, received: Sequence[torch.Tensor], out: torch.Tensor | None = None,
                     bad: torch.Tensor | None = None, dbits: int | None = None) -> torch.Tensor:
         """The update from every shard's downlink payload (shard order; a fixed one may be padded, a
-        coded one is its exact bytes): the same bytes give the same update on every rank. ``bad``: deferred validation (device);
+        coded one is its exact bytes): the same bytes give the same update on every rank. ``out``: a zeroed
+        float32 buffer to add into (None: a new one); ``bad``: deferred validation (device);
         ``dbits``: the step's width (None: the fixed width)."""
         if len(received) != len(self.shards):
             raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
@@ -386,7 +387,7 @@ class BucketProtocol:
 
             spec = [(m.numel, m.layout) for m in self.shards]
             if payloads.accumulate_batch(spec, d, Norm.MAX, received, out, [lo for lo, _ in self.bounds], 1.0, bad,
-                                         lambda o: self._decode_each(received, o, None, d), padded=True):
+                                         lambda o: self._decode_each(received, o, None, d), padded=True, fresh=True):
                 return out
         self._decode_each(received, out, bad, d)
         return out
