@@ -2,16 +2,19 @@
 from a 1-element int64 tensor, so calls made with the same arguments and buffers at every step (what a
 CUDA graph captured once replays) write each step's bytes once the caller has written that step's key
 into the tensor (``workspace.write_key``). Run on the CPU through Triton's interpreter (see
-test_kernels_triton): the bytes equal the eager calls' with each step's key, and numba's."""
+test_kernels_triton; with ``DQSGD_TRITON_TEST_DEVICE=cuda``, as ``benchmarks/gpu_check.sh`` runs it,
+compiled on the GPU): the bytes equal the eager calls' with each step's key, and numba's."""
 
 import os
 
 import pytest
 import torch
 
-if os.environ.get("DQSGD_TRITON_TEST_DEVICE", "cpu") != "cpu":
-    pytest.skip("run on the CPU through Triton's interpreter", allow_module_level=True)
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+DEVICE = torch.device(os.environ.get("DQSGD_TRITON_TEST_DEVICE", "cpu"))  # cuda: compiled (benchmarks/gpu_check.sh)
+if DEVICE.type == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+elif not torch.cuda.is_available():
+    pytest.skip(f"DQSGD_TRITON_TEST_DEVICE={DEVICE}, but CUDA is not available", allow_module_level=True)
 pytest.importorskip("triton", reason="the triton package (the 'gpu' extra) is not installed")
 
 from dqsgd.codecs import Coding  # noqa: E402
@@ -26,7 +29,7 @@ SPEC = ((700, Layout(bucket=97)), (701, Layout(bucket=97)), (650, Layout(bucket=
 
 @pytest.fixture(autouse=True)
 def triton_on_cpu():
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton was set up for a GPU (TRITON_INTERPRET unset)")
     device_common.set_triton(True)
     yield
@@ -41,10 +44,10 @@ def uplink_keys(step: int) -> list[int]:
 @pytest.mark.parametrize("bits", [1, 4, 11])
 def test_same_call_every_step_with_the_key_tensor_written_in_place(bits: int) -> None:
     n = sum(m for m, _ in SPEC)
-    x = torch.randn(n, generator=torch.Generator().manual_seed(bits)) * 3
-    b = encode_batch(SPEC, bits, Norm.MAX, 1)
+    xc = torch.randn(n, generator=torch.Generator().manual_seed(bits)) * 3
+    x, b = xc.to(DEVICE), encode_batch(SPEC, bits, Norm.MAX, 1)
     avg = x[: SPEC[0][0]].clone()
-    up, down = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    up, down = (torch.zeros(1, dtype=torch.int64, device=DEVICE) for _ in range(2))
     ws: dict = {}
 
     def captured() -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,17 +64,17 @@ def test_same_call_every_step_with_the_key_tensor_written_in_place(bits: int) ->
         sent, pay = captured()
         eager = encode_batch_triton(b, x, uplink_keys(step))  # its own buffers, the key written by the call
         assert torch.equal(sent, eager), step
-        assert torch.equal(sent, b.encode(x, uplink_keys(step))), step  # numba
+        assert torch.equal(sent.cpu(), b.encode(xc, uplink_keys(step))), step  # numba
         rng = HashRNG(9, step, 2)
         assert torch.equal(pay, encode_uniform_device(avg, bits, rng, layout=Layout(bucket=97), check="defer")), step
-        want = encode_uniform_fast(avg, bits, rng, layout=Layout(bucket=97), coding=Coding.FIXED)
-        assert bytes(pay.numpy()) == want, step
-        seen.add((bytes(sent.numpy()), bytes(pay.numpy())))
+        want = encode_uniform_fast(avg.cpu(), bits, rng, layout=Layout(bucket=97), coding=Coding.FIXED)
+        assert bytes(pay.cpu().numpy()) == want, step
+        seen.add((bytes(sent.cpu().numpy()), bytes(pay.cpu().numpy())))
     assert len(seen) == 3  # each step its own uniforms: the key is what moved
 
 
 def test_a_key_tensor_of_the_wrong_kind_is_refused() -> None:
-    x = torch.randn(100)
-    for bad in (torch.zeros(1, dtype=torch.int32), torch.zeros(2, dtype=torch.int64)):
+    x = torch.randn(100, device=DEVICE)
+    for bad in (torch.zeros(1, dtype=torch.int32, device=DEVICE), torch.zeros(2, dtype=torch.int64, device=DEVICE)):
         with pytest.raises(ValueError, match="1-element int64"):
             encode_uniform_device(x, 4, HashRNG(1, 2, 3), key=bad)
