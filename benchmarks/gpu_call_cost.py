@@ -168,29 +168,21 @@ def count_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, repeat: in
 
 
 def measure_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, rounds: int = 20) -> dict:
-    """Each leg of one bucket's codec calls on one rank (:func:`bucket_legs`) as a ratio to ``copy_`` of
-    the bucket's n float32 (1 = as fast as copy_): median over interleaved rounds, a synchronize around
-    each call. On the CPU (no GPU) a smoke run through the interpreter, not figures."""
+    """Each leg of one bucket's codec calls on one rank (:func:`bucket_legs`) and both as a ratio to
+    ``copy_`` of the bucket's n float32 (1 = as fast as copy_): median over interleaved rounds, a
+    synchronize around each call (``dqsgd bench gpu``'s own timing of its codec rows). On the CPU (no
+    GPU) a smoke run through the interpreter, not figures."""
+    from dqsgd.cli.bench.gpu import _ratios
+
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     with _device_path():
         up, down, bad = bucket_legs(n, workers, bits, dbits, dev)
         x, buf = torch.randn(n, device=dev), torch.empty(n, device=dev)
-        fns = {"copy": lambda: buf.copy_(x), "up": up, "down": down}
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(rounds + 1):  # the first round warms up
-            for k, f in fns.items():
-                sync()
-                t = time.perf_counter()
-                f()
-                sync()
-                times[k].append(time.perf_counter() - t)
-    cp = statistics.median(times["copy"][1:])
-    row = {"n": n, "workers": workers, "bits": bits, "dbits": dbits, "copy_us": 1e6 * cp, "bad": bool(bad)}
-    for k in ("up", "down"):
-        row[f"{k}_us"] = 1e6 * statistics.median(times[k][1:])
-        row[k] = statistics.median(c / t for c, t in zip(times["copy"][1:], times[k][1:]))
-    return row
+        fns = {"copy": lambda: buf.copy_(x), "enc": up, "dec": down, "both": lambda: (up(), down())}
+        row = _ratios(fns, torch.cuda.synchronize if dev == "cuda" else (lambda: None), rounds)
+    return {"n": n, "workers": workers, "bits": bits, "dbits": dbits, "bad": bool(bad),
+            "up": row["enc"], "down": row["dec"], "both": row["both"], "copy_us": 1e3 * row["copy_ms"],
+            **{f"{k}_us": 1e3 * row[f"{e}_ms"] for k, e in (("up", "enc"), ("down", "dec"), ("both", "both"))}}
 
 
 def _tally(events: list, launches: dict[str, int], repeat: int) -> dict:
@@ -266,15 +258,18 @@ def main() -> None:
     ap.add_argument("--bucket", action="store_true", help="time each leg of one sharded bucket's codec calls on one "
                     "rank against copy_ (bucket_cost.md); without a GPU a smoke run through the interpreter")
     ap.add_argument("--workers", default="4,8", help="W for --bucket")
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds for --bucket")
     a = ap.parse_args()
     if a.bucket:
-        rows = [measure_bucket(int(s), int(w)) for s in a.sizes.split(",") for w in a.workers.split(",")]
+        rows = [measure_bucket(int(s), int(w), rounds=a.rounds) for s in a.sizes.split(",")
+                for w in a.workers.split(",")]
         where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (smoke run, not GPU figures)"
         lines = [f"# One bucket's codec legs on one rank against copy_, on {where} (torch {torch.__version__})", "",
-                 "| n | W | bits | down bits | uplink (enc + decode-average) | downlink (enc + decode) | up_us | "
-                 "down_us | copy_us | bad |", "|---|---|---|---|---|---|---|---|---|---|"]
+                 "| n | W | bits | down bits | uplink (enc + decode-average) | downlink (enc + decode) | both | up_us | "
+                 "down_us | copy_us | bad |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['n']} | {r['workers']} | {r['bits']} | {r['dbits']} | {r['up']:.3f} | {r['down']:.3f} | "
-                  f"{r['up_us']:.0f} | {r['down_us']:.0f} | {r['copy_us']:.0f} | {r['bad']} |" for r in rows]
+                  f"{r['both']:.3f} | {r['up_us']:.0f} | {r['down_us']:.0f} | {r['copy_us']:.0f} | {r['bad']} |"
+                  for r in rows]
         lines += ["", "Legs as t(copy_ of the bucket's n float32) / t(leg), median of interleaved rounds "
                   "(docs/gpu-codec.md, \"Passes and their bound\", gives each leg's byte bound)."]
         if a.out:

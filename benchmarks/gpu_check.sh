@@ -12,8 +12,8 @@
 # 3. the Triton kernel matrix of tests/kernels/test_kernels_triton.py compiled on the GPU instead of
 #    interpreted on the CPU (widths 1-16, three dtypes, odd sizes, bitwise against numba; the crc fused into the
 #    encode across 2 KiB blocks, one payload and batched: test_kernels_triton_fused; the step's key read from a
-#    device tensor: test_kernels_triton_step_key; the batched decode summing a place's payloads in registers,
-#    written without reading the output: test_kernels_triton_decode_sum): pytest-triton.txt
+#    device tensor, and the batched decode summing a place's payloads in registers, written without reading
+#    the output: test_kernels_triton_exchange_calls): pytest-triton.txt
 # 4. each leg of one bucket's codec calls on one rank (uplink: batched encode + decode-average; downlink:
 #    encode + decode; as the exchange calls them) against copy_ of the bucket, n = 25M, 4 bits, W = 4 and 8
 #    (benchmarks/gpu_call_cost.py --bucket): OUTDIR/bucket_cost.md, log in bucket.txt
@@ -47,6 +47,6 @@ step pytest-device "${DEVICE_TESTS_S:-150}" $py -m pytest -p no:cacheprovider -r
 step bench "${BENCH_S:-240}" $py -m dqsgd bench gpu --out "$out/gpu" "$@"
 step pytest-triton "${TRITON_TESTS_S:-120}" env DQSGD_TRITON_TEST_DEVICE=cuda $py -m pytest -p no:cacheprovider -rs \
   tests/kernels/test_kernels_triton.py tests/kernels/test_kernels_triton_fused.py \
-  tests/kernels/test_kernels_triton_step_key.py tests/kernels/test_kernels_triton_decode_sum.py
+  tests/kernels/test_kernels_triton_exchange_calls.py
 step bucket "${BUCKET_S:-60}" $py benchmarks/gpu_call_cost.py --bucket --sizes 25000000 --workers 4,8 --out "$out"
 exit "$rc"

@@ -17,7 +17,7 @@ tensor made from host data after warm-up (test_kernels_triton_sync), the same sc
 step and no other allocation than the call's outputs (test_kernels_triton_buffers), the launches of
 two steps differing only in the contents of the key tensors (test_kernels_triton_graph_ready), and the
 same calls at several steps with the key tensors written in place giving each step's bytes
-(test_kernels_triton_step_key)."""
+(test_kernels_triton_exchange_calls)."""
 
 import os
 
