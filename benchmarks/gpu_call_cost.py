@@ -265,8 +265,8 @@ def main() -> None:
                 for w in a.workers.split(",")]
         where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (smoke run, not GPU figures)"
         lines = [f"# One bucket's codec legs on one rank against copy_, on {where} (torch {torch.__version__})", "",
-                 "| n | W | bits | down bits | uplink (enc + decode-average) | downlink (enc + decode) | both | up_us | "
-                 "down_us | copy_us | bad |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "| n | W | bits | down bits | uplink (enc + decode-average) | downlink (enc + decode) | both | "
+                 "up_us | down_us | copy_us | bad |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['n']} | {r['workers']} | {r['bits']} | {r['dbits']} | {r['up']:.3f} | {r['down']:.3f} | "
                   f"{r['both']:.3f} | {r['up_us']:.0f} | {r['down_us']:.0f} | {r['copy_us']:.0f} | {r['bad']} |"
                   for r in rows]

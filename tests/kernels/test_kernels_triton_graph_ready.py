@@ -4,9 +4,9 @@ test_kernels_triton): the Triton launches of one bucket's exchange on the device
 the same width, after warm-up, are the same kernels with the same grids and the same scalar arguments;
 the step's HashRNG key (the batched encode's ``base``, the one-payload encode's key) is read by the
 kernels from a device tensor (``workspace.step_key``: a buffer of the bucket's workspace, the same
-tensor at every step, test_kernels_triton_buffers) whose contents are the step's key. So nothing but the contents of that tensor changes between steps: a graph captured
-once replays every step once the caller writes the step's key into it (on a GPU:
-test_kernels_cuda_graph). The other preconditions of capture (no host read, no tensor from host data,
+tensor at every step, test_kernels_triton_buffers) whose contents are the step's key. So nothing but
+the contents of that tensor changes between steps: a graph captured once replays every step once the
+caller writes the step's key into it (on a GPU: test_kernels_cuda_graph). The other preconditions of capture (no host read, no tensor from host data,
 the same scratch buffers at every step) are test_kernels_triton_sync's and test_kernels_triton_buffers'."""
 
 import inspect
@@ -81,6 +81,7 @@ def test_two_steps_launch_the_same_work_but_for_the_key_tensors_contents() -> No
         up = {split_keys([proto.uplink_rng(step, w, j).key for j in range(world)])[0] for w in range(world)}
         down = {proto.downlink_rng(step, j).key for j in range(world)}
         assert {k for k, _ in keys} == set(STEP_KEYS)
-        assert {v for k, v in keys if k == "_encode_batch"} == up and {v for k, v in keys if k != "_encode_batch"} <= down
+        assert {v for k, v in keys if k == "_encode_batch"} == up
+        assert {v for k, v in keys if k != "_encode_batch"} <= down
     # the key tensors are scratch buffers of the bucket's workspace: the same tensors at every step of one rank
     # (test_kernels_triton_buffers; in_process starts each step with a fresh workspace)

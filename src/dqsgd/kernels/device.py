@@ -165,7 +165,8 @@ def _encode_triton(flat: torch.Tensor, norm: Norm, tpl: Template, layout: Layout
 
 
 def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
-                          layout: Layout = Layout(), check: str = "sync", key: torch.Tensor | None = None) -> torch.Tensor:
+                          layout: Layout = Layout(), check: str = "sync",
+                          key: torch.Tensor | None = None) -> torch.Tensor:
     """The FIXED payload of the hash-RNG uniform quantizer of ``x``, as uint8 on ``x.device``.
 
     Byte-identical to ``encode_uniform_fast(x, bits, rng, norm=norm, layout=layout,

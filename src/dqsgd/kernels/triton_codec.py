@@ -159,9 +159,9 @@ def write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nse
 
 
 @triton.jit(do_not_specialize=["k", "scale_at", "pad", "raw_at"])  # sizes vary by shape: no variant per value
-def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr, raw_at, key_ptr, n,
-                   nbytes, nseg, bucket, k, scale_at, pad, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr,
-                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
+def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr, raw_at, key_ptr,
+                   n, nbytes, nseg, bucket, k, scale_at, pad, BITS: tl.constexpr, LEVELS: tl.constexpr,
+                   WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
                    FLAGS: tl.constexpr, BLOG: tl.constexpr):
     """The header's bytes of this program (:func:`write_head`), then stochastic rounding of GROUPS·8
     coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``); and level 0 of
@@ -169,8 +169,8 @@ def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, fla
     stream's front padding), so the crc reads no payload byte again. The key's int64 bits are read from
     ``key_ptr``."""
     encode_program(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr + raw_at,
-                   tl.load(key_ptr).to(tl.uint64, bitcast=True), n, nbytes, nseg, bucket, k, scale_at, pad, BITS, LEVELS, WB, GROUPS,
-                   MODE, STEPS, HB, FLAGS, BLOG)
+                   tl.load(key_ptr).to(tl.uint64, bitcast=True), n, nbytes, nseg, bucket, k, scale_at, pad, BITS, LEVELS,
+                   WB, GROUPS, MODE, STEPS, HB, FLAGS, BLOG)
 
 
 @triton.jit

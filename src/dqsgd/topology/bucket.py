@@ -375,9 +375,9 @@ class BucketProtocol:
     def decode_down(self, received: Sequence[torch.Tensor], out: torch.Tensor | None = None,
                     bad: torch.Tensor | None = None, dbits: int | None = None) -> torch.Tensor:
         """The update from every shard's downlink payload (shard order; a fixed one may be padded, a
-        coded one is its exact bytes): the same bytes give the same update on every rank. ``out``: the float32
-        buffer the update is written into (its contents are not used; None: a new one); ``bad``: deferred validation (device);
-        ``dbits``: the step's width (None: the fixed width)."""
+        coded one is its exact bytes): the same bytes give the same update on every rank. ``out``: the
+        float32 buffer the update is written into (its contents are not used; None: a new one);
+        ``bad``: deferred validation (device); ``dbits``: the step's width (None: the fixed width)."""
         if len(received) != len(self.shards):
             raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
         if out is None:
