@@ -2,6 +2,8 @@
 
     PYTHONPATH=src python3 benchmarks/gpu_call_cost.py --out DIR      # needs a CUDA GPU; writes call_cost.md
     PYTHONPATH=src python3 benchmarks/gpu_call_cost.py --count        # no GPU needed: launches and ops per pair
+    PYTHONPATH=src python3 benchmarks/gpu_call_cost.py --bucket --sizes 25000000 --out DIR  # each leg of one
+        # bucket's codec calls on one rank (W = 4, 8) against copy_: bucket_cost.md
 
 For n in --sizes, the hook's no-sync pair (``encode_uniform_device(check="defer")`` then
 ``decode_accumulate_device(header=..., check="defer")``) at 4 bits:
@@ -93,55 +95,94 @@ def count_pair(n: int, bits: int = 4, repeat: int = 2) -> dict:
     return {"n": n, "bits": bits, **_tally(prof.events(), launches, repeat)}
 
 
-def count_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, repeat: int = 2) -> dict:
-    """Triton launches and aten ops of one sharded bucket's codec calls on one rank, the ones the hook
-    and the trainer make (device path, no sync): the rank's W shard payloads encoded into one buffer
-    (uplink), the W payloads of its shard decoded and averaged, its shard's downlink encoded, and the
-    W shards' downlink payloads decoded. The payloads the other ranks would send are made beforehand
-    (this rank's, the same sizes): what is counted is the calls. CPU tensors through Triton's
-    interpreter (``TRITON_INTERPRET=1`` before Triton is first imported). The calls take their scratch
-    buffers from one workspace kept across calls, as the exchange does (:mod:`dqsgd.kernels.workspace`)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from dqsgd.kernels import HashRNG, device_common, workspace
+def bucket_legs(n: int, workers: int, bits: int = 4, dbits: int = 8, device: str = "cpu"):
+    """(uplink, downlink, bad): the two legs of one sharded bucket's codec calls on one rank, the ones
+    the hook and the trainer make (device path, no sync), as callables: the uplink encodes the rank's W
+    shard payloads into one buffer and decodes and averages the W payloads of its shard; the downlink
+    encodes its shard's downlink and decodes the W shards' downlink payloads. The payloads the other
+    ranks would send are made beforehand (this rank's, the same sizes): what is measured is the calls.
+    The outputs are written, not read (``fresh``), as the exchange's are; the calls take their scratch
+    buffers from one workspace kept across calls, as the exchange does (:mod:`dqsgd.kernels.workspace`).
+    On CPU tensors the Triton kernels run under the interpreter (``TRITON_INTERPRET=1`` before Triton is
+    first imported); the caller turns the device path on (``set_triton(True)``,
+    ``payloads.route_cpu_through_device_codec(True)``)."""
+    from dqsgd.kernels import HashRNG, workspace
     from dqsgd.method.config import method_config
     from dqsgd.topology import payloads
     from dqsgd.topology.bucket import BucketProtocol
 
     proto = BucketProtocol(method_config("qsgd", bits=bits), n, [n], topology="sharded", workers=workers, seed=0,
                            total_steps=10, downlink_bits=dbits)
-    flat = torch.randn(n, generator=torch.Generator().manual_seed(0))
-    bad = torch.zeros((), dtype=torch.bool)
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device)
+    bad = torch.zeros((), dtype=torch.bool, device=device)
     size = max(proto.down_sizes()) + 1
-    launches: dict[str, int] = {}
+    rngs = [HashRNG(1, 1, j) for j in range(workers)]
+    send, at, sizes = payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
+    recv = torch.cat([send[at[0] : at[0] + sizes[0] + 1]] * workers)  # what the all-to-all delivers for shard 0
+    received = [recv[w * (sizes[0] + 1) : w * (sizes[0] + 1) + sizes[0]] for w in range(workers)]
+    gathered = [proto.encode_down(j, flat[lo:hi].contiguous(), 1, size) for j, (lo, hi) in enumerate(proto.bounds)]
+    m0 = proto.shards[0].numel
+    ws: dict = {}  # the rank's workspace for the bucket, as the exchange keeps it (Memory.workspace)
+    avg = [flat[:m0].contiguous()]
+
+    def up() -> None:
+        with workspace.use(ws):
+            payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
+            avg[0] = proto.reduce(0, received, bits, out=torch.empty(m0, device=device), bad=bad)
+
+    def down() -> None:
+        with workspace.use(ws):
+            proto.encode_down(0, avg[0], 1, size)
+            proto.decode_down(gathered, workspace.scratch("update", n, torch.float32, flat.device), bad)
+
+    return up, down, bad
+
+
+@contextlib.contextmanager
+def _device_path():
+    from dqsgd.kernels import device_common
+    from dqsgd.topology import payloads
+
     device_common.set_triton(True)
     payloads.route_cpu_through_device_codec(True)
     try:
-        rngs = [HashRNG(1, 1, j) for j in range(workers)]
-        send, at, sizes = payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
-        received = [send[at[0] : at[0] + sizes[0]]] * workers  # what the all-to-all delivers for shard 0
-        recv = torch.cat([send[at[0] : at[0] + sizes[0] + 1]] * workers)
-        received = [recv[w * (sizes[0] + 1) : w * (sizes[0] + 1) + sizes[0]] for w in range(workers)]
-        gathered = [proto.encode_down(j, flat[lo:hi].contiguous(), 1, size) for j, (lo, hi) in enumerate(proto.bounds)]
-        m0 = proto.shards[0].numel
-
-        ws: dict = {}  # the rank's workspace for the bucket, as the exchange keeps it (Memory.workspace)
-
-        def bucket() -> None:
-            with workspace.use(ws):
-                payloads.encode_batched(proto.shards, proto.bounds, flat, bits, rngs, gap=1)
-                avg = proto.reduce(0, received, bits, out=torch.zeros(m0), bad=bad)
-                proto.encode_down(0, avg, 1, size)
-                proto.decode_down(gathered, torch.zeros(n), bad)
-
-        bucket()  # warm: plans, templates, tables
-        with _counting(launches), profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(repeat):
-                bucket()
+        yield
     finally:
         payloads.route_cpu_through_device_codec(False)
         device_common.set_triton(None)
+
+
+def count_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, repeat: int = 2) -> dict:
+    """Triton launches and aten ops of one sharded bucket's codec calls on one rank (:func:`bucket_legs`,
+    both legs), on CPU tensors through Triton's interpreter."""
+    from torch.profiler import ProfilerActivity, profile
+
+    launches: dict[str, int] = {}
+    with _device_path():
+        up, down, bad = bucket_legs(n, workers, bits, dbits)
+        up(), down()  # warm: plans, templates, tables
+        with _counting(launches), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(repeat):
+                up(), down()
     return {"n": n, "workers": workers, "bits": bits, "bad": bool(bad), **_tally(prof.events(), launches, repeat)}
+
+
+def measure_bucket(n: int, workers: int, bits: int = 4, dbits: int = 8, rounds: int = 20) -> dict:
+    """Each leg of one bucket's codec calls on one rank (:func:`bucket_legs`) and both as a ratio to
+    ``copy_`` of the bucket's n float32 (1 = as fast as copy_): median over interleaved rounds, a
+    synchronize around each call (``dqsgd bench gpu``'s own timing of its codec rows). On the CPU (no
+    GPU) a smoke run through the interpreter, not figures."""
+    from dqsgd.cli.bench.gpu import _ratios
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    with _device_path():
+        up, down, bad = bucket_legs(n, workers, bits, dbits, dev)
+        x, buf = torch.randn(n, device=dev), torch.empty(n, device=dev)
+        fns = {"copy": lambda: buf.copy_(x), "enc": up, "dec": down, "both": lambda: (up(), down())}
+        row = _ratios(fns, torch.cuda.synchronize if dev == "cuda" else (lambda: None), rounds)
+    return {"n": n, "workers": workers, "bits": bits, "dbits": dbits, "bad": bool(bad),
+            "up": row["enc"], "down": row["dec"], "both": row["both"], "copy_us": 1e3 * row["copy_ms"],
+            **{f"{k}_us": 1e3 * row[f"{e}_ms"] for k, e in (("up", "enc"), ("down", "dec"), ("both", "both"))}}
 
 
 def _tally(events: list, launches: dict[str, int], repeat: int) -> dict:
@@ -214,7 +255,28 @@ def main() -> None:
     ap.add_argument("--out", help="folder for call_cost.md (the GPU timing run; required without --count)")
     ap.add_argument("--sizes", default="1000,1000000,25000000")
     ap.add_argument("--count", action="store_true", help="count launches and ops per pair on the CPU (interpreter)")
+    ap.add_argument("--bucket", action="store_true", help="time each leg of one sharded bucket's codec calls on one "
+                    "rank against copy_ (bucket_cost.md); without a GPU a smoke run through the interpreter")
+    ap.add_argument("--workers", default="4,8", help="W for --bucket")
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds for --bucket")
     a = ap.parse_args()
+    if a.bucket:
+        rows = [measure_bucket(int(s), int(w), rounds=a.rounds) for s in a.sizes.split(",")
+                for w in a.workers.split(",")]
+        where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (smoke run, not GPU figures)"
+        lines = [f"# One bucket's codec legs on one rank against copy_, on {where} (torch {torch.__version__})", "",
+                 "| n | W | bits | down bits | uplink (enc + decode-average) | downlink (enc + decode) | both | "
+                 "up_us | down_us | copy_us | bad |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['n']} | {r['workers']} | {r['bits']} | {r['dbits']} | {r['up']:.3f} | {r['down']:.3f} | "
+                  f"{r['both']:.3f} | {r['up_us']:.0f} | {r['down_us']:.0f} | {r['copy_us']:.0f} | {r['bad']} |"
+                  for r in rows]
+        lines += ["", "Legs as t(copy_ of the bucket's n float32) / t(leg), median of interleaved rounds "
+                  "(docs/gpu-codec.md, \"Passes and their bound\", gives each leg's byte bound)."]
+        if a.out:
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / "bucket_cost.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     if a.count:
         for s in a.sizes.split(","):
             c = count_pair(int(s))
@@ -238,6 +300,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if "--count" in sys.argv:
+    if "--count" in sys.argv or ("--bucket" in sys.argv and not torch.cuda.is_available()):
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
     main()

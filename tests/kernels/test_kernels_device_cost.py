@@ -31,6 +31,7 @@ def test_one_pair_issues_few_launches_and_ops(monkeypatch: pytest.MonkeyPatch) -
     c = count_pair(1000)
     # norm, header + body, the crc (one level up to 2 KiB), decode + checks, the crc check + verdict
     assert c["by_kernel"] == {"_absmax_kernel": 1, "_crc_level": 2, "_decode_kernel": 1, "_encode_kernel": 1}
-    # the norm's zero fill, 1/r and r/levels: all that runs outside the kernels
-    assert c["aten_kernels"] <= 3, c["by_op"]
+    # the norm's zero fill, 1/r, r/levels, and the fill of the step's key into the tensor the encode reads it
+    # from (workspace.step_key): all that runs outside the kernels
+    assert c["aten_kernels"] <= 4, c["by_op"]
     assert c["aten_ops"] <= 34, c

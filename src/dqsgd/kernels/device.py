@@ -49,7 +49,8 @@ from dqsgd.kernels.device_common import (
 from dqsgd.kernels.device_crc import crc32_length_constant, crc32_with, crc_tables
 from dqsgd.kernels.device_decode import decode_accumulate_device, decode_device
 from dqsgd.kernels.device_pack import pack_device
-from dqsgd.kernels.hashrng import HashRNG, signed64, hash_uniform_torch
+from dqsgd.kernels.hashrng import HashRNG, hash_uniform_torch
+from dqsgd.kernels.workspace import step_key
 from dqsgd.quantizers import Layout, Norm, NonFiniteGradientError, levels_for_bits
 from dqsgd.quantizers.segments import check_bits, flat_float, segment_reduce
 
@@ -138,7 +139,7 @@ def _refuse(scales: torch.Tensor, inv: torch.Tensor, levels: int) -> None:
                          "overflows float32 (norms must be 0 or above s·2^-128)")
 
 
-def _encode_triton(flat: torch.Tensor, norm: Norm, tpl: Template, layout: Layout, key: int, bits: int,
+def _encode_triton(flat: torch.Tensor, norm: Norm, tpl: Template, layout: Layout, key: torch.Tensor, bits: int,
                    levels: int, check: str) -> torch.Tensor:
     """The payload by the Triton kernels: the norm (its zero fill also zeroes the crc's level-0 raws),
     header and body (with the refusal flags and the crc's level 0 of the bytes written) in one, then
@@ -164,7 +165,8 @@ def _encode_triton(flat: torch.Tensor, norm: Norm, tpl: Template, layout: Layout
 
 
 def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Norm = Norm.MAX,
-                          layout: Layout = Layout(), check: str = "sync") -> torch.Tensor:
+                          layout: Layout = Layout(), check: str = "sync",
+                          key: torch.Tensor | None = None) -> torch.Tensor:
     """The FIXED payload of the hash-RNG uniform quantizer of ``x``, as uint8 on ``x.device``.
 
     Byte-identical to ``encode_uniform_fast(x, bits, rng, norm=norm, layout=layout,
@@ -173,6 +175,11 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     ``check="sync"`` (default) refuses like the host kernel, which costs one small device→host
     read of two flags. ``check="defer"`` does not sync: a non-finite input, or a norm so small
     that s/norm overflows, writes a NaN scale instead, which every decoder refuses.
+
+    ``key``: the device tensor the kernels read the uniforms' key from (1 element, int64; default:
+    a buffer of the workspace into which ``rng.key`` is written, :func:`dqsgd.kernels.workspace.step_key`).
+    Given, it is read as it is (the caller has written ``rng.key`` into it with ``workspace.write_key``):
+    a CUDA graph captured around the call replays with whatever key is written into it before the replay.
 
     Raises:
       NonFiniteGradientError: ``x`` has NaN or Inf (``check="sync"``).
@@ -191,7 +198,7 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     tpl = template(shape, bits, Norm(norm), layout, x.dtype)
     dev, levels = flat.device, levels_for_bits(bits)
     if tri:
-        return _encode_triton(flat, Norm(norm), tpl, layout, rng.key, bits, levels, check)
+        return _encode_triton(flat, Norm(norm), tpl, layout, step_key("one", rng.key, dev, key), bits, levels, check)
     scales = device_scales(flat, norm, layout, tpl.nseg, tri)
     inv = _inverse(scales, levels)
     if check == "sync":
@@ -203,7 +210,7 @@ def encode_uniform_device(x: torch.Tensor, bits: int, rng: HashRNG, *, norm: Nor
     payload = torch.empty(k + tpl.body_len + 4, dtype=torch.uint8, device=dev)
     payload[:k] = head
     payload[tpl.scale_at : tpl.scale_at + 4 * tpl.nseg] = scales.contiguous().view(torch.uint8)
-    key = torch.full((), signed64(rng.key), dtype=torch.int64, device=dev)  # a fill: no host copy
+    key = step_key("one", rng.key, dev, key).reshape(())  # a fill: no host copy
     bucket = layout.bucket if layout.sizes is None else 0
     payload[k:-4] = kernel(_quantize_pack, dev)(flat, inv, seg_ids_of(layout, dev), key, bits, levels, bucket)
     m = payload.numel() - 4

@@ -198,7 +198,8 @@ def expected_header(shape: tuple[int, ...], bits: int, *, norm: Norm = Norm.MAX,
 
 # ------------------------------------------------------------------------------ compiled variants
 
-_TRITON_MODULES = ("dqsgd.kernels.triton_codec", "dqsgd.kernels.triton_crc", "dqsgd.kernels.triton_batch")
+_TRITON_MODULES = ("dqsgd.kernels.triton_codec", "dqsgd.kernels.triton_decode", "dqsgd.kernels.triton_crc",
+                   "dqsgd.kernels.triton_batch")
 
 
 def compiled_variants() -> dict[str, int | None]:

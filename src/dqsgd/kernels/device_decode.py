@@ -200,12 +200,12 @@ def _settle(stats: torch.Tensor, h: Header, check: str, bad: torch.Tensor | None
 
 def _accumulate_triton(payload: torch.Tensor, flat: torch.Tensor, weight: float, h: Header, expected: bool,
                        check: str, bad: torch.Tensor | None) -> None:
-    """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_codec`): the same checks, made in the
+    """The Triton kernels' decode (:mod:`dqsgd.kernels.triton_decode`): the same checks, made in the
     crc's last level (which starts the stats) and the decode kernel (header bytes, scales, padding,
     codes, and the finite-output rule from each coordinate's step: no launch of its own); with ``defer`` a failed check sets ``bad`` where it is found. The same sum. With
     ``check="sync"`` the codes are scanned first and added only once every check passed (so a
     refused payload leaves ``out`` untouched): two reads of the (small) body; ``defer``: one."""
-    from dqsgd.kernels.triton_codec import STATS, Checks, accumulate_triton
+    from dqsgd.kernels.triton_decode import STATS, Checks, accumulate_triton
     from dqsgd.kernels.triton_crc import crc32_triton
 
     dev, rng = payload.device, wire.code_range(h.scheme, h.bits, h.levels)

@@ -2,8 +2,8 @@
 every payload of a batch, a grid of (blocks, payloads).
 
 Program (i, p) does block i of payload p with the one-payload kernels' own code
-(:mod:`dqsgd.kernels.triton_codec`: ``write_head``, ``encode_groups``, ``decode_groups``;
-:mod:`dqsgd.kernels.triton_crc`: the crc's levels), reading payload p's numbers (where its input, its
+(:mod:`dqsgd.kernels.triton_codec`: ``write_head``, ``encode_groups``; :mod:`dqsgd.kernels.triton_decode`:
+``decode_groups``; :mod:`dqsgd.kernels.triton_crc`: the crc's levels), reading payload p's numbers (where its input, its
 scales and its bytes lie, its header) from one int64 table (``_meta``, built once per batch and
 device): the same bytes and sums as one call per payload. A block past a shorter payload's end is
 masked off, as the last block of one payload is.
@@ -17,7 +17,8 @@ masked off, as the last block of one payload is.
 * decode: the crc check (which starts every payload's stats and copies its scales), then one launch
   (``_decode_batch``) whose program (i, t) adds block i of the R payloads of target t in their order
   (the W payloads of a shard: one target; the S shards of a downlink: S targets of one payload), so
-  every coordinate receives its payloads in order without atomics. Every check ORs into ``bad``.
+  every coordinate receives its payloads in order without atomics; the sum is held in registers and
+  written once (``fresh``: without reading ``out`` first). Every check ORs into ``bad``.
 
 The checks are deferred (the hook's no-sync path): a non-finite shard or a too small norm writes a
 NaN scale, which every decoder refuses.
@@ -35,11 +36,10 @@ import triton.language as tl
 from dqsgd.codecs import wire
 from dqsgd.kernels.device_crc import crc32_length_constant
 from dqsgd.kernels.hashrng import signed64
-from dqsgd.kernels.triton_codec import (
-    BLOCK, GROUPS, HB, STATS, body_log, decode_groups, encode_program, mix64_triton, pow2, segment_span,
-)
+from dqsgd.kernels.triton_codec import BLOCK, GROUPS, HB, body_log, encode_program, mix64_triton, pow2, segment_span
 from dqsgd.kernels.triton_crc import FAN, ROWS, block_table_on, crc_raw, crc_verdict, level0_blocks, tables_on
-from dqsgd.kernels.workspace import scratch
+from dqsgd.kernels.triton_decode import STATS, decode_groups
+from dqsgd.kernels.workspace import scratch, step_key
 from dqsgd.quantizers import Norm, Scheme
 
 if TYPE_CHECKING:
@@ -75,20 +75,21 @@ def _absmax_batch(x_ptr, out_ptr, starts_ptr, meta_ptr, bucket, BLOCK: tl.conste
         tl.atomic_max(out + seg, bits, mask=ok)
 
 
-@triton.jit(do_not_specialize=["base", "blocks", "raw_at"])  # base: a new value every step; no variant per value
+@triton.jit(do_not_specialize=["blocks", "raw_at"])
 def _encode_batch(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, keys_ptr, meta_ptr, tab_ptr, raw_ptr,
-                  raw_at, bucket, base, blocks, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr,
+                  raw_at, bucket, base_ptr, blocks, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr,
                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
                   BLOG: tl.constexpr):
     """Payload p = program_id(1): this program's header bytes and GROUPS·8 coordinates, and level 0 of
     their crc into raws[raw_at + p·blocks:] (every stream padded in front to ``blocks`` blocks), as
-    ``_encode_kernel``; its key is mix64(base ⊕ keys[p]) (:func:`split_keys`)."""
+    ``_encode_kernel``; its key is mix64(base ⊕ keys[p]) (:func:`split_keys`), base read from ``base_ptr``."""
     s = tl.program_id(1)
     m = meta_ptr + s * 12
     seg0, pay = tl.load(m + 3), out_ptr + tl.load(m + 5)
     encode_program(x_ptr + tl.load(m), scale_ptr + seg0, rec_ptr + seg0, starts_ptr + tl.load(m + 4), pay,
                    head_ptr + tl.load(m + 8), pay, tab_ptr, raw_ptr + raw_at + s * blocks,
-                   mix64_triton((tl.load(keys_ptr + s) ^ base).to(tl.uint64, bitcast=True)), tl.load(m + 1),
+                   mix64_triton((tl.load(keys_ptr + s) ^ tl.load(base_ptr)).to(tl.uint64, bitcast=True)),
+                   tl.load(m + 1),
                    tl.load(m + 9), tl.load(m + 2), bucket, tl.load(m + 6), tl.load(m + 7),
                    blocks * 2048 - (tl.load(m + 10) - 4), BITS, LEVELS, WB, GROUPS, MODE, STEPS, HB, False, BLOG)
 
@@ -134,17 +135,36 @@ def _crc_batch(src_ptr, src_at, tab_ptr, comb_ptr, raw_ptr, buf_ptr, stats_ptr, 
 @triton.jit
 def _decode_batch(buf_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, head_ptr, meta_ptr, w, bucket, lo_ok,
                   hi_ok, zero_ok, R: tl.constexpr, BITS: tl.constexpr, WB: tl.constexpr, GROUPS: tl.constexpr,
-                  MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, NSTATS: tl.constexpr):
-    """Target t = program_id(1): payloads t·R … t·R + R − 1 in order, each as ``_decode_kernel``
-    (checks into its stats and ``*bad``, then out[X:] += w·(c·step))."""
+                  MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr, NSTATS: tl.constexpr,
+                  FRESH: tl.constexpr):
+    """Target t = program_id(1): payloads t·R … t·R + R − 1 (all added at payload t·R's place), each
+    decoded and checked as ``_decode_kernel`` (checks into its stats and ``*bad``), their terms summed
+    in registers in payload order, acc = acc + w·(c·step) (the order and roundings of one add per
+    payload), and the sums written once: one read (none with FRESH: acc starts at +0.0, what a zeroed
+    ``out`` holds) and one write of the target's slice of ``out``, whatever R."""
+    m0 = meta_ptr + tl.program_id(1) * R * 12
+    dst = out_ptr + tl.load(m0)
+    g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    idx = g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    seen = idx < 0
+    if FRESH:
+        acc = tl.zeros((GROUPS, 8), tl.float32)
+    else:
+        most = tl.load(m0 + 1)
+        for r in range(1, R):
+            most = tl.maximum(most, tl.load(m0 + r * 12 + 1))
+        acc = tl.load(dst + idx, mask=idx < most, other=0.0)
     for r in range(0, R):
         p = tl.program_id(1) * R + r
         m = meta_ptr + p * 12
         n, nseg, k, pay = tl.load(m + 1), tl.load(m + 2), tl.load(m + 6), buf_ptr + tl.load(m + 5)
-        decode_groups(pay + k, step_ptr + tl.load(m + 3), starts_ptr + tl.load(m + 4), out_ptr + tl.load(m),
-                       stats_ptr + p * NSTATS, bad_ptr, pay, head_ptr + tl.load(m + 8), w, n, tl.load(m + 9), nseg, bucket,
-                       k, tl.load(m + 7), (n * BITS) % 8, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, True,
-                       True, HB, True)
+        term, _, ok = decode_groups(pay + k, step_ptr + tl.load(m + 3), starts_ptr + tl.load(m + 4),
+                                    stats_ptr + p * NSTATS, bad_ptr, pay, head_ptr + tl.load(m + 8), w, n,
+                                    tl.load(m + 9), nseg, bucket, k, tl.load(m + 7), (n * BITS) % 8, lo_ok, hi_ok,
+                                    zero_ok, BITS, WB, GROUPS, MODE, STEPS, True, HB, True)
+        acc = tl.where(ok, acc + term, acc)
+        seen = seen | ok
+    tl.store(dst + idx, acc, mask=seen)
 
 
 # ------------------------------------------------------------------------------------ host side
@@ -189,7 +209,8 @@ def split_keys(keys: Sequence[int]) -> tuple[int, tuple[int, ...]]:
     """(base, rest) with key_p = mix64(base ⊕ rest_p): base = mix64⁻¹(key_0), rest_p = mix64⁻¹(key_p) ⊕ base.
     A HashRNG key is mix64(A ⊕ C) with A from (seed, step) and C from the worker alone, so the keys of
     one rank's shards (one seed and step) have the same ``rest`` at every step: ``rest`` is copied to
-    the device once and ``base`` is a kernel argument, with no host-to-device copy per call."""
+    the device once and ``base`` is written into a 1-element device tensor the kernel reads
+    (``workspace.step_key``), with no host-to-device copy per call."""
     raw = [unmix64(k & _MASK) for k in keys]
     return raw[0], tuple(r ^ raw[0] for r in raw)
 
@@ -242,10 +263,14 @@ def _crc(b: Batch, buf: torch.Tensor, meta: torch.Tensor, stats: torch.Tensor | 
         src, src_at, count_, level = raws, 0, programs, level + 1
 
 
-def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
+def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int], key: torch.Tensor | None = None
+                        ) -> torch.Tensor:
     """:meth:`Batch.encode` on ``flat``'s device: the norm, the headers and bodies, and the crc's
     level(s), each one launch for every shard (max norm; an l2 norm is the host's expression per
-    shard)."""
+    shard). The kernel reads the keys' per-step part (``split_keys(keys)[0]``) from ``key``, a
+    1-element int64 device tensor the caller keeps (``workspace.write_key``; a CUDA graph captured
+    around the call replays at the step whose base it holds), or, None, from the workspace's buffer
+    into which this call writes it (:func:`dqsgd.kernels.workspace.step_key`)."""
     from dqsgd.kernels.device import device_scales
 
     dev, plans, levels = flat.device, b.plans, b.plans[0].levels
@@ -270,16 +295,21 @@ def encode_batch_triton(b: Batch, flat: torch.Tensor, keys: Sequence[int]) -> to
     grid = max(max(triton.cdiv(triton.cdiv(p.numel, 8), GROUPS), triton.cdiv(p.head_len, HB)) for p in plans)
     rec = torch.reciprocal(scales, out=scratch("rec", scales.numel(), torch.float32, dev))
     _encode_batch[(grid, len(plans))](x, scales, rec, starts, out, heads, _keys_on(rest, dev), meta,
-                                      block_table_on(dev), raws, raw_at, bucket, signed64(base), blocks, BITS=b.bits,
+                                      block_table_on(dev), raws, raw_at, bucket, step_key("batch", base, dev, key),
+                                      blocks, BITS=b.bits,
                                       LEVELS=levels, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode, STEPS=steps, HB=HB,
                                       BLOG=body_log(b.bits))
     _crc(b, out, meta, level0=(raws, raw_at), gap=gap if gap <= GAP else 0)
     return out
 
 
-def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weight: float, bad: torch.Tensor) -> None:
+def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weight: float, bad: torch.Tensor,
+                            fresh: bool = False) -> None:
     """:meth:`Batch.accumulate` on ``buf``'s device, checks deferred into ``bad``: the crc check
-    (one launch per level, which also copies the scales), ``r/levels``, and one decode launch."""
+    (one launch per level, which also copies the scales), ``r/levels``, and one decode launch, which
+    sums the payloads of each place in registers and writes it once. ``fresh``: ``out``'s slices are
+    not read (their sums are written as if they held zeros, bit for bit), one read of 4 bytes per
+    coordinate less, for a caller whose ``out`` starts at zero."""
     from dqsgd.kernels.device_decode import step_divisor
 
     dev, plans = buf.device, b.plans
@@ -305,4 +335,5 @@ def accumulate_batch_triton(b: Batch, buf: torch.Tensor, out: torch.Tensor, weig
     _decode_batch[(grid, len(plans) // per)](buf, step, starts, out.reshape(-1), stats, bad, heads, meta,
                                              float(np.float32(weight)), bucket, rng.lo, rng.hi, int(rng.zero_ok),
                                              R=per, BITS=b.bits, WB=pow2(b.bits), GROUPS=GROUPS, MODE=mode,
-                                             STEPS=steps_, HB=HB, NSTATS=STATS, enable_fp_fusion=False)
+                                             STEPS=steps_, HB=HB, NSTATS=STATS, FRESH=fresh,
+                                             enable_fp_fusion=False)

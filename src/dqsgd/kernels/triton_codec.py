@@ -1,5 +1,5 @@
-"""Triton kernels of the FIXED uniform codec: max norm, header + quantize + pack, and unpack +
-decode-accumulate + checks.
+"""Triton kernels of the FIXED uniform codec's encode: max norm, header + quantize + pack (the decode:
+:mod:`dqsgd.kernels.triton_decode`).
 
 :mod:`dqsgd.kernels.device` and :mod:`dqsgd.kernels.device_decode` call them (when
 :func:`dqsgd.kernels.device_common.use_triton` says so). The per-call work is in the kernels too, so
@@ -7,7 +7,9 @@ that a call issues few launches (the host's issue time, not the kernels, bounded
 elements): the encode kernel writes the header (the template's bytes, the scales, a NaN scale where
 s/r is not finite, the refusal flags), the decode kernel checks the header bytes, the scales, the
 padding and the codes. The crc is :mod:`dqsgd.kernels.triton_crc` (its last level compares a
-decoded payload's crc and starts the flags).
+decoded payload's crc and starts the flags). The encode reads the HashRNG key from a device tensor
+(:func:`dqsgd.kernels.workspace.step_key`), not a kernel argument: two steps launch the same
+arguments, so a CUDA graph captured once replays at every step.
 
 Why the bytes equal the numba kernels' (:mod:`dqsgd.kernels.fused`) for the same input and key:
 
@@ -41,19 +43,17 @@ n-sized index tensor).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from dqsgd.kernels.hashrng import signed64
 from dqsgd.kernels.triton_crc import block_table_on, crc_scatter, level0_blocks
 from dqsgd.kernels.workspace import scratch
 from dqsgd.quantizers import Layout
 
-__all__ = ["Checks", "STATS", "absmax_triton", "accumulate_triton", "encode_triton"]
+__all__ = ["Segments", "absmax_triton", "encode_triton"]
 
 GROUPS = 128  # groups of 8 coordinates per program
 BLOCK = 4096  # coordinates per program of the norm kernel (one atomic each, in one segment)
@@ -158,18 +158,19 @@ def write_head(head_ptr, scale_ptr, rec_ptr, out_ptr, flag_ptr, k, scale_at, nse
     return byte.to(tl.int32), i, i < k
 
 
-@triton.jit(do_not_specialize=["key", "k", "scale_at", "pad", "raw_at"])  # sizes vary by shape: no variant per value
-def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr, raw_at, key, n,
-                   nbytes, nseg, bucket, k, scale_at, pad, BITS: tl.constexpr, LEVELS: tl.constexpr, WB: tl.constexpr,
-                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
+@triton.jit(do_not_specialize=["k", "scale_at", "pad", "raw_at"])  # sizes vary by shape: no variant per value
+def _encode_kernel(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr, raw_at, key_ptr,
+                   n, nbytes, nseg, bucket, k, scale_at, pad, BITS: tl.constexpr, LEVELS: tl.constexpr,
+                   WB: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, HB: tl.constexpr,
                    FLAGS: tl.constexpr, BLOG: tl.constexpr):
     """The header's bytes of this program (:func:`write_head`), then stochastic rounding of GROUPS·8
     coordinates and their FIXED packing into the body (nbytes from ``out_ptr + k``); and level 0 of
     the crc of the bytes it wrote, XORed into ``raw_ptr`` (``triton_crc.crc_scatter``; ``pad``: the
-    stream's front padding), so the crc reads no payload byte again."""
+    stream's front padding), so the crc reads no payload byte again. The key's int64 bits are read from
+    ``key_ptr``."""
     encode_program(x_ptr, scale_ptr, rec_ptr, starts_ptr, out_ptr, head_ptr, flag_ptr, tab_ptr, raw_ptr + raw_at,
-                   key.to(tl.uint64, bitcast=True), n, nbytes, nseg, bucket, k, scale_at, pad, BITS, LEVELS, WB, GROUPS,
-                   MODE, STEPS, HB, FLAGS, BLOG)
+                   tl.load(key_ptr).to(tl.uint64, bitcast=True), n, nbytes, nseg, bucket, k, scale_at, pad, BITS, LEVELS,
+                   WB, GROUPS, MODE, STEPS, HB, FLAGS, BLOG)
 
 
 @triton.jit
@@ -228,95 +229,10 @@ def encode_groups(x_ptr, scale_ptr, rec_ptr, starts_ptr, body_ptr, key, n, nbyte
     return byte.to(tl.int32), at, ok
 
 
-@triton.jit
-def _flag(stats_ptr, bad_ptr, value, BAD: tl.constexpr):
-    """stats |= value (an int32 scalar); BAD: *bad = True where it is not 0 (never cleared)."""
-    tl.atomic_or(stats_ptr, value)
-    if BAD:
-        tl.store(bad_ptr, value != 0, mask=value != 0)
-
-
-@triton.jit
-def _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB: tl.constexpr, BAD: tl.constexpr):
-    """stats[0] |= a byte of this program's HB header bytes differs from the template outside the
-    scales; stats[1] |= a scale here is not finite (exponent bits all set: bytes 3 and 2 of a float32)."""
-    i = tl.program_id(0).to(tl.int64) * HB + tl.arange(0, HB)
-    ok = i < k
-    j = i - scale_at
-    scale = (j >= 0) & (j < 4 * nseg)
-    p = tl.load(pay_ptr + i, mask=ok, other=0).to(tl.int32)
-    differs = ok & (scale == 0) & (p != tl.load(head_ptr + i, mask=ok, other=0).to(tl.int32))
-    top = ok & scale & (j % 4 == 3)
-    below = tl.load(pay_ptr + i - 1, mask=top, other=0).to(tl.int32)
-    _flag(stats_ptr, bad_ptr, tl.max(differs.to(tl.int32)), BAD)
-    _flag(stats_ptr + 1, bad_ptr, tl.max((top & ((p & 0x7F) == 0x7F) & ((below & 0x80) != 0)).to(tl.int32)), BAD)
-
-
-@triton.jit(do_not_specialize=["k", "scale_at", "tail", "lo_ok", "hi_ok", "zero_ok"])
-def _decode_kernel(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
-                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
-                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
-                   CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
-    """Unpack GROUPS·8 codes; WRITE: out += w·(c·step). CHECK: stats = [header differs, non-finite
-    scale, -, padding bits, min c, max c, zero count, a code outside [lo_ok, hi_ok] or a forbidden
-    zero, w·(top·step) not finite for a coordinate's step (the finite-output rule,
-    :mod:`dqsgd.quantizers.base`; top = max(-lo_ok, hi_ok))] (atomics; the header's k bytes are
-    checked by the first ⌈k/HB⌉ programs); BAD: a failed check also sets *bad."""
-    decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
-                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS, WB, GROUPS, MODE, STEPS, WRITE, CHECK, HB,
-                   BAD)
-
-
-@triton.jit
-def decode_groups(body_ptr, step_ptr, starts_ptr, out_ptr, stats_ptr, bad_ptr, pay_ptr, head_ptr, w, n, nbytes, nseg,
-                   bucket, k, scale_at, tail, lo_ok, hi_ok, zero_ok, BITS: tl.constexpr, WB: tl.constexpr,
-                   GROUPS: tl.constexpr, MODE: tl.constexpr, STEPS: tl.constexpr, WRITE: tl.constexpr,
-                   CHECK: tl.constexpr, HB: tl.constexpr, BAD: tl.constexpr):
-    """The work of one :func:`_decode_kernel` program on one payload."""
-    if CHECK:
-        _check_head(pay_ptr, head_ptr, stats_ptr, bad_ptr, k, scale_at, nseg, HB, BAD)
-        if tl.program_id(0) == 0:
-            last = tl.load(body_ptr + nbytes - 1, mask=tail > 0, other=0).to(tl.int32)
-            _flag(stats_ptr + 3, bad_ptr, tl.where(tail > 0, last >> tail, 0), BAD)
-    g = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
-    b = tl.arange(0, WB)
-    at = g[:, None] * BITS + b[None, :]
-    byte = tl.load(body_ptr + at, mask=(b < BITS)[None, :] & (at < nbytes), other=0).to(tl.uint64)
-    d = 8 * b - 4 * BITS
-    lo = tl.sum(tl.where((d < 0)[None, :], byte << tl.minimum(8 * b, 63).to(tl.uint64)[None, :], 0), axis=1)
-    hi_l = byte << tl.maximum(d, 0).to(tl.uint64)[None, :]
-    hi_r = byte >> tl.minimum(tl.maximum(-d, 0), 63).to(tl.uint64)[None, :]
-    hi = tl.sum(tl.where((d >= 0)[None, :], hi_l, tl.where((d > -8)[None, :], hi_r, 0)), axis=1)
-    t = tl.arange(0, 8)
-    half = tl.where((t < 4)[None, :], lo[:, None], hi[:, None])
-    v = ((half >> ((t % 4) * BITS).to(tl.uint64)[None, :]) & ((1 << BITS) - 1)).to(tl.int32)
-    if BITS == 1:
-        c = 2 * v - 1
-    else:
-        c = v - (1 << (BITS - 1))
-    idx = g[:, None] * 8 + t[None, :]
-    ok = idx < n
-    if CHECK:
-        tl.atomic_min(stats_ptr + 4, tl.min(tl.where(ok, c, 0x7FFFFFFF)))
-        tl.atomic_max(stats_ptr + 5, tl.max(tl.where(ok, c, -0x7FFFFFFF)))
-        tl.atomic_add(stats_ptr + 6, tl.sum((ok & (c == 0)).to(tl.int32)))
-        outside = ok & ((c < lo_ok) | (c > hi_ok) | ((c == 0) & (zero_ok == 0)))
-        _flag(stats_ptr + 7, bad_ptr, tl.max(outside.to(tl.int32)), BAD)
-    if CHECK or WRITE:
-        st = tl.load(step_ptr + segment_span(idx, ok, starts_ptr, nseg, bucket, MODE, STEPS), mask=ok, other=0.0)
-    if CHECK:
-        top = tl.maximum(-lo_ok, hi_ok).to(tl.float32)
-        over = ok & (tl.abs(w * (top * st)) > 3.4028234663852886e38)
-        _flag(stats_ptr + 8, bad_ptr, tl.max(over.to(tl.int32)), BAD)
-    if WRITE:
-        o = tl.load(out_ptr + idx, mask=ok, other=0.0)
-        tl.store(out_ptr + idx, o + w * (c.to(tl.float32) * st), mask=ok)
-
-
 # ------------------------------------------------------------------------------------ host side
 
 
-class _Segments:
+class Segments:
     """How a kernel finds a coordinate's segment: (MODE, STEPS, starts tensor, nseg, bucket)."""
 
     def __init__(self, layout: Layout, n: int, device: torch.device) -> None:
@@ -350,29 +266,6 @@ def _starts_on(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _STARTS[key]
 
 
-STATS = 9  # [header differs, non-finite scale, crc mismatch, padding bits, min c, max c, zeros, code out of range,
-#             values not finite]
-
-
-@dataclass(frozen=True)
-class Checks:
-    """What the decode kernel checks besides the codes: the header's first ``k`` bytes of ``payload``
-    against ``head`` outside the scales (k = 0: none), the scales' finiteness, the padding bits, and
-    the codes against [lo, hi] (zero codes allowed or not); results go to ``stats`` (int32, STATS of
-    them, started by the crc's last level: ``triton_crc.crc32_triton(..., stats=)``), and a failure
-    sets ``bad`` (a 0-dim bool, never cleared) if it is given."""
-    stats: torch.Tensor
-    bad: torch.Tensor | None
-    payload: torch.Tensor
-    head: torch.Tensor
-    k: int
-    scale_at: int
-    nseg: int
-    lo: int
-    hi: int
-    zero_ok: bool
-
-
 def pow2(w: int) -> int:
     return 1 << (w - 1).bit_length()
 
@@ -389,7 +282,7 @@ def absmax_bits_triton(flat: torch.Tensor, layout: Layout, nseg: int, extra: int
     bits = scratch("absmax1", nseg + extra, torch.int32, flat.device, zero=True)
     if not n:
         return bits
-    seg = _Segments(layout, n, flat.device)
+    seg = Segments(layout, n, flat.device)
     if seg.mode == 1:
         sb = min(BLOCK, pow2(seg.bucket))
         chunks = triton.cdiv(seg.bucket, sb)
@@ -400,13 +293,14 @@ def absmax_bits_triton(flat: torch.Tensor, layout: Layout, nseg: int, extra: int
     return bits
 
 
-def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key: int, bits: int, levels: int,
+def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key: torch.Tensor, bits: int, levels: int,
                   head: torch.Tensor, scale_at: int, payload: torch.Tensor, flags: bool,
                   raws: tuple[torch.Tensor, int] | None = None) -> tuple[torch.Tensor | None, tuple[torch.Tensor, int]]:
     """Write the header and the FIXED body of ``flat`` (contiguous, 1-D, float32/16/bf16) at ``bits``
     into ``payload`` (uint8: ``head``'s k bytes, then ⌈n·bits/8⌉, then the crc's 4, not written here).
     ``head``: the template's header bytes on the device, the float32 ``scales`` (contiguous, one per
-    segment) go in at ``scale_at``; ``key``: the HashRNG key (unsigned). ``inv = s/r`` per segment
+    segment) go in at ``scale_at``; ``key``: a 1-element int64 tensor on the device holding the HashRNG
+    key's bits (:func:`dqsgd.kernels.workspace.step_key`), read by the kernel. ``inv = s/r`` per segment
     uses torch's correctly rounded ``1/r`` (Triton's float32 division is not correctly rounded on
     CUDA). Returns ([r non-finite, inv non-finite] (int32 on the device) if ``flags``, the crc's
     level-0 raws of ``payload[:-4]`` for ``triton_crc.crc32_triton(..., level0=)``); ``raws = (buf,
@@ -416,11 +310,10 @@ def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key:
     fl = torch.zeros(2, dtype=torch.int32, device=dev) if flags else scales
     blocks, pad = level0_blocks(payload.numel() - 4)
     raws = (scratch("crc0", blocks, torch.int32, dev, zero=True), 0) if raws is None else raws
-    seg = _Segments(layout, n, dev)
+    seg = Segments(layout, n, dev)
     grid = (max(triton.cdiv(triton.cdiv(n, 8), GROUPS), triton.cdiv(k, HB)),)
-    # the key as int64 bits: a Python int ≥ 2^63 would be typed u64, the others i64, two variants of the kernel
     rec = torch.reciprocal(scales, out=scratch("rec1", scales.numel(), torch.float32, dev))
-    _encode_kernel[grid](flat, scales, rec, seg.starts, payload, head, fl, block_table_on(dev), *raws, signed64(key), n,
+    _encode_kernel[grid](flat, scales, rec, seg.starts, payload, head, fl, block_table_on(dev), *raws, key, n,
                          payload.numel() - k - 4, seg.nseg, seg.bucket, k, scale_at, pad, BITS=bits, LEVELS=levels,
                          WB=pow2(bits), GROUPS=GROUPS, HB=HB, FLAGS=flags, BLOG=body_log(bits), **seg.meta())
     return (fl if flags else None), raws
@@ -429,22 +322,3 @@ def encode_triton(flat: torch.Tensor, scales: torch.Tensor, layout: Layout, key:
 def body_log(bits: int) -> int:
     """log2 of the (GROUPS, WB) byte tile an encode program packs (``crc_scatter``'s SIZE)."""
     return (GROUPS * pow2(bits)).bit_length() - 1
-
-
-def accumulate_triton(body: torch.Tensor, steps: torch.Tensor, layout: Layout, weight: float, bits: int, n: int,
-                      out: torch.Tensor, write: bool, checks: Checks | None) -> None:
-    """With ``write``: ``out += weight·(c·step)`` for the n codes of a FIXED body (out: contiguous
-    float32 of n elements); with ``checks``: the checks of :class:`Checks` into its stats."""
-    dev = body.device
-    grid = triton.cdiv(triton.cdiv(n, 8), GROUPS)
-    if checks is not None:
-        grid = max(grid, triton.cdiv(checks.k, HB), 1)
-    if not grid:
-        return
-    c = checks or Checks(steps, None, body, body, 0, 0, 0, 0, 0, True)  # unused pointers and sizes
-    seg = _Segments(layout, n, dev)
-    _decode_kernel[(grid,)](body, steps, seg.starts, out, c.stats, c.stats if c.bad is None else c.bad, c.payload,
-                            c.head, float(np.float32(weight)), n, body.numel(), seg.nseg, seg.bucket, c.k, c.scale_at,
-                            (n * bits) % 8, c.lo, c.hi, int(c.zero_ok), BITS=bits, WB=pow2(bits), GROUPS=GROUPS,
-                            WRITE=write, CHECK=checks is not None, HB=HB, BAD=c.bad is not None,
-                            enable_fp_fusion=False, **seg.meta())

@@ -14,6 +14,14 @@ issues bucket k+1 while bucket k's collectives run, and a CUDA future's callback
 stream) never share a buffer, and a bucket's next step starts only once its previous step's future
 has completed (DDP waits for every bucket's future at the end of backward). Buffers that leave the
 call are not scratch: the payload buffers a collective sends, and the decoded sums returned to the caller.
+
+The step's key. The encode kernels read the HashRNG key (the batched encode: its per-step part,
+``triton_batch.split_keys``) from a 1-element int64 tensor, :func:`step_key`: the call site's buffer
+of the workspace, into which each call writes the step's key with one ``fill_`` (no allocation after
+the first step, no host copy, no host read). Everything else a bucket's codec calls launch is the same
+at every step (the kernels, grids, scalar arguments and buffers), so a CUDA graph of them captured once
+replays at every step: pass the tensor as ``key=`` (then the call does not write it) and write each
+step's key into it with :func:`write_key` before the replay.
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["scratch", "use"]
+from dqsgd.kernels.hashrng import signed64
+
+__all__ = ["scratch", "step_key", "use", "write_key"]
 
 _CURRENT: ContextVar[dict | None] = ContextVar("dqsgd_workspace", default=None)
 
@@ -51,3 +61,21 @@ def scratch(tag: Any, n: int, dtype: torch.dtype, device: torch.device, *, zero:
     if t is None:
         t = ws[key] = torch.empty(n, dtype=dtype, device=device)
     return t.zero_() if zero else t
+
+
+def write_key(slot: torch.Tensor, key: int) -> torch.Tensor:
+    """Write the 64-bit ``key`` (its bits, as int64) into ``slot`` in place, on its device: one fill
+    (a kernel argument, no host-to-device copy); returns ``slot``."""
+    return slot.fill_(signed64(int(key) & ((1 << 64) - 1)))
+
+
+def step_key(tag: Any, key: int, device: torch.device, given: torch.Tensor | None = None) -> torch.Tensor:
+    """The 1-element int64 tensor an encode kernel reads its key from: ``given`` as it is (the caller
+    keeps it up to date with :func:`write_key`; ``key`` is then not written), else call site ``tag``'s
+    buffer (:func:`scratch`) with ``key`` written in."""
+    if given is None:
+        return write_key(scratch(("key", tag), 1, torch.int64, device), key)
+    if given.dtype != torch.int64 or given.numel() != 1 or given.device != torch.device(device):
+        raise ValueError(f"key must be a 1-element int64 tensor on {device}, got {given.dtype} "
+                         f"{tuple(given.shape)} on {given.device}")
+    return given

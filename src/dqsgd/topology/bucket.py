@@ -313,7 +313,8 @@ class BucketProtocol:
         """Decode and aggregate shard ``shard`` from the workers' payloads (worker order): the mean,
         each of the n payloads scaled by 1/n before it is added, or the majority vote (``voters``: who
         votes). n is W, or fewer when a server averages only the first arrivals (backup workers).
-        ``out``: a zeroed float32 buffer to accumulate into; ``bad``: deferred validation (device)."""
+        ``out``: a float32 buffer the result is written into (its contents are not used); ``bad``:
+        deferred validation (device)."""
         m = self.shards[shard]
         if not 0 < len(received) <= self.workers:
             raise ValueError(f"shard {shard}: {len(received)} payloads for {self.workers} workers")
@@ -321,8 +322,8 @@ class BucketProtocol:
             v = payloads.vote(m, list(received), bits, voters)
             return v if out is None else out.copy_(v)
         if out is None:
-            out = torch.zeros(m.numel, dtype=torch.float32, device=received[0].device)
-        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / len(received))
+            out = torch.empty(m.numel, dtype=torch.float32, device=received[0].device)
+        payloads.accumulate(m, list(received), bits, out, bad, weight=1.0 / len(received), fresh=True)
         return out
 
     # --- downlink leg ---------------------------------------------------------------------------
@@ -374,21 +375,22 @@ class BucketProtocol:
     def decode_down(self, received: Sequence[torch.Tensor], out: torch.Tensor | None = None,
                     bad: torch.Tensor | None = None, dbits: int | None = None) -> torch.Tensor:
         """The update from every shard's downlink payload (shard order; a fixed one may be padded, a
-        coded one is its exact bytes): the same bytes give the same update on every rank. ``bad``: deferred validation (device);
-        ``dbits``: the step's width (None: the fixed width)."""
+        coded one is its exact bytes): the same bytes give the same update on every rank. ``out``: the
+        float32 buffer the update is written into (its contents are not used; None: a new one);
+        ``bad``: deferred validation (device); ``dbits``: the step's width (None: the fixed width)."""
         if len(received) != len(self.shards):
             raise ValueError(f"{len(received)} downlink payloads for {len(self.shards)} shards")
         if out is None:
-            out = torch.zeros(self.numel, dtype=torch.float32, device=received[0].device)
+            out = torch.empty(self.numel, dtype=torch.float32, device=received[0].device)
         d = self._width(dbits)
         if not self.coded_down and d not in (FP32, SIGN):  # every shard in one batched call
             from dqsgd.quantizers import Norm
 
             spec = [(m.numel, m.layout) for m in self.shards]
             if payloads.accumulate_batch(spec, d, Norm.MAX, received, out, [lo for lo, _ in self.bounds], 1.0, bad,
-                                         lambda o: self._decode_each(received, o, None, d), padded=True):
+                                         lambda o: self._decode_each(received, o, None, d), padded=True, fresh=True):
                 return out
-        self._decode_each(received, out, bad, d)
+        self._decode_each(received, out.zero_(), bad, d)
         return out
 
     def _decode_each(self, received: Sequence[torch.Tensor], out: torch.Tensor, bad: torch.Tensor | None,

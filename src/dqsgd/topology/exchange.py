@@ -273,7 +273,7 @@ class RankExchange:
         if self.P.vote:
             voters = [not f & codec.FLAG_ZERO for f in flags.cpu().tolist()]
             return self.P.reduce(shard, payloads, self.bits, voters).to(self.x.device)
-        out = torch.zeros(self.P.shards[shard].numel, dtype=torch.float32, device=self.x.device)
+        out = torch.empty(self.P.shards[shard].numel, dtype=torch.float32, device=self.x.device)  # written, not read
         return self.P.reduce(shard, payloads, self.bits, out=out, bad=self.b.payload_flag(out))
 
     def _gathered(self, gathered: list[torch.Tensor]) -> Outcome:
@@ -329,7 +329,7 @@ class RankExchange:
         from dqsgd.kernels.workspace import scratch
 
         with self._scratch():  # the sum (the outcome is a fresh copy of it, :meth:`_finish`)
-            out = scratch("update", self.P.numel, torch.float32, self.x.device, zero=True)
+            out = scratch("update", self.P.numel, torch.float32, self.x.device)  # decode_down writes it, reads nothing
         flag = self.b.payload_flag(out)
         if self.lengths is not None:  # each message's exact payload, then its status byte
             gathered = [m[:n] for m, n in zip(gathered, self.lengths)]

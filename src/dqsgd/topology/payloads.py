@@ -144,15 +144,19 @@ def encode_shard(m: Method, x: torch.Tensor, bits: int, rng: HashRNG, generator:
 
 
 def accumulate(m: Method, payloads: list[torch.Tensor], bits: int, out: torch.Tensor,
-               bad: torch.Tensor | None = None, *, weight: float = 1.0) -> None:
+               bad: torch.Tensor | None = None, *, weight: float = 1.0, fresh: bool = False) -> None:
     """``out += Σ_w weight·x̂_w`` in rank order, each payload scaled before it is added (a mean of
     finite values stays finite); ``bad``: deferred validation on the device path
     (:func:`decode_accumulate_payload`). Uniform FIXED payloads are added in one batched call
-    (:func:`accumulate_batch`), the others one by one."""
+    (:func:`accumulate_batch`), the others one by one. ``fresh``: ``out``'s contents are not used
+    (written as if it held zeros)."""
     expect = (bits, m.norm, m.layout) if fast_path(m) else None
     if expect is None or not accumulate_batch([(m.numel, m.layout)] * len(payloads), bits, m.norm, payloads, out,
                                               [0] * len(payloads), weight, bad,
-                                              lambda o: _accumulate_each(m, payloads, bits, o, None, weight, expect)):
+                                              lambda o: _accumulate_each(m, payloads, bits, o, None, weight, expect),
+                                              fresh=fresh):
+        if fresh:
+            out.zero_()
         _accumulate_each(m, payloads, bits, out, bad, weight, expect)
 
 
@@ -199,13 +203,16 @@ def packed(payloads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
 
 def accumulate_batch(spec: Sequence[tuple[int, Layout]], bits: int, norm: Norm, payloads: Sequence[torch.Tensor],
                      out: torch.Tensor, out_at: Sequence[int], weight: float, bad: torch.Tensor | None,
-                     refuse: Callable[[torch.Tensor], None], padded: bool = False) -> bool:
+                     refuse: Callable[[torch.Tensor], None], padded: bool = False, fresh: bool = False) -> bool:
     """``out[out_at[p] :][: numel_p] += weight·x̂_p`` for the uniform FIXED payloads ``payloads``
     (``spec[p]`` = (numel, layout); ``padded``: a payload may be followed by more bytes, which are
     not read) in one batched call; False where the batch does not apply (then
     nothing was added). The Triton batch defers its checks: it applies only with ``bad``. A payload
     the CPU batch finds wrong is refused by ``refuse(scratch)``, the one-by-one decoder that says
-    why, run on a zeroed copy of ``out`` (``out`` is then to be discarded)."""
+    why, run on a zeroed copy of ``out`` (``out`` is then to be discarded). ``fresh``: ``out``'s
+    contents are not used: the sums are written as if it held zeros (the same bits; the Triton batch
+    does not read it, the CPU batch zeroes it first; every coordinate of ``out`` must be some payload's);
+    where the batch does not apply it is untouched."""
     tri = batched(out)
     if tri is None or (tri and bad is None) or not payloads:
         return False
@@ -220,8 +227,11 @@ def accumulate_batch(spec: Sequence[tuple[int, Layout]], bits: int, norm: Norm, 
     if tri:  # the Triton batch: its checks set ``bad``, no sync
         from dqsgd.kernels.triton_batch import accumulate_batch_triton
 
-        accumulate_batch_triton(b, buf, out, weight, bad)
-    elif b.accumulate(buf, out, weight) is not None:
+        accumulate_batch_triton(b, buf, out, weight, bad, fresh)
+        return True
+    if fresh:
+        out.zero_()
+    if b.accumulate(buf, out, weight) is not None:
         refuse(torch.zeros_like(out))
         raise RuntimeError("the batched decoder refused a payload that the one-by-one decoder accepts")
     return True
