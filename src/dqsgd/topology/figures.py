@@ -32,15 +32,28 @@ def figures_table(group: Group, mine: list[int], figures: list[float], device: t
 
 
 def own_figures(P: BucketProtocol, sent: list[torch.Tensor], x: torch.Tensor, bits: int) -> list[float]:
-    """This rank's (‖x‖², ‖Q(x) − x‖²), its own payloads ``sent`` decoded (:mod:`dqsgd.policies.variance`):
-    each shard's error in place in its decoded float32 copy, the sums in float32 (no float64 copy of
-    the bucket: this runs every step; a sum of squares in float32 is within ~1e-6 relatively, far inside
-    the estimate's own noise, and every rank sums the same gathered figures)."""
+    """This rank's (‖x‖², e) with e its own rounding error (:mod:`dqsgd.policies.variance`). Where every
+    shard is one max-norm segment of stochastic uniform rounding (the link policy's preset), e is the
+    error's expectation given x, exactly: Σ_i Δ²·f_i(1 − f_i), Δ = max|x_shard|/s, f_i the fractional
+    part of |x_i|/Δ (:func:`~dqsgd.policies.link.rounding_variances` over every coordinate), which
+    keeps σ̂² unbiased (the realized error's mean given x) and costs a few passes over x instead of
+    decoding this rank's payloads every step; elsewhere the realized ‖Q(x) − x‖², its payloads ``sent``
+    decoded (in float32: within ~1e-6 relatively, far inside the estimate's own noise). ‖x‖² in float64."""
     x, err = x.float(), 0.0
+    x64 = x.to(torch.float64)
+    c = P.method.config
+    if c.scheme == "uniform" and c.norm == "inf" and not c.bucket and not c.per_tensor and not c.error_feedback:
+        from dqsgd.policies.link import rounding_variances
+
+        b = P.method.width(bits)
+        for lo, hi in P.bounds:
+            shard = x[lo:hi]
+            err += rounding_variances(shard, float(shard.abs().max()), range(b, b + 1), hi - lo)[0] if hi > lo else 0.0
+        return [float(x64.dot(x64)), err]
     for j, (lo, hi) in enumerate(P.bounds):
         e = P.reduce(j, [sent[j]], bits).sub_(x[lo:hi])
         err += float(e.dot(e))
-    return [float(x.dot(x)), err]
+    return [float(x64.dot(x64)), err]
 
 
 def worker_sums(figures: list[list[float]], P: BucketProtocol, dbits: int, update: torch.Tensor,
