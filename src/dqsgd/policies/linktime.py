@@ -12,8 +12,9 @@ up to the constant N_0 (the full-precision run's steps),
 with κ(B, c) the codec's encode + decode nanoseconds per coordinate, m the messages that cross the
 bottleneck link per direction, bytes = header + d·β(B, c)/8 (β: wire bits per coordinate). Sending
 the bucket in its dtype ("uncompressed", width 0 here) has ρ = 1, κ = 0 and β = 8·dtype bytes.
-σ is what a step costs per coordinate beyond those terms, by kind: ``step_ns`` for a compressed step
-(quantizing, the policy's figures, the exchange's extra collectives and waits), ``plain_ns`` for the
+σ is what a step costs per coordinate beyond those terms, by kind: ``step_ns[c]`` for a compressed step
+of coding c (quantizing, the policy's figures, the exchange's extra collectives and waits, what the
+coding's model misses), ``plain_ns`` for the
 uncompressed all-reduce; 0 unless measured (:func:`calibrated`: a timed step of each kind).
 
 Every figure is *stated* (a :class:`TimeModel` value): the simulation builds it from the config only;
@@ -65,11 +66,13 @@ class TimeModel:
     messages: int = 1
     header_bits: int = 0
     dtype_bytes: int = 4
-    step_ns: float = 0.0   # a compressed step's cost per coordinate beyond its codec and wire time (measured)
-    plain_ns: float = 0.0  # the same of the uncompressed all-reduce beyond its wire time
+    # measured: a compressed step's cost per coordinate beyond its codec and wire time, by coding (none: 0),
+    # and the uncompressed all-reduce's beyond its wire time
+    step_ns: Mapping[str, float] = field(default_factory=dict)
+    plain_ns: float = 0.0
 
     def __post_init__(self) -> None:
-        if not all(math.isfinite(v) and v >= 0 for v in (self.step_ns, self.plain_ns)):
+        if not all(math.isfinite(v) and v >= 0 for v in (*self.step_ns.values(), self.plain_ns)):
             raise ValueError(f"step_ns and plain_ns must be finite and >= 0, got {self.step_ns!r}, {self.plain_ns!r}")
         if not (math.isfinite(self.mbit) and self.mbit > 0):
             raise ValueError(f"link throughput must be a finite rate > 0 Mbit/s, got {self.mbit!r}")
@@ -98,20 +101,20 @@ class TimeModel:
 
     def step_s(self, d: int, choice: Choice) -> float:
         """T of the module docstring: compute, both directions, and the measured cost of the step's kind
-        (``plain_ns`` uncompressed both ways, else ``step_ns``) per coordinate."""
+        (``plain_ns`` uncompressed both ways, else ``step_ns`` of its coding) per coordinate."""
         plain = choice.up == UNCOMPRESSED and choice.down == UNCOMPRESSED
         return (self.compute_s + self.direction_s(d, choice.up, choice.coding) + self.direction_s(d, choice.down, choice.coding)
-                + d * (self.plain_ns if plain else self.step_ns) * 1e-9)
+                + d * (self.plain_ns if plain else self.step_ns.get(choice.coding, 0.0)) * 1e-9)
 
 
-def calibrated(model: TimeModel, d: int, probe: Choice, squeezed_ns: float, plain_ns: float) -> TimeModel:
+def calibrated(model: TimeModel, d: int, probes: Sequence[tuple[Choice, float]], plain_ns: float) -> TimeModel:
     """``model`` with its ``step_ns`` and ``plain_ns`` set so that it predicts what was measured: a step of
-    ``probe`` (compressed) that took ``squeezed_ns`` per coordinate, an uncompressed one ``plain_ns``
-    (both without compute); what the model already prices is not counted twice, and a step faster than
-    the model adds nothing (the model's figures are kept)."""
-    base = replace(model, compute_s=0.0, step_ns=0.0, plain_ns=0.0)
+    each probe's choice (compressed, one per coding) that took its ns per coordinate, an uncompressed one
+    ``plain_ns`` (all without compute); what the model already prices is not counted twice, and a step
+    faster than the model adds nothing (the model's figures are kept)."""
+    base = replace(model, compute_s=0.0, step_ns={}, plain_ns=0.0)
     plain = Choice(UNCOMPRESSED, UNCOMPRESSED, "")
-    return replace(model, step_ns=max(0.0, squeezed_ns - base.step_s(d, probe) * 1e9 / d),
+    return replace(model, step_ns={c.coding: max(0.0, ns - base.step_s(d, c) * 1e9 / d) for c, ns in probes},
                    plain_ns=max(0.0, plain_ns - base.step_s(d, plain) * 1e9 / d))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -26,10 +27,10 @@ __all__ = ["measure_hook"]
 
 
 def measure_hook(state: Any, group: TorchGroup, bucket: Any, repeats: int = 2) -> tuple[float, ...]:
-    """(Mbit/s, latency s, k, compressed ns, plain ns per coordinate) for ``state`` (a
+    """(Mbit/s, latency s, k, plain ns, ((coding, compressed ns), ...) per coordinate) for ``state`` (a
     :class:`dqsgd.ddp.HookState` of the link policy) at its first call on ``bucket`` (a GradBucket);
-    every rank holds the same figures. The compressed step runs at the policy's first choice (its start
-    width, fixed coding, the hook's downlink): the figure the policy calibrates its model with."""
+    every rank holds the same figures. The compressed step runs at the policy's first widths (its start
+    width, the hook's downlink) in each coding the policy prices: the figures it calibrates its model with."""
     from dqsgd.policies.linktime import agree, codec_slowdown, max_over, measure_link
     from dqsgd.topology.bucket import worker_generator
     from dqsgd.topology.exchange import Exchange
@@ -47,16 +48,18 @@ def measure_hook(state: Any, group: TorchGroup, bucket: Any, repeats: int = 2) -
     b = BucketState(numel=n, proto=proto, policy=proto.policy.init(),
                     generator=worker_generator(state.seed, group.rank, bucket.index()), sizes=tuple(sizes))
     send = state.send_dtype(grad.dtype)
-    squeezed, plain = math.inf, math.inf
+    codings = [c for c, _ in proto.policy.codec_ns]
+    squeezed, plain = [math.inf] * len(codings), math.inf
     for _ in range(repeats):
-        b.prepare(grad.device)
-        b.policy = proto.policy.init()  # every repeat at the first choice
-        proto.use_coding(b.policy.coding)
-        t0 = time.perf_counter()
-        Exchange(b, count=lambda *_: None).start({group.rank: (grad.clone(), group, b)})[group.rank].wait()
-        squeezed = min(squeezed, time.perf_counter() - t0)
+        for i, c in enumerate(codings):
+            b.prepare(grad.device)
+            b.policy = replace(proto.policy.init(), coding=c)  # every repeat at the first widths, each coding
+            proto.use_coding(c)
+            t0 = time.perf_counter()
+            Exchange(b, count=lambda *_: None).start({group.rank: (grad.clone(), group, b)})[group.rank].wait()
+            squeezed[i] = min(squeezed[i], time.perf_counter() - t0)
         t0 = time.perf_counter()
         dist.all_reduce(grad.to(send, copy=True).div_(world), group=group.pgs[UP])
         plain = min(plain, time.perf_counter() - t0)
-    got = agree([squeezed * 1e9 / n, plain * 1e9 / n], max_over(group))
-    return (*state.link, *got)
+    got = agree([plain * 1e9 / n, *(v * 1e9 / n for v in squeezed)], max_over(group))
+    return (*state.link, got[0], tuple(zip(codings, got[1:])))
