@@ -90,6 +90,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "dqsgd-coded, 8 for the others); a trailing 'e' (e.g. 2e) makes it error-fed")
     p.add_argument("--downlink-target-bits", type=float, default=0.0, help="rows with the both-leg split (auto): the "
                    "downlink's share of the budget, bits per coordinate and step (0: an 8-bit fixed downlink's cost)")
+    p.add_argument("--link-mbit", type=float, default=0.0, help="the link policy's rows (dqsgd-link): the link "
+                   "rate they state, Mbit/s (default 0: the hook measures the link at its first call)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
     p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
                    "the median time to target")
@@ -135,14 +137,21 @@ def register_hook(model: Any, a: argparse.Namespace) -> Any:
         model.register_comm_hook(state, ps.powerSGD_hook)
         return state
     import dqsgd.ddp
-    from dqsgd.method.config import method_config
 
     base, _, topology = variant(a.method)
-    state = dqsgd.ddp.HookState(method=method_config(base, kernel=a.kernel), process_group=None, seed=a.seed,
+    state = dqsgd.ddp.HookState(method=row_config(base, a), process_group=None, seed=a.seed,
                                 total_steps=a.steps, topology=topology, downlink_bits=downlink(a),
                                 **downlink_options(a))
     model.register_comm_hook(state, dqsgd.ddp.hook)
     return state
+
+
+def row_config(base: str, a: argparse.Namespace) -> Any:
+    """The method config of a dqsgd hook row: the link policy's on ``--link-mbit`` (0: measured)."""
+    from dqsgd.method.config import method_config
+
+    config = method_config(base, kernel=a.kernel)
+    return method_config(base, kernel=a.kernel, link_mbit=a.link_mbit) if config.policy == "link" else config
 
 
 def _build(a: argparse.Namespace, data: Any) -> Any:
@@ -309,7 +318,7 @@ def launch(net: Any, a: argparse.Namespace, method: str, result: Path) -> None:
 
 
 def _forward(a: argparse.Namespace) -> list[str]:
-    keys = ("workers", "dataset", "model", "hidden", "downlink_bits", "downlink_target_bits", "warmup", "steps", "target",
+    keys = ("workers", "dataset", "model", "hidden", "downlink_bits", "downlink_target_bits", "link_mbit", "warmup", "steps", "target",
             "batch_size", "lr", "momentum", "eval_every", "eval_samples", "seed", "timeout", "kernel")
     return [x for k in keys for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
 
@@ -379,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(rows, a.target))
     facts = {k: getattr(a, k) for k in ("workers", "rates", "dataset", "model", "hidden", "downlink_bits",
-                                        "downlink_target_bits", "warmup",
+                                        "downlink_target_bits", "link_mbit", "warmup",
                                         "repeats", "steps", "target", "batch_size", "lr", "momentum", "eval_every",
                                         "eval_samples", "seed", "kernel")}
     command = "sudo .venv/bin/python benchmarks/network/bench_network.py " + " ".join(

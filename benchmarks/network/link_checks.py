@@ -1,9 +1,11 @@
-"""Issue 39's checks on ``bench_network.py`` folders: does the row ``dqsgd`` (in the link-w4-*
-folders: the link policy on a measured link, then the default; now ``dqsgd-link`` at ``link_mbit`` 0) reach
-the target sooner than every PowerSGD rank at 100 Mbit/s, no later than fp32 DDP at 1 Gbit/s, and
-within 10 % of the best fixed row of its cell?
+"""Issue 39's checks on ``bench_network.py`` folders: does the link policy's row reach the target sooner
+than every PowerSGD rank at 100 Mbit/s, no later than fp32 DDP at 1 Gbit/s, and within 10 % of the best
+fixed row of its cell? The row is ``dqsgd-link`` where a folder has it (``bench_network.py`` runs it on
+the measured link, ``--link-mbit 0``), else ``dqsgd`` (the link-w4-* folders, where that name ran the
+link policy on a measured link). Rows other than the policy's and the stated-budget ``dqsgd@auto``
+are the fixed rows.
 
-    python benchmarks/network/link_checks.py results/network/link-w4-mlp1024 [...]
+    python benchmarks/network/link_checks.py results/network/link3-w4-mlp1024-100mbit [...]
 
 Prints one Markdown row per (folder, rate): the medians over repeats, each check's answer, and the
 mean uplink width and fp32-bytes ratio of that row's repeats (what the policy chose).
@@ -19,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from net_tables import grouped, time_to_target  # noqa: E402
 
-DEFAULT = "dqsgd"
+LINK_ROWS = ("dqsgd-link", "dqsgd")  # the first a folder has
+NOT_FIXED = ("dqsgd-link", "dqsgd", "dqsgd@auto")
 POWERSGD = ("powersgd", "powersgd-r2", "powersgd-r4")
 
 
@@ -32,10 +35,11 @@ def rows(folder: Path) -> list[str]:
     out = []
     for rate in dict.fromkeys(r for r, _ in groups):
         times = {m: time_to_target(runs) for (r, m), runs in groups.items() if r == rate}
-        mine = times.get(DEFAULT)
-        fixed = {m: t for m, t in times.items() if m != DEFAULT and t is not None}
+        row = next(m for m in LINK_ROWS if m in times)
+        mine = times.get(row)
+        fixed = {m: t for m, t in times.items() if m not in NOT_FIXED and t is not None}
         best = min(fixed, key=fixed.__getitem__) if fixed else None
-        runs = groups[(rate, DEFAULT)]
+        runs = groups[(rate, row)]
         chose = ", ".join(f"{r['mean_bits']:.2f} b / {r['payload_ratio']:.1f}x" for r in runs if r.get("mean_bits"))
         if rate == "100mbit":
             ps = [times.get(m) for m in POWERSGD]
@@ -52,7 +56,7 @@ def rows(folder: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    print("| folder | rate | link policy (row `dqsgd`), time to target (s) | against PowerSGD / fp32 | best fixed row; "
+    print("| folder | rate | link policy (row `dqsgd-link`, or `dqsgd` in link-w4-*), time to target (s) | against PowerSGD / fp32 | best fixed row; "
           "within 10 % | its mean uplink bits / fp32-bytes ratio, per repeat |")
     print("|---|---|---|---|---|---|")
     for f in argv:

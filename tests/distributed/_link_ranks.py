@@ -32,6 +32,7 @@ def link_run(rank: int, world: int, kw: dict[str, Any]) -> dict[str, Any]:
     policy = state._buckets[0].proto.policy
     out["priced_mbit"], out["priced_codec"] = getattr(policy, "mbit", None), getattr(policy, "codec_ns", None)
     out["config_mbit"] = state._buckets[0].proto.method.config.link_mbit
+    out["priced_steps"] = (getattr(policy, "step_ns", None), getattr(policy, "plain_ns", None))
     return out
 
 

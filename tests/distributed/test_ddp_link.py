@@ -53,7 +53,7 @@ def replay(world: int, kw: dict, per_rank: list[list]) -> list[tuple]:
     state = HookState(method_config("dqsgd-link", **kw.pop("method", {})), seed=3, total_steps=20, **kw)
     _, local, sizes, _ = per_rank[0][0]
     n = local.numel()
-    proto = state._protocol(0, n, sizes, world, local.dtype)
+    proto = state.protocol(0, n, sizes, world, local.dtype)
     b = BucketState(numel=n, proto=proto, policy=proto.policy.init(), generator=worker_generator(3, 0, 0),
                     sizes=tuple(sizes))
     mems = [b] + [Memory(generator=worker_generator(3, r, 0)) for r in range(1, world)]
@@ -128,8 +128,9 @@ def test_the_trainer_over_processes_is_fed_and_equals_the_simulation(runs) -> No
 
 @pytest.mark.timeout(600)
 def test_dqsgd_link_at_link_mbit_0_runs_on_the_link_it_measured(runs) -> None:
-    """HookState(method_config("dqsgd-link", link_mbit=0.0)): the link and the codec measured once and agreed
-    (the same Mbit/s, latency and codec slowdown k on every rank), the bucket's policy priced at exactly
+    """HookState(method_config("dqsgd-link", link_mbit=0.0)): the link, the codec and the first bucket's
+    compressed and plain steps measured once and agreed (the same Mbit/s, latency, codec slowdown k and step
+    costs on every rank), the bucket's policy priced at exactly
     that rate and at k times AUTO's codec model, AUTO run at k times the rate; every rank then takes the
     same widths. The trainer over processes runs the same measured figures on every rank, its entry (the
     run's record) keeping link_mbit 0."""
@@ -139,8 +140,14 @@ def test_dqsgd_link_at_link_mbit_0_runs_on_the_link_it_measured(runs) -> None:
     per = [v["measured"] for v in values]
     config = per[0]["config"]
     assert (config.name, config.policy, config.coding, config.link_mbit) == ("dqsgd-link", "link", "auto", 0.0)
-    mbit, latency, slowdown = per[0]["link"]
-    assert mbit > 0 and latency >= 0 and slowdown > 0 and all(r["link"] == (mbit, latency, slowdown) for r in per)
+    mbit, latency, slowdown, plain, squeezed = per[0]["link"]
+    assert mbit > 0 and latency >= 0 and slowdown > 0 and all(r["link"] == per[0]["link"] for r in per)
+    # the first bucket's plain step and its compressed step in each priced coding timed and agreed: the
+    # policy priced on the same calibration on every rank
+    assert plain > 0 and [c for c, _ in squeezed] == [c for c, _ in DEFAULT_CODEC_NS] and all(v > 0 for _, v in squeezed)
+    steps, plain_ns = per[0]["priced_steps"]
+    assert all(r["priced_steps"] == per[0]["priced_steps"] for r in per)
+    assert plain_ns >= 0 and [c for c, _ in steps] == [c for c, _ in squeezed] and all(v >= 0 for _, v in steps)
     assert all(r["priced_mbit"] == mbit for r in per)
     assert all(r["priced_codec"] == tuple((c, v * slowdown) for c, v in DEFAULT_CODEC_NS) for r in per)
     assert all(r["config_mbit"] == mbit * slowdown for r in per)  # AUTO's rate: the same order of codings

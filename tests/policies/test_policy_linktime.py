@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dqsgd.policies.linktime import UNCOMPRESSED, Choice, LinkEstimate, TimeModel, agree, choose, time_codec
+from dqsgd.policies.linktime import UNCOMPRESSED, Choice, LinkEstimate, TimeModel, agree, calibrated, choose, time_codec
 
 D, W = 1 << 20, 4
 WIDTHS = range(1, 17)
@@ -109,3 +109,61 @@ def test_codec_timing_is_cached():
     assert all(math.isfinite(v) and v >= 0 for v in out["fixed"])
     time_codec(lambda w, c: calls.append((w, c)), [2, 4], ["fixed"], n=1000, cache=cache)
     assert len(calls) == 4
+
+
+def test_calibrated_model_predicts_the_timed_steps():
+    m = model(100.0, **coded(17.0))
+    fixed, rans = Choice(4, 8, "fixed"), Choice(4, 8, "coded")
+    bare = TimeModel(**{**m.__dict__, "compute_s": 0.0})
+    per = {c: bare.step_s(D, c) * 1e9 / D for c in (fixed, rans, Choice(0, 0, ""))}
+    slow = calibrated(m, D, [(fixed, per[fixed] + 300.0), (rans, per[rans] + 900.0)],
+                      plain_ns=per[Choice(0, 0, "")] + 40.0)
+    assert slow.step_ns == pytest.approx({"fixed": 300.0, "coded": 900.0}, rel=1e-9)
+    assert slow.plain_ns == pytest.approx(40.0, rel=1e-9)
+    # the calibrated model predicts each timed step (plus compute)
+    for c, extra in ((fixed, 300.0), (rans, 900.0), (Choice(0, 0, ""), 40.0)):
+        assert slow.step_s(D, c) == pytest.approx(m.compute_s + bare.step_s(D, c) + extra * 1e-9 * D, rel=1e-12)
+    # a step timed faster than the model adds nothing: the model's own figures stay
+    fast = calibrated(m, D, [(fixed, 0.0), (rans, 0.0)], plain_ns=0.0)
+    assert fast.step_ns == {"fixed": 0.0, "coded": 0.0} and fast.plain_ns == 0.0
+    # a coding whose step costs more than the model says is chosen less: here, not at all
+    assert choose(slow, d=D, norm=1e-2, sigma2=1e-3, workers=W).coding != "coded"
+
+
+@pytest.mark.parametrize("step_ns,plain_ns", [(0.0, 0.0), (50.0, 0.0), (400.0, 10.0), (5.0, 200.0)])
+@pytest.mark.parametrize("mbit", [10.0, 100.0, 1000.0])
+def test_choice_with_step_costs_is_the_brute_force_argmin(step_ns, plain_ns, mbit):
+    m = TimeModel(**{**model(mbit, **coded(17.0)).__dict__, "step_ns": {"fixed": step_ns, "coded": 2 * step_ns},
+                     "plain_ns": plain_ns})
+    got = choose(m, d=D, norm=1e-2, sigma2=1e-3, workers=W)
+    everything = [Choice(0, 0, "")] + [Choice(u, w, c) for c in ("coded", "fixed") for u in range(2, 17)
+                                       for w in (0, *range(2, 17))]
+
+    def j(c):  # the hand-written objective plus σ, the step's measured cost by kind
+        sigma = plain_ns if (c.up, c.down) == (0, 0) else step_ns * (2 if c.coding == "coded" else 1)
+        rho = j_by_hand(m, c, 1e-2, 1e-3) / (m.compute_s + _t(m, c))
+        return rho * (m.compute_s + _t(m, c) + D * sigma * 1e-9)
+    assert j(got) == pytest.approx(min(map(j, everything)), rel=1e-12)
+
+
+def _t(m, c):
+    """Both directions' seconds, written out as in j_by_hand."""
+    def t(b):
+        if b == 0:
+            return m.messages * (m.latency_s + 32 * D / (m.mbit * 1e6))
+        return D * m.codec_ns[c.coding][b - 1] * 1e-9 + m.messages * (
+            m.latency_s + (m.header_bits + D * m.wire_bits[c.coding][b - 1]) / (m.mbit * 1e6))
+    return t(c.up) + t(c.down)
+
+
+def test_slower_compressed_step_sends_uncompressed_faster_plain_step_too():
+    """A slow CPU (a large measured cost of the compressed step) moves the choice to uncompressed, and
+    once there it stays; a slow plain all-reduce moves it back to compressing."""
+    def pick(step_ns, plain_ns=0.0):
+        m = TimeModel(**{**model(1000.0).__dict__, "step_ns": {"fixed": step_ns}, "plain_ns": plain_ns})
+        return choose(m, d=D, norm=1e-2, sigma2=1e-3, workers=W)
+    picks = [pick(s).up == UNCOMPRESSED for s in (0.0, 10.0, 30.0, 100.0, 300.0, 1000.0)]
+    assert not picks[0] and picks[-1] and picks == sorted(picks)
+    assert pick(1000.0, plain_ns=1e4).up != UNCOMPRESSED
+    with pytest.raises(ValueError, match="step_ns"):
+        TimeModel(mbit=1.0, step_ns={"fixed": -1.0})

@@ -41,7 +41,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
     world = dist.get_world_size(state.process_group or dist.group.WORLD)
     if world == 1:  # nothing to send: the gradient as it is (no quantization noise, no traffic)
         return done(grad)
-    state.agree()  # first call: every rank runs the same configuration (else all raise, naming the fields)
+    state.agree(bucket)  # first call: every rank runs the same configuration (else all raise, naming the fields)
     if state.iter < state.start_iter or grad.numel() < world:
         return _allreduce(state, grad, world)
     group = state.group()

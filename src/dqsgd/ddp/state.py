@@ -174,10 +174,11 @@ class HookState:
                     "seed": self.seed, "dqsgd_version": __version__})
         return out
 
-    def agree(self) -> None:
+    def agree(self, bucket: Any = None) -> None:
         """Compare :meth:`fields` and the progress (``iter``, backward passes so far: ranks resumed from
         different states differ) across the hook's ranks once (a fixed-size all-gather on the uplink
-        group): every rank raises the same RankDisagreement naming the fields that differ."""
+        group): every rank raises the same RankDisagreement naming the fields that differ. The link policy on
+        a measured link (``link_mbit`` 0) then measures it, and ``bucket``'s step (:mod:`dqsgd.topology.probe`)."""
         from dqsgd.topology.agreement import agree
         from dqsgd.topology.group import gather_ints
 
@@ -185,10 +186,10 @@ class HookState:
             return
         group = self.group()
         agree({**self.fields(), "progress.iter": self.iter}, partial(gather_ints, group), group.rank)
-        if self.config.policy == "link" and not self.config.link_mbit:  # no bucket in flight yet
-            from dqsgd.policies.linktime import codec_slowdown, measure_link
+        if self.config.policy == "link" and not self.config.link_mbit and bucket is not None:  # none in flight yet
+            from dqsgd.topology.probe import measure_hook
 
-            self.link = (*measure_link(group), codec_slowdown(group))
+            self.link = measure_hook(self, group, bucket)
         self._agreed = True
 
     # --- lazily built pieces --------------------------------------------------------------------
@@ -213,17 +214,17 @@ class HookState:
         sizes = sizes if sum(sizes) == n else [n]
         if b is not None and b.numel == n:
             if b.sizes != tuple(sizes):
-                b.proto = self._protocol(index, n, sizes, world, grad.dtype)
+                b.proto = self.protocol(index, n, sizes, world, grad.dtype)
                 b.sizes, b.residuals, b.down_residual = tuple(sizes), {}, None
             return b
-        proto = self._protocol(index, n, sizes, world, grad.dtype)
+        proto = self.protocol(index, n, sizes, world, grad.dtype)
         b = self._buckets[index] = BucketState(numel=n, proto=proto, policy=proto.policy.init(),
                                                generator=worker_generator(self.seed, rank, index), sizes=tuple(sizes))
         if index in self._loaded:
             b.load(self._loaded.pop(index), index)
         return b
 
-    def _protocol(self, index: int, n: int, sizes: list[int], world: int, dtype: torch.dtype) -> BucketProtocol:
+    def protocol(self, index: int, n: int, sizes: list[int], world: int, dtype: torch.dtype) -> BucketProtocol:
         """The bucket's protocol; uniform quantization always draws hash uniforms (kernel "fused"), so
         a CPU and a GPU send the same bytes. The link policy may also send the bucket uncompressed
         (:meth:`send_dtype`) and prices the hook's downlink (:meth:`LinkPolicy.sending`)."""

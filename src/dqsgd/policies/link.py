@@ -30,7 +30,7 @@ from dqsgd.codecs.auto import CPU_NS
 from dqsgd.codecs.header import Coding
 from dqsgd.policies.base import GradStats
 from dqsgd.policies.coded import level_entropies, sample_stride
-from dqsgd.policies.linktime import UNCOMPRESSED, Choice, TimeModel, choose, objective
+from dqsgd.policies.linktime import UNCOMPRESSED, Choice, TimeModel, calibrated, choose, objective
 from dqsgd.policies.variance import pooled_variance, smoothed
 from dqsgd.quantizers.constants import levels_for_bits
 
@@ -67,6 +67,8 @@ class LinkPolicy:
     messages: int = 1
     codec_ns: tuple[tuple[str, float], ...] = DEFAULT_CODEC_NS
     dtype_bytes: int = 4
+    step_ns: tuple[tuple[str, float], ...] = ()  # measured: a compressed step's cost per coordinate beyond the
+    plain_ns: float = 0.0                         # model's, by coding; an uncompressed one's
     # what may be sent
     min_bits: int = 2
     max_bits: int = 16
@@ -106,22 +108,32 @@ class LinkPolicy:
         pooled_variance(sum_sq, mean_sq, workers, quant_var)  # refuse bad figures now, not a step later
         return replace(state, pending=(float(sum_sq), float(mean_sq), float(workers), float(quant_var)))
 
-    def sending(self, dtype_bytes: int, down_width: int, link: tuple[float, float, float] | None = None) -> LinkPolicy:
+    def sending(self, dtype_bytes: int, down_width: int, link: tuple[float, ...] | None = None) -> LinkPolicy:
         """This policy for a caller that can also send the bucket uncompressed, ``dtype_bytes`` per
         coordinate (the DDP hook: a plain all-reduce), and whose downlink is ``down_width`` (UNCOMPRESSED:
         the dtype; else a fixed width the policy prices but does not choose); on the link the caller
-        measured, ``link`` = (Mbit/s, latency s, the codec's slowdown k) (:meth:`measured`), if any."""
+        measured, ``link`` = (Mbit/s, latency s, the codec's slowdown k[, a plain step's ns per coordinate,
+        ((coding, a compressed step's ns), ...)]) (:meth:`measured`), if any."""
         if down_width != UNCOMPRESSED and not self.min_bits <= down_width <= self.max_bits:
             raise ValueError(f"{self.label}: it prices the downlink among its widths: a downlink of {down_width} "
                              f"bits needs min_bits <= {down_width} <= max_bits (here {self.min_bits}..{self.max_bits}), "
                              "or an fp32 downlink")
         policy = replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=(down_width,))
-        return policy if link is None else policy.measured(link[0], link[2])
+        return policy if link is None else policy.measured(link[0], link[2], *link[3:])
 
-    def measured(self, mbit: float, slowdown: float) -> LinkPolicy:
+    def measured(self, mbit: float, slowdown: float, plain_ns: float | None = None,
+                 squeezed_ns: Sequence[tuple[str, float]] = ()) -> LinkPolicy:
         """This policy on a measured link of ``mbit`` Mbit/s with the codec ``slowdown`` times AUTO's model
-        (:func:`~dqsgd.policies.linktime.codec_slowdown`)."""
-        return replace(self, mbit=mbit, codec_ns=tuple((c, v * slowdown) for c, v in self.codec_ns))
+        (:func:`~dqsgd.policies.linktime.codec_slowdown`); with timed steps (ns per coordinate: an
+        uncompressed one, and a compressed one at :meth:`init`'s widths per coding), the model calibrated to
+        them (:func:`~dqsgd.policies.linktime.calibrated`)."""
+        out = replace(self, mbit=mbit, codec_ns=tuple((c, v * slowdown) for c, v in self.codec_ns))
+        if plain_ns is None:
+            return out
+        first = out.init()
+        probes = [(Choice(first.bits, first.down_bits, c), ns) for c, ns in squeezed_ns]
+        m = calibrated(out.model(()), self.numel, probes, plain_ns)
+        return replace(out, step_ns=tuple(m.step_ns.items()), plain_ns=m.plain_ns)
 
     def model(self, entropy: tuple[float, ...]) -> TimeModel:
         """The time model of the stated figures with wire bits B (fixed) and min(B, H_B) (coded rows);
@@ -131,8 +143,8 @@ class LinkPolicy:
                  for b in widths]
         wire = {c: ([float(b) for b in widths] if c == "fixed" else coded) for c, _ in self.codec_ns}
         ns = {c: [v] * self.max_bits for c, v in self.codec_ns}
-        return TimeModel(self.mbit, self.latency_s, self.compute_s, ns,
-                         wire, self.messages, int(round(self.header_bits)), self.dtype_bytes)
+        return TimeModel(self.mbit, self.latency_s, self.compute_s, ns, wire, self.messages,
+                         int(round(self.header_bits)), self.dtype_bytes, dict(self.step_ns), self.plain_ns)
 
     def decide(self, model: TimeModel, norm: float, sigma2: float, workers: int,
                q: tuple[Sequence[float], Sequence[float]] | None = None) -> tuple[Choice, float]:

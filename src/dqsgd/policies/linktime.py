@@ -7,11 +7,15 @@ up to the constant N_0 (the full-precision run's steps),
 
     J(B_u, B_d, c) = ρ(B_u, B_d) · T(B_u, B_d, c)
     ρ = 1 + (q(B_u)/W + q(B_d)) / σ²,           q(B) = d·‖g‖_p² / (6·s_B²),  s_B = 2^(B−1) − 1
-    T = t_compute + d·(κ(B_u, c) + κ(B_d, c))·1e−9 + 2·m·latency + 8·m·(bytes_u + bytes_d)/rate
+    T = t_compute + d·(κ(B_u, c) + κ(B_d, c) + σ)·1e−9 + 2·m·latency + 8·m·(bytes_u + bytes_d)/rate
 
 with κ(B, c) the codec's encode + decode nanoseconds per coordinate, m the messages that cross the
 bottleneck link per direction, bytes = header + d·β(B, c)/8 (β: wire bits per coordinate). Sending
 the bucket in its dtype ("uncompressed", width 0 here) has ρ = 1, κ = 0 and β = 8·dtype bytes.
+σ is what a step costs per coordinate beyond those terms, by kind: ``step_ns[c]`` for a compressed step
+of coding c (quantizing, the policy's figures, the exchange's extra collectives and waits, what the
+coding's model misses), ``plain_ns`` for the
+uncompressed all-reduce; 0 unless measured (:func:`calibrated`: a timed step of each kind).
 
 Every figure is *stated* (a :class:`TimeModel` value): the simulation builds it from the config only;
 a distributed caller that measures the link or the codec must agree on one model on every rank
@@ -29,7 +33,8 @@ from typing import Any
 
 from dqsgd.quantizers.constants import levels_for_bits
 
-__all__ = ["UNCOMPRESSED", "UNCOMPRESSED_DTYPES", "Choice", "LinkEstimate", "TimeModel", "agree", "check_uncompressed_dtype",
+__all__ = ["UNCOMPRESSED", "UNCOMPRESSED_DTYPES", "Choice", "LinkEstimate", "TimeModel", "agree", "calibrated",
+           "check_uncompressed_dtype",
            "choose", "codec_slowdown", "measure_link", "objective", "on_measured", "time_codec"]
 
 UNCOMPRESSED = 0  # the width that stands for "the bucket in its dtype"
@@ -61,8 +66,14 @@ class TimeModel:
     messages: int = 1
     header_bits: int = 0
     dtype_bytes: int = 4
+    # measured: a compressed step's cost per coordinate beyond its codec and wire time, by coding (none: 0),
+    # and the uncompressed all-reduce's beyond its wire time
+    step_ns: Mapping[str, float] = field(default_factory=dict)
+    plain_ns: float = 0.0
 
     def __post_init__(self) -> None:
+        if not all(math.isfinite(v) and v >= 0 for v in (*self.step_ns.values(), self.plain_ns)):
+            raise ValueError(f"step_ns and plain_ns must be finite and >= 0, got {self.step_ns!r}, {self.plain_ns!r}")
         if not (math.isfinite(self.mbit) and self.mbit > 0):
             raise ValueError(f"link throughput must be a finite rate > 0 Mbit/s, got {self.mbit!r}")
         for name in ("latency_s", "compute_s"):
@@ -88,6 +99,24 @@ class TimeModel:
             cpu, bits = self.codec_ns[coding][width - 1] * d * 1e-9, self.header_bits + self.wire_bits[coding][width - 1] * d
         return cpu + self.messages * (self.latency_s + bits / (self.mbit * 1e6))
 
+    def step_s(self, d: int, choice: Choice) -> float:
+        """T of the module docstring: compute, both directions, and the measured cost of the step's kind
+        (``plain_ns`` uncompressed both ways, else ``step_ns`` of its coding) per coordinate."""
+        plain = choice.up == UNCOMPRESSED and choice.down == UNCOMPRESSED
+        return (self.compute_s + self.direction_s(d, choice.up, choice.coding) + self.direction_s(d, choice.down, choice.coding)
+                + d * (self.plain_ns if plain else self.step_ns.get(choice.coding, 0.0)) * 1e-9)
+
+
+def calibrated(model: TimeModel, d: int, probes: Sequence[tuple[Choice, float]], plain_ns: float) -> TimeModel:
+    """``model`` with its ``step_ns`` and ``plain_ns`` set so that it predicts what was measured: a step of
+    each probe's choice (compressed, one per coding) that took its ns per coordinate, an uncompressed one
+    ``plain_ns`` (all without compute); what the model already prices is not counted twice, and a step
+    faster than the model adds nothing (the model's figures are kept)."""
+    base = replace(model, compute_s=0.0, step_ns={}, plain_ns=0.0)
+    plain = Choice(UNCOMPRESSED, UNCOMPRESSED, "")
+    return replace(model, step_ns={c.coding: max(0.0, ns - base.step_s(d, c) * 1e9 / d) for c, ns in probes},
+                   plain_ns=max(0.0, plain_ns - base.step_s(d, plain) * 1e9 / d))
+
 
 def quant_noise(d: int, norm: float, width: int) -> float:
     """q(B) = d·‖g‖²/(6 s_B²): the quantization term of Theorems 1–3 for one message (0 uncompressed)."""
@@ -109,8 +138,7 @@ def objective(model: TimeModel, choice: Choice, *, d: int, norm: float, sigma2: 
     ``q``: (uplink, downlink) rounding variance of one message by width − 1 in place of the bound q(B)."""
     up, down = (None, None) if q is None else q
     rho = 1.0 + (noise(d, norm, choice.up, up) / workers + noise(d, norm, choice.down, down)) / sigma2
-    t = model.compute_s + model.direction_s(d, choice.up, choice.coding) + model.direction_s(d, choice.down, choice.coding)
-    return rho * t
+    return rho * model.step_s(d, choice)
 
 
 def candidates(model: TimeModel, min_bits: int = 2, max_bits: int = 16, uncompressed: bool = True,

@@ -133,7 +133,7 @@ class BucketProtocol:
             check_auto_downlink(topology, self.vote, config.policy)
         width = DOWNLINK_PARITY_BITS if self.auto else spec.bits
         self.down_bits = SIGN if self.vote else (width if self.kind.sharded else FP32)
-        self.down_coding = spec.coding
+        self.down_coding = self.chosen_down = spec.coding
         self.coded_down = self.down_coding != downlink.FIXED
         self.useed, self.dseed = uplink_seed(seed, bucket), downlink_seed(seed, bucket)
         self._sizes: dict[int, list[int]] = {}
@@ -145,6 +145,19 @@ class BucketProtocol:
         # (the method keeps its own: whoever runs this bucket asks the protocol)
         self.policy = self._split(total_steps) if self.auto else self.method.policy
         self.side_bits = 0  # the side traffic the policy pays every step (:meth:`charge_side`)
+
+    def use_coding(self, coding: str) -> None:
+        """The link policy's coding for the next step (its state's ``coding``): ``"fixed"`` sends every
+        shard FIXED (the batched kernels), and the downlink too where it takes the uplink's ``auto``;
+        another name, the configured codings. Lossless either way: the same decoded values."""
+        from dqsgd.codecs import Coding
+
+        fixed = coding == downlink.FIXED
+        for m in {id(m): m for m in (self.method, *self.shards)}.values():
+            m.coding = Coding.FIXED if fixed else Coding.from_name(m.config.coding)
+        if self.chosen_down == "auto":
+            self.down_coding = downlink.FIXED if fixed else self.chosen_down
+            self.coded_down = self.down_coding != downlink.FIXED
 
     def charge_side(self, scatter: bool = False) -> None:
         """Make a budgeted policy pay for what the exchange (FSDP's reduce-scatter: ``scatter``) sends every

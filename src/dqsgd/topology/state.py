@@ -177,6 +177,8 @@ class BucketState(Memory):
         policy what waited (:meth:`lag`) so that this step's width is known."""
         self.check_payloads(self.proto.bucket)
         self.catch_up(self.step - 1 - self.lag(device))
+        if getattr(self.policy, "coding", None) is not None:  # the link policy: the coding it priced
+            self.proto.use_coding(self.policy.coding)
 
     def observe(self, update: torch.Tensor, step: int, spent: Any, bad: torch.Tensor,
                 norms: torch.Tensor | None = None, sample: torch.Tensor | None = None,
