@@ -25,7 +25,7 @@ elif not torch.cuda.is_available():
 pytest.importorskip("triton", reason="the triton package (the 'gpu' extra) is not installed")
 
 from dqsgd.codecs import Coding  # noqa: E402
-from dqsgd.kernels import HashRNG, device_common, encode_uniform_fast, workspace  # noqa: E402
+from dqsgd.kernels import HashRNG, encode_uniform_fast, workspace  # noqa: E402
 from dqsgd.kernels.batch import decode_batch, encode_batch  # noqa: E402
 from dqsgd.kernels.device import encode_uniform_device  # noqa: E402
 from dqsgd.kernels.triton_batch import accumulate_batch_triton, encode_batch_triton, split_keys  # noqa: E402
@@ -35,13 +35,7 @@ SPEC = ((700, Layout(bucket=97)), (701, Layout(bucket=97)), (650, Layout(bucket=
 SPEC3 = ((700, Layout(bucket=97)), (701, Layout(bucket=97)), (1500, Layout(bucket=97)))
 
 
-@pytest.fixture(autouse=True)
-def triton_on_cpu():
-    if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton was set up for a GPU (TRITON_INTERPRET unset)")
-    device_common.set_triton(True)
-    yield
-    device_common.set_triton(None)
+pytestmark = pytest.mark.usefixtures("triton_kernels")  # tests/kernels/conftest.py
 
 
 def uplink_keys(step: int) -> list[int]:

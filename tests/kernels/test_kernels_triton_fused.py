@@ -24,7 +24,7 @@ elif not torch.cuda.is_available():
 pytest.importorskip("triton", reason="the triton package (the 'gpu' extra) is not installed")
 
 from dqsgd.codecs import Coding  # noqa: E402
-from dqsgd.kernels import HashRNG, device_common, encode_uniform_fast  # noqa: E402
+from dqsgd.kernels import HashRNG, encode_uniform_fast  # noqa: E402
 from dqsgd.kernels.batch import encode_batch  # noqa: E402
 from dqsgd.kernels.device import encode_uniform_device  # noqa: E402
 from dqsgd.kernels.triton_batch import encode_batch_triton  # noqa: E402
@@ -35,13 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RNG = HashRNG(11, 4, 2)
 
 
-@pytest.fixture(autouse=True)
-def triton_on():
-    if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton was set up for a GPU (TRITON_INTERPRET unset)")
-    device_common.set_triton(True)
-    yield
-    device_common.set_triton(None)
+pytestmark = pytest.mark.usefixtures("triton_kernels")  # tests/kernels/conftest.py
 
 
 def test_block_table_is_the_raw_of_one_byte_in_a_block() -> None:
