@@ -187,3 +187,32 @@ def disagree(rank: int, world: int, R: int, S: int) -> dict[str, str]:
     wrong = HookState("qsgd-4bit", mesh.get_group("shard"), timeout=60)
     out["group"] = _error(lambda: dfsdp.compress(m, None, replicate=wrong))
     return out
+
+
+def failed_backward(rank: int, world: int, R: int, S: int, timeout: float) -> tuple[str, float]:
+    """After a clean step, the last rank's backward fails (an error raised by a gradient hook between
+    the two units) once the legs of unit 1 are in flight, and that rank then stays alive, silent, for
+    4 × ``timeout`` before it leaves. This rank's error and the seconds until its backward raised."""
+    import time
+
+    mesh = grid(R, S)
+    m = model(mesh, "2d")
+    rep = HookState("qsgd-4bit", mesh.get_group("replicate"), SEED, timeout, STEPS)
+    dfsdp.compress(m, None, replicate=rep)
+    train(m, rank, range(1))
+
+    def boom(grad: torch.Tensor) -> None:
+        raise RuntimeError("injected failure")
+
+    if rank == world - 1:  # unit 1's backward (its reduce-scatter and replicate leg) runs before this hook
+        m[1].register_forward_pre_hook(lambda mod, args: args[0].register_hook(boom) and None)
+    t0 = time.perf_counter()
+    try:
+        m(batch(rank, 1)).square().mean().backward()
+        err = ""
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        err = f"{type(e).__name__}: {e}"
+    elapsed = time.perf_counter() - t0
+    if rank == world - 1:
+        time.sleep(4 * timeout)
+    return err, elapsed

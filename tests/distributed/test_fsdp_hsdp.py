@@ -161,3 +161,24 @@ def test_disagreeing_configurations_are_refused_on_every_rank() -> None:
             else:  # the other node learns that the last node refused
                 assert "refused to start" in err, (name, err)
         assert r.value["group"].startswith("ValueError: FSDP unit 0: the replica group "), r.value["group"]
+
+
+@pytest.mark.timeout(400)
+def test_a_backward_that_fails_on_one_rank_with_legs_in_flight_stops_every_rank() -> None:
+    """2 nodes × 2 ranks, the overlapped replicate leg: rank 3's backward raises after unit 1's legs
+    are in flight, and rank 3 stays alive without sending for 4 × the 10 s timeout. Rank 3 raises its
+    own error; ranks 0 and 1, whose replicate legs of unit 0 never get rank 2's and rank 3's
+    messages, wait for the legs left in flight, then raise within the hook's timeout (well before rank
+    3 leaves) a TransportError saying which rank's exchange failed, not that a payload was refused;
+    rank 2, in FSDP's own reduce-scatter with rank 3, raises too. Nothing hangs."""
+    R, S, timeout = 2, 2, 10.0
+    results = spawn_local(hr.failed_backward, R * S, (R, S, timeout), timeout=60, deadline=300)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    (e0, t0), (e1, t1), (e2, _), (e3, t3) = (r.value for r in results)
+    assert e3 == "RuntimeError: injected failure" and t3 < timeout, (e3, t3)
+    for err, seconds in ((e0, t0), (e1, t1)):
+        assert err.startswith("TransportError: rank ") and "FSDP unit 0, replicate leg 1" in err, err
+        assert "(and the legs of units [1] in flight)" in err and "'s exchange failed: " in err, err
+        assert "refused a payload" not in err and "completed steps" not in err, err  # FSDP's steps: not counted
+        assert seconds < 3 * timeout, (err, seconds)
+    assert e2, "rank 2 returned from a backward whose reduce-scatter peer had failed"

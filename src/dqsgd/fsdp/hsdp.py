@@ -171,13 +171,15 @@ class ReplicateLeg:
 
 def relay_refusal(group: dist.ProcessGroup, timeout: float | None, error: Exception | None, where: str) -> int:
     """Every rank raises the error of a payload that some rank of ``group`` refused (the exchange's
-    status message, :func:`dqsgd.topology.refusal.relay`), naming ``where`` and the refusing rank;
-    else returns the bytes this rank handed to the group."""
+    status message, :func:`dqsgd.topology.refusal.relay`), naming ``where`` and the refusing rank —
+    or, where that rank's own exchange failed (a timeout, a peer gone), that error as a RuntimeError
+    naming the rank; else returns the bytes this rank handed to the group."""
     from dqsgd.fsdp.net import exchange_group
     from dqsgd.topology.refusal import ROOM, relay
 
     g = exchange_group(group, timeout)
-    g.wait(relay(g, error, lambda j: f"{where}: rank {j} refused a payload it received"))
+    g.wait(relay(g, error, lambda j: f"{where}: rank {j} refused a payload it received",
+                 lambda j: f"{where}: rank {j}'s exchange failed"))
     return (g.size - 1) * (ROOM + 1)  # one status message to every peer
 
 

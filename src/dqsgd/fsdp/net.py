@@ -40,6 +40,7 @@ def transport(group: dist.ProcessGroup, timeout: float | None) -> TorchShardedTr
     key = (group, timeout)
     if key not in _NETS:
         _NETS[key] = make_transport(SHARDED.name, group, None, timeout)  # type: ignore[assignment]
+        _NETS[key].steps = None  # FSDP's steps are not this transport's: its errors claim no count
     return _NETS[key]
 
 

@@ -72,22 +72,28 @@ def failure_message(err: Exception, size: int, device: torch.device) -> torch.Te
     return msg
 
 
-def raise_if_refused(msg: torch.Tensor, head: str) -> None:
+def raise_if_refused(msg: torch.Tensor, head: str, failed: str | None = None) -> None:
     """Raise the error ``msg`` carries (PayloadError or ProtocolError, its text after ``head``) if its
-    status byte is set."""
+    status byte is set. ``failed``: the head of a sender whose own exchange failed (a collective that
+    timed out, a peer that closed its connection) rather than refusing a payload: that error is raised
+    as a RuntimeError after ``failed``, its type in its text, and not called a refusal."""
     from dqsgd.codecs import PayloadError
     from dqsgd.method.pipeline import ProtocolError
 
     if int(msg[-1]):
         text = codec.tensor_bytes(msg[:-1]).rstrip(b"\0").decode(errors="replace")
         kind, _, text = text.partition(": ")
+        if failed is not None and kind not in ("PayloadError", "ProtocolError"):
+            raise RuntimeError(f"{failed}: {kind}: {text}")
         raise (ProtocolError if kind == "ProtocolError" else PayloadError)(f"{head}: {text}")
 
 
-def refused(msgs: Sequence[torch.Tensor], head: Callable[[int], str]) -> None:
-    """Raise the error of the first message (rank order) whose status is set, after ``head(its rank)``."""
+def refused(msgs: Sequence[torch.Tensor], head: Callable[[int], str],
+            failed: Callable[[int], str] | None = None) -> None:
+    """Raise the error of the first message (rank order) whose status is set, after ``head(its rank)``
+    (``failed(its rank)`` for an error that is not a refusal: :func:`raise_if_refused`)."""
     for j, m in enumerate(msgs):
-        raise_if_refused(m, head(j))
+        raise_if_refused(m, head(j), None if failed is None else failed(j))
 
 
 def opened(msg: torch.Tensor, who: str) -> bytes:
@@ -97,10 +103,11 @@ def opened(msg: torch.Tensor, who: str) -> bytes:
     return codec.tensor_bytes(msg[:-1])
 
 
-def relay(group: Group, error: Exception | None, head: Callable[[int], str]) -> Any:
+def relay(group: Group, error: Exception | None, head: Callable[[int], str],
+          failed: Callable[[int], str] | None = None) -> Any:
     """One all-gather of every rank's status message (:func:`failure_message` of ``error``, or status 0):
-    a future that fails with the first refusing rank's error (:func:`refused`) on every rank."""
+    a future that fails with the first failing rank's error (:func:`refused`) on every rank."""
     size = ROOM + 1
     mine = torch.zeros(size, dtype=torch.uint8, device=group.device) if error is None else \
         failure_message(error, size, group.device)
-    return then(group.all_gather(mine, DOWN), lambda msgs: refused(msgs, head))
+    return then(group.all_gather(mine, DOWN), lambda msgs: refused(msgs, head, failed))

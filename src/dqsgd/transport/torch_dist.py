@@ -84,7 +84,7 @@ class _TorchTransport:
             device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         self.device = torch.device(device)
         self.timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
-        self.steps = 0                 # completed steps, for error messages
+        self.steps: int | None = 0     # completed steps, for error messages (None: not counted here)
         self._owes_downlink = False    # backup workers' server: gathered this step's payloads, not yet broadcast
         self._exchange_group: TorchGroup | None = None  # the step's exchange's group (exchange_groups)
 
@@ -161,7 +161,8 @@ class _TorchTransport:
         peers = [(r, m) for r, m in self._reported_errors() if not m.startswith(TransportError.__name__)]
         said = "; ".join(f"rank {r} reported {m}" for r, m in peers) if peers else (
             "a peer process crashed, was killed or did not answer within the timeout")
-        return f"rank {self.rank}: {op} failed after {self.steps} completed steps: {said} [{_backend_reason(err)}]"
+        after = "" if self.steps is None else f" after {self.steps} completed steps"
+        return f"rank {self.rank}: {op} failed{after}: {said} [{_backend_reason(err)}]"
 
     def _store(self) -> dist.Store | None:
         """The rendezvous store: it outlives a dead worker when torchrun's agent or our launcher hosts it."""
