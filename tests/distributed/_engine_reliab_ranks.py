@@ -82,9 +82,12 @@ def forged_coded_downlink(rank: int, world: int) -> dict[str, Any]:
     return {"kind": kind, "text": text}
 
 
-def flipped_byte(rank: int, world: int, topology: str, coding: str) -> dict[str, Any]:
+def flipped_byte(rank: int, world: int, topology: str, coding: str,
+                 state: dqsgd.ddp.HookState | None = None) -> dict[str, Any]:
     """D13: rank 1 flips one byte of its payload for shard 0 (fixed: the in-place path; elias: encode)."""
-    state = dqsgd.ddp.HookState(method_config("qsgd", bits=4, coding=coding), None, timeout=30.0, topology=topology)
+    if state is None:
+        state = dqsgd.ddp.HookState(method_config("qsgd", bits=4, coding=coding), None, timeout=30.0,
+                                    topology=topology)
     m = _ddp(state)
     real_messages, real_encode = payloads.encode_messages, BucketProtocol.encode
     if rank == 1:
@@ -146,6 +149,23 @@ def skipped_step_keeps_state(rank: int, world: int, topology: str) -> dict[str, 
     return {"nan": bool(torch.isnan(grad).all()), "same": same, "had": bool(before)}
 
 
+def after_a_failed_backward(rank: int, world: int) -> dict[str, Any]:
+    """D20: a backward that raises (a gradient hook of the input, run after the hook has sent the
+    bucket) on every rank; then the same HookState on a new DDP of the model, where rank 1 flips a byte
+    of its payload: the refusal must still reach backward()'s caller on every rank."""
+    state = dqsgd.ddp.HookState(method_config("qsgd", bits=4), None, timeout=30.0)
+    m = _ddp(state)
+    _backward(m, rank)
+
+    def boom(grad: torch.Tensor) -> None:
+        raise RuntimeError("injected failure")
+
+    x = torch.randn(8, N, requires_grad=True) * 1.0  # its gradient comes after the weight's (the bucket's)
+    x.register_hook(boom)
+    failed = _outcome(lambda: m(x).sum().backward())
+    return {"failed": failed, **flipped_byte(rank, world, "sharded", "fixed", state)}
+
+
 def all_cases(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for topology in ("sharded", "allgather"):
@@ -158,4 +178,5 @@ def all_cases(rank: int, world: int) -> dict[str, Any]:
     for field in ("bits", "topology", "method", "coding", "start_iter", "downlink_bits"):
         out[f"D2/{field}"] = disagreeing(rank, world, field)
     out["D19"] = forged_coded_downlink(rank, world)
+    out["D20"] = after_a_failed_backward(rank, world)
     return out

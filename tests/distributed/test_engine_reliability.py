@@ -79,3 +79,14 @@ def test_a_coded_downlink_past_its_cap_is_refused_on_every_rank(ranks: list[dict
         assert "the coded downlink of bucket" in got["text"], got
         assert "rank 1 (the server of shard 1) announced a payload of" in got["text"], got
         assert "refused before allocating" in got["text"], got
+
+
+@pytest.mark.timeout(450)
+def test_a_refusal_after_a_failed_backward_still_reaches_the_caller(ranks: list[dict]) -> None:
+    """A backward that raised after the hook had sent its bucket never ran the hook's end-of-backward
+    callback; the next backward (a new DDP, the same HookState) queues its own, so a payload refused
+    there raises PayloadError from backward() on every rank instead of leaving NaN in the gradient."""
+    for r in ranks:
+        got = r["D20"]
+        assert got["failed"] == ("RuntimeError", "injected failure"), got
+        assert got["kind"] == "PayloadError" and "worker 1" in got["text"], got

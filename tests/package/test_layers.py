@@ -177,8 +177,9 @@ TORCH_PRIVATES_USED = {  # module: the private torch names it reaches, each guar
     "dqsgd.fsdp.comm": ["torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter"],
     # and its AllGather interface class (the quantized parameter all-gather), guarded the same way
     "dqsgd.fsdp.gather": ["torch.distributed.fsdp._fully_shard._fsdp_api.AllGather"],
-    # the autograd engine's end-of-backward callback: the hook raises a bucket's error there, with its type
-    "dqsgd.ddp.comm_hook": ["torch…_execution_engine"],
+    # the autograd engine's end-of-backward callback: the hook raises a bucket's error there, with its type;
+    # and the running backward's id (getattr-guarded), so a backward that raised leaves no stale callback
+    "dqsgd.ddp.comm_hook": ["torch…_C", "torch…_execution_engine"],
 }
 
 

@@ -28,7 +28,7 @@ def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torc
     _raise_at_end_of_backward(state)
     try:
         fut = _dispatch(state, bucket, grad)
-        if state._queued:
+        if state._queued is not None:
             state._futures.append(fut)
         return fut
     finally:
@@ -71,7 +71,7 @@ def _dispatch(state: HookState, bucket: dist.GradBucket, grad: torch.Tensor) -> 
                 _say_nonfinite(state, step)
             result.set_result(o.update.to(grad.dtype).reshape(grad.shape))
         except Exception as e:  # noqa: BLE001 - raised, with its type, at the end of backward()
-            if not state._queued:
+            if state._queued is None:
                 result.set_exception(e)
                 return
             if state._error is None:
@@ -136,8 +136,11 @@ def _raise_at_end_of_backward(state: HookState) -> None:
     every bucket, that raises the first error a bucket's callback met (a refused payload), with its
     own type, to backward()'s caller. A future that fails instead reaches the caller as a
     RuntimeError that has lost the type; a failed bucket's future holds NaN."""
-    if state._queued:
+    task = _backward_id()
+    if state._queued is not None and state._queued == task:
         return
+    # state._queued holds another backward's id: that backward raised before its end (its callbacks never
+    # ran); its futures are waited for, and its error raised, at the end of this one
 
     def end() -> None:
         futures, state._futures = state._futures, []
@@ -146,7 +149,7 @@ def _raise_at_end_of_backward(state: HookState) -> None:
                 f.wait()
             except Exception:  # noqa: BLE001 - a failed future raises in DDP's own wait
                 pass
-        state._queued = False
+        state._queued = None
         err, state._error = state._error, None
         if err is not None:
             raise err
@@ -154,5 +157,13 @@ def _raise_at_end_of_backward(state: HookState) -> None:
     try:
         torch.autograd.Variable._execution_engine.queue_callback(end)
     except RuntimeError:  # called outside a backward pass (a direct call): errors stay in the futures
+        state._queued = None
         return
-    state._queued = True
+    state._queued = task
+
+
+def _backward_id() -> int:
+    """The running backward pass's id (autograd's graph task; -2 where this torch does not say: then one
+    callback is queued until one runs, as before)."""
+    get = getattr(torch._C, "_current_graph_task_id", None)
+    return -2 if get is None else int(get())

@@ -109,7 +109,7 @@ class HookState:
         self._loaded: dict[int, dict[str, Any]] = {}
         self._group: TorchGroup | None = None
         self._agreed = False  # the ranks compared their fingerprints (first call of the hook)
-        self._queued = False  # the end-of-backward callback that raises a bucket's error is queued
+        self._queued: int | None = None  # the backward whose end-of-backward callback is queued (its id)
         self._error: Exception | None = None  # the first error a bucket's callback met in this backward
         self._futures: list[torch.futures.Future] = []  # this backward's bucket futures
         for name in _COUNTERS:

@@ -127,7 +127,7 @@ class ReplicateLeg:
             self._relay(f"FSDP units {ov.wait()}, replicate legs left by an unfinished backward")
         fut = hook(self.state, ShardBucket(self.index, flat, pieces, self.last))
         self.calls += 1
-        if ov is not None and not self.last and self.state._queued and self._as_is(reduce_output):
+        if ov is not None and not self.last and self.state._queued is not None and self._as_is(reduce_output):
             written = fut.then(lambda f: self._write(f.value(), flat))
             self.state._futures.append(written)  # waited for by the hook's end-of-backward callback too
             ov.legs.append((self, written))
