@@ -235,7 +235,8 @@ POLICIES: dict[str, Callable[[Method], Any]] = {
     "dqsgd-budget": lambda m: BudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
                                             m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
     "dqsgd-coded": lambda m: CodedBudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
-                                                m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
+                                                m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits,
+                                                start_bits=m.config.bits),
     "adaptive": lambda m: AdaptiveRMS(m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
     "adaqs": lambda m: AdaQS(m.numel, m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
 }

@@ -238,6 +238,17 @@ def _observe(fit: tuple[float, ...], n: float, y: float, lam: float) -> tuple[fl
     return (lam * s0 + 1, lam * s1 + n, lam * s2 + n * n, lam * sy + y, lam * sny + n * y, min(lo, y), max(hi, y))
 
 
+def trend_count(tau: float) -> float:
+    """The decayed count S0 from which the forecast fits a slope: min(10, τ), or, where S0 can never reach it
+    (τ = 10: S0 = τ·(1 − λ^n) < τ with λ = 1 − 1/τ), the S0 of ten observations, τ·(1 − λ^10).
+
+    Without the second case a run of N ≤ 200 steps (τ = 10: every Local SGD run of up to 200 rounds) never
+    used the trend: its forecast stayed flat at the weighted mean of the past norms."""
+    if tau > 10.0:
+        return min(10.0, tau)
+    return tau * (1.0 - (1.0 - 1.0 / tau) ** 10) * (1.0 - 1e-12)  # ten observations, whatever the rounding
+
+
 def forecast_norms(fit: tuple[float, ...], last: int, start: int, stop: int, fallback: float, tau: float) -> np.ndarray:
     """Norms of steps start..stop−1: the damped trend of the module docstring (flat before 10 points)."""
     s0, s1, s2, sy, sny, lo, hi = fit
@@ -245,7 +256,7 @@ def forecast_norms(fit: tuple[float, ...], last: int, start: int, stop: int, fal
     if s0 == 0:
         return np.full(js.size, fallback)
     det = s0 * s2 - s1 * s1
-    slope = (s0 * sny - s1 * sy) / det if s0 >= min(10.0, tau) and det > 1e-12 else 0.0
+    slope = (s0 * sny - s1 * sy) / det if s0 >= trend_count(tau) and det > 1e-12 else 0.0
     level = sy / s0 + slope * (last - s1 / s0)
     logs = level + slope * np.minimum(js - last, tau)
     return np.exp(np.clip(logs, lo - math.log(4.0), hi + math.log(4.0)))
