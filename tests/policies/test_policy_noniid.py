@@ -1,5 +1,6 @@
 """The coded budget over few rounds of disagreeing workers (Local SGD on a Dirichlet split, issue 38): the
-first width, the bound's term of the first aggregate, and the budget through such a run."""
+first width, the bound's term of the first aggregate, the budget through such a run, the widths G resolves,
+and the norm trend of runs of at most 200 steps."""
 
 import math
 
@@ -10,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from dqsgd.method.config import method_config
 from dqsgd.method.pipeline import Method
-from dqsgd.policies import CodedBudgetedDQSGD, GradStats, level_entropies
+from dqsgd.policies import BudgetedDQSGD, CodedBudgetedDQSGD, GradStats, level_entropies
+from dqsgd.policies.budgeted import _observe, forecast_norms, trend_count
 from dqsgd.quantizers import dequantize, quantize_uniform
 from dqsgd.quantizers.constants import levels_for_bits
 from dqsgd.theory import exact_quantization_variance
@@ -155,3 +157,26 @@ def test_widths_up_to_the_resolution_keep_their_entropy_cost() -> None:
         assert floored[i(b)] == min(est[i(6)] + d * (b - 6), cost(b))
     old = pol.above_measured(est, measured, spent, 1.0)  # no resolution: floored from the measured width
     assert old[i(4)] == spent + 2 * d > floored[i(4)]
+
+
+@pytest.mark.parametrize("total_steps", [19, 100, 200])
+def test_forecast_of_a_log_linear_sequence_is_the_line_for_runs_up_to_200_steps(total_steps: int) -> None:
+    """τ = max(10, N/20) = 10 for N ≤ 200: the weighted least-squares line through exact log-linear norms is
+    the line itself, so from the tenth observation on the forecast continues it (up to τ steps ahead, within
+    the observed range ± log 4). The old test S0 ≥ min(10, τ) never held at τ = 10 (S0 = 10·(1 − 0.9^n)):
+    the forecast stayed flat at the weighted mean of the past norms."""
+    policy = BudgetedDQSGD(10 ** 9, total_steps, 1000, fixed_cost(1000))
+    tau, lam = policy.tau, 1.0 - 1.0 / policy.tau
+    assert tau == 10.0
+    fit, slope, level = policy.init().fit, math.log(0.8), math.log(0.5)
+    for n in range(12):
+        fit = _observe(fit, float(n), level + slope * n, lam)
+        forecast = forecast_norms(fit, n, n + 1, total_steps, math.exp(level + slope * n), tau)
+        js = np.arange(n + 1, total_steps, dtype=np.float64)
+        line = level + slope * (n + np.minimum(js - n, tau))
+        want = np.exp(np.clip(line, level + slope * n - math.log(4.0), level + math.log(4.0)))
+        if n >= 9:  # ten observations
+            np.testing.assert_allclose(forecast, want, rtol=1e-9)
+        else:
+            np.testing.assert_array_equal(forecast, np.full(js.size, forecast[0]))  # flat before ten
+    assert trend_count(20.0) == 10.0 and trend_count(75.0) == 10.0  # N > 200: the test as it was
