@@ -33,13 +33,20 @@ property rests on the reserve's margin, not on arithmetic. ``tests/policies/test
 real models through the simulation and checks that the ledger's coded bytes never exceed C and land
 within 1% of it (N ≥ 100).
 
+Widths G resolves. Above the width B_n just sent, each width costs at least the measured message; above
+R, the widest width whose levels the distinct magnitudes of G's entropy sample can fill (s_R ≤ K), at
+least the cost at max(B_n, R) plus one bit per coordinate per extra bit: there H_B(G) stops growing while
+a worker's own vector gains about a bit per coordinate per bit of width. The mean of W messages of
+different scales lies on a lattice about W times finer than one message, and a v-bit downlink caps it
+(R = 10 after ``local-fashion``'s 8-bit sharded downlink), so below R the entropy of G is the estimate.
+
 The first step. Before any message no entropy is known, so the first width cannot be costed; charging it
 at its fixed size (the largest width whose fixed size fits C/N) gives ``min_bits`` at every coded budget
 under 2 bits per coordinate, whatever the data. The bound's term of a step is the variance of the mean of
 the workers' messages, Σ_w d‖g_w‖∞²/(4W²s²): the workers' norms, not their mean's. Where the workers
 disagree (the first round of Local SGD on a Dirichlet(0.1) split: worker ∞-norms 10× the mean's) the
-``min_bits`` mean is mostly noise, E‖G − ḡ‖² = 41‖ḡ‖², and DiLoCo's outer momentum carries it on (docs/
-algorithms.md §11.5a). So the first width is the method's start width B_0 (``start_bits``, the config's
+``min_bits`` mean is mostly noise, E‖G − ḡ‖² = 41‖ḡ‖², and DiLoCo's outer momentum carries it on
+(docs/algorithms.md §11.5a). So the first width is the method's start width B_0 (``start_bits``, the config's
 ``bits``, as for the closed-form rules), never below the share rule's, lowered while its fixed size and
 the headers of the N − 1 later messages would exceed C; its coded size is then learned like any other.
 """
