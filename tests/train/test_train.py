@@ -43,18 +43,18 @@ def test_pinned_seeded_run(tmp_path: Path) -> None:
     assert s["ledger_budget_left"] >= 0
 
 
-PINNED_BITS = [3, 4, 3, 4, 3, 3, 4, 3, 3, 4, 3, 4, 4, 4, 4, 4, 3, 3, 4, 3]
+PINNED_BITS = [3, 4, 3, 4, 3, 3, 4, 3, 3, 4, 4, 4, 4, 4, 3, 3, 3, 4, 3, 3]  # the norm trend from the tenth step (N <= 200)
 PINNED_LOSS0 = 2.325085759162903
-PINNED_LOSS_LAST = 1.0733838081359863
+PINNED_LOSS_LAST = 1.0734637677669525
 
 
 def test_pinned_seeded_run_default_fused_kernel(tmp_path: Path) -> None:
     """The same run with the default kernel ("fused": hash uniforms of (seed, step, worker))."""
     run_one(cfg(steps=20, lr=0.3), entry("dqsgd", target_bits=3.5), DATA, 0, tmp_path, progress=False)
     recs = list(read_jsonl(tmp_path / "metrics.jsonl"))
-    assert [r["bits"] for r in recs] == [3, 4, 3, 3, 3, 3, 4, 3, 4, 4, 3, 4, 4, 4, 4, 4, 3, 3, 4, 3]
+    assert [r["bits"] for r in recs] == [3, 4, 3, 3, 3, 3, 4, 3, 4, 4, 4, 4, 4, 4, 4, 3, 3, 3, 3, 4]
     assert recs[0]["loss"] == pytest.approx(PINNED_LOSS0, rel=1e-5)  # step 0's loss precedes any update
-    assert recs[-1]["loss"] == pytest.approx(1.0629274994134903, rel=1e-5)
+    assert recs[-1]["loss"] == pytest.approx(1.063007727265358, rel=1e-5)
 
 
 @pytest.mark.parametrize("name", ["dqsgd", "terngrad", "adaqs"])

@@ -236,6 +236,7 @@ class HookState:
         proto = BucketProtocol(config, n, sizes, topology=self.topology, workers=world,
                                seed=self.seed, total_steps=self.total_steps, bucket=index,
                                spec=self.downlink)
+        proto.charge_side()  # a budget pays the size tables, as the trainer's (one engine, the same widths)
         if isinstance(proto.policy, LinkPolicy):
             quantized = topology_of(self.topology).sharded and self.downlink_bits != FP32
             proto.policy = proto.policy.sending(self.send_dtype(dtype).itemsize,

@@ -246,7 +246,8 @@ POLICIES: dict[str, Callable[[Method], Any]] = {
     "dqsgd-budget": lambda m: BudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
                                             m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
     "dqsgd-coded": lambda m: CodedBudgetedDQSGD(m.budget_bits() or 0, m.total_steps, m.numel, m.message_bits,
-                                                m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits),
+                                                m.config.convex, m.config.alpha, m.config.min_bits, m.config.max_bits,
+                                                start_bits=m.config.bits),
     "link": lambda m: LinkPolicy(max(m.numel, 1), _link_mbit(m.config), m.message_bits(m.config.min_bits)
                                  - m.numel * m.config.min_bits, m.config.bits, compute_s=m.config.compute_ms / 1e3,
                                  latency_s=m.config.link_latency_ms / 1e3, min_bits=m.config.min_bits,

@@ -22,13 +22,13 @@ forecast and so lowered k. The same rule with a hindsight constant (t known in a
 0.32 / 0.65 / 0.54 / 0.98 / 0.68 on the same five: that is DQSGD's gain when t is
 tuned, as in the paper's Table 3, and what ``dqsgd-nonconvex`` / ``dqsgd-convex`` offer.
 
-Side traffic. Where an engine's budget pays, every step, bytes beyond the payloads that a fixed-width
-method does not send (FSDP's: a coded method's size table, its entropy sample: :mod:`dqsgd.policies.coded`),
+Side traffic. Where a step sends bytes beyond the payloads that a fixed-width method does not send (a
+coded method's size table in every engine; FSDP's entropy sample: :mod:`dqsgd.policies.coded`),
 ``side_bits`` is what one worker sends of them per step: each step then costs ``step_bits(B)`` =
 ``message_bits(B)`` + ``side_bits`` in every plan and check below, and the exchange adds them to
 each step's ``spent_bits`` (:meth:`dqsgd.topology.bucket.BucketProtocol.charge_side`; they are fixed
-by the layout, and equal the bytes handed to the collectives: tested). The simulation's ledger
-counts payloads alone, and its policies (and the DDP hook's, one engine with it) have ``side_bits = 0``.
+by W, the topology and the coding, and equal the bytes handed to the collectives: tested). The ledger's
+byte counts stay the payloads'; a fixed-size coding has ``side_bits = 0``.
 
 Guarantees (tested): the budget is never overspent — B_n is capped so that the steps left can
 still be paid at min_bits — and the integer widths (rounded to nearest, re-solved every step) make the total land
@@ -267,6 +267,17 @@ def _observe(fit: tuple[float, ...], n: float, y: float, lam: float) -> tuple[fl
     return (lam * s0 + 1, lam * s1 + n, lam * s2 + n * n, lam * sy + y, lam * sny + n * y, min(lo, y), max(hi, y))
 
 
+def trend_count(tau: float) -> float:
+    """The decayed count S0 from which the forecast fits a slope: min(10, τ), or, where S0 can never reach it
+    (τ = 10: S0 = τ·(1 − λ^n) < τ with λ = 1 − 1/τ), the S0 of ten observations, τ·(1 − λ^10).
+
+    Without the second case a run of N ≤ 200 steps (τ = 10: every Local SGD run of up to 200 rounds) never
+    used the trend: its forecast stayed flat at the weighted mean of the past norms."""
+    if tau > 10.0:
+        return min(10.0, tau)
+    return tau * (1.0 - (1.0 - 1.0 / tau) ** 10) * (1.0 - 1e-12)  # ten observations, whatever the rounding
+
+
 def forecast_norms(fit: tuple[float, ...], last: int, start: int, stop: int, fallback: float, tau: float) -> np.ndarray:
     """Norms of steps start..stop−1: the damped trend of the module docstring (flat before 10 points)."""
     s0, s1, s2, sy, sny, lo, hi = fit
@@ -274,7 +285,7 @@ def forecast_norms(fit: tuple[float, ...], last: int, start: int, stop: int, fal
     if s0 == 0:
         return np.full(js.size, fallback)
     det = s0 * s2 - s1 * s1
-    slope = (s0 * sny - s1 * sy) / det if s0 >= min(10.0, tau) and det > 1e-12 else 0.0
+    slope = (s0 * sny - s1 * sy) / det if s0 >= trend_count(tau) and det > 1e-12 else 0.0
     level = sy / s0 + slope * (last - s1 / s0)
     logs = level + slope * np.minimum(js - last, tau)
     return np.exp(np.clip(logs, lo - math.log(4.0), hi + math.log(4.0)))

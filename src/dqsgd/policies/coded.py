@@ -31,15 +31,14 @@ Side traffic and the sample (FSDP; :attr:`BudgetedDQSGD.side_bits`). A coded mes
 known in advance, so the engines all-gather a size table every step (S int64 to each peer): a
 fixed-width method sends none. Under FSDP no rank holds G, so the ranks also all-gather their pieces
 of the entropy sample, 4 bytes per sampled coordinate, in the status message every rank sends anyway
-(its first 256 bytes are room a fixed width sends too, for a refusal). Under FSDP both are charged to
-the budget, and the sample shrinks with the unit (:func:`fit_sample`): it is the largest (at most ``sample``) whose bytes past that room
+(its first 256 bytes are room a fixed width sends too, for a refusal). The size tables are charged to
+the budget in every engine, FSDP's sample too, and the sample shrinks with the unit (:func:`fit_sample`): it is the largest (at most ``sample``) whose bytes past that room
 cost at most 1/16 of a step's share C/N. Why: on a unit of 10⁴ elements over 4 ranks the full sample
 (every coordinate) sent 30 kB a step against a 1.4 kB budget share and the 4.6 kB of ``qsgd-4bit``;
 1/16 leaves the levels at least 15/16 of the budget and still samples ~d/500 coordinates (more than
 60 per rank fit the room for free), enough for an entropy whose bias the ratio r absorbs. The DDP
-hook's ranks hold G: its sample costs nothing and stays, and its budget counts payloads as the
-trainer's and the simulation's ledgers do (one engine, the same widths), its size tables counted in
-its statistics alone. No fallback to the uncoded budget is needed:
+hook's ranks hold G: its sample costs nothing and stays; its size tables are charged as the trainer's
+and the simulation's are (one engine, the same widths). No fallback to the uncoded budget is needed:
 what the charge leaves the levels (at least ≈ 0.6 bits per coordinate at 10⁴ elements and W = 8)
 still buys more than a FIXED budget could (2 bits at the least).
 
@@ -47,8 +46,24 @@ What is guaranteed, and what is measured: the sizes of coded messages are only k
 encoded, so unlike the nominal budget (where every size is known in advance) the "never overspent"
 property rests on the reserve's margin, not on arithmetic. ``tests/policies/test_policy_coded.py`` trains
 real models through the simulation and checks that the ledger's coded bytes never exceed C and land
-within 1% of it (N ≥ 100). Step 0 has no entropy estimate yet: it is charged at the fixed size, at
-the largest width whose fixed size fits the per-step share C/N (at least ``min_bits``).
+within 1% of it (N ≥ 100).
+
+Widths G resolves. Above the width B_n just sent, each width costs at least the measured message; above
+R, the widest width whose levels the distinct magnitudes of G's entropy sample can fill (s_R ≤ K), at
+least the cost at max(B_n, R) plus one bit per coordinate per extra bit: there H_B(G) stops growing while
+a worker's own vector gains about a bit per coordinate per bit of width. The mean of W messages of
+different scales lies on a lattice about W times finer than one message, and a v-bit downlink caps it
+(R = 10 after ``local-fashion``'s 8-bit sharded downlink), so below R the entropy of G is the estimate.
+
+The first step. Before any message no entropy is known, so the first width cannot be costed; charging it
+at its fixed size (the largest width whose fixed size fits C/N) gives ``min_bits`` at every coded budget
+under 2 bits per coordinate, whatever the data. The bound's term of a step is the variance of the mean of
+the workers' messages, Σ_w d‖g_w‖∞²/(4W²s²): the workers' norms, not their mean's. Where the workers
+disagree (the first round of Local SGD on a Dirichlet(0.1) split: worker ∞-norms 10× the mean's) the
+``min_bits`` mean is mostly noise, E‖G − ḡ‖² = 41‖ḡ‖², and DiLoCo's outer momentum carries it on
+(docs/algorithms.md §11.5a). So the first width is the method's start width B_0 (``start_bits``, the config's
+``bits``, as for the closed-form rules), never below the share rule's, lowered while its fixed size and
+the headers of the N − 1 later messages would exceed C; its coded size is then learned like any other.
 """
 
 from __future__ import annotations
@@ -143,12 +158,16 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
     sample: int = 1 << 16
     smoothing: float = 0.3
     margin: float = 1.1
+    start_bits: int | None = None  # B_0, the method's start width (None: the share rule alone; module docstring)
 
     def check_feasible(self) -> None:
         """Refuse bad knobs, and a budget that cannot even pay the headers (coded sizes are not known
         in advance: the levels' share is checked by the reserve at every step)."""
         if not (0 < self.smoothing <= 1 and self.margin >= 1 and self.sample >= 1):
             raise ValueError("coded DQSGD: need 0 < smoothing <= 1, margin >= 1, sample >= 1")
+        if self.start_bits is not None and not self.min_bits <= self.start_bits <= self.max_bits:
+            raise ValueError(f"coded DQSGD: start_bits {self.start_bits} outside [min_bits, max_bits] = "
+                             f"[{self.min_bits}, {self.max_bits}]")
         need = self.total_steps * self.header_bits
         if self.budget_bits <= need:
             raise ValueError(
@@ -168,12 +187,23 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         return fixed
 
     def init(self) -> CodedBudgetState:
+        bits = self.first_bits()
+        return CodedBudgetState(bits, float(bits), 0, (0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), float("nan"),
+                                (), float("nan"), float("nan"))
+
+    def first_bits(self) -> int:
+        """B_0: the larger of the share rule's width (the largest whose fixed size fits C/N) and the start
+        width ``start_bits``, lowered while its fixed size and the headers of the N − 1 later messages would
+        exceed C (module docstring, "The first step")."""
         share = self.budget_bits / self.total_steps
         bits = self.min_bits
         while bits < self.max_bits and self.step_bits(bits + 1) <= share:
             bits += 1
-        return CodedBudgetState(bits, float(bits), 0, (0.0, 0.0, 0.0, 0.0, 0.0, math.inf, -math.inf), float("nan"),
-                                (), float("nan"), float("nan"))
+        start = max(bits, self.start_bits or bits)
+        later = (self.total_steps - 1) * self.header_bits
+        while start > bits and self.step_bits(start) + later > self.budget_bits:
+            start -= 1
+        return start
 
     def costs(self, entropy: tuple[float, ...], ratio: float) -> np.ndarray:
         """Predicted coded bits of one message at each width min..max: non-decreasing, ≤ fixed(B)."""
@@ -189,27 +219,45 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         return self.costs(entropy, self.margin * max(ratio, observed) if math.isfinite(observed) else ratio)
 
     def estimates(self, entropy: tuple[float, ...], ratio: float, observed: float, measured: int,
-                  spent_bits: int) -> tuple[np.ndarray, np.ndarray]:
+                  spent_bits: int, resolved: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(predicted, upper) coded bits of each width after a message at width ``measured`` that cost
-        ``spent_bits``: :meth:`costs` and :meth:`upper_costs`, each floored by :meth:`above_measured`."""
-        return (self.above_measured(self.costs(entropy, ratio), measured, spent_bits, 1.0),
-                self.above_measured(self.upper_costs(entropy, ratio, observed), measured, spent_bits, self.margin))
+        ``spent_bits``: :meth:`costs` and :meth:`upper_costs`, each floored by :meth:`above_measured` (above
+        ``resolved``, the widest width G resolves: :meth:`resolution`; None: the measured width)."""
+        return (self.above_measured(self.costs(entropy, ratio), measured, spent_bits, 1.0, resolved),
+                self.above_measured(self.upper_costs(entropy, ratio, observed), measured, spent_bits, self.margin,
+                                    resolved))
 
-    def above_measured(self, cost: np.ndarray, measured: int, spent_bits: int, margin: float) -> np.ndarray:
-        """``cost`` raised, above the width ``measured`` just sent, to the measured body bits per
-        coordinate plus one bit per extra bit of width (× ``margin``), capped by fixed(B).
+    def above_measured(self, cost: np.ndarray, measured: int, spent_bits: int, margin: float,
+                       resolved: int | None = None) -> np.ndarray:
+        """``cost`` raised, above the width ``measured`` just sent, to the measured body bits (× ``margin``),
+        and above the widest width G resolves, a = max(measured, ``resolved``), to the cost at a plus one bit
+        per coordinate per extra bit of width (× ``margin``), capped by fixed(B).
 
-        G is the mean of messages quantized at the measured width (or the 8-bit downlink): above that
-        width its levels do not resolve, so H_B(G) stops growing while a worker's own vector still gains
-        about one bit per coordinate for every bit of width (each level splits in two). Without the
-        floor, a round after a 2-bit round was costed at 16 bits as 53 kbit and sent 784 kbit."""
+        Above a, G's levels do not resolve, so H_B(G) stops growing while a worker's own vector still
+        gains about one bit per coordinate for every bit of width (each level splits in two). Without the
+        floor, a round after a 2-bit round was costed at 16 bits as 53 kbit and sent 784 kbit. Below a, the
+        entropy of G tracks the workers' (module docstring, "Widths G resolves")."""
         if not math.isfinite(spent_bits) or spent_bits <= 0:
             return cost
         widths = np.arange(self.min_bits, self.max_bits + 1, dtype=np.float64)
-        body = max(0.0, spent_bits - self.header_bits) + self.numel * np.maximum(widths - measured, 0.0)
-        floor = np.where(widths > measured, self.header_bits + margin * body, 0.0)
+        anchor = measured if resolved is None else min(self.max_bits, max(measured, resolved))
+        body = self.header_bits + margin * max(0.0, spent_bits - self.header_bits)  # the measured message
+        at_anchor = body if anchor == measured else max(body, float(cost[anchor - self.min_bits]))
+        above = at_anchor + margin * self.numel * (widths - anchor)
+        floor = np.where(widths > anchor, above, np.where(widths > measured, body, 0.0))
         fixed = self.fixed_bits
         return np.maximum.accumulate(np.maximum(cost, np.minimum(floor, fixed)))
+
+    def resolution(self, grad: torch.Tensor) -> int:
+        """The widest width whose levels the magnitudes of G's entropy sample can fill: the largest B with
+        s_B = 2^(B−1) − 1 ≤ K, K the number of distinct nonzero |G_i| in the sample (at least ``min_bits``)."""
+        g = grad.detach().reshape(-1)
+        g = g[:: sample_stride(g.numel(), self.sample)]
+        k = int(torch.count_nonzero(torch.unique(g.abs())))
+        bits = self.min_bits
+        while bits < self.max_bits and levels_for_bits(bits + 1) <= k:
+            bits += 1
+        return bits
 
     def solve_coded_k(self, step: int, norm: float, forecast: np.ndarray, cost: np.ndarray,
                       remaining: float) -> tuple[float, float]:
@@ -237,7 +285,8 @@ class CodedBudgetedDQSGD(BudgetedDQSGD):
         entropy, ratio, observed = self.learn(state, stats)
         if step >= self.total_steps:
             return replace(state, spent=spent, fit=fit, entropy=entropy, ratio=ratio, observed=observed)
-        cost, upper = self.estimates(entropy, ratio, observed, state.bits, stats.spent_bits)
+        cost, upper = self.estimates(entropy, ratio, observed, state.bits, stats.spent_bits,
+                                     self.resolution(stats.grad))  # type: ignore[arg-type]
         forecast = forecast_norms(fit, stats.step, step + 1, self.total_steps, stats.norm, self.tau)
         k, real = self.solve_coded_k(step, stats.norm, forecast, cost, float(self.budget_bits - spent))
         bits, _ = integerize(real, Rounding.NEAREST, 0.0, self.min_bits, self.max_bits)

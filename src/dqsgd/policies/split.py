@@ -262,7 +262,7 @@ class SplitBudget:
             return replace(state, spent=spent, fit=fit, down_ratio=d_ratio, down_observed=d_observed, **learned)
         est = upper = self.upper_up()
         if self.coded:  # floored above the width just sent, as the coded policy's own estimates
-            est, upper = c.estimates(*learned.values(), state.bits, up_stats.spent_bits)
+            est, upper = c.estimates(*learned.values(), state.bits, up_stats.spent_bits, c.resolution(stats.grad))
         q = self.legs.q
         xs, ys = frontier(self.costs(est, None if down is None else down[0]), q, self.legs.equivalent_bits(q),
                           p.numel / 16)

@@ -160,32 +160,32 @@ class BucketProtocol:
             self.coded_down = self.down_coding != downlink.FIXED
 
     def charge_side(self, scatter: bool = False) -> None:
-        """Make a budgeted policy pay for what the exchange (FSDP's reduce-scatter: ``scatter``) sends every
-        step beyond the payloads that a fixed-width method does not (:meth:`side_bytes`), its entropy sample first cut to what FSDP's budget affords
-        (:func:`~dqsgd.policies.coded.fit_sample`); the exchange then adds them to each step's spent bits
-        (tests/policies/test_coded_side.py checks them against the bytes handed to the collectives). The
-        trainer's ledger counts payloads alone, and the DDP hook is one engine with it: not charged."""
+        """Make a budgeted policy pay what the exchange sends each step beyond its payloads, as far as its
+        budget's legs go (:meth:`side_bytes`): the size tables in every engine alike (hook, trainer,
+        simulation: the same widths), and FSDP's statistics (``scatter``), its entropy sample first cut to
+        what the budget affords (:func:`~dqsgd.policies.coded.fit_sample`); the exchange adds them to each
+        step's spent bits (tests/policies/test_coded_side.py checks them against the bytes handed over)."""
         from dqsgd.policies.budgeted import replace_budget
         from dqsgd.policies.coded import fit_sample
         from dqsgd.topology.scatter import ShardStats
 
         if scatter:
             self.policy = fit_sample(self.policy, lambda n: (self.workers - 1) * ShardStats(self, n).extra)
-        side = 8 * self.side_bytes(scatter)
+        side = 8 * self.side_bytes(scatter, charged=True)
         charged = replace_budget(self.policy, side_bits=side)
         if charged is not None:
             self.policy, self.side_bits = charged, side
 
-    def side_bytes(self, scatter: bool = False) -> int:
-        """Bytes one rank sends per step beyond its payloads and a fixed-width method's messages: the size
-        table's all-gather (S int64 to each peer) unless sizes are known in advance, a coded downlink's
-        lengths (one int64 to each peer), and FSDP's statistics past the status message's room."""
+    def side_bytes(self, scatter: bool = False, charged: bool = False) -> int:
+        """Bytes one rank sends per step beyond its payloads and a fixed width's messages: the size table
+        (S int64 to each peer) unless sizes are known in advance, a coded downlink's lengths (an int64 to each
+        peer; ``charged``: where the budget counts the downlink), FSDP's statistics past the status room."""
         from dqsgd.topology.scatter import ShardStats
 
         peers = self.workers - 1
         sizes = 0 if payloads.fast_path(self.method) else 8 * len(self.shards) * peers
-        lengths = 8 * peers if self.kind.sharded and self.coded_down and not scatter else 0
-        return sizes + lengths + (peers * ShardStats(self).extra if scatter else 0)
+        down = self.kind.sharded and self.coded_down and not scatter and (self.auto or not charged)
+        return sizes + (8 * peers if down else 0) + (peers * ShardStats(self).extra if scatter else 0)
 
     def _split(self, total_steps: int) -> SplitBudget:
         """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is

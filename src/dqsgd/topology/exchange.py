@@ -23,7 +23,7 @@ and read the :class:`Outcome` their futures hold. One step of rank r:
 
 The bytes each rank sends and receives are counted once, by :meth:`Topology.legs` of the
 protocol's topology with the size tables' all-gathers added, through the ``count`` callback of the
-caller (FSDP's budget pays them: :meth:`BucketProtocol.charge_side`); a topology that splits the ranks
+caller (a budgeted policy pays them: :meth:`BucketProtocol.charge_side`); a topology that splits the ranks
 in groups (:meth:`Topology.split`) also gets the bytes of the groups' updates this rank receives, as
 the entries of :attr:`Outcome.down` past its shards' (its legs count them, in the downlink phase).
 """

@@ -111,6 +111,8 @@ class ServerRank(RankExchange):
 
     def _aggregate(self, gathered: list[torch.Tensor | None]) -> torch.Tensor:
         """The server's downlink message: the aggregate of the used ranks' payloads, B_{n+1} learnt from it."""
+        from dqsgd.policies.budgeted import charged_spent
+
         b, P = self.b, self.P
         if self.arrivals:  # the exact messages of the ranks waited for
             self.table = [[0 if m is None else m.numel() - 1] for m in gathered]
@@ -123,7 +125,7 @@ class ServerRank(RankExchange):
         avg = self._average(0, [gathered[w][: sizes[w]] for w in used], flags)  # type: ignore[index]
         bad = (flags & codec.FLAG_NONFINITE).any()
         zero = (flags & codec.FLAG_ZERO).all() if P.vote else torch.zeros((), dtype=torch.bool)
-        b.observe(avg, self.step, P.spent_bits(self.table), bad.to(torch.bool))
+        b.observe(avg, self.step, charged_spent(P.spent_bits(self.table), P.side_bits), bad.to(torch.bool))
         b.catch_up(self.step)  # B_{n+1}, before the downlink leaves
         down = P.encode_down(0, avg, self.step)
         flag = int(bad) * codec.FLAG_NONFINITE | int(zero) * codec.FLAG_ZERO

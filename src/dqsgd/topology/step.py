@@ -145,6 +145,7 @@ class ExchangeStep:
         self.protocol = BucketProtocol(method.config, method.numel, param_sizes, topology=topology,
                                        workers=workers, seed=seed, total_steps=method.total_steps, method=method,
                                        spec=downlink)
+        self.protocol.charge_side()  # its size tables come out of a budget, as in the DDP hook
         self.bounds, self.shards = self.protocol.bounds, self.protocol.shards
         self.policy = self.protocol.policy  # "auto": the both-leg split over the method's policy
         self.server = self.protocol.kind.server  # one rank aggregates (dqsgd.topology.server)
