@@ -18,6 +18,7 @@ from dqsgd.ddp.state import HookState
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.topology.state import BucketState
 from dqsgd.topology.exchange import Exchange
+from dqsgd.topology.figures import observes
 from dqsgd.topology.group import UP, done, release, then
 from dqsgd.topology.registry import Legs, ring_bytes
 
@@ -110,6 +111,8 @@ def _uncompressed(state: HookState, b: BucketState, grad: torch.Tensor, world: i
     step = b.step
     b.step += 1
     fut = _allreduce(state, grad, world, state.send_dtype(grad.dtype))
+    if not observes(b.proto.policy, step):  # between the policy's re-evaluations: nothing to observe
+        return fut
 
     def seen(f: torch.futures.Future) -> torch.Tensor:
         g = f.value()

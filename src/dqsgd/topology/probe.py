@@ -3,9 +3,9 @@ is in flight (docs/ddp-hook.md, "The default is the stated budget; the link poli
 
 The link (:func:`~dqsgd.policies.linktime.measure_link`), the codec against its model
 (:func:`~dqsgd.policies.linktime.codec_slowdown`), and the first bucket's step as the hook runs it:
-its compressed exchange (encode, the collectives, decode, the link policy's own figures) on a throwaway
-bucket state, and its plain all-reduce, both waited for, every rank at once (their contention for the
-cores is in the figures), the least of ``repeats`` each, max-reduced over the ranks. The policy prices
+its compressed exchange (encode, the collectives, decode) on a throwaway bucket state at a step between
+the policy's re-evaluations (what most steps of a run cost), and its plain all-reduce, both waited for,
+every rank at once (their contention for the cores is in the figures), the least of ``repeats`` each, max-reduced over the ranks. The policy prices
 what the model misses of them as a cost per coordinate (:meth:`dqsgd.policies.link.LinkPolicy.measured`).
 """
 
@@ -52,6 +52,7 @@ def measure_hook(state: Any, group: TorchGroup, bucket: Any, repeats: int = 2) -
     squeezed, plain = [math.inf] * len(codings), math.inf
     for _ in range(repeats):
         for i, c in enumerate(codings):
+            b.step = 1  # a step between the policy's re-evaluations (link_every > 1): what most steps cost
             b.prepare(grad.device)
             b.policy = replace(proto.policy.init(), coding=c)  # every repeat at the first widths, each coding
             proto.use_coding(c)
