@@ -106,8 +106,9 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int,
 
 def _uncompressed(state: HookState, b: BucketState, grad: torch.Tensor, world: int) -> torch.futures.Future[torch.Tensor]:
     """The link policy's uncompressed step: the plain all-reduce (in ``uncompressed_dtype`` if set), a
-    step of the bucket whose mean G (the same bytes on every rank) the policy observes — its norm and
-    levels' entropies; σ̂² keeps its last value, no collective carrying the workers' norms then."""
+    step of the bucket whose mean G (the same bytes on every rank) the policy observes at the steps it
+    takes statistics of (``link_every``) — its norm and levels' entropies; σ̂² keeps its last value, no
+    collective carrying the workers' norms then."""
     step = b.step
     b.step += 1
     fut = _allreduce(state, grad, world, state.send_dtype(grad.dtype))
