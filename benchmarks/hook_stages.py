@@ -1,6 +1,7 @@
 """Where a DDP hook's step spends its CPU: thread CPU time per stage, per step, in each of 2 gloo ranks.
 
-    PYTHONPATH=src python benchmarks/hook_stages.py ["dqsgd-coded sharded"] [--steps 12]
+    PYTHONPATH=src python benchmarks/hook_stages.py ["dqsgd-coded sharded"] [--steps 12] [--hidden 1024,1024]
+        [--downlink-bits 4]
 
 The mlp of ``dqsgd bench hook`` (same batch), the hook registered as there; after 3 warm-up steps
 the stages below are wrapped with a ``time.thread_time`` accumulator (CPU of the calling thread:
@@ -49,6 +50,10 @@ STAGES = [
     ("dqsgd.topology.state", "BucketState.record"),  # the step's statistics
     ("dqsgd.topology.state", "BucketState.catch_up"),  # the policy's update
     ("dqsgd.policies.coded", "CodedBudgetedDQSGD.learn"),  # its level entropies
+    ("dqsgd.policies.link", "LinkPolicy.update"),  # the link policy's choice (its statistics, its argmin)
+    ("dqsgd.policies.link", "LinkPolicy.decide"),  # the argmin alone
+    ("dqsgd.topology.exchange", "own_figures"),  # the link policy: this rank's ‖g‖² and rounding error
+    ("dqsgd.topology.state", "BucketState.hand_workers"),  # the link policy: ‖G‖² of the workers' step
 ]
 CPU: collections.defaultdict[str, float] = collections.defaultdict(float)
 CALLS: collections.Counter[str] = collections.Counter()
@@ -79,16 +84,26 @@ def _wrap_all() -> None:
         auto._RANS[coding] = (_timed(f"{coding.name.lower()}_encode (AUTO)", enc), bounds)
 
 
-def rank_stages(rank: int, world: int, hook: str, steps: int) -> tuple[float, dict[str, tuple[float, float]]]:
+def rank_stages(rank: int, world: int, hook: str, steps: int, hidden: tuple[int, ...] = (),
+                down: int | None = None) -> tuple[float, dict[str, tuple[float, float]]]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    import dqsgd.ddp
     from dqsgd.cli.bench.hook import CIFAR, _stepper, build, register_hook
+    from dqsgd.models import MLP
 
     _wrap_all()
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(128, *CIFAR, generator=g), torch.randint(0, 10, (128,), generator=g)
-    model = DDP(copy.deepcopy(build("mlp")))
-    register_hook(model, hook, total_steps=3 + steps + 1)
+    torch.manual_seed(0)
+    model = DDP(MLP(CIFAR, 10, hidden=hidden) if hidden else copy.deepcopy(build("mlp")))
+    if down is None:
+        register_hook(model, hook, total_steps=3 + steps + 1)
+    else:  # a dqsgd hook with this downlink width (allowed below 4 bits, as the network bench's @DOWN)
+        method, topology = hook.split()
+        st = dqsgd.ddp.HookState(method, None, total_steps=3 + steps + 1, topology=topology, downlink_bits=down,
+                                 allow_unsafe_downlink=True)
+        model.register_comm_hook(st, dqsgd.ddp.hook)
     step = _stepper(model, x, y)
     for _ in range(3):
         step()
@@ -107,8 +122,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("hook", nargs="?", default="dqsgd-coded sharded")
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--hidden", default="", help="the mlp's hidden widths (default 580,580), e.g. 1024,1024")
+    ap.add_argument("--downlink-bits", type=int, default=None, help="a dqsgd hook's downlink width (default: its own)")
     a = ap.parse_args()
-    for r, res in enumerate(spawn_local(rank_stages, 2, (a.hook, a.steps))):
+    hidden = tuple(int(h) for h in a.hidden.split(",")) if a.hidden else ()
+    for r, res in enumerate(spawn_local(rank_stages, 2, (a.hook, a.steps, hidden, a.downlink_bits))):
         if not res.ok:
             raise SystemExit(res.describe())
         per_step, stages = res.value

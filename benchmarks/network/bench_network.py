@@ -234,13 +234,14 @@ def run_rank(a: argparse.Namespace) -> None:
         for n in range(a.warmup):
             warm(n)
     train_step, model, state = stepper(a, data)
-    train_s, curve, reached, acc, step = 0.0, [], None, float("nan"), 0
+    train_s, curve, reached, acc, step, link = 0.0, [], None, float("nan"), 0, {}
     dist.barrier()
     tx0 = tx_bytes()
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()
         train_step(step - 1)
         train_s += time.perf_counter() - t0
+        link_choices(state, link)
         if step % a.eval_every == 0 or step == a.steps:
             acc, stop = _evaluate(a, data, model, step, train_s, curve, tx_bytes() - tx0, reached)
             if reached is None and acc >= a.target:  # rank 0 only (nan elsewhere)
@@ -251,8 +252,19 @@ def run_rank(a: argparse.Namespace) -> None:
     every = [torch.zeros_like(sent) for _ in range(a.workers)]
     dist.all_gather(every, sent)
     if a.rank == 0:
-        Path(a.result).write_text(json.dumps(_result(a, step, acc, train_s, reached, curve, every, state)))
+        Path(a.result).write_text(json.dumps({**_result(a, step, acc, train_s, reached, curve, every, state), **link}))
     dist.destroy_process_group()
+
+
+def link_choices(state: Any, out: dict[str, Any]) -> None:
+    """A link-policy row (``dqsgd-link``): each bucket's choice sent at the step just run, "up/down/coding" (0: the
+    bucket in its dtype), appended to ``out["link_choices"]``, and the link it measured (``out["link"]``)."""
+    buckets = getattr(state, "_buckets", None)
+    if not buckets or getattr(state.config, "policy", "") != "link":
+        return
+    out["link"] = state.link
+    out.setdefault("link_choices", []).append(
+        [f"{b.bits}/{b.proto.down_width(b.policy) if b.bits else 0}/{b.policy.coding}" for _, b in sorted(buckets.items())])
 
 
 def _evaluate(a: argparse.Namespace, data: Any, model: Any, step: int, train_s: float, curve: list[Any],

@@ -15,7 +15,8 @@ A dqsgd row is ``METHOD[VARIANT][@DOWN]``:
   ``@auto:D`` / ``@autoe:D`` gives the split ``downlink_target_bits = D`` (else ``--downlink-target-bits``).
 
 A bare row takes ``--downlink-bits`` (default 8, the setting of the committed tables), so ``dqsgd``
-alone runs an 8-bit downlink; ``dqsgd@auto`` is the hook as ``HookState(method="dqsgd")`` builds it.
+alone runs an 8-bit downlink, except the link policy's (``dqsgd-link``), which chooses its downlink
+width each step as ``HookState(method="dqsgd-link")`` does (``dqsgd-link@8`` pins it); ``dqsgd@auto`` is the hook as ``HookState(method="dqsgd")`` builds it.
 ``--downlink-bits auto`` gives every row its method's own default instead (``HookState(downlink_bits=
 None)``, ``train.downlink_bits = 0``): the split for the budgeted methods, 8 bits for the others.
 
@@ -140,11 +141,22 @@ def dqsgd_problem(method: str, workers: int | None = None) -> str:
     return ""
 
 
+def row_down(a: argparse.Namespace) -> str:
+    """The DOWN this rank's row runs: its ``@DOWN``; else for a link-policy row on ``sharded``
+    (``dqsgd-link``) ``auto``, the downlink it chooses itself from its time model; else ``--downlink-bits``."""
+    own, row = split_downlink(a.method)[1], variant(a.method)
+    if own:
+        return own
+    link = row is not None and row[2] == "sharded" and getattr(_config(row[0]), "policy", "") == "link"
+    return AUTO if link else a.downlink_bits
+
+
 def downlink(a: argparse.Namespace) -> int | str | None:
     """This rank's downlink width: the row's ``@DOWN`` if it has one, else ``--downlink-bits``; ``"auto"``
-    from the row, None (the method's default) from ``--downlink-bits auto``, ``"fp32"`` or an int."""
+    from the row, None (the method's default) from ``--downlink-bits auto`` or a bare link-policy row
+    (:func:`row_down`), ``"fp32"`` or an int."""
     own = split_downlink(a.method)[1]
-    down = (own or a.downlink_bits).removesuffix("e")
+    down = row_down(a).removesuffix("e")
     if down == AUTO:
         return AUTO if own else None
     return "fp32" if down == "fp32" else int(down)
@@ -155,7 +167,7 @@ def downlink_options(a: argparse.Namespace) -> dict[str, Any]:
     'e'; a row asks for its width explicitly, so a low width without feedback runs (to measure it). The
     budgeted split keeps HookState's defaults (it picks widths below 4 only when error-fed) and takes
     ``--downlink-target-bits``."""
-    down = split_downlink(a.method)[1] or a.downlink_bits
+    down = row_down(a)
     auto = down.removesuffix("e") == AUTO
     row, own = variant(a.method), row_down_target(a.method)
     budgeted = row is not None and getattr(_config(row[0]), "policy", "") in ("dqsgd-budget", "dqsgd-coded")

@@ -209,3 +209,20 @@ def test_coded_rows_and_a_rows_own_downlink_target(bench: Any) -> None:
     assert "downlink_target_bits" not in bench.downlink_options(a)
     for bad in ("dqsgd@4:1", "dqsgd@auto:0", "dqsgd@auto:x", "dqsgd@autoe:17"):
         assert "':TARGET' follows @auto" in bench.method_problem(bad), bad
+
+
+def test_a_bare_link_row_chooses_its_downlink_as_the_hook_does(bench: Any) -> None:
+    """``dqsgd-link`` is not pinned at ``--downlink-bits`` (8): it runs HookState("dqsgd-link")'s default,
+    the downlink its policy chooses each step among 4..max_bits; ``dqsgd-link@8`` pins it."""
+    from dqsgd.ddp import HookState
+
+    a = bench.parse([])
+    a.method = "dqsgd-link"
+    assert bench.method_problem(a.method) == "" and bench.downlink(a) is None
+    assert bench.downlink_options(a) == {"downlink_feedback": False, "allow_unsafe_downlink": False}
+    state = HookState("dqsgd-link", downlink_bits=bench.downlink(a), **bench.downlink_options(a))
+    assert state.fields() == HookState("dqsgd-link").fields() and state.downlink_bits == "auto"
+    a.method = "dqsgd-link@8"
+    assert bench.downlink(a) == 8
+    a.method = "dqsgd-link-allgather"  # no downlink width to choose
+    assert bench.downlink(a) == 8

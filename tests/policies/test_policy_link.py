@@ -69,10 +69,11 @@ def j_by_hand(p, up, down, coding, norm, sigma2):
 @pytest.mark.parametrize("mbit", [1.0, 30.0, 300.0, 3000.0])
 @pytest.mark.parametrize("rans_ns", [4.0, 11.0, 80.0])
 @pytest.mark.parametrize("sigma2", [1.0, 1e3, 1e5])
-def test_the_width_is_the_brute_force_argmin(mbit, rans_ns, sigma2):
-    p = policy(mbit, rans_ns)
+@pytest.mark.parametrize("downs", [(UNCOMPRESSED, 4, 8), tuple(range(4, 13))])  # the hook's "auto": 4..max_bits
+def test_the_width_is_the_brute_force_argmin(mbit, rans_ns, sigma2, downs):
+    p = policy(mbit, rans_ns, down_widths=downs)
     s = stepped(p, sigma2)
-    every = [(u, d, c) for c in ("fixed", "rans") for u in range(2, 13) for d in (UNCOMPRESSED, 4, 8)]
+    every = [(u, d, c) for c in ("fixed", "rans") for u in range(2, 13) for d in downs]
     best = min(j_by_hand(p, *x, NORM, sigma2) for x in every)
     assert j_by_hand(p, s.bits, s.down_bits, s.coding, NORM, sigma2) == pytest.approx(best, rel=1e-9)
     assert s.objective == pytest.approx(best, rel=1e-9)

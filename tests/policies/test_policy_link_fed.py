@@ -42,7 +42,7 @@ def test_the_exchange_fed_estimate_is_unbiased(topology, dbits, bits) -> None:
     estimate's mean is within 5 standard errors of σ² — at 2 bits, where the rounding noise
     (‖Q(g) − g‖² ≈ D·‖g‖∞²/(6·1²) per rank) is many times σ² itself and an uncorrected ‖G‖² would
     be off by far more than that."""
-    cfg = method_config("dqsgd-link", bits=bits, min_bits=2, link_mbit=10.0)
+    cfg = method_config("dqsgd-link", bits=bits, min_bits=2, link_mbit=10.0, link_every=1)  # every step observed
     proto = BucketProtocol(cfg, D, [D], topology=topology, workers=W, seed=1, total_steps=1000,
                            downlink_bits=32 if dbits == "fp32" else dbits)
     gen = torch.Generator().manual_seed(bits)

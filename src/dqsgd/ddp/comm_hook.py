@@ -18,6 +18,7 @@ from dqsgd.ddp.state import HookState
 from dqsgd.policies.linktime import UNCOMPRESSED
 from dqsgd.topology.state import BucketState
 from dqsgd.topology.exchange import Exchange
+from dqsgd.topology.figures import observes
 from dqsgd.topology.group import UP, done, release, then
 from dqsgd.topology.registry import Legs, ring_bytes
 
@@ -105,11 +106,14 @@ def _allreduce(state: HookState, grad: torch.Tensor, world: int,
 
 def _uncompressed(state: HookState, b: BucketState, grad: torch.Tensor, world: int) -> torch.futures.Future[torch.Tensor]:
     """The link policy's uncompressed step: the plain all-reduce (in ``uncompressed_dtype`` if set), a
-    step of the bucket whose mean G (the same bytes on every rank) the policy observes — its norm and
-    levels' entropies; σ̂² keeps its last value, no collective carrying the workers' norms then."""
+    step of the bucket whose mean G (the same bytes on every rank) the policy observes at the steps it
+    takes statistics of (``link_every``) — its norm and levels' entropies; σ̂² keeps its last value, no
+    collective carrying the workers' norms then."""
     step = b.step
     b.step += 1
     fut = _allreduce(state, grad, world, state.send_dtype(grad.dtype))
+    if not observes(b.proto.policy, step):  # between the policy's re-evaluations: nothing to observe
+        return fut
 
     def seen(f: torch.futures.Future) -> torch.Tensor:
         g = f.value()

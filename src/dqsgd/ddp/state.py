@@ -61,8 +61,9 @@ class HookState:
         ``downlink_feedback`` (each shard server keeps its rounding residual and adds it next step) or
         ``allow_unsafe_downlink`` (as is: may diverge); or ``"auto"`` (budgeted policies, sharded): each
         bucket's policy picks the uplink and downlink widths of every step from one both-leg budget
-        (:mod:`dqsgd.policies.split`; widths below 4 only with ``downlink_feedback``); None: ``"auto"``
-        for a budgeted method on ``"sharded"``, else 8;
+        (:mod:`dqsgd.policies.split`; widths below 4 only with ``downlink_feedback``; the link policy,
+        ``dqsgd-link``: its time model's choice); None: ``"auto"`` for a budgeted method or ``dqsgd-link``
+        on ``"sharded"``, else 8;
         ``downlink_coding``: the quantized downlink's coding (``"fixed"``, ``"auto"``, ``"rans"``, …;
         :mod:`dqsgd.topology.downlink`); None: the uplink's (``dqsgd-coded``: ``"auto"``, else fixed);
         ``downlink_target_bits`` (``downlink_bits = "auto"``): the downlink's share of the both-leg budget,
@@ -95,6 +96,8 @@ class HookState:
         check_topology(topology, [n for n, t in REGISTRY.items() if t.hook])  # a topology registered later too
         from dqsgd.topology.downspec import downlink_of
 
+        if downlink_bits is None and method.policy == "link" and topology_of(topology).sharded:
+            downlink_bits = "auto"  # the link policy chooses the downlink's width too (docs/ddp-hook.md)
         options = {**self._init, "downlink_bits": FP32 if downlink_bits == "fp32" else downlink_bits}  # downlink_*
         self.downlink: DownlinkSpec = downlink_of(options, method, topology)  # carried to every bucket's protocol
         check_rate("min_compression_rate", min_compression_rate)
@@ -237,10 +240,10 @@ class HookState:
                                seed=self.seed, total_steps=self.total_steps, bucket=index,
                                spec=self.downlink)
         proto.charge_side()  # a budget pays the size tables, as the trainer's (one engine, the same widths)
-        if isinstance(proto.policy, LinkPolicy):
+        if isinstance(proto.policy, LinkPolicy):  # "auto": the widths the protocol lets it choose among (None)
             quantized = topology_of(self.topology).sharded and self.downlink_bits != FP32
-            proto.policy = proto.policy.sending(self.send_dtype(dtype).itemsize,
-                                                int(self.downlink_bits) if quantized else UNCOMPRESSED, self.link)
+            down = None if proto.auto else int(self.downlink_bits) if quantized else UNCOMPRESSED
+            proto.policy = proto.policy.sending(self.send_dtype(dtype).itemsize, down, self.link)
         return proto
 
     def send_dtype(self, dtype: torch.dtype) -> torch.dtype:

@@ -61,6 +61,8 @@ class MethodConfig:
     # step that its time model adds to the codec's and the wire's (docs/algorithms.md §11.5c).
     link_latency_ms: float = 0.0
     compute_ms: float = 0.0
+    # policy "link": its statistics (and so its choice) re-evaluated every this many steps (docs/algorithms.md §11.5c)
+    link_every: int = 10
     policy: PolicyName = "fixed"
     # DQSGD: k (convex, eq. 18) or t (non-convex, eq. 20), alpha, horizon from the run.
     k: float = 1.0
@@ -176,6 +178,9 @@ def _validate(c: MethodConfig) -> None:
                      "the policy prices it)")
         if not all(math.isfinite(v) and v >= 0 for v in (c.link_latency_ms, c.compute_ms)):
             _fail(c, f"link_latency_ms and compute_ms must be finite and >= 0, got {c.link_latency_ms}, {c.compute_ms}")
+        if isinstance(c.link_every, bool) or not isinstance(c.link_every, int) or c.link_every < 1:
+            _fail(c, f"link_every (steps between the link policy's re-evaluations) must be an integer >= 1, "
+                     f"got {c.link_every!r}")
     if c.policy == "dqsgd-error" and not (c.eps_q > 0 and c.smoothness > 0 and c.lr > 0):
         _fail(c, "the error-target policy needs eps_q > 0, smoothness (L) > 0 and lr > 0")
     if c.policy == "dqsgd-error" and not c.smoothness * c.lr < 2:

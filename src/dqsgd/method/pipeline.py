@@ -251,7 +251,7 @@ POLICIES: dict[str, Callable[[Method], Any]] = {
     "link": lambda m: LinkPolicy(max(m.numel, 1), _link_mbit(m.config), m.message_bits(m.config.min_bits)
                                  - m.numel * m.config.min_bits, m.config.bits, compute_s=m.config.compute_ms / 1e3,
                                  latency_s=m.config.link_latency_ms / 1e3, min_bits=m.config.min_bits,
-                                 max_bits=m.config.max_bits),
+                                 max_bits=m.config.max_bits, every=m.config.link_every),
     "adaptive": lambda m: AdaptiveRMS(m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
     "adaqs": lambda m: AdaQS(m.numel, m.config.bits, m.config.min_bits, m.config.max_bits, m.config.calib_steps),
     "sparse-budget": lambda m: budget_policy(m.config, m.numel, m.total_steps),  # one message; the sharded step's own

@@ -74,9 +74,10 @@ class LinkPolicy:
     max_bits: int = 16
     down_widths: tuple[int, ...] = (UNCOMPRESSED,)
     uncompressed: bool = False
-    # the statistics: σ̂²'s smoothing weight, G's entropy sample
+    # the statistics: σ̂²'s smoothing weight, G's entropy sample, the steps between re-evaluations
     smoothing: float = 0.3
     sample: int = 1 << 16
+    every: int = 10
     name: str = "link"
     needs_grad: bool = True
     needs_worker_norms: ClassVar[bool] = True  # the caller hands over the workers' norms before each step
@@ -87,8 +88,8 @@ class LinkPolicy:
             raise ValueError(f"{self.label}: numel must be >= 1, got {self.numel}")
         if not 2 <= self.min_bits <= self.start_bits <= self.max_bits <= 16:
             raise ValueError(f"{self.label}: need 2 <= min_bits <= start_bits <= max_bits <= 16")
-        if not 0 < self.smoothing <= 1 or self.sample < 1:
-            raise ValueError(f"{self.label}: need 0 < smoothing <= 1 and sample >= 1")
+        if not 0 < self.smoothing <= 1 or self.sample < 1 or self.every < 1:
+            raise ValueError(f"{self.label}: need 0 < smoothing <= 1, sample >= 1 and every >= 1 (link_every)")
         if not self.down_widths or any(w != UNCOMPRESSED and not self.min_bits <= w <= self.max_bits
                                        for w in self.down_widths):
             raise ValueError(f"{self.label}: down_widths must be {UNCOMPRESSED} (the dtype) or widths in "
@@ -98,7 +99,27 @@ class LinkPolicy:
         self.model(())  # the time model checks the figures (rate, latency, compute, costs)
 
     def init(self) -> LinkState:
-        return LinkState(self.start_bits, self.down_widths[0], self.codec_ns[0][0], math.nan, 0, (), math.nan)
+        """The start: ``start_bits`` up; down the dtype where the caller sends it, else the widest width ≤ 8
+        (the fixed downlink's default)."""
+        downs = self.down_widths
+        down = UNCOMPRESSED if UNCOMPRESSED in downs else max([w for w in downs if w <= 8] or [min(downs)])
+        return LinkState(self.start_bits, down, self.codec_ns[0][0], math.nan, 0, (), math.nan)
+
+    def observes(self, step: int) -> bool:
+        """Whether the statistics of step ``step`` are taken (every ``every``-th step, from step 0): the
+        caller gathers the workers' figures and G's sample of those steps only, and :meth:`update`
+        re-evaluates the choice from them; between them every step sends the cached choice and
+        computes nothing for the policy. A function of the step alone: every rank takes the same steps."""
+        return step % self.every == 0
+
+    def choosing_down(self, widths: Sequence[int]) -> LinkPolicy:
+        """This policy choosing the downlink width too, among ``widths`` (``downlink_bits = "auto"``), each
+        clipped to [min_bits, max_bits]."""
+        downs = tuple(w for w in widths if self.min_bits <= w <= self.max_bits)
+        if not downs:
+            raise ValueError(f"{self.label}: no downlink width of {tuple(widths)} lies in [min_bits, max_bits] = "
+                             f"[{self.min_bits}, {self.max_bits}]")
+        return replace(self, down_widths=downs)
 
     def observe_workers(self, state: LinkState, sum_sq: float, mean_sq: float, workers: int,
                         quant_var: float = 0.0) -> LinkState:
@@ -108,17 +129,19 @@ class LinkPolicy:
         pooled_variance(sum_sq, mean_sq, workers, quant_var)  # refuse bad figures now, not a step later
         return replace(state, pending=(float(sum_sq), float(mean_sq), float(workers), float(quant_var)))
 
-    def sending(self, dtype_bytes: int, down_width: int, link: tuple[float, ...] | None = None) -> LinkPolicy:
+    def sending(self, dtype_bytes: int, down_width: int | None, link: tuple[float, ...] | None = None) -> LinkPolicy:
         """This policy for a caller that can also send the bucket uncompressed, ``dtype_bytes`` per
         coordinate (the DDP hook: a plain all-reduce), and whose downlink is ``down_width`` (UNCOMPRESSED:
-        the dtype; else a fixed width the policy prices but does not choose); on the link the caller
+        the dtype; else a fixed width the policy prices but does not choose; None: the widths the policy
+        chooses among, :meth:`choosing_down`); on the link the caller
         measured, ``link`` = (Mbit/s, latency s, the codec's slowdown k[, a plain step's ns per coordinate,
         ((coding, a compressed step's ns), ...)]) (:meth:`measured`), if any."""
-        if down_width != UNCOMPRESSED and not self.min_bits <= down_width <= self.max_bits:
+        if down_width not in (None, UNCOMPRESSED) and not self.min_bits <= down_width <= self.max_bits:
             raise ValueError(f"{self.label}: it prices the downlink among its widths: a downlink of {down_width} "
                              f"bits needs min_bits <= {down_width} <= max_bits (here {self.min_bits}..{self.max_bits}), "
                              "or an fp32 downlink")
-        policy = replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=(down_width,))
+        downs = self.down_widths if down_width is None else (down_width,)
+        policy = replace(self, uncompressed=True, dtype_bytes=dtype_bytes, down_widths=downs)
         return policy if link is None else policy.measured(link[0], link[2], *link[3:])
 
     def measured(self, mbit: float, slowdown: float, plain_ns: float | None = None,
@@ -155,6 +178,8 @@ class LinkPolicy:
         return c, objective(model, c, d=self.numel, norm=norm, sigma2=sigma2, workers=workers, q=q)
 
     def update(self, state: LinkState, stats: GradStats) -> LinkState:
+        if not self.observes(stats.step):  # between re-evaluations: the cached choice (figures handed over dropped)
+            return replace(state, pending=()) if state.pending else state
         sigma2, workers = state.sigma2, state.workers
         if state.pending:
             s, m, w, v = state.pending

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from dqsgd.method.config import MethodConfig
     from dqsgd.method.pipeline import Method
     from dqsgd.policies.base import Spent
-    from dqsgd.policies.split import SplitBudget
     from dqsgd.topology.downspec import DownlinkSpec
 
 SIGN = payloads.SIGN
@@ -141,8 +140,7 @@ class BucketProtocol:
             raise ValueError("downlink_feedback needs a quantized downlink: topology 'sharded', downlink_bits 2..16, "
                              "not a majority vote")
         self.feedback, self.down_target = spec.feedback, spec.target_bits
-        # the bucket's bit policy: the method's, or under "auto" the split of one both-leg budget over it
-        # (the method keeps its own: whoever runs this bucket asks the protocol)
+        # the bucket's bit policy: the method's, or under "auto" its both-leg split (whoever runs the bucket asks here)
         self.policy = self._split(total_steps) if self.auto else self.method.policy
         self.side_bits = 0  # the side traffic the policy pays every step (:meth:`charge_side`)
 
@@ -187,14 +185,15 @@ class BucketProtocol:
         down = self.kind.sharded and self.coded_down and not scatter and (self.auto or not charged)
         return sizes + (8 * peers if down else 0) + (peers * ShardStats(self).extra if scatter else 0)
 
-    def _split(self, total_steps: int) -> SplitBudget:
+    def _split(self, total_steps: int) -> Any:  # a SplitBudget, or the link policy choosing its downlink
         """The method's budgeted policy choosing both widths (:mod:`dqsgd.policies.split`): its budget is
         its uplink budget plus, over the run, an 8-bit fixed downlink's cost (a coded downlink spends
         less of it, and the policy buys wider roundings) or ``downlink_target_bits`` per coordinate and
-        the downlink's headers, both legs counted as the ledger does."""
-        from dqsgd.policies.split import split_budget
-
+        the downlink's headers, both legs counted as the ledger does. The link policy chooses both itself."""
         low = 2 if self.feedback else SAFE_DOWNLINK_BITS  # without feedback only widths that train safely
+        if self.method.config.policy == "link":
+            return self.method.policy.choosing_down(range(low, 17))
+        from dqsgd.policies.split import split_budget
         down = tuple(range(low, 17))
         budget = self.method.budget_bits()
         if budget is None:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import torch
 
 from dqsgd.topology import payloads as codec
-from dqsgd.topology.figures import figures_table, own_figures, worker_sums
+from dqsgd.topology.figures import figures_table, observes, own_figures, worker_sums
 from dqsgd.topology.group import DOWN, UP, after, done, release, then
 from dqsgd.topology.refusal import check_sizes, failure_message, refused
 from dqsgd.topology.registry import Legs
@@ -217,7 +217,8 @@ class RankExchange:
         """Every rank's payload sizes, or a future of them (:func:`size_table`); for a policy fed the
         workers' norms (the link policy), with this rank's figures riding along (:func:`figures_table`)."""
         mine = [p.numel() for p in self.sent]
-        if not (self.gathers_figures and getattr(self.P.policy, "needs_worker_norms", False)) or self.outer is not None:
+        fed = self.gathers_figures and getattr(self.P.policy, "needs_worker_norms", False)
+        if not (fed and observes(self.P.policy, self.step)) or self.outer is not None:
             fixed = codec.fast_path(self.b.method)
             self.tables = 0 if fixed else 8 * len(mine) * (self.W - 1)
             return size_table(self.g, mine, fixed, self.x.device)

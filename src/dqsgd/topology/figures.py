@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from dqsgd.topology.bucket import BucketProtocol
     from dqsgd.topology.group import Group
 
-__all__ = ["figures_table", "own_figures", "worker_sums"]
+__all__ = ["figures_table", "observes", "own_figures", "worker_sums"]
+
+
+def observes(policy: object, step: int) -> bool:
+    """Whether ``policy`` takes the statistics of step ``step`` (the link policy: every ``every``-th step,
+    :meth:`~dqsgd.policies.link.LinkPolicy.observes`; every other policy: every step). Between them the
+    caller gathers no figures and records nothing for it."""
+    f = getattr(policy, "observes", None)
+    return True if f is None else bool(f(step))
 
 
 def figures_table(group: Group, mine: list[int], figures: list[float], device: torch.device) -> Any:

@@ -8,6 +8,7 @@ FP32 = 32                                     # downlink width meaning "send the
 AUTO = "auto"                                 # downlink width chosen with the uplink's from one budget
 DOWNLINK_PARITY_BITS = 8                      # the explicit default width; an "auto" budget adds its cost
 BUDGETED_POLICIES = ("dqsgd-budget", "dqsgd-coded")  # the policies "auto" splits the budget of
+AUTO_POLICIES = (*BUDGETED_POLICIES, "link")  # "auto": the split, or the link policy's own choice of the downlink
 
 
 def check_downlink_bits(bits: object) -> int:
@@ -38,9 +39,10 @@ def check_auto_downlink(topology: str, vote: bool, policy: str | None = None) ->
         what = "a majority vote sends its signs" if vote else f"topology {topology!r} sends no quantized downlink"
         raise ValueError(f"downlink_bits = 'auto' chooses the sharded downlink's width: {what}; use topology "
                          f"'sharded' or leave downlink_bits unset")
-    if policy is not None and policy not in BUDGETED_POLICIES:
+    if policy is not None and policy not in AUTO_POLICIES:
         raise ValueError(f"downlink_bits = 'auto' splits a bit budget between the uplink and the downlink: it needs "
-                         f"a budgeted policy ({', '.join(BUDGETED_POLICIES)}: the methods dqsgd, dqsgd-coded), not "
+                         f"a budgeted policy ({', '.join(BUDGETED_POLICIES)}: the methods dqsgd, dqsgd-coded) or the "
+                         f"link policy (dqsgd-link), which chooses both widths itself, not "
                          f"policy {policy!r}; give an integer width (2..16, or 32 for fp32)")
 
 

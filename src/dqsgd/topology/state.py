@@ -189,7 +189,9 @@ class BucketState(Memory):
         the trainer at once, the hook when the bucket next arrives, :meth:`prepare`). ``workers``: the
         ranks' (Σ‖g_r‖², Σ rounding errors, W) where the exchange gathered them for a policy that
         estimates the gradient noise (:meth:`hand_workers`)."""
-        if self.method.config.dynamic:
+        from dqsgd.topology.figures import observes
+
+        if self.method.config.dynamic and observes(self.proto.policy, step):  # the link policy: its steps alone
             self.record(update, step, spent, bad, norms, sample)
         if workers is not None:
             self.hand_workers(update, bad, *workers)

@@ -141,7 +141,8 @@ class Trainer:
     def budget_bits(self) -> int | None:
         """The budget the ledger charges: the method's uplink budget, or under ``downlink_bits = "auto"``
         the both-leg budget of its split policy (:mod:`dqsgd.policies.split`)."""
-        return int(self.policy.budget_bits) if self.downlink.auto else self.method.budget_bits()
+        auto = self.downlink.auto and hasattr(self.policy, "budget_bits")  # not the link policy's own choice
+        return int(self.policy.budget_bits) if auto else self.method.budget_bits()
 
     # --- pieces of a step -----------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -241,13 +242,16 @@ class Trainer:
         self.next_step += 1
         return res
 
-    def hand_worker_norms(self, vectors: dict[int, torch.Tensor], workers: int) -> None:
+    def hand_worker_norms(self, vectors: dict[int, torch.Tensor], workers: int, index: int) -> None:
         """A policy that estimates the gradient noise from the workers' norms (the link policy) gets them
         before the step, where this process holds every worker's vector (the in-process simulation).
         The exchange of a topology that feeds them (sharded, allgather) gathers the ranks' norms itself, and its figures replace these
-        (:mod:`dqsgd.topology.exchange`): the simulation then folds what a run over processes folds."""
+        (:mod:`dqsgd.topology.exchange`): the simulation then folds what a run over processes folds; at the
+        exchanges ``index`` the policy takes statistics of only (:func:`~dqsgd.topology.figures.observes`)."""
+        from dqsgd.topology.figures import observes
+
         policy = getattr(self.step_runner, "policy", None)
-        wants = getattr(policy, "needs_worker_norms", False)
+        wants = getattr(policy, "needs_worker_norms", False) and observes(policy, index)
         if wants and self.state.policy is not None and len(vectors) == workers >= 2:
             self.state = dataclasses.replace(
                 self.state, policy=policy.observe_workers(self.state.policy, *worker_norms(vectors.values())))
@@ -269,7 +273,7 @@ class Trainer:
             self.skipped += 1
             return StepResult(n, float("nan"), lr, bits, True, [], 0, 0, compute_s, 0.0, 0.0,
                               sim_time_s=self.timer.elapsed)
-        self.hand_worker_norms(vectors, t.workers)
+        self.hand_worker_norms(vectors, t.workers, index)
         self.timer.start(n, compute_steps)
         r = self.step_runner.run(self.timer.transport(t), vectors, self.state, index, self.qgen,  # type: ignore[arg-type]
                                  measure_coded=self.measures_coded(index))
