@@ -223,8 +223,8 @@ def resolve_downlink(cfg: TrainConfig, method: MethodConfig, topology: str) -> D
 # outer optimizers, topologies and downlink widths in one config file; a simulated comparison: the torch
 # transport's topology is the run's).
 METHOD_TRAIN_KEYS = ("local_steps", "local_period", "local_steps_min", "inner_optimizer", "outer_optimizer",
-                     "outer_lr", "outer_momentum", "fragments", "overlap_steps", "downlink_bits", "downlink_coding", "downlink_target_bits", "downlink_feedback",
-                     "topology")
+                     "outer_lr", "outer_momentum", "fragments", "overlap_steps", "downlink_bits", "downlink_coding",
+                     "downlink_target_bits", "downlink_feedback", "topology")
 
 
 @dataclass(frozen=True)
