@@ -19,8 +19,9 @@ shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` dow
 the hook and the trainer use by default; ``-allgather``, ``-trainer``, ``-ps`` and ``-backupB``
 (synchronous SGD with B backup workers on a parameter server) and the other ``@DOWN`` widths are
 described in method_rows.py, which says why Sketched SGD runs only as a trainer row;
-``local-hH[-METHOD]`` and ``postlocal-hH`` are Local SGD rows (local_rows.py: dqsgd's
-LocalSGDOptimizer, and PyTorch's PostLocalSGDOptimizer as the uncompressed peer).
+``local-hH[-METHOD]``, ``CONFIG:LABEL[+KEY=VALUE...]`` (a config's Local SGD method: DiLoCo's outer
+Nesterov, streaming fragments with overlap, the error-fed downlink) and ``postlocal-hH`` are Local SGD rows
+(local_rows.py: dqsgd's LocalSGDOptimizer, and PyTorch's PostLocalSGDOptimizer as the uncompressed peer).
 Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
 hook (numba compilation, gloo connections), then trains from the same initial weights.
 Reported per (rate, method):
@@ -56,8 +57,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helpers beside the script (run as a script, or loaded by dqsgd bench)
 
-from local_rows import LOCAL_SYNTAX, local_problem, local_row, local_stepper, training_step  # noqa: E402
-from net_tables import grouped, link_s, plot, speedup, table, time_to_target  # noqa: E402,F401
+from local_rows import LOCAL_SYNTAX, is_local, local_problem, local_row, local_stepper, training_step  # noqa: E402,F401
+from net_tables import grouped, link_s, peak_step, plot, speedup, table, time_to_target  # noqa: E402,F401
 
 from method_rows import (BACKUP, METHOD_SYNTAX as DQSGD_SYNTAX, TORCH_HOOKS, VARIANTS, backup_workers,  # noqa: E402,F401
                          down_ok, downlink, downlink_options, dqsgd_problem, powersgd_rank, split_downlink, variant)
@@ -70,7 +71,7 @@ def method_problem(method: str, workers: int | None = None) -> str:
     """Why ``method`` is not a row this benchmark can run ("" if it is); ``workers``: W, where known."""
     if method in ("fp32", "fp16") or powersgd_rank(method) is not None:
         return ""
-    if method.startswith(("local-", "postlocal-")):
+    if is_local(method):
         return local_problem(method)
     return dqsgd_problem(method, workers)
 
@@ -206,7 +207,7 @@ def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
 
 
 def stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
-    if local_row(a.method) is not None:
+    if is_local(a.method):
         return local_stepper(a, data, lambda: _build(a, data))
     v = variant(a.method)
     return (_trainer_stepper if v is not None and v[1] == "trainer" else _ddp_stepper)(a, data)
@@ -234,13 +235,15 @@ def run_rank(a: argparse.Namespace) -> None:
         for n in range(a.warmup):
             warm(n)
     train_step, model, state = stepper(a, data)
-    train_s, curve, reached, acc, step, link = 0.0, [], None, float("nan"), 0, {}
+    train_s, curve, reached, acc, step, link, trace = 0.0, [], None, float("nan"), 0, {}, []
     dist.barrier()
     tx0 = tx_bytes()
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()
         train_step(step - 1)
         train_s += time.perf_counter() - t0
+        if a.rank == 0:  # rank 0's clock and its interface's bytes after every step: peak bytes per step
+            trace.append([round(train_s, 5), tx_bytes() - tx0])
         link_choices(state, link)
         if step % a.eval_every == 0 or step == a.steps:
             acc, stop = _evaluate(a, data, model, step, train_s, curve, tx_bytes() - tx0, reached)
@@ -252,7 +255,8 @@ def run_rank(a: argparse.Namespace) -> None:
     every = [torch.zeros_like(sent) for _ in range(a.workers)]
     dist.all_gather(every, sent)
     if a.rank == 0:
-        Path(a.result).write_text(json.dumps({**_result(a, step, acc, train_s, reached, curve, every, state), **link}))
+        Path(a.result).write_text(json.dumps({**_result(a, step, acc, train_s, reached, curve, every, state), **link,
+                                              "trace": trace}))
     dist.destroy_process_group()
 
 
