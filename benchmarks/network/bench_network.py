@@ -23,7 +23,8 @@ described in method_rows.py, which says why Sketched SGD runs only as a trainer 
 Nesterov, streaming fragments with overlap, the error-fed downlink) and ``postlocal-hH`` are Local SGD rows
 (local_rows.py: dqsgd's LocalSGDOptimizer, and PyTorch's PostLocalSGDOptimizer as the uncompressed peer).
 Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
-hook (numba compilation, gloo connections), then trains from the same initial weights.
+hook (numba compilation, gloo connections; a Local SGD row at least until its first exchange's result is
+applied, H + τ steps), then trains from the same initial weights.
 Reported per (rate, method):
 
 * time to target — training wall time on rank 0 until the test accuracy (evaluated every
@@ -57,7 +58,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helpers beside the script (run as a script, or loaded by dqsgd bench)
 
-from local_rows import LOCAL_SYNTAX, is_local, local_problem, local_row, local_stepper, training_step  # noqa: E402,F401
+from local_rows import (LOCAL_SYNTAX, is_local, local_problem, local_row, local_stepper, training_step,  # noqa: E402,F401
+                        warmup_steps)
 from net_tables import grouped, link_s, peak_step, plot, speedup, table, time_to_target  # noqa: E402,F401
 
 from method_rows import (BACKUP, METHOD_SYNTAX as DQSGD_SYNTAX, TORCH_HOOKS, VARIANTS, backup_workers,  # noqa: E402,F401
@@ -93,7 +95,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "downlink's share of the budget, bits per coordinate and step (0: an 8-bit fixed downlink's cost)")
     p.add_argument("--link-mbit", type=float, default=0.0, help="the link policy's rows (dqsgd-link): the link "
                    "rate they state, Mbit/s (default 0: the hook measures the link at its first call)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook (a "
+                   "Local SGD row: at least until its first exchange's result is applied)")
     p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
                    "the median time to target")
     p.add_argument("--steps", type=int, default=500, help="most steps per run")
@@ -228,12 +231,15 @@ def run_rank(a: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{a.master}:29500", rank=a.rank, world_size=a.workers,
                             timeout=datetime.timedelta(seconds=a.timeout))
     data = load_dataset(a.dataset)
-    if a.warmup:  # a throwaway copy: compilation and first connections happen outside the timed loop
+    warmup = warmup_steps(a.method, a.warmup)
+    if warmup:  # a throwaway copy: compilation and first connections happen outside the timed loop
         warm, _, warm_state = stepper(a, data)
         if backup_workers(a.method):  # its server reads the stragglers' last uplinks after the warm-up
-            warm_state.transport.expect(a.warmup)
-        for n in range(a.warmup):
+            warm_state.transport.expect(warmup)
+        for n in range(warmup):
             warm(n)
+        if is_local(a.method) and hasattr(warm_state, "finish"):  # no exchange of the copy left in flight
+            warm_state.finish()
     train_step, model, state = stepper(a, data)
     train_s, curve, reached, acc, step, link, trace = 0.0, [], None, float("nan"), 0, {}, []
     dist.barrier()

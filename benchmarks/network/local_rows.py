@@ -95,6 +95,14 @@ def config_row(row: str) -> tuple[str, int, dict[str, Any]]:
     return "local", train.local_steps, {**opts, **inner}
 
 
+def warmup_steps(method: str, warmup: int) -> int:
+    """The untimed warm-up steps of a row asked for ``warmup``: a Local SGD row's cover its first exchange (H
+    steps, and the τ its result waits), so that what the first exchange does once (compiling the coders,
+    connecting the streaming process group) is not timed; a DDP row exchanges at every step already."""
+    row = local_row(method) if warmup and is_local(method) else None
+    return warmup if row is None else max(warmup, row[1] + (row[2] or {}).get("overlap", 0))
+
+
 def local_problem(method: str) -> str:
     """Why ``method`` is not a Local SGD row this benchmark can run ("" if it is)."""
     try:

@@ -208,6 +208,15 @@ def test_a_config_row_runs_its_method_table_through_the_trainers_loader(bench: A
     assert bench.local_row("local-fashion:local-h16-qsgd4")[:2] == ("local", 16)
 
 
+def test_a_local_rows_warmup_covers_its_first_exchange(bench: Any) -> None:
+    """So that the first exchange's one-time costs (the coders' compilation: about a minute on 8 processes sharing
+    2 cores) fall outside the timed steps; a DDP row exchanges at every warm-up step already."""
+    assert bench.warmup_steps("local-h16-dqsgd-coded", 2) == 16 and bench.warmup_steps("postlocal-h8", 2) == 8
+    assert bench.warmup_steps(DILOCO + "+local_steps=16+fragments=4+overlap_steps=3", 2) == 19
+    assert bench.warmup_steps("local-h4", 10) == 10 and bench.warmup_steps("local-h4", 0) == 0
+    assert bench.warmup_steps("fp32", 2) == bench.warmup_steps("dqsgd-coded@auto", 2) == 2
+
+
 def test_bad_config_rows_are_refused_naming_the_fault(bench: Any) -> None:
     assert "not in the config" in bench.method_problem("local-fashion-1500:bogus")
     assert "unknown" in bench.method_problem(DILOCO + "+bogus_key=1")
