@@ -19,10 +19,12 @@ shards up, an all-gather of averaged shards quantized at ``--downlink-bits`` dow
 the hook and the trainer use by default; ``-allgather``, ``-trainer``, ``-ps`` and ``-backupB``
 (synchronous SGD with B backup workers on a parameter server) and the other ``@DOWN`` widths are
 described in method_rows.py, which says why Sketched SGD runs only as a trainer row;
-``local-hH[-METHOD]`` and ``postlocal-hH`` are Local SGD rows (local_rows.py: dqsgd's
-LocalSGDOptimizer, and PyTorch's PostLocalSGDOptimizer as the uncompressed peer).
+``local-hH[-METHOD]``, ``CONFIG:LABEL[+KEY=VALUE...]`` (a config's Local SGD method: DiLoCo's outer
+Nesterov, streaming fragments with overlap, the error-fed downlink) and ``postlocal-hH`` are Local SGD rows
+(local_rows.py: dqsgd's LocalSGDOptimizer, and PyTorch's PostLocalSGDOptimizer as the uncompressed peer).
 Every rank first runs ``--warmup`` untimed steps on a throwaway copy of its model and
-hook (numba compilation, gloo connections), then trains from the same initial weights.
+hook (numba compilation, gloo connections; a Local SGD row at least until its first exchange's result is
+applied, H + τ steps), then trains from the same initial weights.
 Reported per (rate, method):
 
 * time to target — training wall time on rank 0 until the test accuracy (evaluated every
@@ -56,8 +58,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helpers beside the script (run as a script, or loaded by dqsgd bench)
 
-from local_rows import LOCAL_SYNTAX, local_problem, local_row, local_stepper, training_step  # noqa: E402
-from net_tables import grouped, link_s, plot, speedup, table, time_to_target  # noqa: E402,F401
+from local_rows import (LOCAL_SYNTAX, is_local, local_problem, local_row, local_stepper, training_step,  # noqa: E402,F401
+                        warmup_steps)
+from net_tables import grouped, link_s, peak_step, plot, speedup, table, time_to_target  # noqa: E402,F401
 
 from method_rows import (BACKUP, METHOD_SYNTAX as DQSGD_SYNTAX, TORCH_HOOKS, VARIANTS, backup_workers,  # noqa: E402,F401
                          down_ok, downlink, downlink_options, dqsgd_problem, powersgd_rank, split_downlink, variant)
@@ -70,7 +73,7 @@ def method_problem(method: str, workers: int | None = None) -> str:
     """Why ``method`` is not a row this benchmark can run ("" if it is); ``workers``: W, where known."""
     if method in ("fp32", "fp16") or powersgd_rank(method) is not None:
         return ""
-    if method.startswith(("local-", "postlocal-")):
+    if is_local(method):
         return local_problem(method)
     return dqsgd_problem(method, workers)
 
@@ -92,7 +95,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "downlink's share of the budget, bits per coordinate and step (0: an 8-bit fixed downlink's cost)")
     p.add_argument("--link-mbit", type=float, default=0.0, help="the link policy's rows (dqsgd-link): the link "
                    "rate they state, Mbit/s (default 0: the hook measures the link at its first call)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps on a throwaway copy of model and hook (a "
+                   "Local SGD row: at least until its first exchange's result is applied)")
     p.add_argument("--repeats", type=int, default=1, help="runs per (rate, method), interleaved; the table gives "
                    "the median time to target")
     p.add_argument("--steps", type=int, default=500, help="most steps per run")
@@ -206,7 +210,7 @@ def _trainer_stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
 
 
 def stepper(a: argparse.Namespace, data: Any) -> tuple[Any, Any, Any]:
-    if local_row(a.method) is not None:
+    if is_local(a.method):
         return local_stepper(a, data, lambda: _build(a, data))
     v = variant(a.method)
     return (_trainer_stepper if v is not None and v[1] == "trainer" else _ddp_stepper)(a, data)
@@ -227,20 +231,25 @@ def run_rank(a: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{a.master}:29500", rank=a.rank, world_size=a.workers,
                             timeout=datetime.timedelta(seconds=a.timeout))
     data = load_dataset(a.dataset)
-    if a.warmup:  # a throwaway copy: compilation and first connections happen outside the timed loop
+    warmup = warmup_steps(a.method, a.warmup)
+    if warmup:  # a throwaway copy: compilation and first connections happen outside the timed loop
         warm, _, warm_state = stepper(a, data)
         if backup_workers(a.method):  # its server reads the stragglers' last uplinks after the warm-up
-            warm_state.transport.expect(a.warmup)
-        for n in range(a.warmup):
+            warm_state.transport.expect(warmup)
+        for n in range(warmup):
             warm(n)
+        if is_local(a.method) and hasattr(warm_state, "finish"):  # no exchange of the copy left in flight
+            warm_state.finish()
     train_step, model, state = stepper(a, data)
-    train_s, curve, reached, acc, step, link = 0.0, [], None, float("nan"), 0, {}
+    train_s, curve, reached, acc, step, link, trace = 0.0, [], None, float("nan"), 0, {}, []
     dist.barrier()
     tx0 = tx_bytes()
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()
         train_step(step - 1)
         train_s += time.perf_counter() - t0
+        if a.rank == 0:  # rank 0's clock and its interface's bytes after every step: peak bytes per step
+            trace.append([round(train_s, 5), tx_bytes() - tx0])
         link_choices(state, link)
         if step % a.eval_every == 0 or step == a.steps:
             acc, stop = _evaluate(a, data, model, step, train_s, curve, tx_bytes() - tx0, reached)
@@ -252,7 +261,8 @@ def run_rank(a: argparse.Namespace) -> None:
     every = [torch.zeros_like(sent) for _ in range(a.workers)]
     dist.all_gather(every, sent)
     if a.rank == 0:
-        Path(a.result).write_text(json.dumps({**_result(a, step, acc, train_s, reached, curve, every, state), **link}))
+        Path(a.result).write_text(json.dumps({**_result(a, step, acc, train_s, reached, curve, every, state), **link,
+                                              "trace": trace}))
     dist.destroy_process_group()
 
 

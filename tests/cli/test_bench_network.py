@@ -176,9 +176,9 @@ def test_sketch_and_backup_rows_run_on_the_trainer(bench: Any) -> None:
 
 
 def test_local_sgd_rows_parse_and_bad_ones_are_refused(bench: Any) -> None:
-    assert bench.local_row("local-h16") == ("local", 16, "sgd")  # fp32 pseudo-gradients
-    assert bench.local_row("local-h8-qsgd-4bit") == ("local", 8, "qsgd-4bit")
-    assert bench.local_row("local-h4-dqsgd-coded") == ("local", 4, "dqsgd-coded")
+    assert bench.local_row("local-h16") == ("local", 16, {"method": "sgd"})  # fp32 pseudo-gradients
+    assert bench.local_row("local-h8-qsgd-4bit") == ("local", 8, {"method": "qsgd-4bit"})
+    assert bench.local_row("local-h4-dqsgd-coded") == ("local", 4, {"method": "dqsgd-coded"})
     assert bench.local_row("postlocal-h16") == ("postlocal", 16, None)
     for name in ("local-h0", "local-hx", "postlocal-h8-qsgd-4bit", "qsgd-4bit", "fp32"):
         assert bench.local_row(name) is None, name
@@ -188,6 +188,51 @@ def test_local_sgd_rows_parse_and_bad_ones_are_refused(bench: Any) -> None:
     assert bench.check_args(bench.parse(["--methods", "local-h8"]), ["local-h8", "postlocal-h0"]).startswith(
         "'postlocal-h0': a Local SGD row is")
 
+
+
+DILOCO = "local-fashion-1500:diloco-h32-lr1-m05-dqsgd-coded-ef3"
+
+
+def test_a_config_row_runs_its_method_table_through_the_trainers_loader(bench: Any) -> None:
+    """``CONFIG:LABEL``: DiLoCo's outer Nesterov, the budgeted coded method capped at 4 bits and the 3-bit
+    error-fed downlink as the config's table sets them; ``+KEY=VALUE`` overrides its keys (H, streaming)."""
+    kind, h, opts = bench.local_row(DILOCO)
+    config = opts.pop("method")
+    assert (kind, h) == ("local", 32) and (config.name, config.target_bits, config.max_bits) == ("dqsgd-coded", 0.8, 4)
+    assert opts == {"outer": "nesterov", "outer_lr": 1.0, "outer_momentum": 0.5, "topology": "sharded",
+                    "downlink_bits": 3, "downlink_coding": config.coding, "downlink_feedback": True,
+                    "fragments": 1, "overlap": 0}
+    kind, h, opts = bench.local_row(DILOCO + "+local_steps=16+fragments=3+overlap_steps=4+target_bits=1.5")
+    assert (h, opts["fragments"], opts["overlap"], opts["method"].target_bits) == (16, 3, 4, 1.5)
+    assert bench.method_problem(DILOCO) == "" and bench.method_problem("local-fashion:sgd") == ""
+    assert bench.local_row("local-fashion:local-h16-qsgd4")[:2] == ("local", 16)
+
+
+def test_a_local_rows_warmup_covers_its_first_exchange(bench: Any) -> None:
+    """So that the first exchange's one-time costs (the coders' compilation: about a minute on 8 processes sharing
+    2 cores) fall outside the timed steps; a DDP row exchanges at every warm-up step already."""
+    assert bench.warmup_steps("local-h16-dqsgd-coded", 2) == 16 and bench.warmup_steps("postlocal-h8", 2) == 8
+    assert bench.warmup_steps(DILOCO + "+local_steps=16+fragments=4+overlap_steps=3", 2) == 19
+    assert bench.warmup_steps("local-h4", 10) == 10 and bench.warmup_steps("local-h4", 0) == 0
+    assert bench.warmup_steps("fp32", 2) == bench.warmup_steps("dqsgd-coded@auto", 2) == 2
+
+
+def test_bad_config_rows_are_refused_naming_the_fault(bench: Any) -> None:
+    assert "not in the config" in bench.method_problem("local-fashion-1500:bogus")
+    assert "unknown" in bench.method_problem(DILOCO + "+bogus_key=1")
+    assert "fragments" in bench.method_problem(DILOCO + "+local_steps=2+fragments=4")  # F > H
+    assert "inner_optimizer" in bench.method_problem(DILOCO + "+inner_optimizer=\"adamw\"")
+    assert "no-such-config" in bench.method_problem("no-such-config:sgd")
+    assert bench.check_args(bench.parse([]), ["fp32", "local-fashion-1500:bogus"]).startswith(
+        "'local-fashion-1500:bogus': ")
+
+
+def test_the_peak_step_is_the_most_bytes_rank_0_sent_in_one_step(bench: Any) -> None:
+    row = {**_row("local-h4", 3.0), "trace": [[0.1, 10], [0.2, 20], [0.9, 520], [1.0, 530]]}
+    assert bench.peak_step(row) == (500, pytest.approx(0.7))
+    assert bench.peak_step(_row("fp32", 1.0)) is None  # recorded before the trace existed
+    line = bench.table([row], 0.9).splitlines()[2]
+    assert line.split()[-1] == "0.001"
 
 
 def test_coded_rows_and_a_rows_own_downlink_target(bench: Any) -> None:

@@ -44,7 +44,7 @@ def resume(rank: int, world: int, local_steps: int, steps: int, cut: int, method
     kw = {"outer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9, **(options or {})}
     model, opt = make(rank, local_steps, method, steps // local_steps, **kw)
     train(rank, model, opt, 0, steps)
-    full, bits, link = flat(model), opt.state.bits, opt.link_bytes
+    full, bits, link, down = flat(model), opt.state.bits, opt.link_bytes, dict(opt.state.down_residuals)
     model, opt = make(rank, local_steps, method, steps // local_steps, **kw)
     train(rank, model, opt, 0, cut)
     buf = io.BytesIO()
@@ -55,7 +55,7 @@ def resume(rank: int, world: int, local_steps: int, steps: int, cut: int, method
     train(rank, model, opt, cut, steps)
     residual = opt.state.residuals[opt.rank]
     return {"full": full, "resumed": flat(model), "bits": (bits, opt.state.bits), "link": (link, opt.link_bytes),
-            "residual": residual}
+            "residual": residual, "down": (down, dict(opt.state.down_residuals))}
 
 
 def mismatch(rank: int, world: int, what: str) -> dict[str, Any]:

@@ -35,6 +35,24 @@ def test_error_fed_resume_restores_the_residual_exactly() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_error_fed_downlink_resume_restores_the_shard_residuals_exactly() -> None:
+    """downlink_feedback=True at 3 bits: each rank's shard server keeps its rounding residual (non-zero), the
+    state dict carries it (cut mid-round, after two exchanges), and the resumed run ends bitwise where the
+    uninterrupted run does, the same model on both ranks."""
+    options = {"downlink_bits": 3, "downlink_feedback": True}
+    results = spawn_local(_ranks_local.resume, 2, (4, 16, 10, "qsgd-4bit", options), timeout=30, threads=1,
+                          deadline=100)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    a, b = (r.value for r in results)
+    for rank, v in enumerate((a, b)):
+        assert torch.equal(v["full"], v["resumed"]) and v["link"][0] == v["link"][1] > 0
+        full, resumed = v["down"]
+        assert list(full) == list(resumed) == [rank]  # the shard this rank serves
+        assert torch.equal(full[rank], resumed[rank]) and float(full[rank].abs().max()) > 0
+    assert torch.equal(a["full"], b["full"])
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("what", ["local_steps", "method"])
 def test_a_mismatch_across_ranks_is_refused_by_every_rank(what: str) -> None:
     results = spawn_local(_ranks_local.mismatch, 2, (what,), timeout=30, threads=1, deadline=100)

@@ -70,7 +70,9 @@ class LocalSGDOptimizer:
     the bit policies that plan over the run: DQSGD's rules and budgets); ``outer``: "sgd" | "nesterov"
     with ``outer_lr`` and ``outer_momentum``; ``topology``: "sharded" (default), "allgather" or "ps";
     ``downlink_bits``: the sharded downlink's width (32 = fp32); ``downlink_coding``: its coding
-    (None: the method's uplink coding, :mod:`dqsgd.topology.downlink`); ``seed``: the quantization streams'
+    (None: the method's uplink coding, :mod:`dqsgd.topology.downlink`); ``downlink_feedback``: the error-fed
+    downlink (sharded, 2..16 bits: each shard server rounds its average plus its residual to the nearest level
+    and keeps the new residual, saved in :meth:`state_dict`); ``seed``: the quantization streams'
     seed; ``group``/``timeout``: the process group and the per-collective timeout in seconds;
     ``fragments`` = F and ``overlap`` = τ: streaming rounds (:mod:`dqsgd.train.fragments`) — the parameters
     in F fragments of whole tensors, fragment f exchanged every ``local_steps`` steps at offset ⌊f·H/F⌋, its
@@ -86,7 +88,8 @@ class LocalSGDOptimizer:
                  method: str | MethodConfig = "qsgd-4bit", *, rounds: int | None = None, outer: str = "sgd",
                  outer_lr: float = 1.0, outer_momentum: float = 0.0, topology: str = PROCESSES_DEFAULT,
                  downlink_bits: int = 8, seed: int = 0, group: Any = None, timeout: float | None = None,
-                 downlink_coding: str | None = None, fragments: int = 1, overlap: int = 0, **method_options: Any):
+                 downlink_coding: str | None = None, downlink_feedback: bool = False, fragments: int = 1,
+                 overlap: int = 0, **method_options: Any):
         check_count("local_steps", local_steps, 1)
         check_streaming(fragments, overlap, local_steps)
         check_outer(outer, outer_lr, outer_momentum)
@@ -108,7 +111,7 @@ class LocalSGDOptimizer:
         if downlink_bits != AUTO:  # a width is given (no method default; no safety refusal: it has no such keyword)
             check_downlink_bits(downlink_bits)
         downlink = downlink_of({"downlink_bits": downlink_bits, "downlink_coding": downlink_coding,
-                                "allow_unsafe_downlink": True}, config, topology)
+                                "downlink_feedback": downlink_feedback, "allow_unsafe_downlink": True}, config, topology)
         self.step_runner = local_step_for(self.method, topology, sizes, self.workers, seed, downlink)
         self.outer = outer_optimizer(self.params, outer, outer_lr, outer_momentum)
         self.state = self.method.init_state(self.workers, self.step_runner.policy)
@@ -118,7 +121,8 @@ class LocalSGDOptimizer:
                         "downlink_bits": downlink_bits, "downlink_coding": downlink_coding, "outer": outer,
                         "outer_lr": float(outer_lr), "outer_momentum": float(outer_momentum), "seed": seed,
                         "rounds": rounds, **({"fragments": fragments, "overlap": overlap}
-                                             if fragments != 1 or overlap else {})}
+                                             if fragments != 1 or overlap else {}),
+                        **({"downlink_feedback": True} if downlink_feedback else {})}
         self.start = self._flat()
         self.steps, self.rounds_done, self.checked = 0, 0, False
         self.link_bytes = 0  # bytes this rank sent and received in the exchanges (uplink and downlink phases)
@@ -243,6 +247,7 @@ class LocalSGDOptimizer:
             "steps": self.steps, "rounds_done": self.rounds_done,
             "policy": None if policy is None else state_to_dict(policy), "bits": self.state.bits,
             "residual": self.state.residuals[self.rank], "qgen": self.qgen[self.rank].get_state(),
+            "down_residuals": {int(j): r.cpu() for j, r in self.state.down_residuals.items()},
             "link_bytes": self.link_bytes, "traffic": dict(self.traffic), **streaming,
         }
 
@@ -267,6 +272,10 @@ class LocalSGDOptimizer:
                      if k not in TRAFFIC or not isinstance(v, int) or isinstance(v, bool) or v < 0)
         if bad:
             raise ValueError(f"{what}: malformed state, traffic counter(s) {bad} (known: {', '.join(TRAFFIC)})")
+        fed = sd.get("down_residuals", {})  # the error-fed downlink's shard residuals; absent: saved without them
+        if not isinstance(fed, dict) or not all(isinstance(j, int) and isinstance(r, torch.Tensor) and r.dim() == 1
+                                                for j, r in fed.items()):
+            raise ValueError(f"{what}: malformed state, 'down_residuals' must map shard indices to 1-d tensors")
         policy = None if sd["policy"] is None else state_from_dict(type(self.step_runner.policy.init()), sd["policy"])
         if (self.stream is None) != ("streaming" not in sd):
             raise ValueError(f"{what}: malformed state, 'streaming' {'absent' if self.stream else 'present'}")
@@ -277,7 +286,7 @@ class LocalSGDOptimizer:
         self.steps, self.rounds_done, self.checked = sd["steps"], sd["rounds_done"], False
         residuals = [None] * self.workers
         residuals[self.rank] = sd["residual"]
-        self.state = MethodState(policy, residuals, -1 if policy is not None else int(sd["bits"]))
+        self.state = MethodState(policy, residuals, -1 if policy is not None else int(sd["bits"]), fed)
         self.qgen[self.rank].set_state(sd["qgen"])
         self.link_bytes = int(sd["link_bytes"])
         self.traffic = {**dict.fromkeys(TRAFFIC, 0), **traffic}
