@@ -132,6 +132,39 @@ def local_malformed(rank: int, world: int) -> dict[str, Any]:
     return {"errors": errors, "unchanged": unchanged}
 
 
+def local_malformed_fed(rank: int, world: int, fragments: int) -> dict[str, Any]:
+    """L10: forged error-fed downlink residuals (a wrong length, NaN, another shard's index, not a tensor) are
+    refused before anything is loaded, unfragmented and in a streaming fragment's state."""
+    from _ranks_local import make, train
+
+    kw = {"downlink_bits": 3, "downlink_feedback": True, "fragments": fragments}
+    model, opt = make(rank, 4, "qsgd-4bit", 4, **kw)
+    train(rank, model, opt, 0, 9)  # two exchanges: every fragment's residual is non-zero
+    good = opt.state_dict()
+    model, fresh = make(rank, 4, "qsgd-4bit", 4, **kw)
+    before = (repr(fresh.optimizer.state_dict()), fresh._flat().clone())
+
+    def forged(fed: Any) -> dict[str, Any]:
+        if fragments == 1:
+            return {**good, "down_residuals": fed}
+        frags = [dict(f) for f in good["streaming"]["frags"]]
+        frags[0] = {**frags[0], "state": {**frags[0]["state"], "down": fed}}
+        return {**good, "streaming": {**good["streaming"], "frags": frags}}
+
+    held = good["down_residuals"] if fragments == 1 else good["streaming"]["frags"][0]["state"]["down"]
+    (j, r), = held.items()
+    errors = []
+    for fed in ({j: r[:-1]}, {j: torch.full_like(r, float("nan"))}, {world + 3: r}, {j: r.tolist()}):
+        try:
+            fresh.load_state_dict(forged(fed))
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    unchanged = repr(fresh.optimizer.state_dict()) == before[0] and torch.equal(fresh._flat(), before[1])
+    fresh.load_state_dict(good)  # the good state still loads
+    return {"errors": errors, "unchanged": unchanged, "shard": j, "nonzero": float(r.abs().max()) > 0}
+
+
 def hook_progress(rank: int, world: int) -> dict[str, Any]:
     """Rank 1's hook state was loaded from a later step than rank 0's: refused at the first backward."""
     from torch.nn.parallel import DistributedDataParallel as DDP

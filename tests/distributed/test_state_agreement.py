@@ -84,6 +84,19 @@ def test_l10_malformed_local_sgd_states_are_refused_before_anything_is_loaded() 
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_l10_forged_downlink_residuals_are_refused_before_anything_is_loaded(fragments: int) -> None:
+    results = spawn_local(_ranks_state.local_malformed_fed, 2, (fragments,), timeout=TIMEOUT, threads=1, deadline=120)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    for r in results:
+        errors, name = r.value["errors"], "'down_residuals'" if fragments == 1 else "'down'"
+        assert all(e is not None and "malformed state" in e and name in e for e in errors), errors
+        assert "of " in errors[0] and "elements" in errors[0], errors[0]
+        assert "NaN or Inf" in errors[1] and "not a shard index" in errors[2] and "got list" in errors[3], errors
+        assert r.value["unchanged"] and r.value["nonzero"]
+
+
+@pytest.mark.timeout(150)
 def test_hook_ranks_resumed_from_different_steps_are_refused() -> None:
     for err in _errors(_ranks_state.hook_progress):
         assert err is not None and "progress.iter (rank(s) [1] differ from rank 0" in err, err

@@ -79,6 +79,27 @@ def test_l10_malformed_fsdp_states_are_refused_before_anything_is_loaded() -> No
         assert fresh.calls == 0 and fresh._loaded == {}  # nothing of it was loaded
 
 
+@pytest.mark.parametrize("forge, named", [
+    (lambda j, r: {j: r[:-1]}, "elements"), (lambda j, r: {j: torch.full_like(r, float("inf"))}, "NaN or Inf"),
+    (lambda j, r: {j + 7: r}, "not a shard index"), (lambda j, r: {j: r.reshape(1, -1)}, "2-d"),
+])
+def test_l10_forged_downlink_residuals_of_a_trainer_state_are_refused_before_anything_is_loaded(forge, named) -> None:
+    c = cfg(topology="sharded", downlink_bits=3, downlink_feedback=True)
+    entry = MethodEntry("q", method_config("qsgd-4bit"))
+    tr = Trainer(c, entry, DATA, 0)
+    tr.step()
+    tr.step()
+    good = tr.state_dict()
+    (j, r), *_ = good["down_residuals"].items()
+    assert float(r.abs().max()) > 0
+    fresh = Trainer(c, entry, DATA, 0)
+    before = [p.detach().clone() for p in fresh.model.parameters()]
+    with pytest.raises(ValueError, match=f"malformed state, 'down_residuals'.*{named}"):
+        fresh.load_state_dict({**good, "down_residuals": forge(j, r)})
+    assert all(torch.equal(a, p) for a, p in zip(before, fresh.model.parameters())) and fresh.next_step == 0
+    fresh.load_state_dict(good)  # the good state still loads
+
+
 def test_l10_malformed_hook_states_are_refused_with_a_clear_error() -> None:
     good = HookState("qsgd-4bit").state_dict()
     with pytest.raises(ValueError, match="malformed state, missing key"):

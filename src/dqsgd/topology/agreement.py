@@ -138,3 +138,37 @@ def check_state(state: Any, spec: Mapping[str, Any], what: str) -> dict[str, Any
             names = " or ".join("None" if t is None else t.__name__ for t in kinds)
             raise ValueError(f"{what}: malformed state, {key!r} must be {names}, got {type(value).__name__}")
     return state
+
+
+def shard_lengths(step: Any) -> list[int] | None:
+    """The shard lengths of a step object's exchange (its ``protocol.bounds``); None for a step without
+    that layout (Sketched SGD's, the sparse exchanges)."""
+    bounds = getattr(getattr(step, "protocol", None), "bounds", None)
+    return None if bounds is None else [hi - lo for lo, hi in bounds]
+
+
+def check_residuals(saved: Any, lengths: Sequence[int] | None, what: str, name: str) -> dict[int, Any]:
+    """The residuals of a saved state, ``{index: tensor}`` (the error-fed downlink's, one per shard this
+    process serves), each checked before anything of the state is loaded: the index an int below
+    ``len(lengths)``, the tensor 1-d, floating, of ``lengths[index]`` elements and finite; a ValueError
+    naming the first that is not. ``lengths`` None: the caller knows no layout (indices and lengths are
+    then not checked). A residual of the wrong length would otherwise fail at some later exchange, and a
+    non-finite one would poison every later round without a word."""
+    import torch
+
+    if not isinstance(saved, dict):
+        raise ValueError(f"{what}: malformed state, {name!r} must be a dict, got {type(saved).__name__}")
+    for j, r in saved.items():
+        if isinstance(j, bool) or not isinstance(j, int) or (lengths is not None and not 0 <= j < len(lengths)):
+            span = "" if lengths is None else f" (0..{len(lengths) - 1})"
+            raise ValueError(f"{what}: malformed state, {name!r} key {j!r} is not a shard index{span}")
+        want = None if lengths is None else int(lengths[j])
+        if not isinstance(r, torch.Tensor) or r.dim() != 1 or not r.is_floating_point() \
+                or (want is not None and r.numel() != want):
+            got = f"a {r.dim()}-d {r.dtype} tensor of {r.numel()} elements" if isinstance(r, torch.Tensor) \
+                else type(r).__name__
+            size = "" if want is None else f" of {want} elements"
+            raise ValueError(f"{what}: malformed state, {name!r}[{j}] must be a 1-d floating tensor{size}, got {got}")
+        if not bool(torch.isfinite(r).all()):
+            raise ValueError(f"{what}: malformed state, {name!r}[{j}] holds NaN or Inf")
+    return dict(saved)

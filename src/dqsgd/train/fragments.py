@@ -45,6 +45,7 @@ from dqsgd.core.rng import QUANT, seed_for
 from dqsgd.method.config import MethodConfig
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
+from dqsgd.topology.agreement import check_residuals, shard_lengths
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.sparse import local_step_for
 from dqsgd.topology.step import StepOutcome
@@ -280,9 +281,16 @@ class Streaming(abc.ABC):
         return {"frags": [fr.state_dict() for fr in self.frags], "pending": [p.state_dict() for p in self.pending],
                 "serial": self.serial}
 
-    def load_streaming_state(self, sd: dict[str, Any]) -> None:
+    def check_streaming_state(self, sd: dict[str, Any]) -> None:
+        """Raise a ValueError, before anything is loaded, if ``sd`` holds another number of fragments or a
+        fragment's error-fed downlink residuals do not fit its shards."""
         if len(sd["frags"]) != len(self.frags):
             raise ValueError(f"the state holds {len(sd['frags'])} fragments, this run has {len(self.frags)}")
+        for fr, st in zip(self.frags, sd["frags"]):
+            check_residuals(st["state"]["down"], shard_lengths(fr.runner), f"fragment {fr.index}'s state", "down")
+
+    def load_streaming_state(self, sd: dict[str, Any]) -> None:
+        self.check_streaming_state(sd)
         for fr, st in zip(self.frags, sd["frags"]):
             fr.load_state_dict(st)
         self.pending = [Pending.from_dict(p, self.frags) for p in sd["pending"]]

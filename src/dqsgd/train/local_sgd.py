@@ -42,7 +42,7 @@ from dqsgd.core.rng import QUANT, generator
 from dqsgd.method.config import MethodConfig, check_fed_policy, method_config
 from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.policies import state_from_dict, state_to_dict
-from dqsgd.topology.agreement import agree, check_state, refuse_changed, tensor_digest
+from dqsgd.topology.agreement import agree, check_residuals, check_state, refuse_changed, shard_lengths, tensor_digest
 from dqsgd.topology.downspec import DownlinkSpec, downlink_of
 from dqsgd.topology.names import AUTO, check_downlink_bits
 from dqsgd.quantizers.sparse import SPARSE_SCHEMES
@@ -272,13 +272,13 @@ class LocalSGDOptimizer:
                      if k not in TRAFFIC or not isinstance(v, int) or isinstance(v, bool) or v < 0)
         if bad:
             raise ValueError(f"{what}: malformed state, traffic counter(s) {bad} (known: {', '.join(TRAFFIC)})")
-        fed = sd.get("down_residuals", {})  # the error-fed downlink's shard residuals; absent: saved without them
-        if not isinstance(fed, dict) or not all(isinstance(j, int) and isinstance(r, torch.Tensor) and r.dim() == 1
-                                                for j, r in fed.items()):
-            raise ValueError(f"{what}: malformed state, 'down_residuals' must map shard indices to 1-d tensors")
+        # the error-fed downlink's shard residuals (absent: saved without them)
+        fed = check_residuals(sd.get("down_residuals", {}), shard_lengths(self.step_runner), what, "down_residuals")
         policy = None if sd["policy"] is None else state_from_dict(type(self.step_runner.policy.init()), sd["policy"])
         if (self.stream is None) != ("streaming" not in sd):
             raise ValueError(f"{what}: malformed state, 'streaming' {'absent' if self.stream else 'present'}")
+        if self.stream is not None:
+            self.stream.check_streaming_state(sd["streaming"])
         self.optimizer.load_state_dict(sd["optimizer"])
         self.outer.load_state_dict(sd["outer"])
         copy_into(self.params, sd["params"].to(self.params[0].device))

@@ -38,7 +38,7 @@ from dqsgd.method.pipeline import Method, MethodState
 from dqsgd.models import build_model
 from dqsgd.policies import state_from_dict, state_to_dict
 from dqsgd.policies.variance import worker_norms
-from dqsgd.topology.agreement import check_state, refuse_changed
+from dqsgd.topology.agreement import check_residuals, check_state, refuse_changed, shard_lengths
 from dqsgd.topology.sketched import SketchedStep
 from dqsgd.topology.downspec import BEFORE
 from dqsgd.topology.step import ExchangeStep, all_finite, codec_input, step_for
@@ -342,12 +342,14 @@ class Trainer:
         # recorded; its downlink was fixed, which a coded one equals in every decoded value).
         refuse_changed("the trainer state", saved, self.run_meta(),
                        lambda k: k in saved or not (k.startswith("method.") or k in BEFORE))
+        # the error-fed downlink's residuals of the shards this process serves (absent: a run without them)
+        fed = check_residuals(sd.get("down_residuals", {}), shard_lengths(self.step_runner), "the trainer state",
+                              "down_residuals")
         self.model.load_state_dict(sd["model"])
         self.optimizer.load_state_dict(sd["optimizer"])
         residuals: list[torch.Tensor | None] = [None] * self.cfg.workers
         for w, r in sd["residuals"].items():
             residuals[int(w)] = r
-        fed = {int(j): r for j, r in sd.get("down_residuals", {}).items()}  # absent: a run without them
         if sd["policy"] is not None:
             self.state = MethodState(state_from_dict(type(self.policy.init()), sd["policy"]), residuals,
                                      down_residuals=fed)
