@@ -100,6 +100,30 @@ def test_l10_forged_downlink_residuals_of_a_trainer_state_are_refused_before_any
     fresh.load_state_dict(good)  # the good state still loads
 
 
+@pytest.mark.parametrize("bad, named", [
+    (torch.zeros(31), "has 31 elements, a shard of this bucket 32"), (torch.full((32,), float("nan")), "NaN or Inf"),
+    (torch.zeros(2, 16), "2-d"), (torch.zeros(32, dtype=torch.int32), "floating"),
+])
+def test_l10_a_forged_downlink_residual_of_a_hook_bucket_is_refused_before_it_is_loaded(bad, named) -> None:
+    from dqsgd.topology.bucket import worker_generator
+    from dqsgd.topology.state import BucketState
+
+    hook = HookState("qsgd-4bit", downlink_bits=3, downlink_feedback=True)
+    proto = hook.protocol(0, 64, [64], 2, torch.float32)  # W = 2: two shards of 32
+
+    def bucket(step: int) -> BucketState:
+        return BucketState(numel=64, proto=proto, policy=proto.policy.init(), generator=worker_generator(3, 0, 0),
+                           step=step)
+
+    good = {**bucket(0).state_dict(), "down_residual": torch.full((32,), 0.25)}
+    fresh = bucket(5)
+    with pytest.raises(ValueError, match=f"bucket 0: malformed state, 'down_residual'.*{named}"):
+        fresh.load({**good, "down_residual": bad}, 0)
+    assert fresh.step == 5 and fresh.down_residual is None
+    fresh.load(good, 0)
+    assert fresh.step == 0 and torch.equal(fresh.down_residual, good["down_residual"])
+
+
 def test_l10_malformed_hook_states_are_refused_with_a_clear_error() -> None:
     good = HookState("qsgd-4bit").state_dict()
     with pytest.raises(ValueError, match="malformed state, missing key"):

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dqsgd.topology.agreement import check_residuals
+
 if TYPE_CHECKING:
     from dqsgd.method.pipeline import Method
     from dqsgd.topology.bucket import BucketProtocol
@@ -224,6 +226,13 @@ class BucketState(Memory):
         if d["numel"] != self.numel:
             raise ValueError(f"bucket {index}: the checkpoint holds {d['numel']} elements, the model's bucket "
                              f"{self.numel} (same model and bucket_cap_mb needed)")
+        fed = d.get("down_residual")  # the shard this rank serves: one of the bucket's shards
+        if fed is not None:
+            lengths = sorted({hi - lo for lo, hi in self.bounds})
+            check_residuals({0: fed}, None, f"bucket {index}", "down_residual")
+            if fed.numel() not in lengths:
+                raise ValueError(f"bucket {index}: malformed state, 'down_residual' has {fed.numel()} elements, "
+                                 f"a shard of this bucket {' or '.join(map(str, lengths))}")
         if tuple(d["sizes"]) != self.sizes:
             warnings.warn(f"bucket {index}: parameter order {self.sizes} differs from the checkpoint's "
                           f"{tuple(d['sizes'])} "
