@@ -105,7 +105,7 @@ def _without(module: str, code: str) -> subprocess.CompletedProcess:
 
 
 def test_missing_plots_extra_is_a_clear_error() -> None:
-    res = _without("matplotlib", "from dqsgd.experiments.plots import _figure; _figure()")
+    res = _without("matplotlib", "from dqsgd.experiments.plots import new_figure; new_figure()")
     assert res.returncode == 1 and "pip install 'dqsgd[plots]'" in res.stderr
 
 

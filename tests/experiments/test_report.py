@@ -12,7 +12,7 @@ from dqsgd.experiments.report import build_report, reproduce_commands
 from fake_runs import STEPS, make_root, write_run, write_toml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIGS = ("fig1.png", "fig2.png", "fig3.png")
+FIGS = ("fig1.png", "fig2.png", "fig3.png", "fig4.png")
 
 
 def _table_lines(text: str) -> list[str]:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def _figure(**kw: Any) -> Figure:
+def new_figure(**kw: Any) -> Figure:
     """A matplotlib ``Figure``, imported when one is drawn (the [plots] extra: without it,
     :class:`~dqsgd.core.extras.MissingExtraError`; the runs and tables need no matplotlib)."""
     return require("matplotlib.figure", "the report's figures").Figure(**kw)
@@ -100,7 +100,7 @@ def load_runs(root: Path) -> list[Run]:
     return sorted(runs, key=lambda r: (order.index(r.method), r.seed))
 
 
-def _runs(src: Path | list[Run]) -> list[Run]:
+def runs_of(src: Path | list[Run]) -> list[Run]:
     return load_runs(Path(src)) if isinstance(src, (str, Path)) else list(src)
 
 
@@ -123,7 +123,7 @@ def notes(runs: list[Run]) -> list[str]:
     return out
 
 
-def _colors(labels: list[str]) -> dict[str, Any]:
+def method_colors(labels: list[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
@@ -182,7 +182,7 @@ def fig1_methods(labels: list[str]) -> list[str]:
     return [m for m in labels if m == "sgd" or m.startswith("qsgd") or m.startswith("dqsgd")]
 
 
-def _footer(fig: Figure, lines: list[str]) -> None:
+def footer_notes(fig: Figure, lines: list[str]) -> None:
     """The notes under the figure, as its super-x-label so that the constrained layout makes room for them."""
     if lines:
         shown = lines[:4] + ([f"... and {len(lines) - 4} more (see report.md)"] if len(lines) > 4 else [])
@@ -191,17 +191,17 @@ def _footer(fig: Figure, lines: list[str]) -> None:
 
 def figure1(src: Path | list[Run], out: Path) -> Path:
     """DQSGD Figure 1: (a) test accuracy, (b) smoothed training loss, (c) bits per iteration, (d) cumulative MB up."""
-    return _save(draw_figure1(_runs(src)), out)
+    return save_figure(draw_figure1(runs_of(src)), out)
 
 
 def draw_figure1(all_runs: list[Run]) -> Figure:
     """The Figure 1 object (see :func:`figure1`)."""
     runs = [r for r in all_runs if r.step.size]
     labels = fig1_methods(methods_of(runs))
-    color = _colors(methods_of(runs))
+    color = method_colors(methods_of(runs))
     n_steps = max((int(r.step.max()) + 1 for r in runs), default=1)
     window = max(1, min(50, n_steps // 25))
-    fig = _figure(figsize=(12, 8.5), layout="constrained")
+    fig = new_figure(figsize=(12, 8.5), layout="constrained")
     (a, b), (c, d) = fig.subplots(2, 2)
     wide = []
     evals = sorted({int(s) for r in runs if r.method in labels for s in r.eval_step})
@@ -234,8 +234,8 @@ def draw_figure1(all_runs: list[Run]) -> Figure:
         ax.grid(alpha=0.3)
     if b.has_data():  # one legend for the four panels (every method has a loss curve), outside them
         fig.legend(*b.get_legend_handles_labels(), loc="outside right upper", fontsize=8)
-    fig.suptitle(_title(runs, "Figure 1: QSGD vs DQSGD") + "; mean over seeds, band = ± std")
-    _footer(fig, notes(all_runs))
+    fig.suptitle(figure_title(runs, "Figure 1: QSGD vs DQSGD") + "; mean over seeds, band = ± std")
+    footer_notes(fig, notes(all_runs))
     return fig
 
 
@@ -247,7 +247,7 @@ def _label(method: str, seeds: int) -> str:
     return f"{method} ({seeds} seed{'s' if seeds > 1 else ''})"
 
 
-def _title(runs: list[Run], head: str) -> str:
+def figure_title(runs: list[Run], head: str) -> str:
     if not runs:
         return head
     f = runs[0].facts
@@ -261,7 +261,7 @@ FIG2_BAND = 3.0  # pt below the median accuracy beyond which Figure 2 marks a me
 def figure2(src: Path | list[Run], out: Path) -> Path:
     """DQSGD Figure 2: test accuracy (mean ± std over seeds) vs compression ratio (log x): (a) the
     measured fixed-width uplink ratio, (b) the entropy-coded (auto) uplink ratio."""
-    return _save(draw_figure2(_runs(src)), out)
+    return save_figure(draw_figure2(runs_of(src)), out)
 
 
 FIG2_PANELS = (
@@ -300,15 +300,15 @@ def draw_figure2(runs: list[Run]) -> Figure:
     """The Figure 2 object (see :func:`figure2`)."""
     ev = [r for r in runs if r.has_eval]
     labels = methods_of(runs)
-    color = _colors(labels)
+    color = method_colors(labels)
     rows = {row["method"]: row for row in aggregate([r.summary for r in ev], order=labels)} if ev else {}
-    fig = _figure(figsize=(8.5, 11), layout="constrained")  # one above the other: each panel as wide as before
+    fig = new_figure(figsize=(8.5, 11), layout="constrained")  # one above the other: each panel as wide as before
     left = []
     for ax, (key, name, xlabel) in zip(fig.subplots(2, 1), FIG2_PANELS):
         left += _figure2_panel(ax, rows, color, key, xlabel, families(ev))
         ax.set_title(name)
-    fig.suptitle(_title(runs, "Figure 2: test accuracy vs compression ratio"))
-    _footer(fig, [n for n in notes(runs) if "evaluation" in n or "no steps" in n] + left)
+    fig.suptitle(figure_title(runs, "Figure 2: test accuracy vs compression ratio"))
+    footer_notes(fig, [n for n in notes(runs) if "evaluation" in n or "no steps" in n] + left)
     return fig
 
 
@@ -373,14 +373,14 @@ def _ratio_ticks(ax: Axes, ratios: list[float]) -> None:
 
 def figure3(src: Path | list[Run], out: Path) -> Path:
     """(a) how often each width was chosen, per method with varying widths; (b) time per method, split."""
-    return _save(draw_figure3(_runs(src)), out)
+    return save_figure(draw_figure3(runs_of(src)), out)
 
 
 def draw_figure3(runs: list[Run]) -> Figure:
     """The Figure 3 object (see :func:`figure3`)."""
     labels = methods_of(runs)
-    color = _colors(labels)
-    fig = _figure(figsize=(12, 4.8), layout="constrained")
+    color = method_colors(labels)
+    fig = new_figure(figsize=(12, 4.8), layout="constrained")
     a, b = fig.subplots(1, 2)
     varying = [m for m in labels if len({x for r in runs if r.method == m for x in r.bits[np.isfinite(r.bits)]}) > 1]
     width = 0.8 / max(1, len(varying))
@@ -407,11 +407,11 @@ def draw_figure3(runs: list[Run]) -> Figure:
     b.invert_yaxis()
     b.set(title="(b) time per run by phase, mean over seeds", xlabel="seconds (all W simulated workers, one process)")
     b.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)  # below the axis: bars start at 0
-    fig.suptitle(_title(runs, "Figure 3: widths chosen and time per phase"))
+    fig.suptitle(figure_title(runs, "Figure 3: widths chosen and time per phase"))
     return fig
 
 
-def _save(fig: Figure, out: Path) -> Path:
+def save_figure(fig: Figure, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()

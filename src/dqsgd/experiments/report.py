@@ -1,4 +1,4 @@
-"""``ROOT/report.md`` (with fig1.png, fig2.png, fig3.png) from the run directories' JSONL files alone.
+"""``ROOT/report.md`` (with fig1.png, fig2.png, fig3.png, fig4.png) from the run directories' JSONL files alone.
 
 The report is a pure function of ``experiment.toml``, every ``config.json`` and ``metrics.jsonl`` under
 the root: no clock, no logs, so ``dqsgd report ROOT`` rebuilds the same text after the fact. It states
@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from dqsgd.experiments.plot_bytes import caption as figure4_caption, figure4
 from dqsgd.experiments.plots import Run, figure1, figure2, figure3, load_runs, methods_of, notes
 from dqsgd.experiments.provenance import provenance
 from dqsgd.experiments.reproduce import reproduce_commands
@@ -64,6 +65,7 @@ FIGURES = (
      "measured fixed-width uplink ratio and (b) the entropy-coded (auto) uplink ratio (log scale); a line joins "
      "only the methods of one family (the same method at other widths or budgets, e.g. the QSGD widths)."),
     ("fig3.png", figure3, "Widths chosen by the methods whose width varies, and time per run by phase."),
+    ("fig4.png", figure4, figure4_caption()),
 )
 
 
