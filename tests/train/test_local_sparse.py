@@ -255,3 +255,41 @@ def test_a_forged_message_size_is_refused_before_allocating(topology: str, monke
     deltas = {w: torch.randn(d, generator=g) for w in range(workers)}
     with pytest.raises(PayloadError, match=r"rank 1 announced a payload of \d+ bytes.*refused before allocating"):
         step.run(SimTransport(workers, topology), deltas, m.init_state(workers, step.policy), 0, gens)
+
+
+@pytest.mark.parametrize("topology", ["ps", "sharded"])
+def test_the_downlink_carries_what_is_counted(topology: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every byte the downlink leg puts on the wire, counted collective by collective (what a rank sends to
+    the others), is a counted payload byte, its one status byte, or its 8-byte length: no padding. The
+    sharded downlink once all-gathered every server's message padded to the largest cap (W·k coordinates),
+    so it carried several times the bytes counted (3.1× here)."""
+    import dqsgd.topology.group as group
+
+    d, workers = 4000, 4
+    m = Method(method_config("topk", topk_ratio=0.01, bits=3), d, 4, [d])
+    step = SparseStep(m, topology, workers, 0, 8)
+    wire = [0]
+
+    def counted(kind: str, original):  # type: ignore[no-untyped-def]
+        def call(self, *args):  # type: ignore[no-untyped-def]
+            t, leg = args[0], args[-1]
+            if leg == group.DOWN:
+                n = t.numel() * t.element_size()
+                if kind == "all_gather":
+                    wire[0] += n * (self.size - 1)
+                elif kind == "all_to_all":
+                    wire[0] += (sum(args[1]) - args[1][self.rank]) * t.element_size()
+                elif self.rank == args[1]:  # broadcast from its source
+                    wire[0] += n * (self.size - 1)
+            return original(self, *args)
+        return call
+
+    for kind in ("all_gather", "all_to_all", "broadcast"):
+        monkeypatch.setattr(group.LocalGroup, kind, counted(kind, getattr(group.LocalGroup, kind)))
+    g = torch.Generator().manual_seed(5)
+    deltas = {w: torch.randn(d, generator=g) for w in range(workers)}
+    gens = {w: generator(0, QUANT, w) for w in range(workers)}
+    out = step.run(SimTransport(workers, topology), deltas, m.init_state(workers, step.policy), 0, gens)
+    servers = len(out.down)
+    assert servers == (workers if topology == "sharded" else 1) and min(out.down) > 0
+    assert wire[0] == (workers - 1) * (sum(out.down) + servers * (1 + 8))

@@ -161,15 +161,17 @@ def settle(groups: Mapping[int, Group], futures: Mapping[int, torch.futures.Futu
     return {w: groups[w].wait(f) for w, f in futures.items()}
 
 
-def refusable(make: Callable[[], bytes], size: int) -> torch.Tensor:
+def refusable(make: Callable[[], bytes], size: int | None) -> torch.Tensor:
     """A message of ``size`` bytes: ``make()``'s payload zero-padded, then the status byte 0; or where
     ``make`` refuses a payload it received (PayloadError, ProtocolError), that error's type and text
-    and the status byte 1, which every rank that opens it raises (:func:`opened`)."""
+    and the status byte 1, which every rank that opens it raises (:func:`opened`). ``size`` None: the
+    payload's own length and the status byte (a refusal: ``room(0)`` bytes), for a collective that
+    carries each message at its length."""
     from dqsgd.codecs import PayloadError
     from dqsgd.method.pipeline import ProtocolError
 
     try:
         payload = make()
     except (PayloadError, ProtocolError) as e:
-        return failure_message(e, size, torch.device("cpu"))
-    return codec.bytes_tensor(payload, torch.device("cpu"), size)
+        return failure_message(e, room(0) if size is None else size, torch.device("cpu"))
+    return codec.bytes_tensor(payload, torch.device("cpu"), len(payload) + 1 if size is None else size)

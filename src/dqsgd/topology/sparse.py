@@ -19,8 +19,9 @@ all-gathered first and checked against its cap (so every rank's policy sees the 
 ``ps`` and ``allgather`` send one message per worker over the whole vector (ps: the server's
 downlink, or its refusal, is broadcast); ``sharded`` cuts the vector into W coordinate shards (:func:`dqsgd.core.sharding.shard_bounds`):
 worker w's k kept coordinates are split among the shards (one message per shard, its values scaled
-on their own), rank j averages shard j and all-gathers its downlink. Every receiver refuses a message
-longer than k coordinates (downlink: W·k) of its shard before allocating. The budget policy needs
+on their own), rank j averages shard j and sends its downlink to every rank at its own length (the lengths all-gathered
+first, then one all-to-all: no padding, so the bytes counted are the bytes sent). Every receiver refuses
+a message longer than k coordinates (downlink: W·k) of its shard before allocating. The budget policy needs
 every rank to hold its state: with it, ``ps`` is refused.
 """
 
@@ -42,7 +43,7 @@ from dqsgd.quantizers.sparse import SPARSE_SCHEMES, density_count, quantize_valu
 from dqsgd.topology.downspec import DownlinkSpec
 from dqsgd.topology.exchange import size_table
 from dqsgd.topology.group import DOWN, UP
-from dqsgd.topology.refusal import check_table
+from dqsgd.topology.refusal import check_sizes, check_table
 from dqsgd.topology.payloads import bytes_tensor, tensor_bytes
 from dqsgd.topology.refusal import opened
 from dqsgd.topology.registry import topology_of
@@ -175,13 +176,20 @@ class SparseStep:
         received = {w: [tensor_bytes(m, row[0]) for m, row in zip(ms, table)] for w, ms in got.items() if ms is not None}
         if kind.server:
             size = self.down_max(0, k)
-            out = {w: torch.zeros(room(size + 9), dtype=torch.uint8) for w in groups}
-            for w, ps in received.items():  # the server's process: its downlink, or its refusal
-                out[w] = refusable(lambda: _framed(self.down_message(0, self.average(0, ps, k, bits), step)),
-                                   room(size + 9))
-            down = settle(groups, {w: g.broadcast(out[w], SERVER, DOWN) for w, g in groups.items()})
-            w0 = next(iter(down))
-            reply = _unframed(opened(down[w0], f"rank {w0}: step {step}: the server (rank {SERVER})"), size)
+            out: dict[int, torch.Tensor] = {}
+            for w, ps in received.items():  # the server's process: its downlink at its length, or its refusal
+                out[w] = refusable(lambda: self.down_message(0, self.average(0, ps, k, bits), step), None)
+            # its length broadcast first and checked against the cap, then the message as long as it is
+            lengths = settle(groups, {w: g.broadcast(torch.tensor([out[w].numel() if w in out else 0]), SERVER, DOWN)
+                                      for w, g in groups.items()})
+            w0 = next(iter(lengths))
+            n_down = int(lengths[w0][0])
+            check_sizes([n_down], [room(size + 1)], f"step {step}: the sparse downlink of the server (rank {SERVER})")
+            down = settle(groups, {w: g.broadcast(out.get(w, torch.zeros(n_down, dtype=torch.uint8)), SERVER, DOWN)
+                                   for w, g in groups.items()})
+            reply = opened(down[w0], f"rank {w0}: step {step}: the server (rank {SERVER})")
+            if len(reply) > size:  # a refusal's room, but no refusal
+                raise PayloadError(f"step {step}: the server's sparse downlink has {len(reply)} bytes; at most {size} fit")
         else:
             w0 = next(iter(received))
             reply = self.down_message(0, self.average(0, received[w0], k, bits), step)
@@ -195,17 +203,30 @@ class SparseStep:
         table = self._sizes(groups, rows, [self.up_max(j, k, bits) for j in range(self.workers)], step)
         recv = settle(groups, {w: g.all_to_all(torch.cat([bytes_tensor(m) for m in rows[w]]), table[g.rank],
                                                [row[g.rank] for row in table], UP) for w, g in groups.items()})
-        size = room(max(self.down_max(j, k) for j in range(self.workers)) + 9)
 
         def serve(w: int) -> torch.Tensor:
             j = groups[w].rank
             parts = [tensor_bytes(m) for m in recv[w].split([row[j] for row in table])]
-            return refusable(lambda: _framed(self.down_message(j, self.average(j, parts, k, bits), step)), size)
+            return refusable(lambda: self.down_message(j, self.average(j, parts, k, bits), step), None)
 
-        shared = settle(groups, {w: g.all_gather(serve(w), DOWN) for w, g in groups.items()})
-        w0 = next(iter(shared))
-        msgs = [_unframed(opened(m, f"rank {w0}: step {step}: rank {j} (the server of shard {j})"), self.down_max(j, k))
-                for j, m in enumerate(shared[w0])]
+        # each server's downlink at its own length (its status byte last): the lengths all-gathered and checked
+        # against the caps first, then one all-to-all that sends every rank the message as long as it is
+        mine = {w: serve(w) for w in groups}
+        sizes = settle(groups, {w: g.all_gather(torch.tensor([mine[w].numel()], dtype=torch.int64), DOWN)
+                                for w, g in groups.items()})
+        w0 = next(iter(sizes))
+        lengths = [int(n) for n in torch.cat(sizes[w0]).tolist()]
+        check_table([lengths], [room(self.down_max(j, k) + 1) for j in range(self.workers)],
+                    f"step {step}: the sparse downlink, ")
+        shared = settle(groups, {w: g.all_to_all(mine[w].repeat(self.workers), [mine[w].numel()] * self.workers,
+                                                 lengths, DOWN) for w, g in groups.items()})
+        msgs = []
+        for j, m in enumerate(shared[w0].split(lengths)):
+            msg = opened(m, f"rank {w0}: step {step}: rank {j} (the server of shard {j})")
+            if len(msg) > self.down_max(j, k):  # a refusal's room, but no refusal: more than W·k coordinates
+                raise PayloadError(f"step {step}: rank {j}'s sparse downlink has {len(msg)} bytes; "
+                                   f"at most {self.down_max(j, k)} fit")
+            msgs.append(msg)
         t.steps += 1
         update = torch.cat([self.down_decode(j, m, k) for j, m in enumerate(msgs)])
         return update, table, [len(m) for m in msgs], max(sum(r) for r in table)
@@ -219,19 +240,6 @@ class SparseStep:
         table = next(iter(got.values()))
         check_table(table, caps, f"step {step}: ")
         return table
-
-
-def _framed(msg: bytes) -> bytes:
-    """A downlink message with its length in front (8 bytes), so that it may travel padded."""
-    return len(msg).to_bytes(8, "little") + msg
-
-
-def _unframed(data: bytes, cap: int) -> bytes:
-    """The message :func:`_framed` wrote, its length checked against ``cap`` before it is cut out."""
-    n = int.from_bytes(data[:8], "little")
-    if not 0 <= n <= min(cap, len(data) - 8):
-        raise PayloadError(f"a sparse downlink announces {n} bytes; at most {min(cap, len(data) - 8)} fit")
-    return data[8 : 8 + n]
 
 
 def local_step_for(method: Method, topology: str, param_sizes: Sequence[int], workers: int, seed: int,
