@@ -293,3 +293,19 @@ def test_the_downlink_carries_what_is_counted(topology: str, monkeypatch: pytest
     servers = len(out.down)
     assert servers == (workers if topology == "sharded" else 1) and min(out.down) > 0
     assert wire[0] == (workers - 1) * (sum(out.down) + servers * (1 + 8))
+
+
+@pytest.mark.parametrize("topology", ["ps", "sharded"])
+def test_a_forged_downlink_length_is_refused_before_allocating(topology: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard server (ps: the server) whose downlink is longer than W·k coordinates of its shard can carry:
+    every rank refuses its announced length (the one size bound) before receiving it."""
+    d, workers = 400, 2
+    m = Method(method_config("topk", topk_ratio=0.05, bits=3), d, 4, [d])
+    step = SparseStep(m, topology, workers, 0, 8)
+    honest = step.down_message
+    monkeypatch.setattr(step, "down_message", lambda j, avg, n: honest(j, avg, n) + bytes(10_000))
+    g = torch.Generator().manual_seed(7)
+    deltas = {w: torch.randn(d, generator=g) for w in range(workers)}
+    gens = {w: generator(0, QUANT, w) for w in range(workers)}
+    with pytest.raises(PayloadError, match=r"sparse downlink.*\d+ bytes.*refused before allocating"):
+        step.run(SimTransport(workers, topology), deltas, m.init_state(workers, step.policy), 0, gens)
